@@ -1,0 +1,224 @@
+//! The execution table: inserts, reads, and the single guarded write path for `status`.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{PgExecutor, PgPool};
+
+use crate::status::ExecutionStatus;
+
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Execution {
+    pub id: i64,
+    pub action: Option<i64>,
+    pub action_ref: String,
+    pub parameters: Value,
+    pub config: Value,
+    pub status: ExecutionStatus,
+    pub worker: Option<i64>,
+    pub result: Option<Value>,
+    pub failure_kind: Option<String>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+    pub retry_count: i32,
+    pub max_retries: Option<i32>,
+    pub retry_reason: Option<String>,
+    pub original_execution: Option<i64>,
+    pub not_before: Option<DateTime<Utc>>,
+    pub timeout_seconds: Option<i32>,
+    pub started: Option<DateTime<Utc>>,
+    pub finished: Option<DateTime<Utc>>,
+    pub created: DateTime<Utc>,
+    pub updated: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, action, action_ref, parameters, config, status, worker, result, failure_kind, \
+    error, exit_code, stdout, stderr, retry_count, max_retries, retry_reason, original_execution, \
+    not_before, timeout_seconds, started, finished, created, updated";
+
+#[derive(Debug, Clone)]
+pub struct NewExecution {
+    pub action: i64,
+    pub action_ref: String,
+    pub parameters: Value,
+    pub config: Value,
+    pub status: ExecutionStatus,
+    pub max_retries: i32,
+    pub timeout_seconds: i32,
+    pub retry_count: i32,
+    pub retry_reason: Option<String>,
+    pub original_execution: Option<i64>,
+    pub not_before: Option<DateTime<Utc>>,
+}
+
+pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
+         timeout_seconds, retry_count, retry_reason, original_execution, not_before) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {COLUMNS}"
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(new.action)
+        .bind(&new.action_ref)
+        .bind(&new.parameters)
+        .bind(&new.config)
+        .bind(new.status)
+        .bind(new.max_retries)
+        .bind(new.timeout_seconds)
+        .bind(new.retry_count)
+        .bind(&new.retry_reason)
+        .bind(new.original_execution)
+        .bind(new.not_before)
+        .fetch_one(db)
+        .await
+}
+
+pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Execution>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM execution WHERE id = $1")))
+        .bind(id)
+        .fetch_optional(db)
+        .await
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub status: Option<ExecutionStatus>,
+    pub action_ref: Option<String>,
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+/// Newest first. Returns the page and the total number of matching executions.
+pub async fn list(db: &PgPool, filter: &ListFilter) -> Result<(Vec<Execution>, i64), sqlx::Error> {
+    const WHERE: &str = "WHERE ($1::execution_status IS NULL OR status = $1) \
+        AND ($2::text IS NULL OR action_ref = $2) \
+        AND ($3::timestamptz IS NULL OR created >= $3) \
+        AND ($4::timestamptz IS NULL OR created < $4)";
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM execution {WHERE} ORDER BY id DESC LIMIT $5 OFFSET $6"
+    )))
+    .bind(filter.status)
+    .bind(&filter.action_ref)
+    .bind(filter.created_after)
+    .bind(filter.created_before)
+    .bind(filter.limit)
+    .bind(filter.offset)
+    .fetch_all(db)
+    .await?;
+    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM execution {WHERE}")))
+        .bind(filter.status)
+        .bind(&filter.action_ref)
+        .bind(filter.created_after)
+        .bind(filter.created_before)
+        .fetch_one(db)
+        .await?;
+    Ok((rows, total))
+}
+
+/// What a finished (or failed) execution records alongside its new status.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub result: Option<Value>,
+    pub failure_kind: Option<String>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+}
+
+/// One guarded status change.
+#[derive(Debug, Clone)]
+pub struct Transition<'a> {
+    pub to: ExecutionStatus,
+    /// The states it may come from; each must be an edge of the state machine.
+    pub from: &'a [ExecutionStatus],
+    /// Only if the execution belongs to this worker (fencing for worker-owned states).
+    pub owned_by: Option<i64>,
+    /// Assigns the execution to a worker (with `scheduled`).
+    pub assign_worker: Option<i64>,
+    pub outcome: Option<&'a Outcome>,
+}
+
+impl<'a> Transition<'a> {
+    /// A transition from every state the state machine allows.
+    pub fn to(to: ExecutionStatus) -> Self {
+        Transition { to, from: to.allowed_from(), owned_by: None, assign_worker: None, outcome: None }
+    }
+    pub fn from(mut self, from: &'a [ExecutionStatus]) -> Self {
+        self.from = from;
+        self
+    }
+    pub fn owned_by(mut self, worker_id: i64) -> Self {
+        self.owned_by = Some(worker_id);
+        self
+    }
+    pub fn assign_worker(mut self, worker_id: i64) -> Self {
+        self.assign_worker = Some(worker_id);
+        self
+    }
+    pub fn outcome(mut self, outcome: &'a Outcome) -> Self {
+        self.outcome = Some(outcome);
+        self
+    }
+}
+
+/// The only code that writes `execution.status`: one UPDATE guarded by the allowed source states
+/// (and the owning worker). `Ok(None)` means nothing matched: the message that asked for it was a
+/// duplicate or is stale, and the caller acks and drops it.
+pub async fn transition(
+    db: impl PgExecutor<'_>,
+    execution_id: i64,
+    transition: &Transition<'_>,
+) -> Result<Option<Execution>, sqlx::Error> {
+    for from in transition.from {
+        assert!(
+            ExecutionStatus::can_transition(*from, transition.to),
+            "{from} -> {} is not an edge of the state machine",
+            transition.to
+        );
+    }
+    let empty = Outcome::default();
+    let outcome = transition.outcome.unwrap_or(&empty);
+    let sql = format!(
+        "UPDATE execution SET status = $2, updated = now(), \
+            worker = COALESCE($4, worker), \
+            started = CASE WHEN $2 = 'running' THEN now() ELSE started END, \
+            finished = CASE WHEN $2 IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned') THEN now() ELSE finished END, \
+            result = COALESCE($6, result), failure_kind = COALESCE($7, failure_kind), \
+            error = COALESCE($8, error), exit_code = COALESCE($9, exit_code), \
+            stdout = COALESCE($10, stdout), stderr = COALESCE($11, stderr) \
+         WHERE id = $1 AND status = ANY($3) AND ($5::bigint IS NULL OR worker = $5) \
+         RETURNING {COLUMNS}"
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(execution_id)
+        .bind(transition.to)
+        .bind(transition.from)
+        .bind(transition.assign_worker)
+        .bind(transition.owned_by)
+        .bind(&outcome.result)
+        .bind(&outcome.failure_kind)
+        .bind(&outcome.error)
+        .bind(outcome.exit_code)
+        .bind(&outcome.stdout)
+        .bind(&outcome.stderr)
+        .fetch_optional(db)
+        .await
+}
+
+/// Executions in `requested` older than `age`: rows whose request message may never have been
+/// published (the API crashed between commit and publish, or the broker was down).
+pub async fn stale_requested(db: &PgPool, age_secs: f64, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM execution WHERE status = 'requested' \
+         AND updated < now() - make_interval(secs => $1) ORDER BY id LIMIT $2",
+    )
+    .bind(age_secs)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}

@@ -1,0 +1,161 @@
+//! The worker table: registration, heartbeats, and the view of workers the scheduler ranks.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::health::{HealthProbeConfig, HealthSignals, classify};
+use crate::selection::Candidate;
+
+/// Registers (or re-activates) the worker called `name` and returns its id.
+pub async fn register(db: &PgPool, name: &str, capabilities: &Value) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO worker (name, status, capabilities, last_heartbeat) VALUES ($1, 'active', $2, now()) \
+         ON CONFLICT (name) DO UPDATE SET status = 'active', capabilities = $2, \
+            last_heartbeat = now(), updated = now() \
+         RETURNING id",
+    )
+    .bind(name)
+    .bind(capabilities)
+    .fetch_one(db)
+    .await
+}
+
+pub async fn heartbeat(db: &PgPool, worker_id: i64, capabilities: &Value) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE worker SET capabilities = $2, last_heartbeat = now(), status = 'active', updated = now() \
+         WHERE id = $1",
+    )
+    .bind(worker_id)
+    .bind(capabilities)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+pub async fn deactivate(db: &PgPool, worker_id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE worker SET status = 'inactive', updated = now() WHERE id = $1")
+        .bind(worker_id)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct WorkerRow {
+    id: i64,
+    name: String,
+    status: String,
+    capabilities: Value,
+    last_heartbeat: Option<DateTime<Utc>>,
+    /// Dispatched and not yet finished (same as `get_worker_queue_depth`).
+    inflight: i64,
+    now: DateTime<Utc>,
+}
+
+const WORKER_ROWS: &str = "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, \
+        COALESCE(q.inflight, 0) AS inflight, now() AS now \
+    FROM worker w \
+    LEFT JOIN (SELECT worker, count(*) AS inflight FROM execution \
+               WHERE status IN ('scheduled', 'running') AND worker IS NOT NULL GROUP BY worker) q \
+      ON q.worker = w.id";
+
+impl WorkerRow {
+    fn signals(&self) -> HealthSignals {
+        let health = &self.capabilities["health"];
+        let int = |field: &str| health[field].as_i64().unwrap_or(0);
+        HealthSignals {
+            last_heartbeat: self.last_heartbeat,
+            consecutive_failures: int("consecutive_failures"),
+            total_executions: int("total_executions"),
+            failed_executions: int("failed_executions"),
+            queue_depth: self.inflight,
+        }
+    }
+
+    fn runtimes(&self) -> Vec<String> {
+        self.capabilities["runtimes"]
+            .as_array()
+            .map(|list| list.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Active workers as scheduling candidates, with the database's clock.
+pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), sqlx::Error> {
+    let rows: Vec<WorkerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!("{WORKER_ROWS} WHERE w.status = 'active'")))
+        .fetch_all(db)
+        .await?;
+    let now = rows.first().map(|r| r.now).unwrap_or_else(Utc::now);
+    let candidates = rows
+        .iter()
+        .map(|row| Candidate {
+            worker_id: row.id,
+            name: row.name.clone(),
+            runtimes: row.runtimes(),
+            signals: row.signals(),
+        })
+        .collect();
+    Ok((candidates, now))
+}
+
+/// A worker as the API and CLI show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerView {
+    pub id: i64,
+    pub name: String,
+    pub status: String,
+    /// The class the scheduler computes now.
+    pub health: &'static str,
+    pub queue_depth: i64,
+    pub heartbeat_age_secs: Option<f64>,
+    pub last_heartbeat: Option<DateTime<Utc>>,
+    pub runtimes: Vec<String>,
+    pub capabilities: Value,
+}
+
+pub async fn list(db: &PgPool, config: &HealthProbeConfig) -> Result<Vec<WorkerView>, sqlx::Error> {
+    let rows: Vec<WorkerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!("{WORKER_ROWS} ORDER BY w.name")))
+        .fetch_all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let signals = row.signals();
+            WorkerView {
+                id: row.id,
+                health: classify(config, &signals, row.now).as_str(),
+                queue_depth: signals.queue_depth,
+                heartbeat_age_secs: row
+                    .last_heartbeat
+                    .map(|at| (row.now - at).num_milliseconds() as f64 / 1000.0),
+                runtimes: row.runtimes(),
+                name: row.name,
+                status: row.status,
+                last_heartbeat: row.last_heartbeat,
+                capabilities: row.capabilities,
+            }
+        })
+        .collect())
+}
+
+/// Writes the thresholds the executor runs with, so the SQL view classifies as it does.
+pub async fn store_health_config(db: &PgPool, c: &HealthProbeConfig) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE health_probe_config SET heartbeat_max_age_secs = $1, degraded_threshold = $2, \
+            unhealthy_threshold = $3, queue_depth_degraded = $4, queue_depth_unhealthy = $5, \
+            failure_rate_degraded = $6, failure_rate_unhealthy = $7, failure_rate_min_executions = $8",
+    )
+    .bind(c.heartbeat_max_age_secs as i32)
+    .bind(c.degraded_threshold as i32)
+    .bind(c.unhealthy_threshold as i32)
+    .bind(c.queue_depth_degraded as i32)
+    .bind(c.queue_depth_unhealthy as i32)
+    .bind(c.failure_rate_degraded)
+    .bind(c.failure_rate_unhealthy)
+    .bind(c.failure_rate_min_executions as i32)
+    .execute(db)
+    .await
+    .map(|_| ())
+}

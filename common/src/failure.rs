@@ -1,0 +1,128 @@
+//! Structured failure kinds. A failure is classified by the kind its reporter recorded, never by
+//! searching a message's text.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// No eligible worker could take the execution.
+    WorkerUnavailable,
+    /// The execution expired in a worker's queue (message TTL) before it started.
+    QueueTimeout,
+    /// The worker running the execution stopped heartbeating.
+    WorkerHeartbeatStale,
+    /// The action said its failure is transient (exit code 75, EX_TEMPFAIL, or
+    /// `{"attune": {"transient": true}}` on stdout).
+    TransientError,
+    /// An operator asked for a retry (recorded as the retry's reason).
+    ManualRetry,
+    ValidationError,
+    PermissionDenied,
+    ActionNotFound,
+    InvalidParameters,
+    /// The action itself failed (non-zero exit).
+    ActionFailed,
+    /// The action exceeded its own `timeout_seconds`; its retry policy decides.
+    Timeout,
+    /// The execution was canceled by a client.
+    Canceled,
+}
+
+use FailureKind::*;
+
+impl FailureKind {
+    pub const ALL: [FailureKind; 12] = [
+        WorkerUnavailable,
+        QueueTimeout,
+        WorkerHeartbeatStale,
+        TransientError,
+        ManualRetry,
+        ValidationError,
+        PermissionDenied,
+        ActionNotFound,
+        InvalidParameters,
+        ActionFailed,
+        Timeout,
+        Canceled,
+    ];
+
+    /// The kinds retried automatically when an action's policy does not say otherwise.
+    pub const RETRIABLE_BY_DEFAULT: [FailureKind; 5] = [
+        WorkerUnavailable,
+        QueueTimeout,
+        WorkerHeartbeatStale,
+        TransientError,
+        ManualRetry,
+    ];
+
+    pub fn is_retriable_by_default(self) -> bool {
+        Self::RETRIABLE_BY_DEFAULT.contains(&self)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerUnavailable => "worker_unavailable",
+            QueueTimeout => "queue_timeout",
+            WorkerHeartbeatStale => "worker_heartbeat_stale",
+            TransientError => "transient_error",
+            ManualRetry => "manual_retry",
+            ValidationError => "validation_error",
+            PermissionDenied => "permission_denied",
+            ActionNotFound => "action_not_found",
+            InvalidParameters => "invalid_parameters",
+            ActionFailed => "action_failed",
+            Timeout => "timeout",
+            Canceled => "canceled",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_table() {
+        let retriable = [
+            "worker_unavailable",
+            "queue_timeout",
+            "worker_heartbeat_stale",
+            "transient_error",
+            "manual_retry",
+        ];
+        let not_retriable = [
+            "validation_error",
+            "permission_denied",
+            "action_not_found",
+            "invalid_parameters",
+            "action_failed",
+            "timeout",
+            "canceled",
+        ];
+        for name in retriable {
+            assert!(FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");
+        }
+        for name in not_retriable {
+            assert!(!FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");
+        }
+        assert_eq!(retriable.len() + not_retriable.len(), FailureKind::ALL.len());
+    }
+
+    #[test]
+    fn names_match_serde() {
+        for kind in FailureKind::ALL {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+    }
+}

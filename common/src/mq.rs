@@ -1,0 +1,380 @@
+//! RabbitMQ: the topology (declared here and nowhere else), the messages, a confirming
+//! publisher and a reconnecting consumer loop.
+//!
+//! Topology, with `ns` the namespace (`ATTUNE_MQ_NAMESPACE`, default `attune`):
+//! - `ns` (direct): `execution.request` → queue `ns.execution.requests` (API and retry timer to
+//!   executors), `execution.result` → `ns.execution.results` (workers to executors),
+//!   `worker.<id>` → `ns.worker.<id>` (executor to one worker).
+//! - `ns.dlx` (topic) bound with `#` to `ns.dlq`: dead letters keep their original routing key,
+//!   which a direct exchange could not match with `#`.
+//! Every queue is a durable quorum queue with `x-delivery-limit`, so a message that keeps failing
+//! is dead-lettered instead of redelivered forever. Worker queues also carry a message TTL: work
+//! stranded on a dead worker expires into the dead-letter queue.
+
+use std::future::Future;
+use std::time::Duration;
+
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::Confirmation;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How many deliveries a message gets before it is dead-lettered as poison.
+pub const DELIVERY_LIMIT: i64 = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MqError {
+    #[error("broker error: {0}")]
+    Broker(#[from] lapin::Error),
+    #[error("broker refused message for '{0}' (nack)")]
+    Nacked(String),
+    #[error("no queue bound for routing key '{0}'")]
+    Unroutable(String),
+    #[error("consumer stream ended")]
+    ConsumerEnded,
+}
+
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub namespace: String,
+    pub worker_queue_ttl: Duration,
+}
+
+pub const REQUEST_KEY: &str = "execution.request";
+pub const RESULT_KEY: &str = "execution.result";
+
+impl Topology {
+    pub fn new(namespace: &str, worker_queue_ttl: Duration) -> Self {
+        Topology { namespace: namespace.to_string(), worker_queue_ttl }
+    }
+    pub fn exchange(&self) -> String {
+        self.namespace.clone()
+    }
+    pub fn dead_letter_exchange(&self) -> String {
+        format!("{}.dlx", self.namespace)
+    }
+    pub fn requests_queue(&self) -> String {
+        format!("{}.execution.requests", self.namespace)
+    }
+    pub fn results_queue(&self) -> String {
+        format!("{}.execution.results", self.namespace)
+    }
+    pub fn dead_letter_queue(&self) -> String {
+        format!("{}.dlq", self.namespace)
+    }
+    pub fn worker_queue(&self, worker_id: i64) -> String {
+        format!("{}.worker.{worker_id}", self.namespace)
+    }
+    pub fn worker_key(worker_id: i64) -> String {
+        format!("worker.{worker_id}")
+    }
+
+    fn quorum_args(&self, ttl: Option<Duration>) -> FieldTable {
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(DELIVERY_LIMIT));
+        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(self.dead_letter_exchange().as_str().into()));
+        if let Some(ttl) = ttl {
+            args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl.as_millis() as i64));
+        }
+        args
+    }
+
+    async fn declare_queue(&self, channel: &Channel, queue: &str, key: &str, args: FieldTable) -> Result<(), MqError> {
+        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+        channel.queue_declare(queue.into(), durable, args).await?;
+        channel
+            .queue_bind(queue.into(), self.exchange().as_str().into(), key.into(), QueueBindOptions::default(), FieldTable::default())
+            .await?;
+        Ok(())
+    }
+
+    /// Declares the exchanges and the shared queues (idempotent; every service does it).
+    pub async fn declare(&self, channel: &Channel) -> Result<(), MqError> {
+        let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+        channel
+            .exchange_declare(self.exchange().as_str().into(), ExchangeKind::Direct, durable, FieldTable::default())
+            .await?;
+        channel
+            .exchange_declare(self.dead_letter_exchange().as_str().into(), ExchangeKind::Topic, durable, FieldTable::default())
+            .await?;
+        let mut dlq_args = FieldTable::default();
+        dlq_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        let queue_options = QueueDeclareOptions { durable: true, ..Default::default() };
+        channel.queue_declare(self.dead_letter_queue().as_str().into(), queue_options, dlq_args).await?;
+        channel
+            .queue_bind(
+                self.dead_letter_queue().as_str().into(),
+                self.dead_letter_exchange().as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        self.declare_queue(channel, &self.requests_queue(), REQUEST_KEY, self.quorum_args(None)).await?;
+        self.declare_queue(channel, &self.results_queue(), RESULT_KEY, self.quorum_args(None)).await?;
+        Ok(())
+    }
+
+    /// Declares one worker's queue, with the message TTL.
+    pub async fn declare_worker_queue(&self, channel: &Channel, worker_id: i64) -> Result<(), MqError> {
+        let args = self.quorum_args(Some(self.worker_queue_ttl));
+        self.declare_queue(channel, &self.worker_queue(worker_id), &Self::worker_key(worker_id), args).await
+    }
+}
+
+/// API or retry timer → executor: schedule this execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionRequest {
+    pub execution_id: i64,
+}
+
+/// Executor → worker: run this execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dispatch {
+    pub execution_id: i64,
+    pub worker_id: i64,
+    pub action_ref: String,
+    pub runtime: String,
+    pub entrypoint: String,
+    pub pack_path: String,
+    pub parameters: Value,
+    pub timeout_seconds: i32,
+    pub retry_count: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultStatus {
+    Completed,
+    Failed,
+    Timeout,
+}
+
+/// Worker → executor: how an execution ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionResult {
+    pub execution_id: i64,
+    pub worker_id: i64,
+    pub status: ResultStatus,
+    pub result: Option<Value>,
+    pub failure_kind: Option<crate::failure::FailureKind>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub duration_ms: u64,
+}
+
+pub async fn connect(url: &str, name: &str) -> Result<Connection, MqError> {
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    Ok(Connection::connect(url, properties).await?)
+}
+
+/// A publisher with confirms. Many publishes may be in flight on its channel at once (each
+/// caller awaits only its own confirm); a nack or an unroutable message is an error. The channel
+/// is re-opened on the next publish after the connection is lost.
+pub struct Publisher {
+    url: String,
+    name: String,
+    topology: Topology,
+    channel: Mutex<Option<(Connection, Channel)>>,
+}
+
+impl Publisher {
+    pub fn new(url: &str, name: &str, topology: Topology) -> Self {
+        Publisher { url: url.to_string(), name: name.to_string(), topology, channel: Mutex::new(None) }
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    async fn channel(&self) -> Result<Channel, MqError> {
+        let mut guard = self.channel.lock().await;
+        if let Some((connection, channel)) = guard.as_ref()
+            && connection.status().connected()
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        let connection = connect(&self.url, &format!("{}-publisher", self.name)).await?;
+        let channel = connection.create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        self.topology.declare(&channel).await?;
+        *guard = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+
+    /// Checks the broker connection (opening it if needed).
+    pub async fn ping(&self) -> Result<(), MqError> {
+        self.channel().await.map(|_| ())
+    }
+
+    /// Publishes `body` as persistent JSON and waits for the broker's confirm. Retries once on a
+    /// fresh channel if the first attempt failed on a broken connection.
+    pub async fn publish<T: Serialize>(&self, routing_key: &str, body: &T) -> Result<(), MqError> {
+        let payload = serde_json::to_vec(body).expect("messages serialize");
+        match self.publish_once(routing_key, &payload).await {
+            Err(MqError::Broker(e)) => {
+                tracing::warn!(error = %e, routing_key, "publish failed, reconnecting");
+                self.channel.lock().await.take();
+                self.publish_once(routing_key, &payload).await
+            }
+            other => other,
+        }
+    }
+
+    async fn publish_once(&self, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
+        let channel = self.channel().await?;
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into());
+        let confirm = channel
+            .basic_publish(
+                self.topology.exchange().as_str().into(),
+                routing_key.into(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                payload,
+                properties,
+            )
+            .await?
+            .await?;
+        match confirm {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(_)) => Err(MqError::Unroutable(routing_key.to_string())),
+            Confirmation::Nack(_) => Err(MqError::Nacked(routing_key.to_string())),
+            Confirmation::NotRequested => unreachable!("confirms are enabled on the publisher channel"),
+        }
+    }
+
+    /// Declares a worker's queue through the publisher's channel.
+    pub async fn declare_worker_queue(&self, worker_id: i64) -> Result<(), MqError> {
+        let channel = self.channel().await?;
+        self.topology.declare_worker_queue(&channel, worker_id).await
+    }
+}
+
+/// What a handler decided about one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Done (including a duplicate or stale message): remove it.
+    Ack,
+    /// Could not be processed now (e.g. the database is down): deliver again. The queue's
+    /// delivery limit dead-letters a message that keeps coming back.
+    Retry,
+    /// Cannot ever be processed (unparseable): dead-letter it at once.
+    DeadLetter,
+}
+
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    pub data: Vec<u8>,
+    pub redelivered: bool,
+    pub routing_key: String,
+    pub headers: Option<FieldTable>,
+}
+
+pub struct ConsumerSpec {
+    pub url: String,
+    pub name: String,
+    pub queue: String,
+    pub prefetch: u16,
+    pub topology: Topology,
+    /// Also declare this worker's queue before consuming.
+    pub worker_queue: Option<i64>,
+    /// How long in-flight handlers may run on after shutdown is requested.
+    pub drain: Duration,
+}
+
+/// Consumes `spec.queue` until `shutdown` fires, running `handler` for up to `prefetch`
+/// deliveries concurrently and acking each only after its handler returned. Reconnects with
+/// backoff whenever the connection or channel is lost.
+pub async fn run_consumer<F, Fut>(spec: ConsumerSpec, shutdown: CancellationToken, handler: F)
+where
+    F: Fn(Incoming) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Disposition> + Send + 'static,
+{
+    let mut delay = Duration::from_millis(200);
+    while !shutdown.is_cancelled() {
+        match consume_once(&spec, &shutdown, handler.clone()).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(queue = %spec.queue, error = %e, retry_in_ms = delay.as_millis() as u64, "consumer lost its broker connection");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+async fn consume_once<F, Fut>(spec: &ConsumerSpec, shutdown: &CancellationToken, handler: F) -> Result<(), MqError>
+where
+    F: Fn(Incoming) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Disposition> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    let connection = connect(&spec.url, &format!("{}-consumer", spec.name)).await?;
+    let channel = connection.create_channel().await?;
+    channel.basic_qos(spec.prefetch, BasicQosOptions::default()).await?;
+    spec.topology.declare(&channel).await?;
+    if let Some(worker_id) = spec.worker_queue {
+        spec.topology.declare_worker_queue(&channel, worker_id).await?;
+    }
+    let mut consumer = channel
+        .basic_consume(spec.queue.as_str().into(), spec.name.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await?;
+    tracing::info!(queue = %spec.queue, "consuming");
+    let tracker = TaskTracker::new();
+    let outcome = loop {
+        let delivery = tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            delivery = consumer.next() => delivery,
+        };
+        let delivery = match delivery {
+            Some(Ok(delivery)) => delivery,
+            Some(Err(e)) => break Err(MqError::Broker(e)),
+            None => break Err(MqError::ConsumerEnded),
+        };
+        let handler = handler.clone();
+        tracker.spawn(async move {
+            let incoming = Incoming {
+                data: delivery.data.clone(),
+                redelivered: delivery.redelivered,
+                routing_key: delivery.routing_key.to_string(),
+                headers: delivery.properties.headers().clone(),
+            };
+            let result = match handler(incoming).await {
+                Disposition::Ack => delivery.acker.ack(BasicAckOptions::default()).await,
+                Disposition::Retry => delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await,
+                Disposition::DeadLetter => delivery.acker.reject(BasicRejectOptions { requeue: false }).await,
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "failed to settle delivery; the broker will redeliver it");
+            }
+        });
+    };
+    // Stop taking work, then let in-flight handlers finish (and settle) before the channel closes.
+    tracker.close();
+    if outcome.is_ok() {
+        let _ = channel
+            .basic_cancel(spec.name.as_str().into(), lapin::options::BasicCancelOptions::default())
+            .await;
+        if tokio::time::timeout(spec.drain, tracker.wait()).await.is_err() {
+            tracing::warn!(queue = %spec.queue, "in-flight work did not finish within the drain deadline");
+        }
+        let _ = connection.close(200, "shutdown".into()).await;
+    }
+    outcome
+}

@@ -1,0 +1,195 @@
+//! Declared action parameters and the validation of submitted ones against them.
+//!
+//! Parameters are checked before anything is queued: an unknown name, a missing required one or a
+//! value of the wrong type is an error that names the parameter. Defaults are filled in, so the
+//! stored execution shows exactly what the script received.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamType {
+    String,
+    Integer,
+    Number,
+    Boolean,
+    Object,
+    Array,
+}
+
+impl ParamType {
+    fn name(self) -> &'static str {
+        match self {
+            ParamType::String => "string",
+            ParamType::Integer => "integer",
+            ParamType::Number => "number",
+            ParamType::Boolean => "boolean",
+            ParamType::Object => "object",
+            ParamType::Array => "array",
+        }
+    }
+
+    fn accepts(self, value: &Value) -> bool {
+        match self {
+            ParamType::String => value.is_string(),
+            ParamType::Integer => value.is_i64() || value.is_u64(),
+            ParamType::Number => value.is_number(),
+            ParamType::Boolean => value.is_boolean(),
+            ParamType::Object => value.is_object(),
+            ParamType::Array => value.is_array(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamSpec {
+    #[serde(rename = "type")]
+    pub param_type: ParamType,
+    #[serde(default)]
+    pub required: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// When present, the value must be one of these.
+    #[serde(default, rename = "enum", skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<Vec<Value>>,
+}
+
+pub type ParamSpecs = BTreeMap<String, ParamSpec>;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("parameter '{parameter}': {reason}")]
+pub struct ParamError {
+    pub parameter: String,
+    pub reason: String,
+}
+
+impl ParamError {
+    fn new(parameter: &str, reason: impl Into<String>) -> Self {
+        ParamError { parameter: parameter.to_string(), reason: reason.into() }
+    }
+}
+
+/// Checks a spec on its own (used at pack load): a default must fit its type and enum.
+pub fn check_spec(name: &str, spec: &ParamSpec) -> Result<(), ParamError> {
+    if let Some(default) = &spec.default {
+        check_value(name, spec, default)?;
+    }
+    Ok(())
+}
+
+fn check_value(name: &str, spec: &ParamSpec, value: &Value) -> Result<(), ParamError> {
+    if !spec.param_type.accepts(value) {
+        return Err(ParamError::new(
+            name,
+            format!("expected {}, got {}", spec.param_type.name(), json_type(value)),
+        ));
+    }
+    if let Some(allowed) = &spec.allowed
+        && !allowed.contains(value)
+    {
+        let options: Vec<String> = allowed.iter().map(Value::to_string).collect();
+        return Err(ParamError::new(name, format!("must be one of {}", options.join(", "))));
+    }
+    Ok(())
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Validates submitted parameters against the declared ones and returns them with defaults
+/// filled in. The first problem found, in parameter-name order, is reported.
+pub fn validate(specs: &ParamSpecs, given: &Map<String, Value>) -> Result<Map<String, Value>, ParamError> {
+    if let Some(unknown) = given.keys().find(|name| !specs.contains_key(*name)) {
+        let known: Vec<&str> = specs.keys().map(String::as_str).collect();
+        let reason = if known.is_empty() {
+            "unknown parameter (this action takes none)".to_string()
+        } else {
+            format!("unknown parameter (expected one of: {})", known.join(", "))
+        };
+        return Err(ParamError::new(unknown, reason));
+    }
+    let mut resolved = Map::new();
+    for (name, spec) in specs {
+        match given.get(name) {
+            Some(Value::Null) | None => {
+                if let Some(default) = &spec.default {
+                    resolved.insert(name.clone(), default.clone());
+                } else if spec.required {
+                    return Err(ParamError::new(name, "is required"));
+                }
+            }
+            Some(value) => {
+                check_value(name, spec, value)?;
+                resolved.insert(name.clone(), value.clone());
+            }
+        }
+    }
+    Ok(resolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn specs() -> ParamSpecs {
+        serde_json::from_value(json!({
+            "url": {"type": "string", "required": true},
+            "count": {"type": "integer", "default": 3},
+            "ratio": {"type": "number"},
+            "verbose": {"type": "boolean"},
+            "mode": {"type": "string", "enum": ["fast", "slow"]},
+        }))
+        .unwrap()
+    }
+
+    fn given(value: Value) -> Map<String, Value> {
+        value.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn fills_defaults_and_keeps_given_values() {
+        let out = validate(&specs(), &given(json!({"url": "http://x", "ratio": 1}))).unwrap();
+        assert_eq!(Value::Object(out), json!({"url": "http://x", "count": 3, "ratio": 1}));
+    }
+
+    #[test]
+    fn errors_name_the_parameter() {
+        let cases = [
+            (json!({}), "url", "is required"),
+            (json!({"url": null}), "url", "is required"),
+            (json!({"url": 5}), "url", "expected string, got integer"),
+            (json!({"url": "u", "count": 1.5}), "count", "expected integer, got number"),
+            (json!({"url": "u", "ratio": "high"}), "ratio", "expected number, got string"),
+            (json!({"url": "u", "verbose": "yes"}), "verbose", "expected boolean, got string"),
+            (json!({"url": "u", "mode": "medium"}), "mode", "must be one of \"fast\", \"slow\""),
+            (json!({"url": "u", "colour": "red"}), "colour", "unknown parameter"),
+        ];
+        for (input, parameter, reason) in cases {
+            let err = validate(&specs(), &given(input.clone())).unwrap_err();
+            assert_eq!(err.parameter, parameter, "{input}");
+            assert!(err.reason.starts_with(reason), "{input}: {}", err.reason);
+        }
+    }
+
+    #[test]
+    fn spec_defaults_are_checked() {
+        let spec: ParamSpec = serde_json::from_value(json!({"type": "integer", "default": "x"})).unwrap();
+        assert_eq!(check_spec("n", &spec).unwrap_err().parameter, "n");
+    }
+}
