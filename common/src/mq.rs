@@ -149,6 +149,9 @@ pub struct Dispatch {
     pub parameters: Value,
     pub timeout_seconds: i32,
     pub retry_count: i32,
+    /// Exit codes the action's retry policy treats as transient (besides 75).
+    #[serde(default)]
+    pub transient_exit_codes: Vec<i32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,1 +1,102 @@
+//! attune-executor: turns execution requests into dispatches to workers, and worker results into
+//! recorded outcomes.
+//!
+//! - `scheduler`: claims a requested execution, ranks the workers (`common::selection`) and
+//!   dispatches to the best one's queue.
+//! - `completion`: records a worker's result with a guarded transition.
+//! - `monitor`: the singleton loop that re-publishes requests whose publish never happened.
 
+pub mod completion;
+pub mod monitor;
+pub mod scheduler;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use attune_common::config::{CommonSettings, ConfigError, env_or};
+use attune_common::db;
+use attune_common::health::HealthProbeConfig;
+use attune_common::mq::{ConsumerSpec, Publisher, Topology, run_consumer};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("broker: {0}")]
+    Broker(#[from] attune_common::mq::MqError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub common: CommonSettings,
+    pub health: HealthProbeConfig,
+    /// Requests handled concurrently by one executor (`ATTUNE_EXECUTOR_PREFETCH`, 64).
+    pub prefetch: u16,
+    pub worker_queue_ttl: Duration,
+    /// A `requested` execution this old is re-published (`ATTUNE_REQUEUE_AFTER_SECS`, 30).
+    pub requeue_after: Duration,
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(Settings {
+            common: CommonSettings::from_env()?,
+            health: HealthProbeConfig::from_env()?,
+            prefetch: env_or("ATTUNE_EXECUTOR_PREFETCH", 64)?,
+            worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
+            requeue_after: Duration::from_secs_f64(env_or("ATTUNE_REQUEUE_AFTER_SECS", 30.0)?),
+        })
+    }
+}
+
+/// What the handlers share.
+pub struct Context {
+    pub db: PgPool,
+    pub publisher: Publisher,
+    pub settings: Settings,
+}
+
+/// Runs the executor until `shutdown` fires.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
+    let pool = db::connect(&settings.common.database_url, 16, Duration::from_secs(60)).await?;
+    db::migrate(&pool).await?;
+    db::worker::store_health_config(&pool, &settings.health).await?;
+    let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
+    let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
+    let context = Arc::new(Context { db: pool, publisher, settings: settings.clone() });
+    tracing::info!(namespace = %topology.namespace, "executor starting");
+
+    let consumer = |queue: String, name: &str| ConsumerSpec {
+        url: settings.common.amqp_url.clone(),
+        name: format!("attune-executor-{name}"),
+        queue,
+        prefetch: settings.prefetch,
+        topology: topology.clone(),
+        worker_queue: None,
+        drain: Duration::from_secs(10),
+    };
+    let scheduler = {
+        let context = context.clone();
+        run_consumer(consumer(topology.requests_queue(), "scheduler"), shutdown.clone(), move |incoming| {
+            let context = context.clone();
+            async move { scheduler::handle(&context, incoming).await }
+        })
+    };
+    let completion = {
+        let context = context.clone();
+        run_consumer(consumer(topology.results_queue(), "completion"), shutdown.clone(), move |incoming| {
+            let context = context.clone();
+            async move { completion::handle(&context, incoming).await }
+        })
+    };
+    let monitor = monitor::run(context.clone(), shutdown.clone());
+    tokio::join!(scheduler, completion, monitor);
+    tracing::info!("executor stopped");
+    Ok(())
+}

@@ -1,1 +1,269 @@
+//! attune-worker: registers itself, heartbeats its capabilities and health, consumes its own
+//! queue, runs each action as a child process and reports the result to the executors.
 
+pub mod health;
+pub mod runner;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use attune_common::config::{CommonSettings, ConfigError, env_or};
+use attune_common::db::{self, execution::Transition};
+use attune_common::health::HealthProbeConfig;
+use attune_common::mq::{
+    ConsumerSpec, Disposition, Dispatch, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
+    run_consumer,
+};
+use attune_common::{ExecutionStatus, FailureKind};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::health::HealthState;
+use crate::runner::{ActionRun, Runtimes};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("broker: {0}")]
+    Broker(#[from] attune_common::mq::MqError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub common: CommonSettings,
+    pub health: HealthProbeConfig,
+    /// `ATTUNE_WORKER_NAME`; unique per worker (default: host name and process id).
+    pub name: String,
+    /// `ATTUNE_WORKER_RUNTIMES`, comma separated (default `shell,python,builtin`).
+    pub runtimes: Vec<String>,
+    /// `ATTUNE_WORKER_CONCURRENCY`: actions run at once (default 4).
+    pub concurrency: u16,
+    /// `ATTUNE_HEARTBEAT_INTERVAL_SECS` (default 10, well under the 30 s staleness limit).
+    pub heartbeat_interval: Duration,
+    /// `ATTUNE_WORKER_QUEUE_TTL_SECS` (default 300).
+    pub queue_ttl: Duration,
+    /// `ATTUNE_WORKER_DRAIN_SECS`: how long running actions may finish after a shutdown request
+    /// before they are killed and reported as `worker_unavailable` (default 30).
+    pub drain: Duration,
+    /// `ATTUNE_WORKER_OUTPUT_LIMIT_BYTES`: stdout and stderr kept per execution (default 65536).
+    pub output_limit: usize,
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let default_name = format!(
+            "{}-{}",
+            std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "worker".into()),
+            std::process::id()
+        );
+        let runtimes: String = env_or("ATTUNE_WORKER_RUNTIMES", "shell,python,builtin".to_string())?;
+        Ok(Settings {
+            common: CommonSettings::from_env()?,
+            health: HealthProbeConfig::from_env()?,
+            name: env_or("ATTUNE_WORKER_NAME", default_name)?,
+            runtimes: runtimes.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
+            concurrency: env_or("ATTUNE_WORKER_CONCURRENCY", 4)?,
+            heartbeat_interval: Duration::from_secs_f64(env_or("ATTUNE_HEARTBEAT_INTERVAL_SECS", 10.0)?),
+            queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
+            drain: Duration::from_secs(env_or("ATTUNE_WORKER_DRAIN_SECS", 30)?),
+            output_limit: env_or("ATTUNE_WORKER_OUTPUT_LIMIT_BYTES", 65536)?,
+        })
+    }
+}
+
+struct Worker {
+    id: i64,
+    settings: Settings,
+    db: PgPool,
+    publisher: Publisher,
+    runtimes: Runtimes,
+    health: HealthState,
+    /// Fires when the drain deadline has passed: running actions are killed.
+    abort: CancellationToken,
+}
+
+/// Runs a worker until `shutdown` fires.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
+    let pool = db::connect(&settings.common.database_url, 4, Duration::from_secs(60)).await?;
+    db::migrate(&pool).await?;
+    let runtimes = Runtimes::detect(&settings.runtimes).await;
+    let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
+    let publisher = Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());
+    let health = HealthState::new(settings.health.clone());
+    let capabilities = capabilities(&settings, &runtimes, &health);
+    let worker_id = db::worker::register(&pool, &settings.name, &capabilities).await?;
+    // The queue must exist before any executor can dispatch to this worker.
+    publisher.declare_worker_queue(worker_id).await?;
+    tracing::info!(worker_id, name = %settings.name, runtimes = ?runtimes.offered(), "worker registered");
+
+    let worker = Arc::new(Worker { id: worker_id, settings: settings.clone(), db: pool, publisher, runtimes, health, abort: CancellationToken::new() });
+    worker.recover_previous_run().await?;
+
+    let heartbeat = tokio::spawn(worker.clone().heartbeat_loop(shutdown.clone()));
+    let abort_after_drain = {
+        let (abort, drain, shutdown) = (worker.abort.clone(), settings.drain, shutdown.clone());
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(drain).await;
+            abort.cancel();
+        })
+    };
+    let spec = ConsumerSpec {
+        url: settings.common.amqp_url.clone(),
+        name: format!("attune-worker-{}", settings.name),
+        queue: topology.worker_queue(worker_id),
+        prefetch: settings.concurrency,
+        topology,
+        worker_queue: Some(worker_id),
+        drain: settings.drain + Duration::from_secs(5),
+    };
+    {
+        let worker = worker.clone();
+        let shutdown = shutdown.clone();
+        run_consumer(spec, shutdown.clone(), move |incoming| {
+            let (worker, shutdown) = (worker.clone(), shutdown.clone());
+            async move { worker.handle(incoming, shutdown).await }
+        })
+        .await;
+    }
+    abort_after_drain.abort();
+    heartbeat.abort();
+    if let Err(e) = db::worker::deactivate(&worker.db, worker_id).await {
+        tracing::warn!(error = %e, "could not mark the worker inactive");
+    }
+    tracing::info!(worker_id, "worker stopped");
+    Ok(())
+}
+
+fn capabilities(settings: &Settings, runtimes: &Runtimes, health: &HealthState) -> serde_json::Value {
+    json!({
+        "runtimes": runtimes.offered(),
+        "concurrency": settings.concurrency,
+        "health": health.report(),
+    })
+}
+
+impl Worker {
+    /// Executions this worker's previous process left `running` died with it: report them as
+    /// `worker_heartbeat_stale` so the executors record (and retry) them.
+    async fn recover_previous_run(&self) -> Result<(), Error> {
+        let orphans: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1 AND status = 'running'")
+            .bind(self.id)
+            .fetch_all(&self.db)
+            .await?;
+        for execution_id in orphans {
+            tracing::warn!(execution_id, "execution was running when this worker last stopped");
+            let result = failure_result(execution_id, self.id, FailureKind::WorkerHeartbeatStale, "the worker restarted while the action was running".into());
+            self.publisher.publish(RESULT_KEY, &result).await?;
+        }
+        Ok(())
+    }
+
+    async fn heartbeat_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.settings.heartbeat_interval) => {}
+            }
+            let capabilities = capabilities(&self.settings, &self.runtimes, &self.health);
+            if let Err(e) = db::worker::heartbeat(&self.db, self.id, &capabilities).await {
+                tracing::warn!(error = %e, "heartbeat failed");
+            }
+        }
+    }
+
+    async fn handle(&self, incoming: Incoming, shutdown: CancellationToken) -> Disposition {
+        let dispatch: Dispatch = match serde_json::from_slice(&incoming.data) {
+            Ok(dispatch) => dispatch,
+            Err(e) => {
+                tracing::error!(error = %e, body = %String::from_utf8_lossy(&incoming.data), "unparseable dispatch, dead-lettering it");
+                return Disposition::DeadLetter;
+            }
+        };
+        if shutdown.is_cancelled() {
+            // Not started: hand it back untouched.
+            return Disposition::Retry;
+        }
+        let _in_flight = self.health.start();
+        let claim = Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(self.id);
+        match db::execution::transition(&self.db, dispatch.execution_id, &claim).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                tracing::debug!(execution_id = dispatch.execution_id, "dispatch is stale or a duplicate");
+                return Disposition::Ack;
+            }
+            Err(e) => {
+                tracing::warn!(execution_id = dispatch.execution_id, error = %e, "could not claim execution");
+                return Disposition::Retry;
+            }
+        }
+        let started = Instant::now();
+        let run = ActionRun {
+            execution_id: dispatch.execution_id,
+            action_ref: &dispatch.action_ref,
+            runtime: &dispatch.runtime,
+            pack_path: PathBuf::from(&dispatch.pack_path),
+            entrypoint: &dispatch.entrypoint,
+            parameters: &dispatch.parameters,
+            timeout: Duration::from_secs(dispatch.timeout_seconds.max(1) as u64),
+            retry_count: dispatch.retry_count,
+            output_limit: self.settings.output_limit,
+        };
+        let finished = self.runtimes.run(&run, &self.abort).await;
+        let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);
+        let duration_ms = started.elapsed().as_millis() as u64;
+        self.health.finish(outcome.status == ResultStatus::Completed, duration_ms);
+        let result = ExecutionResult {
+            execution_id: dispatch.execution_id,
+            worker_id: self.id,
+            status: outcome.status,
+            result: outcome.result,
+            failure_kind: outcome.failure_kind,
+            error: outcome.error,
+            exit_code: finished.exit_code,
+            stdout: finished.stdout,
+            stderr: finished.stderr,
+            duration_ms,
+        };
+        self.report(&result).await;
+        Disposition::Ack
+    }
+
+    /// Publishes a result, retrying until the broker confirms it: the execution is `running` in
+    /// the database and only this message can finish it.
+    async fn report(&self, result: &ExecutionResult) {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.publisher.publish(RESULT_KEY, result).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(execution_id = result.execution_id, error = %e, "could not report result, retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+fn failure_result(execution_id: i64, worker_id: i64, kind: FailureKind, error: String) -> ExecutionResult {
+    ExecutionResult {
+        execution_id,
+        worker_id,
+        status: ResultStatus::Failed,
+        result: None,
+        failure_kind: Some(kind),
+        error: Some(error),
+        exit_code: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        duration_ms: 0,
+    }
+}

@@ -1,0 +1,53 @@
+//! Completion: a worker's result becomes the execution's terminal state.
+
+use attune_common::db::{self, execution::Outcome, execution::Transition};
+use attune_common::mq::{Disposition, ExecutionResult, Incoming, ResultStatus};
+use attune_common::ExecutionStatus;
+
+use crate::Context;
+
+pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
+    let result: ExecutionResult = match serde_json::from_slice(&incoming.data) {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::error!(error = %e, body = %String::from_utf8_lossy(&incoming.data), "unparseable execution result, dead-lettering it");
+            return Disposition::DeadLetter;
+        }
+    };
+    match record(context, &result).await {
+        Ok(()) => Disposition::Ack,
+        Err(e) => {
+            tracing::warn!(execution_id = result.execution_id, error = %e, "recording the result failed, will be redelivered");
+            Disposition::Retry
+        }
+    }
+}
+
+pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), crate::Error> {
+    let to = match result.status {
+        ResultStatus::Completed => ExecutionStatus::Completed,
+        ResultStatus::Failed => ExecutionStatus::Failed,
+        ResultStatus::Timeout => ExecutionStatus::Timeout,
+    };
+    let outcome = Outcome {
+        result: result.result.clone(),
+        failure_kind: result.failure_kind.map(|k| k.to_string()),
+        error: result.error.clone(),
+        exit_code: result.exit_code,
+        stdout: Some(result.stdout.clone()),
+        stderr: Some(result.stderr.clone()),
+    };
+    let transition = Transition::to(to).from(&[ExecutionStatus::Running]).owned_by(result.worker_id).outcome(&outcome);
+    match db::execution::transition(&context.db, result.execution_id, &transition).await? {
+        Some(execution) => tracing::info!(
+            execution_id = execution.id,
+            worker_id = result.worker_id,
+            status = %execution.status,
+            failure_kind = execution.failure_kind.as_deref().unwrap_or(""),
+            duration_ms = result.duration_ms,
+            "execution finished"
+        ),
+        None => tracing::debug!(execution_id = result.execution_id, "result is stale or a duplicate"),
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! Scheduling: requested → scheduling → scheduled, and the dispatch to the chosen worker.
+
+use attune_common::db::{self, execution::Outcome, execution::Transition};
+use attune_common::mq::{Disposition, Dispatch, ExecutionRequest, Incoming, Topology};
+use attune_common::pack::RetryPolicy;
+use attune_common::selection;
+use attune_common::{ExecutionStatus, FailureKind};
+
+use crate::Context;
+
+pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
+    let request: ExecutionRequest = match serde_json::from_slice(&incoming.data) {
+        Ok(request) => request,
+        Err(e) => {
+            tracing::error!(error = %e, body = %String::from_utf8_lossy(&incoming.data), "unparseable execution request, dead-lettering it");
+            return Disposition::DeadLetter;
+        }
+    };
+    match schedule(context, request.execution_id).await {
+        Ok(()) => Disposition::Ack,
+        Err(e) => {
+            tracing::warn!(execution_id = request.execution_id, error = %e, "scheduling failed, will be redelivered");
+            Disposition::Retry
+        }
+    }
+}
+
+async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Error> {
+    let db = &context.db;
+    let claim = Transition::to(ExecutionStatus::Scheduling).from(&[ExecutionStatus::Requested, ExecutionStatus::Scheduling]);
+    let Some(execution) = db::execution::transition(db, execution_id, &claim).await? else {
+        tracing::debug!(execution_id, "request is stale or a duplicate");
+        return Ok(());
+    };
+    let action = match execution.action {
+        Some(action_id) => db::action::get(db, action_id).await?,
+        None => None,
+    };
+    let Some(action) = action else {
+        let reason = format!("action '{}' no longer exists", execution.action_ref);
+        return fail(context, execution_id, FailureKind::ActionNotFound, reason).await;
+    };
+    let (candidates, now) = db::worker::candidates(db).await?;
+    let chosen = selection::select(&context.settings.health, &candidates, &action.runtime, now, |_| rand::random());
+    let Some(chosen) = chosen else {
+        let reason = format!("no healthy or degraded active worker offers runtime '{}'", action.runtime);
+        return fail(context, execution_id, FailureKind::WorkerUnavailable, reason).await;
+    };
+    let assign = Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Scheduling]).assign_worker(chosen.worker_id);
+    if db::execution::transition(db, execution_id, &assign).await?.is_none() {
+        return Ok(());
+    }
+    let transient_exit_codes = action
+        .retry_policy
+        .as_ref()
+        .and_then(|p| serde_json::from_value::<RetryPolicy>(p.clone()).ok())
+        .and_then(|p| p.exit_codes)
+        .unwrap_or_default();
+    let dispatch = Dispatch {
+        execution_id,
+        worker_id: chosen.worker_id,
+        action_ref: action.action_ref.clone(),
+        runtime: action.runtime.clone(),
+        entrypoint: action.entrypoint.clone(),
+        pack_path: action.pack_path.clone().unwrap_or_default(),
+        parameters: execution.parameters.clone(),
+        timeout_seconds: execution.timeout_seconds.unwrap_or(context.settings.common.default_timeout_secs),
+        retry_count: execution.retry_count,
+        transient_exit_codes,
+    };
+    if let Err(e) = context.publisher.publish(&Topology::worker_key(chosen.worker_id), &dispatch).await {
+        let reason = format!("could not dispatch to worker {}: {e}", chosen.worker_id);
+        let outcome = Outcome { failure_kind: Some(FailureKind::WorkerUnavailable.to_string()), error: Some(reason), ..Default::default() };
+        let failed = Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Scheduled]).outcome(&outcome);
+        db::execution::transition(db, execution_id, &failed).await?;
+        tracing::warn!(execution_id, worker_id = chosen.worker_id, error = %e, "dispatch failed");
+        return Ok(());
+    }
+    tracing::debug!(execution_id, worker_id = chosen.worker_id, class = chosen.class.as_str(), queue_depth = chosen.queue_depth, "dispatched");
+    Ok(())
+}
+
+async fn fail(context: &Context, execution_id: i64, kind: FailureKind, reason: String) -> Result<(), crate::Error> {
+    tracing::warn!(execution_id, failure_kind = %kind, %reason, "execution cannot be scheduled");
+    let outcome = Outcome { failure_kind: Some(kind.to_string()), error: Some(reason), ..Default::default() };
+    let failed = Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Scheduling]).outcome(&outcome);
+    db::execution::transition(&context.db, execution_id, &failed).await?;
+    Ok(())
+}

@@ -1,0 +1,409 @@
+//! Running one action: a child process in its own process group, parameters passed as data
+//! (environment variables and JSON on stdin, never a shell line), stdout and stderr drained
+//! concurrently into bounded buffers, and the timeout raced against the exit (SIGTERM to the
+//! group, then SIGKILL after a grace period).
+//!
+//! Script contract: parameter `foo_bar` arrives as `ATTUNE_PARAM_FOO_BAR` (strings as is, other
+//! types as JSON) and all parameters as one JSON object on stdin. If the last non-empty line of
+//! stdout is a JSON object, it is the execution's `result`. Exit code 0 is success; exit code 75
+//! (EX_TEMPFAIL), or a result containing `{"attune": {"transient": true}}`, reports a transient
+//! failure that the retry policy may retry; any other exit code is `action_failed`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use attune_common::FailureKind;
+use attune_common::mq::ResultStatus;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+/// EX_TEMPFAIL from sysexits.h: "temporary failure, try again later".
+pub const TRANSIENT_EXIT_CODE: i32 = 75;
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Environment passed through to actions; everything else (DATABASE_URL, tokens) is withheld.
+const INHERITED_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ"];
+
+pub struct ActionRun<'a> {
+    pub execution_id: i64,
+    pub action_ref: &'a str,
+    pub runtime: &'a str,
+    pub pack_path: PathBuf,
+    pub entrypoint: &'a str,
+    pub parameters: &'a Value,
+    pub timeout: Duration,
+    pub retry_count: i32,
+    pub output_limit: usize,
+}
+
+/// What happened to the process.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Finished {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    /// Killed because the worker was shutting down past its drain deadline.
+    pub aborted: bool,
+    /// The process could not be started.
+    pub spawn_error: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// The reported outcome of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub status: ResultStatus,
+    pub failure_kind: Option<FailureKind>,
+    pub error: Option<String>,
+    pub result: Option<Value>,
+}
+
+/// Parses the result line: the last non-empty line of stdout, if it is a JSON object.
+pub fn parse_result(stdout: &str) -> Option<Value> {
+    let line = stdout.lines().rev().find(|l| !l.trim().is_empty())?;
+    serde_json::from_str::<Value>(line.trim()).ok().filter(Value::is_object)
+}
+
+/// Classifies a finished process (pure).
+pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
+    let result = parse_result(&finished.stdout);
+    let failure = |kind: FailureKind, error: String| Outcome {
+        status: if kind == FailureKind::Timeout { ResultStatus::Timeout } else { ResultStatus::Failed },
+        failure_kind: Some(kind),
+        error: Some(error),
+        result: result.clone(),
+    };
+    if let Some(error) = &finished.spawn_error {
+        return failure(FailureKind::ActionNotFound, error.clone());
+    }
+    if finished.aborted {
+        return failure(FailureKind::WorkerUnavailable, "the worker shut down while the action was running".into());
+    }
+    if finished.timed_out {
+        return failure(FailureKind::Timeout, "the action exceeded its timeout and was killed".into());
+    }
+    let says_transient = result.as_ref().and_then(|r| r.pointer("/attune/transient")).and_then(Value::as_bool) == Some(true);
+    match (finished.exit_code, finished.signal) {
+        (Some(0), _) if !says_transient => Outcome { status: ResultStatus::Completed, failure_kind: None, error: None, result },
+        (Some(code), _) if code == TRANSIENT_EXIT_CODE || transient_exit_codes.contains(&code) || says_transient => {
+            failure(FailureKind::TransientError, format!("the action reported a transient failure (exit code {code})"))
+        }
+        (Some(code), _) => failure(FailureKind::ActionFailed, format!("the action exited with code {code}")),
+        (None, Some(signal)) => failure(FailureKind::ActionFailed, format!("the action was killed by signal {signal}")),
+        (None, None) => failure(FailureKind::ActionFailed, "the action ended without an exit status".into()),
+    }
+}
+
+/// The runtimes this worker offers, with interpreters resolved once at start (a pyenv shim on
+/// PATH costs ~100 ms per start; the interpreter itself ~12 ms).
+pub struct Runtimes {
+    shell: Option<PathBuf>,
+    python: Option<PathBuf>,
+    builtin: bool,
+}
+
+impl Runtimes {
+    pub async fn detect(wanted: &[String]) -> Self {
+        let wants = |r: &str| wanted.iter().any(|w| w == r);
+        let python = if wants("python") { resolve_python().await } else { None };
+        if wants("python") && python.is_none() {
+            tracing::warn!("no python3 interpreter found; this worker will not offer the python runtime");
+        }
+        Runtimes {
+            shell: wants("shell").then(|| PathBuf::from("/bin/sh")),
+            python,
+            builtin: wants("builtin"),
+        }
+    }
+
+    pub fn offered(&self) -> Vec<&'static str> {
+        let mut offered = Vec::new();
+        if self.shell.is_some() {
+            offered.push("shell");
+        }
+        if self.python.is_some() {
+            offered.push("python");
+        }
+        if self.builtin {
+            offered.push("builtin");
+        }
+        offered
+    }
+
+    pub async fn run(&self, run: &ActionRun<'_>, abort: &CancellationToken) -> Finished {
+        let interpreter = match run.runtime {
+            "builtin" if self.builtin => return run_builtin(run),
+            "shell" => self.shell.as_ref(),
+            "python" => self.python.as_ref(),
+            _ => None,
+        };
+        let Some(interpreter) = interpreter else {
+            return Finished { spawn_error: Some(format!("this worker does not offer runtime '{}'", run.runtime)), ..Default::default() };
+        };
+        run_process(interpreter, run, abort).await
+    }
+}
+
+async fn resolve_python() -> Option<PathBuf> {
+    if let Ok(explicit) = std::env::var("ATTUNE_PYTHON") {
+        return Some(PathBuf::from(explicit));
+    }
+    let output = tokio::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .await
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    (output.status.success() && path.is_file()).then_some(path)
+}
+
+fn run_builtin(run: &ActionRun<'_>) -> Finished {
+    match run.entrypoint {
+        "noop" => Finished { exit_code: Some(0), ..Default::default() },
+        other => Finished { spawn_error: Some(format!("unknown builtin '{other}'")), ..Default::default() },
+    }
+}
+
+/// `ATTUNE_PARAM_<NAME>` for a parameter name: upper case, anything but letters and digits as `_`.
+pub fn param_env_name(name: &str) -> String {
+    let cleaned: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+    format!("ATTUNE_PARAM_{cleaned}")
+}
+
+async fn run_process(interpreter: &Path, run: &ActionRun<'_>, abort: &CancellationToken) -> Finished {
+    let script = run.pack_path.join(run.entrypoint);
+    let mut command = tokio::process::Command::new(interpreter);
+    command
+        .arg(&script)
+        .current_dir(&run.pack_path)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for name in INHERITED_ENV {
+        if let Ok(value) = std::env::var(name) {
+            command.env(name, value);
+        }
+    }
+    command
+        .env("ATTUNE_EXECUTION_ID", run.execution_id.to_string())
+        .env("ATTUNE_ACTION_REF", run.action_ref)
+        .env("ATTUNE_RETRY_COUNT", run.retry_count.to_string())
+        .env("ATTUNE_PARAMETERS", run.parameters.to_string());
+    if let Some(parameters) = run.parameters.as_object() {
+        for (name, value) in parameters {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            command.env(param_env_name(name), text);
+        }
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => return Finished { spawn_error: Some(format!("could not start {}: {e}", script.display())), ..Default::default() },
+    };
+    let process_group = child.id().map(|id| id as i32);
+    let stdin_body = run.parameters.to_string();
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    let feed = tokio::spawn(async move {
+        // A script that does not read stdin closes it early; that is not an error.
+        let _ = stdin.write_all(stdin_body.as_bytes()).await;
+    });
+    let stdout = tokio::spawn(read_bounded(child.stdout.take().expect("stdout is piped"), run.output_limit));
+    let stderr = tokio::spawn(read_bounded(child.stderr.take().expect("stderr is piped"), run.output_limit));
+
+    let mut finished = Finished::default();
+    let status = tokio::select! {
+        status = child.wait() => status.ok(),
+        _ = tokio::time::sleep(run.timeout) => {
+            finished.timed_out = true;
+            terminate(&mut child, process_group).await
+        }
+        _ = abort.cancelled() => {
+            finished.aborted = true;
+            terminate(&mut child, process_group).await
+        }
+    };
+    // Grandchildren that kept the pipes open are gone with the group; stop waiting after a bound.
+    if let Some(pgid) = process_group {
+        signal_group(pgid, libc::SIGKILL);
+    }
+    feed.abort();
+    finished.stdout = tokio::time::timeout(KILL_GRACE, stdout).await.ok().and_then(Result::ok).unwrap_or_default();
+    finished.stderr = tokio::time::timeout(KILL_GRACE, stderr).await.ok().and_then(Result::ok).unwrap_or_default();
+    if let Some(status) = status {
+        use std::os::unix::process::ExitStatusExt;
+        finished.exit_code = status.code();
+        finished.signal = status.signal();
+    }
+    finished
+}
+
+/// SIGTERM to the whole group, SIGKILL after the grace period.
+async fn terminate(child: &mut tokio::process::Child, process_group: Option<i32>) -> Option<std::process::ExitStatus> {
+    let Some(pgid) = process_group else {
+        return None;
+    };
+    signal_group(pgid, libc::SIGTERM);
+    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        Ok(status) => status.ok(),
+        Err(_) => {
+            signal_group(pgid, libc::SIGKILL);
+            child.wait().await.ok()
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+fn signal_group(pgid: i32, signal: i32) {
+    // SAFETY: kill(2) with a negative pid signals a process group; it has no memory-safety
+    // preconditions. The group was created for this child alone (process_group(0)).
+    unsafe {
+        libc::kill(-pgid, signal);
+    }
+}
+
+/// Reads a stream to its end, keeping only the last `limit` bytes.
+async fn read_bounded(mut reader: impl AsyncRead + Unpin, limit: usize) -> String {
+    let mut kept: Vec<u8> = Vec::new();
+    let mut dropped = 0usize;
+    let mut chunk = vec![0u8; 8192];
+    loop {
+        match reader.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                kept.extend_from_slice(&chunk[..n]);
+                if kept.len() > limit.saturating_mul(2).max(8192) {
+                    let excess = kept.len() - limit;
+                    kept.drain(..excess);
+                    dropped += excess;
+                }
+            }
+        }
+    }
+    if kept.len() > limit {
+        let excess = kept.len() - limit;
+        kept.drain(..excess);
+        dropped += excess;
+    }
+    let text = String::from_utf8_lossy(&kept).into_owned();
+    if dropped > 0 { format!("[... {dropped} bytes truncated]\n{text}") } else { text }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn exited(code: i32, stdout: &str) -> Finished {
+        Finished { exit_code: Some(code), stdout: stdout.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn classification_of_finished_processes() {
+        let cases = [
+            (exited(0, "hello\n"), ResultStatus::Completed, None),
+            (exited(1, ""), ResultStatus::Failed, Some(FailureKind::ActionFailed)),
+            (exited(75, ""), ResultStatus::Failed, Some(FailureKind::TransientError)),
+            (exited(3, ""), ResultStatus::Failed, Some(FailureKind::TransientError)), // policy code
+            (exited(1, "{\"attune\": {\"transient\": true}}\n"), ResultStatus::Failed, Some(FailureKind::TransientError)),
+            (Finished { timed_out: true, ..Default::default() }, ResultStatus::Timeout, Some(FailureKind::Timeout)),
+            (Finished { aborted: true, ..Default::default() }, ResultStatus::Failed, Some(FailureKind::WorkerUnavailable)),
+            (Finished { signal: Some(9), ..Default::default() }, ResultStatus::Failed, Some(FailureKind::ActionFailed)),
+            (Finished { spawn_error: Some("x".into()), ..Default::default() }, ResultStatus::Failed, Some(FailureKind::ActionNotFound)),
+        ];
+        for (finished, status, kind) in cases {
+            let outcome = classify(&finished, &[3]);
+            assert_eq!((outcome.status, outcome.failure_kind), (status, kind), "{finished:?}");
+            assert_eq!(outcome.error.is_some(), kind.is_some());
+        }
+    }
+
+    #[test]
+    fn the_result_is_the_last_json_object_line() {
+        assert_eq!(parse_result("log\n{\"a\": 1}\n\n"), Some(json!({"a": 1})));
+        assert_eq!(parse_result("{\"a\": 1}\nplain\n"), None);
+        assert_eq!(parse_result("[1, 2]\n"), None);
+        assert_eq!(parse_result(""), None);
+    }
+
+    #[test]
+    fn parameter_names_become_env_names() {
+        assert_eq!(param_env_name("message"), "ATTUNE_PARAM_MESSAGE");
+        assert_eq!(param_env_name("max-count.v2"), "ATTUNE_PARAM_MAX_COUNT_V2");
+    }
+
+    fn temp_pack(script: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("attune-runner-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("run.sh"), script).unwrap();
+        dir
+    }
+
+    fn run_of<'a>(dir: &Path, parameters: &'a Value, timeout: Duration, limit: usize) -> ActionRun<'a> {
+        ActionRun {
+            execution_id: 7,
+            action_ref: "test.run",
+            runtime: "shell",
+            pack_path: dir.to_path_buf(),
+            entrypoint: "run.sh",
+            parameters,
+            timeout,
+            retry_count: 0,
+            output_limit: limit,
+        }
+    }
+
+    #[tokio::test]
+    async fn parameters_arrive_as_data_not_shell_text() {
+        let dir = temp_pack("printf '%s|' \"$ATTUNE_PARAM_MESSAGE\" \"$ATTUNE_PARAM_COUNT\"; cat; echo; env | grep -c CARGO_MANIFEST_DIR || true\n");
+        // cargo sets CARGO_MANIFEST_DIR for the test process; like DATABASE_URL, it must not leak
+        assert!(std::env::var("CARGO_MANIFEST_DIR").is_ok());
+        let parameters = json!({"message": "$(touch /tmp/pwned); `id`; 'q\"", "count": 3});
+        let runtimes = Runtimes::detect(&["shell".into()]).await;
+        let finished = runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new()).await;
+        assert_eq!(finished.exit_code, Some(0), "{finished:?}");
+        let mut lines = finished.stdout.lines();
+        let first = lines.next().unwrap();
+        assert!(first.starts_with("$(touch /tmp/pwned); `id`; 'q\"|3|"), "{first}");
+        assert!(first.ends_with(&parameters.to_string()), "{first}");
+        assert_eq!(lines.next(), Some("0"), "the worker's environment must not reach actions");
+    }
+
+    #[tokio::test]
+    async fn a_timeout_kills_the_whole_process_group() {
+        let dir = temp_pack("sleep 30 &\necho $! > child.pid\nsleep 30\n");
+        let parameters = json!({});
+        let runtimes = Runtimes::detect(&["shell".into()]).await;
+        let started = std::time::Instant::now();
+        let finished = runtimes.run(&run_of(&dir, &parameters, Duration::from_millis(300), 4096), &CancellationToken::new()).await;
+        assert!(finished.timed_out);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let pid: i32 = std::fs::read_to_string(dir.join("child.pid")).unwrap().trim().parse().unwrap();
+        // the background grandchild is gone too (give the kernel a moment to reap it)
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
+        {
+            assert!(std::time::Instant::now() < deadline, "grandchild {pid} survived the timeout");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(classify(&finished, &[]).failure_kind, Some(FailureKind::Timeout));
+    }
+
+    #[tokio::test]
+    async fn output_is_bounded_to_its_tail() {
+        let dir = temp_pack("i=0; while [ $i -lt 5000 ]; do echo line-$i; i=$((i+1)); done\n");
+        let parameters = json!({});
+        let runtimes = Runtimes::detect(&["shell".into()]).await;
+        let finished = runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(10), 1000), &CancellationToken::new()).await;
+        assert!(finished.stdout.starts_with("[... "), "{}", &finished.stdout[..40]);
+        assert!(finished.stdout.ends_with("line-4999\n"));
+        assert!(finished.stdout.len() < 1100);
+    }
+}
