@@ -1,1 +1,99 @@
+//! attune-api: the HTTP API (`/api/v1/...`), health and readiness probes, and metrics.
+//!
+//! Every `/api/v1` route requires `Authorization: Bearer <token>`; `/healthz`, `/readyz` and
+//! `/metrics` do not. Errors are `{"error": {"code", "message", "parameter"?}}`.
 
+pub mod auth;
+pub mod error;
+pub mod routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use attune_common::config::{CommonSettings, ConfigError, env_or};
+use attune_common::db;
+use attune_common::health::HealthProbeConfig;
+use attune_common::mq::{Publisher, Topology};
+use axum::Router;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use error::ApiError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub common: CommonSettings,
+    pub health: HealthProbeConfig,
+    /// `ATTUNE_API_ADDR` (default `0.0.0.0:8080`).
+    pub addr: SocketAddr,
+    pub worker_queue_ttl: Duration,
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(Settings {
+            common: CommonSettings::from_env()?,
+            health: HealthProbeConfig::from_env()?,
+            addr: env_or("ATTUNE_API_ADDR", SocketAddr::from(([0, 0, 0, 0], 8080)))?,
+            worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
+        })
+    }
+}
+
+pub struct AppState {
+    pub db: PgPool,
+    pub publisher: Publisher,
+    pub settings: Settings,
+}
+
+pub type State = Arc<AppState>;
+
+pub fn router(state: State) -> Router {
+    let api = routes::api_routes()
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token));
+    Router::new()
+        .nest("/api/v1", api)
+        .merge(routes::probe_routes())
+        .fallback(|| async { ApiError::not_found("route", "no such route") })
+        .with_state(state)
+}
+
+/// Connects, migrates and builds the shared state.
+pub async fn state(settings: Settings) -> Result<State, Error> {
+    let pool = db::connect(&settings.common.database_url, 16, Duration::from_secs(60)).await?;
+    db::migrate(&pool).await?;
+    let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
+    let publisher = Publisher::new(&settings.common.amqp_url, "attune-api", topology);
+    if let Err(e) = publisher.ping().await {
+        tracing::warn!(error = %e, "broker not reachable yet; requests will be re-published once it is");
+    }
+    Ok(Arc::new(AppState { db: pool, publisher, settings }))
+}
+
+/// Serves on `listener` until `shutdown` fires.
+pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationToken) -> Result<(), Error> {
+    tracing::info!(addr = %listener.local_addr()?, "api listening");
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
+    Ok(())
+}
+
+/// Binds `settings.addr` and serves until `shutdown` fires.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
+    let listener = TcpListener::bind(settings.addr).await?;
+    let state = state(settings).await?;
+    serve(listener, state, shutdown).await
+}

@@ -1,1 +1,116 @@
-fn main() {}
+//! `attune`: the command line for API clients and operators.
+
+mod client;
+mod commands;
+mod output;
+mod up;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "attune", version, about = "attune: run actions, watch executions, operate workers")]
+pub struct Cli {
+    /// API base URL
+    #[arg(long, global = true, env = "ATTUNE_API_URL", default_value = "http://127.0.0.1:8080")]
+    pub api_url: String,
+    /// API token (create one with `attune token create`)
+    #[arg(long, global = true, env = "ATTUNE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Output format
+    #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run api, executor and workers in this process until interrupted (for development)
+    Up {
+        /// Number of workers
+        #[arg(long, default_value_t = 2)]
+        workers: u16,
+    },
+    /// Submit an execution: attune run core.echo message=hello --wait
+    Run {
+        /// The action, as pack.name
+        action_ref: String,
+        /// Parameters as key=value (typed by the action's declaration; JSON for objects and arrays)
+        params: Vec<String>,
+        /// Wait for the execution to finish and exit non-zero unless it completed
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds
+        #[arg(long, default_value_t = 600)]
+        wait_timeout: u64,
+    },
+    /// Read executions
+    #[command(subcommand)]
+    Execution(ExecutionCommand),
+    /// Read workers
+    #[command(subcommand)]
+    Worker(WorkerCommand),
+    /// Register packs
+    #[command(subcommand)]
+    Pack(PackCommand),
+    /// Manage API tokens (talks to the database directly: DATABASE_URL)
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+pub enum ExecutionCommand {
+    /// Show one execution
+    Get { id: i64 },
+    /// List executions, newest first
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        action: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+        #[arg(long, default_value_t = 0)]
+        offset: i64,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum WorkerCommand {
+    /// List workers with their health class, queue depth and heartbeat age
+    List,
+}
+
+#[derive(Subcommand)]
+pub enum PackCommand {
+    /// Register (or update) the pack in PATH through the API
+    Register { path: std::path::PathBuf },
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print it alone on stdout
+    Create {
+        #[arg(long)]
+        name: String,
+    },
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let code = match commands::dispatch(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}

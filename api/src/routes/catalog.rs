@@ -1,0 +1,65 @@
+//! Packs and actions.
+
+use std::path::PathBuf;
+
+use attune_common::db;
+use attune_common::pack::load_pack;
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+
+use crate::ApiError;
+
+pub async fn list_actions(State(state): State<crate::State>) -> Result<Json<Vec<db::action::Action>>, ApiError> {
+    Ok(Json(db::action::list(&state.db, None).await?))
+}
+
+pub async fn get_action(
+    State(state): State<crate::State>,
+    action_ref: Result<Path<String>, PathRejection>,
+) -> Result<Json<db::action::Action>, ApiError> {
+    let Path(action_ref) = action_ref?;
+    db::action::get_by_ref(&state.db, &action_ref)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))
+}
+
+pub async fn list_packs(State(state): State<crate::State>) -> Result<Json<Vec<db::pack::Pack>>, ApiError> {
+    Ok(Json(db::pack::list(&state.db).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterPack {
+    /// The pack's directory as the API server (and the workers) see it.
+    pub path: String,
+}
+
+/// Registers or updates the pack at `path`. A pack that fails to load is a 422 naming the file,
+/// the field and the reason.
+pub async fn register_pack(
+    State(state): State<crate::State>,
+    body: Result<Json<RegisterPack>, JsonRejection>,
+) -> Result<(StatusCode, Json<db::pack::Pack>), ApiError> {
+    let Json(body) = body?;
+    let dir = PathBuf::from(&body.path);
+    if !dir.is_dir() {
+        return Err(ApiError::invalid("path", format!("'{}' is not a directory on the API server", body.path)));
+    }
+    let pack = tokio::task::spawn_blocking(move || load_pack(&dir))
+        .await
+        .map_err(|e| ApiError::internal("pack loading panicked", e))?
+        .map_err(|e| {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_pack", e.to_string()).with_extra(serde_json::json!({
+                "file": e.file.display().to_string(),
+                "field": e.field,
+                "reason": e.reason,
+            }))
+        })?;
+    let registered = db::pack::register(&state.db, &pack).await?;
+    tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
+    Ok((StatusCode::CREATED, Json(registered)))
+}

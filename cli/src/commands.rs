@@ -1,0 +1,183 @@
+//! The commands. Each prints JSON only with `--output json`; exit status 0 means the command
+//! (and, with `--wait`, the execution) succeeded.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Map, Value, json};
+
+use crate::client::Client;
+use crate::output::{self, text};
+use crate::{Cli, Command, ExecutionCommand, Output, PackCommand, TokenCommand, WorkerCommand};
+
+fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(value).expect("json prints")),
+        Output::Table => println!("{}", human(value)),
+    }
+}
+
+pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let client = Client::new(&cli.api_url, cli.token.clone());
+    let out = cli.output;
+    match cli.command {
+        Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
+        Command::Token(TokenCommand::Create { name }) => {
+            let url = attune_common::config::CommonSettings::from_env()?.database_url;
+            let pool = attune_common::db::connect(&url, 1, Duration::from_secs(10))
+                .await
+                .with_context(|| "cannot connect to the database (DATABASE_URL)")?;
+            attune_common::db::migrate(&pool).await?;
+            let token = attune_common::db::token::create(&pool, &name).await?;
+            match out {
+                Output::Json => println!("{}", json!({"name": name, "token": token})),
+                Output::Table => println!("{token}"),
+            }
+            Ok(0)
+        }
+        Command::Pack(PackCommand::Register { path }) => {
+            let path = std::fs::canonicalize(&path).with_context(|| format!("pack directory {} not found", path.display()))?;
+            let pack = client.post("/api/v1/packs", &json!({"path": path})).await?;
+            print(out, &pack, |p| format!("registered pack {} {} ({} actions)", text(&p["ref"]), text(&p["version"]), text(&p["action_count"])));
+            Ok(0)
+        }
+        Command::Worker(WorkerCommand::List) => {
+            let workers = client.get("/api/v1/workers", &[]).await?;
+            print(out, &workers, |list| {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|w| {
+                        let health = &w["capabilities"]["health"];
+                        vec![
+                            text(&w["id"]),
+                            text(&w["name"]),
+                            text(&w["status"]),
+                            text(&w["health"]),
+                            text(&w["queue_depth"]),
+                            text(&health["consecutive_failures"]),
+                            format!("{}/{}", text(&health["failed_executions"]), text(&health["total_executions"])),
+                            w["heartbeat_age_secs"].as_f64().map(|a| format!("{a:.1}s")).unwrap_or_else(|| "-".into()),
+                            w["runtimes"].as_array().map(|r| r.iter().map(text).collect::<Vec<_>>().join(",")).unwrap_or_default(),
+                        ]
+                    })
+                    .collect();
+                output::table(&["id", "name", "status", "health", "queue", "failures", "failed/total", "heartbeat", "runtimes"], &rows)
+            });
+            Ok(0)
+        }
+        Command::Execution(ExecutionCommand::Get { id }) => {
+            let execution = client.get(&format!("/api/v1/executions/{id}"), &[]).await?;
+            print(out, &execution, output::execution);
+            Ok(0)
+        }
+        Command::Execution(ExecutionCommand::List { status, action, limit, offset }) => {
+            let mut query = vec![("limit", limit.to_string()), ("offset", offset.to_string())];
+            if let Some(status) = status {
+                query.push(("status", status));
+            }
+            if let Some(action) = action {
+                query.push(("action_ref", action));
+            }
+            let page = client.get("/api/v1/executions", &query).await?;
+            print(out, &page, |page| {
+                let rows: Vec<Vec<String>> = page["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|e| {
+                        vec![
+                            text(&e["id"]),
+                            text(&e["action_ref"]),
+                            text(&e["status"]),
+                            text(&e["worker"]),
+                            text(&e["retry_count"]),
+                            text(&e["failure_kind"]),
+                            text(&e["created"]),
+                        ]
+                    })
+                    .collect();
+                format!(
+                    "{}\n({} of {})",
+                    output::table(&["id", "action", "status", "worker", "retry", "failure", "created"], &rows),
+                    rows.len(),
+                    text(&page["total"])
+                )
+            });
+            Ok(0)
+        }
+        Command::Run { action_ref, params, wait, wait_timeout } => {
+            let action = client.get(&format!("/api/v1/actions/{action_ref}"), &[]).await?;
+            let parameters = parse_params(&action["parameters"], &params)?;
+            let execution = client.post("/api/v1/executions", &json!({"action_ref": action_ref, "parameters": parameters})).await?;
+            if !wait {
+                print(out, &execution, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));
+                return Ok(0);
+            }
+            let id = execution["id"].as_i64().context("the API returned an execution without an id")?;
+            let finished = wait_for(&client, id, Duration::from_secs(wait_timeout)).await?;
+            print(out, &finished, output::execution);
+            Ok(if finished["status"] == "completed" { 0 } else { 2 })
+        }
+    }
+}
+
+/// `key=value` pairs typed by the action's declared parameters: strings stay as written, other
+/// types are parsed as JSON (`count=3`, `verbose=true`, `tags=["a","b"]`).
+pub fn parse_params(declared: &Value, pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
+    let mut parameters = Map::new();
+    for pair in pairs {
+        let Some((key, raw)) = pair.split_once('=') else {
+            bail!("parameter '{pair}' is not key=value");
+        };
+        let value = match declared[key]["type"].as_str() {
+            Some("string") | None => Value::String(raw.to_string()),
+            Some(kind) => serde_json::from_str(raw).with_context(|| format!("parameter '{key}': '{raw}' is not a valid {kind}"))?,
+        };
+        parameters.insert(key.to_string(), value);
+    }
+    Ok(parameters)
+}
+
+async fn wait_for(client: &Client, id: i64, timeout: Duration) -> anyhow::Result<Value> {
+    const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+    let interactive = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut frame = 0;
+    loop {
+        let execution = client.get(&format!("/api/v1/executions/{id}"), &[]).await?;
+        let status = execution["status"].as_str().unwrap_or("unknown");
+        if matches!(status, "completed" | "failed" | "timeout" | "canceled" | "abandoned") {
+            if interactive {
+                eprint!("\r\x1b[2K");
+            }
+            return Ok(execution);
+        }
+        if started.elapsed() > timeout {
+            bail!("execution {id} is still {status} after {}s", timeout.as_secs());
+        }
+        if interactive {
+            eprint!("\r\x1b[2K{} execution {id} {status} ({:.1}s)", FRAMES[frame % FRAMES.len()], started.elapsed().as_secs_f64());
+            let _ = std::io::stderr().flush();
+            frame += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_typed_by_their_declaration() {
+        let declared = json!({"message": {"type": "string"}, "count": {"type": "integer"}, "flag": {"type": "boolean"}});
+        let pairs = ["message=42".to_string(), "count=3".into(), "flag=true".into(), "extra=a=b".into()];
+        let parsed = parse_params(&declared, &pairs).unwrap();
+        assert_eq!(Value::Object(parsed), json!({"message": "42", "count": 3, "flag": true, "extra": "a=b"}));
+        assert!(parse_params(&declared, &["count=three".into()]).unwrap_err().to_string().contains("count"));
+        assert!(parse_params(&declared, &["novalue".into()]).is_err());
+    }
+}
