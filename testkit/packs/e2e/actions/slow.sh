@@ -1,0 +1,4 @@
+#!/bin/sh
+echo "started"
+sleep 30
+echo "never printed"

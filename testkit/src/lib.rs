@@ -1,0 +1,140 @@
+//! Test support for attune's integration and end-to-end tests, on the real PostgreSQL and
+//! RabbitMQ (never mocks):
+//! - [`TestDb`]: a fresh, migrated database per test, dropped at the end.
+//! - [`Namespace`]: an MQ namespace of its own per test; its queues and exchanges are deleted
+//!   at the end.
+//! - [`System`]: the real `attune-api`, `attune-executor` and `attune-worker` binaries started
+//!   against both, with an HTTP client and waits on conditions with deadlines (never sleeps).
+//!
+//! Settings: `ATTUNE_TEST_DATABASE_URL` (else `DATABASE_URL`, else the attune default) must be
+//! allowed to create databases; `AMQP_URL` as for the services.
+
+pub mod system;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use attune_common::config::{DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL};
+use sqlx::PgPool;
+
+pub use system::{System, SystemBuilder};
+
+pub fn admin_database_url() -> String {
+    std::env::var("ATTUNE_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string())
+}
+
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_string())
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}_{:x}", std::process::id(), rand::random::<u32>())
+}
+
+/// A database of its own for one test, migrated. Call [`TestDb::drop_database`] at the end (a
+/// failing test leaves it behind for inspection; names start with `attune_test_`).
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let admin_url = admin_database_url();
+        let admin = PgPool::connect(&admin_url).await.unwrap_or_else(|e| panic!("cannot connect to {admin_url} to create a test database: {e}"));
+        let name = unique("attune_test");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.expect("create test database");
+        admin.close().await;
+        let url = replace_database(&admin_url, &name);
+        let pool = attune_common::db::connect(&url, 8, Duration::from_secs(10)).await.expect("connect to test database");
+        attune_common::db::migrate(&pool).await.expect("migrate test database");
+        TestDb { name, url, pool }
+    }
+
+    pub async fn drop_database(self) {
+        self.pool.close().await;
+        let admin = PgPool::connect(&admin_database_url()).await.expect("admin connection");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name))).execute(&admin).await;
+    }
+}
+
+/// `postgres://u:p@h:port/db?x` with `db` replaced.
+pub fn replace_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (url, String::new()),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let root = match base[scheme_end..].find('/') {
+        Some(slash) => &base[..scheme_end + slash],
+        None => base,
+    };
+    format!("{root}/{database}{query}")
+}
+
+/// An MQ namespace of its own for one test.
+pub struct Namespace {
+    pub name: String,
+}
+
+impl Namespace {
+    pub fn new() -> Namespace {
+        Namespace { name: unique("t") }
+    }
+
+    /// Deletes the namespace's queues (the shared ones and the given workers') and exchanges.
+    pub async fn delete(&self, worker_ids: &[i64]) {
+        use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+        let topology = attune_common::mq::Topology::new(&self.name, Duration::from_secs(1));
+        let Ok(connection) = attune_common::mq::connect(&amqp_url(), "attune-test-cleanup").await else { return };
+        let Ok(channel) = connection.create_channel().await else { return };
+        let mut queues = vec![topology.requests_queue(), topology.results_queue(), topology.dead_letter_queue()];
+        queues.extend(worker_ids.iter().map(|id| topology.worker_queue(*id)));
+        for queue in queues {
+            let _ = channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await;
+        }
+        for exchange in [topology.exchange(), topology.dead_letter_exchange()] {
+            let _ = channel.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default()).await;
+        }
+        let _ = connection.close(200, "done".into()).await;
+    }
+}
+
+impl Default for Namespace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics naming `what` after `deadline`.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(10);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < deadline, "timed out after {deadline:?} waiting for {what}");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_names_are_replaced() {
+        assert_eq!(replace_database("postgres://a:b@h:5432/attune", "x"), "postgres://a:b@h:5432/x");
+        assert_eq!(replace_database("postgres://a@h/attune?sslmode=disable", "x"), "postgres://a@h/x?sslmode=disable");
+        assert_eq!(replace_database("postgres://h:5432", "x"), "postgres://h:5432/x");
+    }
+}
