@@ -63,8 +63,10 @@ pub struct AppState {
 pub type State = Arc<AppState>;
 
 pub fn router(state: State) -> Router {
-    let api = routes::api_routes()
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token));
+    let api = routes::api_routes().layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        auth::require_token,
+    ));
     Router::new()
         .nest("/api/v1", api)
         .merge(routes::probe_routes())
@@ -76,18 +78,59 @@ pub fn router(state: State) -> Router {
 pub async fn state(settings: Settings) -> Result<State, Error> {
     let pool = db::connect(&settings.common.database_url, 16, Duration::from_secs(60)).await?;
     db::migrate(&pool).await?;
+    if let Err(e) = register_packs(&pool, &settings.common.packs_dir).await {
+        tracing::error!(error = %e, "packs in ATTUNE_PACKS_DIR were not all registered");
+    }
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-api", topology);
     if let Err(e) = publisher.ping().await {
         tracing::warn!(error = %e, "broker not reachable yet; requests will be re-published once it is");
     }
-    Ok(Arc::new(AppState { db: pool, publisher, settings }))
+    Ok(Arc::new(AppState {
+        db: pool,
+        publisher,
+        settings,
+    }))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackDirError {
+    #[error("cannot read packs directory {0} (ATTUNE_PACKS_DIR): {1}")]
+    Read(String, std::io::Error),
+    #[error(transparent)]
+    Pack(#[from] attune_common::pack::PackError),
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Registers (or updates) every pack directory (one with a `pack.yaml`) under `dir`. A missing
+/// directory registers nothing.
+pub async fn register_packs(pool: &PgPool, dir: &std::path::Path) -> Result<usize, PackDirError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(PackDirError::Read(dir.display().to_string(), e)),
+    };
+    let mut dirs: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("pack.yaml").is_file()).collect();
+    dirs.sort();
+    for pack_dir in &dirs {
+        let loaded = attune_common::pack::load_pack(pack_dir)?;
+        let registered = db::pack::register(pool, &loaded).await?;
+        tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
+    }
+    Ok(dirs.len())
 }
 
 /// Serves on `listener` until `shutdown` fires.
-pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationToken) -> Result<(), Error> {
+pub async fn serve(
+    listener: TcpListener,
+    state: State,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     tracing::info!(addr = %listener.local_addr()?, "api listening");
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
     Ok(())
 }
 

@@ -18,7 +18,14 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         }
     }
     let line = |cells: Vec<String>| {
-        cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect::<Vec<_>>().join("  ").trim_end().to_string()
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
     };
     let mut out = vec![line(headers.iter().map(|h| h.to_uppercase()).collect())];
     out.extend(rows.iter().map(|r| line(r.clone())));
@@ -26,12 +33,24 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 pub fn execution(e: &Value) -> String {
-    let mut lines = vec![
-        format!("execution {}  {}  {}", text(&e["id"]), text(&e["action_ref"]), text(&e["status"]).to_uppercase()),
-    ];
+    let mut lines = vec![format!(
+        "execution {}  {}  {}",
+        text(&e["id"]),
+        text(&e["action_ref"]),
+        text(&e["status"]).to_uppercase()
+    )];
     let fields = [
-        "worker", "exit_code", "failure_kind", "error", "retry_count", "max_retries", "retry_reason",
-        "original_execution", "not_before", "created", "updated",
+        "worker",
+        "exit_code",
+        "failure_kind",
+        "error",
+        "retry_count",
+        "max_retries",
+        "retry_reason",
+        "original_execution",
+        "not_before",
+        "created",
+        "updated",
     ];
     for field in fields {
         if !e[field].is_null() {
@@ -57,7 +76,13 @@ mod tests {
 
     #[test]
     fn tables_align_columns() {
-        let t = table(&["id", "name"], &[vec!["1".into(), "alpha".into()], vec!["200".into(), "b".into()]]);
+        let t = table(
+            &["id", "name"],
+            &[
+                vec!["1".into(), "alpha".into()],
+                vec!["200".into(), "b".into()],
+            ],
+        );
         assert_eq!(t, "ID   NAME\n1    alpha\n200  b");
     }
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use attune_common::{db, pack};
+use attune_common::db;
 
 pub async fn run(workers: u16) -> anyhow::Result<()> {
     attune_common::telemetry::init();
@@ -16,24 +16,51 @@ pub async fn run(workers: u16) -> anyhow::Result<()> {
         .await
         .context("cannot connect to the database (DATABASE_URL)")?;
     db::migrate(&pool).await.context("applying migrations")?;
-    register_packs(&pool, &api.common.packs_dir).await?;
-    pool.close().await;
+    attune_api::register_packs(&pool, &api.common.packs_dir).await?;
+    let startup_time: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;
 
     let base_name = std::env::var("ATTUNE_WORKER_NAME").unwrap_or_else(|_| "local".into());
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
         let shutdown = shutdown.clone();
-        async move { attune_api::run(api, shutdown).await.context("api") }
-    });
-    tasks.spawn({
-        let shutdown = shutdown.clone();
-        async move { attune_executor::run(executor, shutdown).await.context("executor") }
+        async move {
+            attune_executor::run(executor, shutdown)
+                .await
+                .context("executor")
+        }
     });
     for i in 1..=workers {
-        let settings = attune_worker::Settings { name: format!("{base_name}-{i}"), ..worker.clone() };
+        let settings = attune_worker::Settings {
+            name: format!("{base_name}-{i}"),
+            ..worker.clone()
+        };
         let shutdown = shutdown.clone();
-        tasks.spawn(async move { attune_worker::run(settings, shutdown).await.context("worker") });
+        tasks.spawn(async move {
+            attune_worker::run(settings, shutdown)
+                .await
+                .context("worker")
+        });
     }
+    // The API opens last, once the workers are registered, so the first request finds a worker.
+    let names: Vec<String> = (1..=workers).map(|i| format!("{base_name}-{i}")).collect();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(30) && !tasks.is_empty() {
+        let registered: i64 = sqlx::query_scalar("SELECT count(*) FROM worker WHERE name = ANY($1) AND status = 'active' AND updated >= $2")
+            .bind(&names)
+            .bind(startup_time)
+            .fetch_one(&pool)
+            .await?;
+        if registered >= i64::from(workers) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pool.close().await;
+    tasks.spawn({
+        let shutdown = shutdown.clone();
+        async move { attune_api::run(api, shutdown).await.context("api") }
+    });
     // Any service ending on its own is an error: stop the others too.
     let mut first_error = None;
     while let Some(joined) = tasks.join_next().await {
@@ -45,17 +72,4 @@ pub async fn run(workers: u16) -> anyhow::Result<()> {
         shutdown.cancel();
     }
     first_error.map_or(Ok(()), Err)
-}
-
-/// Registers every pack directory (one with a pack.yaml) under `dir`.
-pub async fn register_packs(pool: &sqlx::PgPool, dir: &std::path::Path) -> anyhow::Result<()> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("cannot read packs directory {} (ATTUNE_PACKS_DIR)", dir.display()))?;
-    let mut dirs: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("pack.yaml").is_file()).collect();
-    dirs.sort();
-    for pack_dir in dirs {
-        let loaded = pack::load_pack(&pack_dir)?;
-        let registered = db::pack::register(pool, &loaded).await?;
-        tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
-    }
-    Ok(())
 }

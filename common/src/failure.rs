@@ -111,12 +111,21 @@ mod tests {
             "canceled",
         ];
         for name in retriable {
-            assert!(FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");
+            assert!(
+                FailureKind::parse(name).unwrap().is_retriable_by_default(),
+                "{name}"
+            );
         }
         for name in not_retriable {
-            assert!(!FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");
+            assert!(
+                !FailureKind::parse(name).unwrap().is_retriable_by_default(),
+                "{name}"
+            );
         }
-        assert_eq!(retriable.len() + not_retriable.len(), FailureKind::ALL.len());
+        assert_eq!(
+            retriable.len() + not_retriable.len(),
+            FailureKind::ALL.len()
+        );
     }
 
     #[test]

@@ -43,7 +43,14 @@ pub fn rank(
             } else {
                 HealthClass::Healthy
             };
-            (Ranked { worker_id: c.worker_id, class, queue_depth: c.signals.queue_depth }, tie_break(c.worker_id))
+            (
+                Ranked {
+                    worker_id: c.worker_id,
+                    class,
+                    queue_depth: c.signals.queue_depth,
+                },
+                tie_break(c.worker_id),
+            )
         })
         .filter(|(r, _)| r.class != HealthClass::Unhealthy)
         .collect();
@@ -59,7 +66,9 @@ pub fn select(
     now: DateTime<Utc>,
     tie_break: impl FnMut(i64) -> u64,
 ) -> Option<Ranked> {
-    rank(config, candidates, runtime, now, tie_break).into_iter().next()
+    rank(config, candidates, runtime, now, tie_break)
+        .into_iter()
+        .next()
 }
 
 #[cfg(test)]
@@ -68,10 +77,17 @@ mod tests {
     use chrono::Duration;
 
     fn now() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2026-02-09T12:00:00Z").unwrap().with_timezone(&Utc)
+        DateTime::parse_from_rfc3339("2026-02-09T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
     }
 
-    fn worker(id: i64, consecutive_failures: i64, queue_depth: i64, runtimes: &[&str]) -> Candidate {
+    fn worker(
+        id: i64,
+        consecutive_failures: i64,
+        queue_depth: i64,
+        runtimes: &[&str],
+    ) -> Candidate {
         Candidate {
             worker_id: id,
             name: format!("w{id}"),
@@ -95,10 +111,16 @@ mod tests {
             worker(2, 0, 20, &["shell"]),
             worker(1, 0, 5, &["shell"]),
         ];
-        let order: Vec<i64> = rank(&HealthProbeConfig::default(), &workers, "shell", now(), |_| 0)
-            .iter()
-            .map(|r| r.worker_id)
-            .collect();
+        let order: Vec<i64> = rank(
+            &HealthProbeConfig::default(),
+            &workers,
+            "shell",
+            now(),
+            |_| 0,
+        )
+        .iter()
+        .map(|r| r.worker_id)
+        .collect();
         assert_eq!(order, vec![1, 2, 3]);
     }
 
@@ -107,16 +129,25 @@ mod tests {
         let workers = vec![worker(1, 0, 0, &["shell"])];
         let config = HealthProbeConfig::default();
         assert!(select(&config, &workers, "python", now(), |_| 0).is_none());
-        assert_eq!(select(&config, &workers, "shell", now(), |_| 0).unwrap().worker_id, 1);
+        assert_eq!(
+            select(&config, &workers, "shell", now(), |_| 0)
+                .unwrap()
+                .worker_id,
+            1
+        );
     }
 
     #[test]
     fn ties_are_broken_by_the_random_key() {
         let workers = vec![worker(1, 0, 3, &["shell"]), worker(2, 0, 3, &["shell"])];
         let config = HealthProbeConfig::default();
-        let first = select(&config, &workers, "shell", now(), |id| if id == 2 { 0 } else { 1 });
+        let first = select(&config, &workers, "shell", now(), |id| {
+            if id == 2 { 0 } else { 1 }
+        });
         assert_eq!(first.unwrap().worker_id, 2);
-        let first = select(&config, &workers, "shell", now(), |id| if id == 1 { 0 } else { 1 });
+        let first = select(&config, &workers, "shell", now(), |id| {
+            if id == 1 { 0 } else { 1 }
+        });
         assert_eq!(first.unwrap().worker_id, 1);
     }
 }

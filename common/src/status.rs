@@ -102,7 +102,10 @@ mod tests {
 
     #[test]
     fn every_non_terminal_state_can_be_canceled() {
-        for from in ExecutionStatus::ALL.into_iter().filter(|s| !s.is_terminal()) {
+        for from in ExecutionStatus::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+        {
             assert!(ExecutionStatus::can_transition(from, Canceled), "{from}");
         }
     }

@@ -1,8 +1,8 @@
 //! Completion: a worker's result becomes the execution's terminal state.
 
+use attune_common::ExecutionStatus;
 use attune_common::db::{self, execution::Outcome, execution::Transition};
 use attune_common::mq::{Disposition, ExecutionResult, Incoming, ResultStatus};
-use attune_common::ExecutionStatus;
 
 use crate::Context;
 
@@ -37,7 +37,10 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
         stdout: Some(result.stdout.clone()),
         stderr: Some(result.stderr.clone()),
     };
-    let transition = Transition::to(to).from(&[ExecutionStatus::Running]).owned_by(result.worker_id).outcome(&outcome);
+    let transition = Transition::to(to)
+        .from(&[ExecutionStatus::Running])
+        .owned_by(result.worker_id)
+        .outcome(&outcome);
     match db::execution::transition(&context.db, result.execution_id, &transition).await? {
         Some(execution) => tracing::info!(
             execution_id = execution.id,
@@ -47,7 +50,10 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
             duration_ms = result.duration_ms,
             "execution finished"
         ),
-        None => tracing::debug!(execution_id = result.execution_id, "result is stale or a duplicate"),
+        None => tracing::debug!(
+            execution_id = result.execution_id,
+            "result is stale or a duplicate"
+        ),
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Scheduling: requested → scheduling → scheduled, and the dispatch to the chosen worker.
 
 use attune_common::db::{self, execution::Outcome, execution::Transition};
-use attune_common::mq::{Disposition, Dispatch, ExecutionRequest, Incoming, Topology};
+use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, Topology};
 use attune_common::pack::RetryPolicy;
 use attune_common::selection;
 use attune_common::{ExecutionStatus, FailureKind};
@@ -27,7 +27,8 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 
 async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Error> {
     let db = &context.db;
-    let claim = Transition::to(ExecutionStatus::Scheduling).from(&[ExecutionStatus::Requested, ExecutionStatus::Scheduling]);
+    let claim = Transition::to(ExecutionStatus::Scheduling)
+        .from(&[ExecutionStatus::Requested, ExecutionStatus::Scheduling]);
     let Some(execution) = db::execution::transition(db, execution_id, &claim).await? else {
         tracing::debug!(execution_id, "request is stale or a duplicate");
         return Ok(());
@@ -41,13 +42,33 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         return fail(context, execution_id, FailureKind::ActionNotFound, reason).await;
     };
     let (candidates, now) = db::worker::candidates(db).await?;
-    let chosen = selection::select(&context.settings.health, &candidates, &action.runtime, now, |_| rand::random());
+    let chosen = selection::select(
+        &context.settings.health,
+        &candidates,
+        &action.runtime,
+        now,
+        |_| rand::random(),
+    );
     let Some(chosen) = chosen else {
-        let reason = format!("no healthy or degraded active worker offers runtime '{}'", action.runtime);
-        return fail(context, execution_id, FailureKind::WorkerUnavailable, reason).await;
+        let reason = format!(
+            "no healthy or degraded active worker offers runtime '{}'",
+            action.runtime
+        );
+        return fail(
+            context,
+            execution_id,
+            FailureKind::WorkerUnavailable,
+            reason,
+        )
+        .await;
     };
-    let assign = Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Scheduling]).assign_worker(chosen.worker_id);
-    if db::execution::transition(db, execution_id, &assign).await?.is_none() {
+    let assign = Transition::to(ExecutionStatus::Scheduled)
+        .from(&[ExecutionStatus::Scheduling])
+        .assign_worker(chosen.worker_id);
+    if db::execution::transition(db, execution_id, &assign)
+        .await?
+        .is_none()
+    {
         return Ok(());
     }
     let transient_exit_codes = action
@@ -64,26 +85,55 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         entrypoint: action.entrypoint.clone(),
         pack_path: action.pack_path.clone().unwrap_or_default(),
         parameters: execution.parameters.clone(),
-        timeout_seconds: execution.timeout_seconds.unwrap_or(context.settings.common.default_timeout_secs),
+        timeout_seconds: execution
+            .timeout_seconds
+            .unwrap_or(context.settings.common.default_timeout_secs),
         retry_count: execution.retry_count,
         transient_exit_codes,
     };
-    if let Err(e) = context.publisher.publish(&Topology::worker_key(chosen.worker_id), &dispatch).await {
+    if let Err(e) = context
+        .publisher
+        .publish(&Topology::worker_key(chosen.worker_id), &dispatch)
+        .await
+    {
         let reason = format!("could not dispatch to worker {}: {e}", chosen.worker_id);
-        let outcome = Outcome { failure_kind: Some(FailureKind::WorkerUnavailable.to_string()), error: Some(reason), ..Default::default() };
-        let failed = Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Scheduled]).outcome(&outcome);
+        let outcome = Outcome {
+            failure_kind: Some(FailureKind::WorkerUnavailable.to_string()),
+            error: Some(reason),
+            ..Default::default()
+        };
+        let failed = Transition::to(ExecutionStatus::Failed)
+            .from(&[ExecutionStatus::Scheduled])
+            .outcome(&outcome);
         db::execution::transition(db, execution_id, &failed).await?;
         tracing::warn!(execution_id, worker_id = chosen.worker_id, error = %e, "dispatch failed");
         return Ok(());
     }
-    tracing::debug!(execution_id, worker_id = chosen.worker_id, class = chosen.class.as_str(), queue_depth = chosen.queue_depth, "dispatched");
+    tracing::debug!(
+        execution_id,
+        worker_id = chosen.worker_id,
+        class = chosen.class.as_str(),
+        queue_depth = chosen.queue_depth,
+        "dispatched"
+    );
     Ok(())
 }
 
-async fn fail(context: &Context, execution_id: i64, kind: FailureKind, reason: String) -> Result<(), crate::Error> {
+async fn fail(
+    context: &Context,
+    execution_id: i64,
+    kind: FailureKind,
+    reason: String,
+) -> Result<(), crate::Error> {
     tracing::warn!(execution_id, failure_kind = %kind, %reason, "execution cannot be scheduled");
-    let outcome = Outcome { failure_kind: Some(kind.to_string()), error: Some(reason), ..Default::default() };
-    let failed = Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Scheduling]).outcome(&outcome);
+    let outcome = Outcome {
+        failure_kind: Some(kind.to_string()),
+        error: Some(reason),
+        ..Default::default()
+    };
+    let failed = Transition::to(ExecutionStatus::Failed)
+        .from(&[ExecutionStatus::Scheduling])
+        .outcome(&outcome);
     db::execution::transition(&context.db, execution_id, &failed).await?;
     Ok(())
 }

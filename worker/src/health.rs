@@ -35,7 +35,11 @@ impl Drop for InFlight<'_> {
 
 impl HealthState {
     pub fn new(config: HealthProbeConfig) -> Self {
-        HealthState { config, counters: Mutex::default(), in_flight: AtomicI64::new(0) }
+        HealthState {
+            config,
+            counters: Mutex::default(),
+            in_flight: AtomicI64::new(0),
+        }
     }
 
     pub fn start(&self) -> InFlight<'_> {
@@ -72,7 +76,11 @@ impl HealthState {
             consecutive_failures: c.consecutive_failures,
             total_executions: c.total_executions,
             failed_executions: c.failed_executions,
-            average_execution_time_ms: if c.total_executions > 0 { (c.total_duration_ms / c.total_executions as u64) as i64 } else { 0 },
+            average_execution_time_ms: if c.total_executions > 0 {
+                (c.total_duration_ms / c.total_executions as u64) as i64
+            } else {
+                0
+            },
             queue_depth,
         }
     }
@@ -90,7 +98,14 @@ mod tests {
             state.finish(false, 10);
         }
         let report = state.report();
-        assert_eq!((report.consecutive_failures, report.failed_executions, report.total_executions), (3, 3, 3));
+        assert_eq!(
+            (
+                report.consecutive_failures,
+                report.failed_executions,
+                report.total_executions
+            ),
+            (3, 3, 3)
+        );
         assert_eq!(report.status, Some(HealthClass::Degraded));
         state.finish(true, 30);
         let report = state.report();

@@ -22,7 +22,11 @@ pub async fn register(db: &PgPool, name: &str, capabilities: &Value) -> Result<i
     .await
 }
 
-pub async fn heartbeat(db: &PgPool, worker_id: i64, capabilities: &Value) -> Result<(), sqlx::Error> {
+pub async fn heartbeat(
+    db: &PgPool,
+    worker_id: i64,
+    capabilities: &Value,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE worker SET capabilities = $2, last_heartbeat = now(), status = 'active', updated = now() \
          WHERE id = $1",
@@ -77,16 +81,22 @@ impl WorkerRow {
     fn runtimes(&self) -> Vec<String> {
         self.capabilities["runtimes"]
             .as_array()
-            .map(|list| list.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
+            .map(|list| {
+                list.iter()
+                    .filter_map(|r| r.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
 
 /// Active workers as scheduling candidates, with the database's clock.
 pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), sqlx::Error> {
-    let rows: Vec<WorkerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!("{WORKER_ROWS} WHERE w.status = 'active'")))
-        .fetch_all(db)
-        .await?;
+    let rows: Vec<WorkerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{WORKER_ROWS} WHERE w.status = 'active'"
+    )))
+    .fetch_all(db)
+    .await?;
     let now = rows.first().map(|r| r.now).unwrap_or_else(Utc::now);
     let candidates = rows
         .iter()
@@ -116,9 +126,11 @@ pub struct WorkerView {
 }
 
 pub async fn list(db: &PgPool, config: &HealthProbeConfig) -> Result<Vec<WorkerView>, sqlx::Error> {
-    let rows: Vec<WorkerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!("{WORKER_ROWS} ORDER BY w.name")))
-        .fetch_all(db)
-        .await?;
+    let rows: Vec<WorkerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{WORKER_ROWS} ORDER BY w.name"
+    )))
+    .fetch_all(db)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|row| {

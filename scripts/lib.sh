@@ -1,0 +1,96 @@
+# Shared set-up steps for quickstart.sh and test.sh. Each step checks first and does nothing
+# where the thing is already there, so running it on a machine that has everything is harmless.
+
+ATTUNE_DB_USER=${ATTUNE_DB_USER:-attune}
+ATTUNE_DB_PASSWORD=${ATTUNE_DB_PASSWORD:-attune}
+ATTUNE_DB_NAME=${ATTUNE_DB_NAME:-attune}
+PGHOST_ADDR=${PGHOST_ADDR:-127.0.0.1}
+PGPORT=${PGPORT:-5432}
+AMQP_PORT=${AMQP_PORT:-5672}
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else die "need root for: $*"; fi
+}
+
+apt_install() {
+    command -v apt-get >/dev/null || die "$* missing and this is not a Debian-like system: install $* yourself"
+    log "installing $* (apt-get)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+wait_port() { # host port what seconds
+    local i
+    for i in $(seq 1 $(( $4 * 5 ))); do port_open "$1" "$2" && return 0; sleep 0.2; done
+    die "$3 is not listening on $1:$2 after $4 s"
+}
+
+ensure_rust() {
+    command -v cargo >/dev/null || die "cargo not found: install Rust 1.94 or newer (https://rustup.rs), then run this again"
+}
+
+ensure_postgres() {
+    if ! command -v psql >/dev/null || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+        if ! port_open "$PGHOST_ADDR" "$PGPORT"; then apt_install postgresql; fi
+    fi
+    if ! port_open "$PGHOST_ADDR" "$PGPORT"; then
+        log "starting PostgreSQL"
+        if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
+            local version; version=$(ls /etc/postgresql | sort -V | tail -n1)
+            as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || as_root service postgresql start
+        else
+            as_root service postgresql start
+        fi
+        wait_port "$PGHOST_ADDR" "$PGPORT" PostgreSQL 30
+    fi
+}
+
+ensure_rabbitmq() {
+    if ! port_open 127.0.0.1 "$AMQP_PORT"; then
+        command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+        if ! port_open 127.0.0.1 "$AMQP_PORT"; then
+            log "starting RabbitMQ"
+            as_root rabbitmq-server -detached || as_root service rabbitmq-server start
+            wait_port 127.0.0.1 "$AMQP_PORT" RabbitMQ 90
+        fi
+    fi
+}
+
+# Runs psql as a PostgreSQL superuser: over TCP as 'postgres' (trust set-ups), else as the
+# postgres system user over the socket (Debian's default peer authentication).
+psql_admin() {
+    if psql -h "$PGHOST_ADDR" -p "$PGPORT" -U postgres -d postgres -tAc 'SELECT 1' >/dev/null 2>&1 </dev/null; then
+        psql -h "$PGHOST_ADDR" -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -q "$@"
+    elif [ "$(id -u)" = 0 ]; then
+        (cd / && runuser -u postgres -- psql -p "$PGPORT" -d postgres -v ON_ERROR_STOP=1 -q "$@")
+    else
+        (cd / && sudo -u postgres psql -p "$PGPORT" -d postgres -v ON_ERROR_STOP=1 -q "$@")
+    fi
+}
+
+ensure_database() {
+    if PGPASSWORD=$ATTUNE_DB_PASSWORD psql -h "$PGHOST_ADDR" -p "$PGPORT" -U "$ATTUNE_DB_USER" -d "$ATTUNE_DB_NAME" -tAc 'SELECT 1' >/dev/null 2>&1 </dev/null; then
+        return 0
+    fi
+    log "creating PostgreSQL role and database '$ATTUNE_DB_NAME'"
+    psql_admin -c "DO \$\$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$ATTUNE_DB_USER') THEN
+            CREATE ROLE $ATTUNE_DB_USER LOGIN CREATEDB PASSWORD '$ATTUNE_DB_PASSWORD';
+        END IF; END \$\$;"
+    if [ -z "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$ATTUNE_DB_NAME'")" ]; then
+        psql_admin -c "CREATE DATABASE $ATTUNE_DB_NAME OWNER $ATTUNE_DB_USER"
+    fi
+}
+
+ensure_services() {
+    ensure_postgres
+    ensure_rabbitmq
+    ensure_database
+    export DATABASE_URL=${DATABASE_URL:-postgres://$ATTUNE_DB_USER:$ATTUNE_DB_PASSWORD@$PGHOST_ADDR:$PGPORT/$ATTUNE_DB_NAME}
+    export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f}
+}

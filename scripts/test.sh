@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Command 2: the whole test suite (format, lints, unit, repository, API and end-to-end tests) on
+# the real PostgreSQL and RabbitMQ, which it sets up first if they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+ensure_rust
+ensure_services
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+log "building the binaries the end-to-end tests start"
+cargo build --workspace --bins --quiet
+log "cargo test"
+mkdir -p target
+status=0
+cargo test --workspace --all-targets "$@" 2>&1 | tee target/test-output.log || status=$?
+# One closing line for the whole run, summed over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) s += $(i-1) } }
+     END { printf "\n%d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.log
+exit "$status"
