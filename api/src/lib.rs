@@ -111,7 +111,10 @@ pub async fn register_packs(pool: &PgPool, dir: &std::path::Path) -> Result<usiz
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(PackDirError::Read(dir.display().to_string(), e)),
     };
-    let mut dirs: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("pack.yaml").is_file()).collect();
+    let mut dirs: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("pack.yaml").is_file())
+        .collect();
     dirs.sort();
     for pack_dir in &dirs {
         let loaded = attune_common::pack::load_pack(pack_dir)?;
