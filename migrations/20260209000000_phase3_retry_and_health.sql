@@ -44,11 +44,14 @@ CREATE TABLE health_probe_config (
 );
 INSERT INTO health_probe_config DEFAULT VALUES;
 
--- Executions dispatched to the worker and not yet finished.
+-- A worker's queue depth: the executions dispatched to it and not yet finished, or what the
+-- worker itself last reported if that is more. Mirrors common::db::worker.
 CREATE FUNCTION get_worker_queue_depth(worker_id BIGINT) RETURNS INTEGER
 LANGUAGE sql STABLE AS $$
-    SELECT count(*)::INTEGER FROM execution
-    WHERE worker = worker_id AND status IN ('scheduled', 'running')
+    SELECT GREATEST(
+        (SELECT count(*) FROM execution WHERE worker = worker_id AND status IN ('scheduled', 'running')),
+        COALESCE((SELECT (capabilities->'health'->>'queue_depth')::BIGINT FROM worker WHERE id = worker_id), 0)
+    )::INTEGER
 $$;
 
 -- The health class of a worker: the worst class any one signal gives; a stale or missing heartbeat

@@ -17,23 +17,13 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            parameter: None,
-            extra: None,
-        }
+        ApiError { status, code, message: message.into(), parameter: None, extra: None }
     }
     /// A request parameter (body field, query or path) that is wrong: 422 unless said otherwise.
     pub fn invalid(parameter: &str, message: impl Into<String>) -> Self {
         ApiError {
             parameter: Some(parameter.to_string()),
-            ..Self::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_parameter",
-                message,
-            )
+            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_parameter", message)
         }
     }
     pub fn bad_request(parameter: Option<&str>, message: impl Into<String>) -> Self {
@@ -58,11 +48,7 @@ impl ApiError {
     }
     pub fn internal(context: &str, error: impl std::fmt::Display) -> Self {
         tracing::error!(%error, "{context}");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("{context}; see the server log"),
-        )
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("{context}; see the server log"))
     }
     pub fn with_extra(mut self, extra: serde_json::Value) -> Self {
         self.extra = Some(extra);
@@ -122,9 +108,6 @@ impl From<axum::extract::rejection::QueryRejection> for ApiError {
 
 impl From<axum::extract::rejection::PathRejection> for ApiError {
     fn from(rejection: axum::extract::rejection::PathRejection) -> Self {
-        ApiError::bad_request(
-            Some("id"),
-            format!("invalid path: {}", rejection.body_text()),
-        )
+        ApiError::bad_request(Some("id"), format!("invalid path: {}", rejection.body_text()))
     }
 }

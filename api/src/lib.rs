@@ -63,10 +63,7 @@ pub struct AppState {
 pub type State = Arc<AppState>;
 
 pub fn router(state: State) -> Router {
-    let api = routes::api_routes().layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        auth::require_token,
-    ));
+    let api = routes::api_routes().layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token));
     Router::new()
         .nest("/api/v1", api)
         .merge(routes::probe_routes())
@@ -86,11 +83,7 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
     if let Err(e) = publisher.ping().await {
         tracing::warn!(error = %e, "broker not reachable yet; requests will be re-published once it is");
     }
-    Ok(Arc::new(AppState {
-        db: pool,
-        publisher,
-        settings,
-    }))
+    Ok(Arc::new(AppState { db: pool, publisher, settings }))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,10 +104,8 @@ pub async fn register_packs(pool: &PgPool, dir: &std::path::Path) -> Result<usiz
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(PackDirError::Read(dir.display().to_string(), e)),
     };
-    let mut dirs: Vec<_> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("pack.yaml").is_file())
-        .collect();
+    let mut dirs: Vec<_> =
+        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("pack.yaml").is_file()).collect();
     dirs.sort();
     for pack_dir in &dirs {
         let loaded = attune_common::pack::load_pack(pack_dir)?;
@@ -125,15 +116,9 @@ pub async fn register_packs(pool: &PgPool, dir: &std::path::Path) -> Result<usiz
 }
 
 /// Serves on `listener` until `shutdown` fires.
-pub async fn serve(
-    listener: TcpListener,
-    state: State,
-    shutdown: CancellationToken,
-) -> Result<(), Error> {
+pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationToken) -> Result<(), Error> {
     tracing::info!(addr = %listener.local_addr()?, "api listening");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
     Ok(())
 }
 

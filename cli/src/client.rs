@@ -13,11 +13,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: &str, token: Option<String>) -> Self {
-        Client {
-            http: reqwest::Client::new(),
-            base: base.trim_end_matches('/').to_string(),
-            token,
-        }
+        Client { http: reqwest::Client::new(), base: base.trim_end_matches('/').to_string(), token }
     }
 
     pub async fn request(
@@ -35,28 +31,19 @@ impl Client {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the attune API at {}", self.base))?;
+        let response = request.send().await.with_context(|| format!("cannot reach the attune API at {}", self.base))?;
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         if status.is_success() {
             return Ok(body);
         }
-        let message = body["error"]["message"]
-            .as_str()
-            .unwrap_or("no error message");
+        let message = body["error"]["message"].as_str().unwrap_or("no error message");
         let hint = if status == StatusCode::UNAUTHORIZED {
             " (set ATTUNE_TOKEN or --token; create one with `attune token create --name NAME`)"
         } else {
             ""
         };
-        Err(anyhow!(
-            "{} {}: {message}{hint}",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or("")
-        ))
+        Err(anyhow!("{} {}: {message}{hint}", status.as_u16(), status.canonical_reason().unwrap_or("")))
     }
 
     pub async fn get(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {

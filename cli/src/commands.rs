@@ -13,10 +13,7 @@ use crate::{Cli, Command, ExecutionCommand, Output, PackCommand, TokenCommand, W
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(value).expect("json prints")
-        ),
+        Output::Json => println!("{}", serde_json::to_string_pretty(value).expect("json prints")),
         Output::Table => println!("{}", human(value)),
     }
 }
@@ -40,8 +37,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Pack(PackCommand::Register { path }) => {
-            let path = std::fs::canonicalize(&path)
-                .with_context(|| format!("pack directory {} not found", path.display()))?;
+            let path =
+                std::fs::canonicalize(&path).with_context(|| format!("pack directory {} not found", path.display()))?;
             let pack = client.post("/api/v1/packs", &json!({"path": path})).await?;
             print(out, &pack, |p| {
                 format!(
@@ -69,15 +66,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                             text(&w["health"]),
                             text(&w["queue_depth"]),
                             text(&health["consecutive_failures"]),
-                            format!(
-                                "{}/{}",
-                                text(&health["failed_executions"]),
-                                text(&health["total_executions"])
-                            ),
-                            w["heartbeat_age_secs"]
-                                .as_f64()
-                                .map(|a| format!("{a:.1}s"))
-                                .unwrap_or_else(|| "-".into()),
+                            format!("{}/{}", text(&health["failed_executions"]), text(&health["total_executions"])),
+                            w["heartbeat_age_secs"].as_f64().map(|a| format!("{a:.1}s")).unwrap_or_else(|| "-".into()),
                             w["runtimes"]
                                 .as_array()
                                 .map(|r| r.iter().map(text).collect::<Vec<_>>().join(","))
@@ -86,17 +76,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     })
                     .collect();
                 output::table(
-                    &[
-                        "id",
-                        "name",
-                        "status",
-                        "health",
-                        "queue",
-                        "failures",
-                        "failed/total",
-                        "heartbeat",
-                        "runtimes",
-                    ],
+                    &["id", "name", "status", "health", "queue", "failures", "failed/total", "heartbeat", "runtimes"],
                     &rows,
                 )
             });
@@ -107,12 +87,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print(out, &execution, output::execution);
             Ok(0)
         }
-        Command::Execution(ExecutionCommand::List {
-            status,
-            action,
-            limit,
-            offset,
-        }) => {
+        Command::Execution(ExecutionCommand::List { status, action, limit, offset }) => {
             let mut query = vec![("limit", limit.to_string()), ("offset", offset.to_string())];
             if let Some(status) = status {
                 query.push(("status", status));
@@ -140,50 +115,26 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     .collect();
                 format!(
                     "{}\n({} of {})",
-                    output::table(
-                        &[
-                            "id", "action", "status", "worker", "retry", "failure", "created"
-                        ],
-                        &rows
-                    ),
+                    output::table(&["id", "action", "status", "worker", "retry", "failure", "created"], &rows),
                     rows.len(),
                     text(&page["total"])
                 )
             });
             Ok(0)
         }
-        Command::Run {
-            action_ref,
-            params,
-            wait,
-            wait_timeout,
-        } => {
-            let action = client
-                .get(&format!("/api/v1/actions/{action_ref}"), &[])
-                .await?;
+        Command::Run { action_ref, params, wait, wait_timeout } => {
+            let action = client.get(&format!("/api/v1/actions/{action_ref}"), &[]).await?;
             let parameters = parse_params(&action["parameters"], &params)?;
-            let execution = client
-                .post(
-                    "/api/v1/executions",
-                    &json!({"action_ref": action_ref, "parameters": parameters}),
-                )
-                .await?;
+            let execution =
+                client.post("/api/v1/executions", &json!({"action_ref": action_ref, "parameters": parameters})).await?;
             if !wait {
-                print(out, &execution, |e| {
-                    format!("execution {} {}", text(&e["id"]), text(&e["status"]))
-                });
+                print(out, &execution, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));
                 return Ok(0);
             }
-            let id = execution["id"]
-                .as_i64()
-                .context("the API returned an execution without an id")?;
+            let id = execution["id"].as_i64().context("the API returned an execution without an id")?;
             let finished = wait_for(&client, id, Duration::from_secs(wait_timeout)).await?;
             print(out, &finished, output::execution);
-            Ok(if finished["status"] == "completed" {
-                0
-            } else {
-                2
-            })
+            Ok(if finished["status"] == "completed" { 0 } else { 2 })
         }
     }
 }
@@ -214,20 +165,14 @@ async fn wait_for(client: &Client, id: i64, timeout: Duration) -> anyhow::Result
     loop {
         let execution = client.get(&format!("/api/v1/executions/{id}"), &[]).await?;
         let status = execution["status"].as_str().unwrap_or("unknown");
-        if matches!(
-            status,
-            "completed" | "failed" | "timeout" | "canceled" | "abandoned"
-        ) {
+        if matches!(status, "completed" | "failed" | "timeout" | "canceled" | "abandoned") {
             if interactive {
                 eprint!("\r\x1b[2K");
             }
             return Ok(execution);
         }
         if started.elapsed() > timeout {
-            bail!(
-                "execution {id} is still {status} after {}s",
-                timeout.as_secs()
-            );
+            bail!("execution {id} is still {status} after {}s", timeout.as_secs());
         }
         if interactive {
             eprint!(
@@ -248,24 +193,12 @@ mod tests {
 
     #[test]
     fn params_are_typed_by_their_declaration() {
-        let declared = json!({"message": {"type": "string"}, "count": {"type": "integer"}, "flag": {"type": "boolean"}});
-        let pairs = [
-            "message=42".to_string(),
-            "count=3".into(),
-            "flag=true".into(),
-            "extra=a=b".into(),
-        ];
+        let declared =
+            json!({"message": {"type": "string"}, "count": {"type": "integer"}, "flag": {"type": "boolean"}});
+        let pairs = ["message=42".to_string(), "count=3".into(), "flag=true".into(), "extra=a=b".into()];
         let parsed = parse_params(&declared, &pairs).unwrap();
-        assert_eq!(
-            Value::Object(parsed),
-            json!({"message": "42", "count": 3, "flag": true, "extra": "a=b"})
-        );
-        assert!(
-            parse_params(&declared, &["count=three".into()])
-                .unwrap_err()
-                .to_string()
-                .contains("count")
-        );
+        assert_eq!(Value::Object(parsed), json!({"message": "42", "count": 3, "flag": true, "extra": "a=b"}));
+        assert!(parse_params(&declared, &["count=three".into()]).unwrap_err().to_string().contains("count"));
         assert!(parse_params(&declared, &["novalue".into()]).is_err());
     }
 }

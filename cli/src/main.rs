@@ -8,19 +8,10 @@ mod up;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
-#[command(
-    name = "attune",
-    version,
-    about = "attune: run actions, watch executions, operate workers"
-)]
+#[command(name = "attune", version, about = "attune: run actions, watch executions, operate workers")]
 pub struct Cli {
     /// API base URL
-    #[arg(
-        long,
-        global = true,
-        env = "ATTUNE_API_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
+    #[arg(long, global = true, env = "ATTUNE_API_URL", default_value = "http://127.0.0.1:8080")]
     pub api_url: String,
     /// API token (create one with `attune token create`)
     #[arg(long, global = true, env = "ATTUNE_TOKEN", hide_env_values = true)]

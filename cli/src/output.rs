@@ -76,13 +76,7 @@ mod tests {
 
     #[test]
     fn tables_align_columns() {
-        let t = table(
-            &["id", "name"],
-            &[
-                vec!["1".into(), "alpha".into()],
-                vec!["200".into(), "b".into()],
-            ],
-        );
+        let t = table(&["id", "name"], &[vec!["1".into(), "alpha".into()], vec!["200".into(), "b".into()]]);
         assert_eq!(t, "ID   NAME\n1    alpha\n200  b");
     }
 }

@@ -21,57 +21,20 @@ async fn scripts_can_rely_on_token_run_and_exit_codes() {
 
     // `attune token create` prints the token alone, and it works against the API.
     let out = attune(&system, &["token", "create", "--name", "ci"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let token = stdout.strip_suffix('\n').expect("one line");
-    assert!(
-        token.starts_with("attune_") && !token.contains(char::is_whitespace),
-        "{stdout:?}"
-    );
-    let (status, _) = system
-        .request(reqwest::Method::GET, "/api/v1/workers", None, Some(token))
-        .await;
+    assert!(token.starts_with("attune_") && !token.contains(char::is_whitespace), "{stdout:?}");
+    let (status, _) = system.request(reqwest::Method::GET, "/api/v1/workers", None, Some(token)).await;
     assert_eq!(status, 200);
 
     // run --wait --output json: only JSON on stdout, exit 0 for completed, 2 for failed.
-    let out = attune(
-        &system,
-        &[
-            "run",
-            "core.echo",
-            "message=42",
-            "--wait",
-            "--output",
-            "json",
-        ],
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = attune(&system, &["run", "core.echo", "message=42", "--wait", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let execution: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    assert_eq!(
-        (execution["status"].as_str(), execution["stdout"].as_str()),
-        (Some("completed"), Some("42\n"))
-    );
+    assert_eq!((execution["status"].as_str(), execution["stdout"].as_str()), (Some("completed"), Some("42\n")));
 
-    let out = attune(
-        &system,
-        &[
-            "run",
-            "core.fail",
-            "exit_code=4",
-            "--wait",
-            "--output",
-            "json",
-        ],
-    );
+    let out = attune(&system, &["run", "core.fail", "exit_code=4", "--wait", "--output", "json"]);
     assert_eq!(out.status.code(), Some(2));
     let execution: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
     assert_eq!(execution["exit_code"], 4);
@@ -79,30 +42,13 @@ async fn scripts_can_rely_on_token_run_and_exit_codes() {
     // A bad parameter is an error naming it, exit 1.
     let out = attune(&system, &["run", "core.echo", "colour=red", "--wait"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("colour"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("colour"), "{}", String::from_utf8_lossy(&out.stderr));
 
     // Tables for people.
     let out = attune(&system, &["worker", "list"]);
     let table = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        table.starts_with("ID") && table.contains("w1") && table.contains("healthy"),
-        "{table}"
-    );
-    let out = attune(
-        &system,
-        &[
-            "execution",
-            "list",
-            "--status",
-            "failed",
-            "--output",
-            "json",
-        ],
-    );
+    assert!(table.starts_with("ID") && table.contains("w1") && table.contains("healthy"), "{table}");
+    let out = attune(&system, &["execution", "list", "--status", "failed", "--output", "json"]);
     let page: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(page["total"], 1);
 

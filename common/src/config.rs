@@ -17,13 +17,11 @@ where
     T::Err: std::fmt::Display,
 {
     match std::env::var(name) {
-        Ok(value) if !value.trim().is_empty() => {
-            value.trim().parse().map_err(|e: T::Err| ConfigError {
-                name: name.to_string(),
-                value,
-                reason: e.to_string(),
-            })
-        }
+        Ok(value) if !value.trim().is_empty() => value.trim().parse().map_err(|e: T::Err| ConfigError {
+            name: name.to_string(),
+            value,
+            reason: e.to_string(),
+        }),
         _ => Ok(default),
     }
 }

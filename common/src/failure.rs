@@ -48,13 +48,8 @@ impl FailureKind {
     ];
 
     /// The kinds retried automatically when an action's policy does not say otherwise.
-    pub const RETRIABLE_BY_DEFAULT: [FailureKind; 5] = [
-        WorkerUnavailable,
-        QueueTimeout,
-        WorkerHeartbeatStale,
-        TransientError,
-        ManualRetry,
-    ];
+    pub const RETRIABLE_BY_DEFAULT: [FailureKind; 5] =
+        [WorkerUnavailable, QueueTimeout, WorkerHeartbeatStale, TransientError, ManualRetry];
 
     pub fn is_retriable_by_default(self) -> bool {
         Self::RETRIABLE_BY_DEFAULT.contains(&self)
@@ -94,13 +89,8 @@ mod tests {
 
     #[test]
     fn classification_table() {
-        let retriable = [
-            "worker_unavailable",
-            "queue_timeout",
-            "worker_heartbeat_stale",
-            "transient_error",
-            "manual_retry",
-        ];
+        let retriable =
+            ["worker_unavailable", "queue_timeout", "worker_heartbeat_stale", "transient_error", "manual_retry"];
         let not_retriable = [
             "validation_error",
             "permission_denied",
@@ -111,21 +101,12 @@ mod tests {
             "canceled",
         ];
         for name in retriable {
-            assert!(
-                FailureKind::parse(name).unwrap().is_retriable_by_default(),
-                "{name}"
-            );
+            assert!(FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");
         }
         for name in not_retriable {
-            assert!(
-                !FailureKind::parse(name).unwrap().is_retriable_by_default(),
-                "{name}"
-            );
+            assert!(!FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");
         }
-        assert_eq!(
-            retriable.len() + not_retriable.len(),
-            FailureKind::ALL.len()
-        );
+        assert_eq!(retriable.len() + not_retriable.len(), FailureKind::ALL.len());
     }
 
     #[test]

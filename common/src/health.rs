@@ -82,32 +82,14 @@ impl HealthProbeConfig {
             enabled: env_or("ATTUNE_HEALTH_ENABLED", d.enabled)?,
             heartbeat_max_age_secs: env_or(
                 "ATTUNE_HEARTBEAT_MAX_AGE_SECS",
-                env_or(
-                    "ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS",
-                    d.heartbeat_max_age_secs,
-                )?,
+                env_or("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", d.heartbeat_max_age_secs)?,
             )?,
             degraded_threshold: env_or("ATTUNE_HEALTH_DEGRADED_THRESHOLD", d.degraded_threshold)?,
-            unhealthy_threshold: env_or(
-                "ATTUNE_HEALTH_UNHEALTHY_THRESHOLD",
-                d.unhealthy_threshold,
-            )?,
-            queue_depth_degraded: env_or(
-                "ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED",
-                d.queue_depth_degraded,
-            )?,
-            queue_depth_unhealthy: env_or(
-                "ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY",
-                d.queue_depth_unhealthy,
-            )?,
-            failure_rate_degraded: env_or(
-                "ATTUNE_HEALTH_FAILURE_RATE_DEGRADED",
-                d.failure_rate_degraded,
-            )?,
-            failure_rate_unhealthy: env_or(
-                "ATTUNE_HEALTH_FAILURE_RATE_UNHEALTHY",
-                d.failure_rate_unhealthy,
-            )?,
+            unhealthy_threshold: env_or("ATTUNE_HEALTH_UNHEALTHY_THRESHOLD", d.unhealthy_threshold)?,
+            queue_depth_degraded: env_or("ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED", d.queue_depth_degraded)?,
+            queue_depth_unhealthy: env_or("ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY", d.queue_depth_unhealthy)?,
+            failure_rate_degraded: env_or("ATTUNE_HEALTH_FAILURE_RATE_DEGRADED", d.failure_rate_degraded)?,
+            failure_rate_unhealthy: env_or("ATTUNE_HEALTH_FAILURE_RATE_UNHEALTHY", d.failure_rate_unhealthy)?,
             failure_rate_min_executions: env_or(
                 "ATTUNE_HEALTH_FAILURE_RATE_MIN_EXECUTIONS",
                 d.failure_rate_min_executions,
@@ -123,34 +105,21 @@ pub struct HealthSignals {
     pub consecutive_failures: i64,
     pub total_executions: i64,
     pub failed_executions: i64,
-    /// Executions dispatched to the worker and not yet finished.
+    /// Executions dispatched to the worker and not yet finished (or what the worker reported, if
+    /// more).
     pub queue_depth: i64,
 }
 
-pub fn classify(
-    config: &HealthProbeConfig,
-    signals: &HealthSignals,
-    now: DateTime<Utc>,
-) -> HealthClass {
-    let heartbeat_fresh = signals
-        .last_heartbeat
-        .is_some_and(|at| (now - at).num_milliseconds() < config.heartbeat_max_age_secs * 1000);
+pub fn classify(config: &HealthProbeConfig, signals: &HealthSignals, now: DateTime<Utc>) -> HealthClass {
+    let heartbeat_fresh =
+        signals.last_heartbeat.is_some_and(|at| (now - at).num_milliseconds() < config.heartbeat_max_age_secs * 1000);
     if !heartbeat_fresh {
         return HealthClass::Unhealthy;
     }
-    let failure_rate = (signals.total_executions >= config.failure_rate_min_executions
-        && signals.total_executions > 0)
+    let failure_rate = (signals.total_executions >= config.failure_rate_min_executions && signals.total_executions > 0)
         .then(|| signals.failed_executions as f64 / signals.total_executions as f64);
-    let by_failures = grade(
-        signals.consecutive_failures,
-        config.degraded_threshold,
-        config.unhealthy_threshold,
-    );
-    let by_queue = grade(
-        signals.queue_depth,
-        config.queue_depth_degraded,
-        config.queue_depth_unhealthy,
-    );
+    let by_failures = grade(signals.consecutive_failures, config.degraded_threshold, config.unhealthy_threshold);
+    let by_queue = grade(signals.queue_depth, config.queue_depth_degraded, config.queue_depth_unhealthy);
     let by_rate = match failure_rate {
         Some(rate) if rate >= config.failure_rate_unhealthy => HealthClass::Unhealthy,
         Some(rate) if rate >= config.failure_rate_degraded => HealthClass::Degraded,
@@ -175,9 +144,7 @@ mod tests {
     use chrono::Duration;
 
     fn now() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2026-02-09T12:00:00Z")
-            .unwrap()
-            .with_timezone(&Utc)
+        DateTime::parse_from_rfc3339("2026-02-09T12:00:00Z").unwrap().with_timezone(&Utc)
     }
 
     fn healthy() -> HealthSignals {
@@ -196,174 +163,50 @@ mod tests {
         let c = HealthProbeConfig::default();
         let cases: Vec<(&str, HealthSignals, HealthClass)> = vec![
             ("fresh", healthy(), Healthy),
-            (
-                "2 failures",
-                HealthSignals {
-                    consecutive_failures: 2,
-                    ..healthy()
-                },
-                Healthy,
-            ),
-            (
-                "3 failures",
-                HealthSignals {
-                    consecutive_failures: 3,
-                    ..healthy()
-                },
-                Degraded,
-            ),
-            (
-                "9 failures",
-                HealthSignals {
-                    consecutive_failures: 9,
-                    ..healthy()
-                },
-                Degraded,
-            ),
-            (
-                "10 failures",
-                HealthSignals {
-                    consecutive_failures: 10,
-                    ..healthy()
-                },
-                Unhealthy,
-            ),
-            (
-                "queue 49",
-                HealthSignals {
-                    queue_depth: 49,
-                    ..healthy()
-                },
-                Healthy,
-            ),
-            (
-                "queue 50",
-                HealthSignals {
-                    queue_depth: 50,
-                    ..healthy()
-                },
-                Degraded,
-            ),
-            (
-                "queue 99",
-                HealthSignals {
-                    queue_depth: 99,
-                    ..healthy()
-                },
-                Degraded,
-            ),
-            (
-                "queue 100",
-                HealthSignals {
-                    queue_depth: 100,
-                    ..healthy()
-                },
-                Unhealthy,
-            ),
-            (
-                "rate 0.29",
-                HealthSignals {
-                    total_executions: 100,
-                    failed_executions: 29,
-                    ..healthy()
-                },
-                Healthy,
-            ),
-            (
-                "rate 0.30",
-                HealthSignals {
-                    total_executions: 100,
-                    failed_executions: 30,
-                    ..healthy()
-                },
-                Degraded,
-            ),
-            (
-                "rate 0.69",
-                HealthSignals {
-                    total_executions: 100,
-                    failed_executions: 69,
-                    ..healthy()
-                },
-                Degraded,
-            ),
-            (
-                "rate 0.70",
-                HealthSignals {
-                    total_executions: 100,
-                    failed_executions: 70,
-                    ..healthy()
-                },
-                Unhealthy,
-            ),
+            ("2 failures", HealthSignals { consecutive_failures: 2, ..healthy() }, Healthy),
+            ("3 failures", HealthSignals { consecutive_failures: 3, ..healthy() }, Degraded),
+            ("9 failures", HealthSignals { consecutive_failures: 9, ..healthy() }, Degraded),
+            ("10 failures", HealthSignals { consecutive_failures: 10, ..healthy() }, Unhealthy),
+            ("queue 49", HealthSignals { queue_depth: 49, ..healthy() }, Healthy),
+            ("queue 50", HealthSignals { queue_depth: 50, ..healthy() }, Degraded),
+            ("queue 99", HealthSignals { queue_depth: 99, ..healthy() }, Degraded),
+            ("queue 100", HealthSignals { queue_depth: 100, ..healthy() }, Unhealthy),
+            ("rate 0.29", HealthSignals { total_executions: 100, failed_executions: 29, ..healthy() }, Healthy),
+            ("rate 0.30", HealthSignals { total_executions: 100, failed_executions: 30, ..healthy() }, Degraded),
+            ("rate 0.69", HealthSignals { total_executions: 100, failed_executions: 69, ..healthy() }, Degraded),
+            ("rate 0.70", HealthSignals { total_executions: 100, failed_executions: 70, ..healthy() }, Unhealthy),
             (
                 "rate 1/1 too few to judge",
-                HealthSignals {
-                    total_executions: 1,
-                    failed_executions: 1,
-                    ..healthy()
-                },
+                HealthSignals { total_executions: 1, failed_executions: 1, ..healthy() },
                 Healthy,
             ),
             (
                 "rate 9/9 too few to judge",
-                HealthSignals {
-                    total_executions: 9,
-                    failed_executions: 9,
-                    ..healthy()
-                },
+                HealthSignals { total_executions: 9, failed_executions: 9, ..healthy() },
                 Healthy,
             ),
             (
                 "rate 10/10 judged",
-                HealthSignals {
-                    total_executions: 10,
-                    failed_executions: 10,
-                    ..healthy()
-                },
+                HealthSignals { total_executions: 10, failed_executions: 10, ..healthy() },
                 Unhealthy,
             ),
             (
                 "heartbeat 29.999 s",
-                HealthSignals {
-                    last_heartbeat: Some(now() - Duration::milliseconds(29_999)),
-                    ..healthy()
-                },
+                HealthSignals { last_heartbeat: Some(now() - Duration::milliseconds(29_999)), ..healthy() },
                 Healthy,
             ),
             (
                 "heartbeat 30 s",
-                HealthSignals {
-                    last_heartbeat: Some(now() - Duration::seconds(30)),
-                    ..healthy()
-                },
+                HealthSignals { last_heartbeat: Some(now() - Duration::seconds(30)), ..healthy() },
                 Unhealthy,
             ),
             (
                 "heartbeat 31 s",
-                HealthSignals {
-                    last_heartbeat: Some(now() - Duration::seconds(31)),
-                    ..healthy()
-                },
+                HealthSignals { last_heartbeat: Some(now() - Duration::seconds(31)), ..healthy() },
                 Unhealthy,
             ),
-            (
-                "never heartbeated",
-                HealthSignals {
-                    last_heartbeat: None,
-                    ..healthy()
-                },
-                Unhealthy,
-            ),
-            (
-                "worst signal wins",
-                HealthSignals {
-                    consecutive_failures: 3,
-                    queue_depth: 100,
-                    ..healthy()
-                },
-                Unhealthy,
-            ),
+            ("never heartbeated", HealthSignals { last_heartbeat: None, ..healthy() }, Unhealthy),
+            ("worst signal wins", HealthSignals { consecutive_failures: 3, queue_depth: 100, ..healthy() }, Unhealthy),
         ];
         for (name, signals, expected) in cases {
             assert_eq!(classify(&c, &signals, now()), expected, "{name}");

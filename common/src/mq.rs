@@ -17,9 +17,8 @@ use std::time::Duration;
 
 use lapin::Confirmation;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -55,10 +54,7 @@ pub const RESULT_KEY: &str = "execution.result";
 
 impl Topology {
     pub fn new(namespace: &str, worker_queue_ttl: Duration) -> Self {
-        Topology {
-            namespace: namespace.to_string(),
-            worker_queue_ttl,
-        }
+        Topology { namespace: namespace.to_string(), worker_queue_ttl }
     }
     pub fn exchange(&self) -> String {
         self.namespace.clone()
@@ -84,38 +80,20 @@ impl Topology {
 
     fn quorum_args(&self, ttl: Option<Duration>) -> FieldTable {
         let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-        args.insert(
-            "x-delivery-limit".into(),
-            AMQPValue::LongLongInt(DELIVERY_LIMIT),
-        );
+        args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(DELIVERY_LIMIT));
         args.insert(
             "x-dead-letter-exchange".into(),
             AMQPValue::LongString(self.dead_letter_exchange().as_str().into()),
         );
         if let Some(ttl) = ttl {
-            args.insert(
-                "x-message-ttl".into(),
-                AMQPValue::LongLongInt(ttl.as_millis() as i64),
-            );
+            args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl.as_millis() as i64));
         }
         args
     }
 
-    async fn declare_queue(
-        &self,
-        channel: &Channel,
-        queue: &str,
-        key: &str,
-        args: FieldTable,
-    ) -> Result<(), MqError> {
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
+    async fn declare_queue(&self, channel: &Channel, queue: &str, key: &str, args: FieldTable) -> Result<(), MqError> {
+        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
         channel.queue_declare(queue.into(), durable, args).await?;
         channel
             .queue_bind(
@@ -131,17 +109,9 @@ impl Topology {
 
     /// Declares the exchanges and the shared queues (idempotent; every service does it).
     pub async fn declare(&self, channel: &Channel) -> Result<(), MqError> {
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
+        let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
         channel
-            .exchange_declare(
-                self.exchange().as_str().into(),
-                ExchangeKind::Direct,
-                durable,
-                FieldTable::default(),
-            )
+            .exchange_declare(self.exchange().as_str().into(), ExchangeKind::Direct, durable, FieldTable::default())
             .await?;
         channel
             .exchange_declare(
@@ -152,21 +122,9 @@ impl Topology {
             )
             .await?;
         let mut dlq_args = FieldTable::default();
-        dlq_args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-        let queue_options = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        channel
-            .queue_declare(
-                self.dead_letter_queue().as_str().into(),
-                queue_options,
-                dlq_args,
-            )
-            .await?;
+        dlq_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        let queue_options = QueueDeclareOptions { durable: true, ..Default::default() };
+        channel.queue_declare(self.dead_letter_queue().as_str().into(), queue_options, dlq_args).await?;
         channel
             .queue_bind(
                 self.dead_letter_queue().as_str().into(),
@@ -176,37 +134,15 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
-        self.declare_queue(
-            channel,
-            &self.requests_queue(),
-            REQUEST_KEY,
-            self.quorum_args(None),
-        )
-        .await?;
-        self.declare_queue(
-            channel,
-            &self.results_queue(),
-            RESULT_KEY,
-            self.quorum_args(None),
-        )
-        .await?;
+        self.declare_queue(channel, &self.requests_queue(), REQUEST_KEY, self.quorum_args(None)).await?;
+        self.declare_queue(channel, &self.results_queue(), RESULT_KEY, self.quorum_args(None)).await?;
         Ok(())
     }
 
     /// Declares one worker's queue, with the message TTL.
-    pub async fn declare_worker_queue(
-        &self,
-        channel: &Channel,
-        worker_id: i64,
-    ) -> Result<(), MqError> {
+    pub async fn declare_worker_queue(&self, channel: &Channel, worker_id: i64) -> Result<(), MqError> {
         let args = self.quorum_args(Some(self.worker_queue_ttl));
-        self.declare_queue(
-            channel,
-            &self.worker_queue(worker_id),
-            &Self::worker_key(worker_id),
-            args,
-        )
-        .await
+        self.declare_queue(channel, &self.worker_queue(worker_id), &Self::worker_key(worker_id), args).await
     }
 }
 
@@ -273,12 +209,7 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(url: &str, name: &str, topology: Topology) -> Self {
-        Publisher {
-            url: url.to_string(),
-            name: name.to_string(),
-            topology,
-            channel: Mutex::new(None),
-        }
+        Publisher { url: url.to_string(), name: name.to_string(), topology, channel: Mutex::new(None) }
     }
 
     pub fn topology(&self) -> &Topology {
@@ -295,9 +226,7 @@ impl Publisher {
         }
         let connection = connect(&self.url, &format!("{}-publisher", self.name)).await?;
         let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
         self.topology.declare(&channel).await?;
         *guard = Some((connection, channel.clone()));
         Ok(channel)
@@ -324,17 +253,12 @@ impl Publisher {
 
     async fn publish_once(&self, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
         let channel = self.channel().await?;
-        let properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into());
+        let properties = BasicProperties::default().with_delivery_mode(2).with_content_type("application/json".into());
         let confirm = channel
             .basic_publish(
                 self.topology.exchange().as_str().into(),
                 routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
+                BasicPublishOptions { mandatory: true, ..Default::default() },
                 payload,
                 properties,
             )
@@ -353,9 +277,7 @@ impl Publisher {
     /// Declares a worker's queue through the publisher's channel.
     pub async fn declare_worker_queue(&self, worker_id: i64) -> Result<(), MqError> {
         let channel = self.channel().await?;
-        self.topology
-            .declare_worker_queue(&channel, worker_id)
-            .await
+        self.topology.declare_worker_queue(&channel, worker_id).await
     }
 }
 
@@ -415,11 +337,7 @@ where
     }
 }
 
-async fn consume_once<F, Fut>(
-    spec: &ConsumerSpec,
-    shutdown: &CancellationToken,
-    handler: F,
-) -> Result<(), MqError>
+async fn consume_once<F, Fut>(spec: &ConsumerSpec, shutdown: &CancellationToken, handler: F) -> Result<(), MqError>
 where
     F: Fn(Incoming) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Disposition> + Send + 'static,
@@ -427,14 +345,10 @@ where
     use futures_util::StreamExt;
     let connection = connect(&spec.url, &format!("{}-consumer", spec.name)).await?;
     let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(spec.prefetch, BasicQosOptions::default())
-        .await?;
+    channel.basic_qos(spec.prefetch, BasicQosOptions::default()).await?;
     spec.topology.declare(&channel).await?;
     if let Some(worker_id) = spec.worker_queue {
-        spec.topology
-            .declare_worker_queue(&channel, worker_id)
-            .await?;
+        spec.topology.declare_worker_queue(&channel, worker_id).await?;
     }
     let mut consumer = channel
         .basic_consume(
@@ -466,7 +380,9 @@ where
             };
             let result = match handler(incoming).await {
                 Disposition::Ack => delivery.acker.ack(BasicAckOptions::default()).await,
-                Disposition::Retry => delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await,
+                Disposition::Retry => {
+                    delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await
+                }
                 Disposition::DeadLetter => delivery.acker.reject(BasicRejectOptions { requeue: false }).await,
             };
             if let Err(e) = result {
@@ -477,16 +393,8 @@ where
     // Stop taking work, then let in-flight handlers finish (and settle) before the channel closes.
     tracker.close();
     if outcome.is_ok() {
-        let _ = channel
-            .basic_cancel(
-                spec.name.as_str().into(),
-                lapin::options::BasicCancelOptions::default(),
-            )
-            .await;
-        if tokio::time::timeout(spec.drain, tracker.wait())
-            .await
-            .is_err()
-        {
+        let _ = channel.basic_cancel(spec.name.as_str().into(), lapin::options::BasicCancelOptions::default()).await;
+        if tokio::time::timeout(spec.drain, tracker.wait()).await.is_err() {
             tracing::warn!(queue = %spec.queue, "in-flight work did not finish within the drain deadline");
         }
         let _ = connection.close(200, "shutdown".into()).await;

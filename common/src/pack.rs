@@ -101,34 +101,23 @@ pub struct PackError {
 
 impl PackError {
     fn new(file: &Path, field: Option<&str>, reason: impl Into<String>) -> Self {
-        PackError {
-            file: file.to_path_buf(),
-            field: field.map(str::to_string),
-            reason: reason.into(),
-        }
+        PackError { file: file.to_path_buf(), field: field.map(str::to_string), reason: reason.into() }
     }
 }
 
 fn parse_yaml<T: serde::de::DeserializeOwned>(file: &Path) -> Result<T, PackError> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| PackError::new(file, None, format!("cannot read: {e}")))?;
+    let text = std::fs::read_to_string(file).map_err(|e| PackError::new(file, None, format!("cannot read: {e}")))?;
     serde_yaml_ng::from_str(&text).map_err(|e| {
         let message = e.to_string();
         // serde names the field in "missing field `x`" / "unknown field `x`"; lift it out so the
         // error has the same shape as the semantic checks below.
-        let field = message
-            .split('`')
-            .nth(1)
-            .filter(|_| message.contains(" field `"));
+        let field = message.split('`').nth(1).filter(|_| message.contains(" field `"));
         PackError::new(file, field, message.clone())
     })
 }
 
 fn is_identifier(text: &str) -> bool {
-    !text.is_empty()
-        && text
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+    !text.is_empty() && text.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
 /// Loads and validates the pack in `dir`.
@@ -136,11 +125,7 @@ pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
     let manifest_file = dir.join("pack.yaml");
     let manifest: PackManifest = parse_yaml(&manifest_file)?;
     if !is_identifier(&manifest.pack_ref) {
-        return Err(PackError::new(
-            &manifest_file,
-            Some("ref"),
-            "must be lowercase letters, digits, '_' or '-'",
-        ));
+        return Err(PackError::new(&manifest_file, Some("ref"), "must be lowercase letters, digits, '_' or '-'"));
     }
     let actions_dir = dir.join("actions");
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&actions_dir) {
@@ -150,11 +135,7 @@ pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => {
-            return Err(PackError::new(
-                &actions_dir,
-                None,
-                format!("cannot read: {e}"),
-            ));
+            return Err(PackError::new(&actions_dir, None, format!("cannot read: {e}")));
         }
     };
     files.sort();
@@ -164,67 +145,38 @@ pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
         validate_action(dir, &file, &spec)?;
         let action_ref = format!("{}.{}", manifest.pack_ref, spec.name);
         if actions.iter().any(|a| a.action_ref == action_ref) {
-            return Err(PackError::new(
-                &file,
-                Some("name"),
-                format!("duplicate action '{action_ref}'"),
-            ));
+            return Err(PackError::new(&file, Some("name"), format!("duplicate action '{action_ref}'")));
         }
         actions.push(LoadedAction { action_ref, spec });
     }
-    Ok(LoadedPack {
-        manifest,
-        path: dir.to_path_buf(),
-        actions,
-    })
+    Ok(LoadedPack { manifest, path: dir.to_path_buf(), actions })
 }
 
 fn validate_action(pack_dir: &Path, file: &Path, spec: &ActionSpec) -> Result<(), PackError> {
     let fail = |field: &str, reason: String| Err(PackError::new(file, Some(field), reason));
     if !is_identifier(&spec.name) {
-        return fail(
-            "name",
-            "must be lowercase letters, digits, '_' or '-'".into(),
-        );
+        return fail("name", "must be lowercase letters, digits, '_' or '-'".into());
     }
     if !RUNTIMES.contains(&spec.runtime.as_str()) {
         return fail(
             "runtime",
-            format!(
-                "unknown runtime '{}' (expected one of: {})",
-                spec.runtime,
-                RUNTIMES.join(", ")
-            ),
+            format!("unknown runtime '{}' (expected one of: {})", spec.runtime, RUNTIMES.join(", ")),
         );
     }
     if spec.runtime == "builtin" {
         if !BUILTIN_ENTRYPOINTS.contains(&spec.entrypoint.as_str()) {
             return fail(
                 "entrypoint",
-                format!(
-                    "unknown builtin '{}' (expected one of: {})",
-                    spec.entrypoint,
-                    BUILTIN_ENTRYPOINTS.join(", ")
-                ),
+                format!("unknown builtin '{}' (expected one of: {})", spec.entrypoint, BUILTIN_ENTRYPOINTS.join(", ")),
             );
         }
     } else {
         let relative = Path::new(&spec.entrypoint);
-        if relative.is_absolute()
-            || relative
-                .components()
-                .any(|c| matches!(c, Component::ParentDir))
-        {
-            return fail(
-                "entrypoint",
-                "must be a path inside the pack directory".into(),
-            );
+        if relative.is_absolute() || relative.components().any(|c| matches!(c, Component::ParentDir)) {
+            return fail("entrypoint", "must be a path inside the pack directory".into());
         }
         if !pack_dir.join(relative).is_file() {
-            return fail(
-                "entrypoint",
-                format!("file '{}' not found in the pack", spec.entrypoint),
-            );
+            return fail("entrypoint", format!("file '{}' not found in the pack", spec.entrypoint));
         }
     }
     if let Some(timeout) = spec.timeout_seconds
@@ -250,10 +202,9 @@ fn validate_action(pack_dir: &Path, file: &Path, spec: &ActionSpec) -> Result<()
 
 fn validate_retry(retry: &RetryPolicy) -> Result<(), (&'static str, String)> {
     let positive = |value: Option<f64>, field: &'static str| match value {
-        Some(v) if !(v.is_finite() && v > 0.0) => Err((
-            field,
-            format!("must be a positive number of seconds, got {v}"),
-        )),
+        Some(v) if !(v.is_finite() && v > 0.0) => {
+            Err((field, format!("must be a positive number of seconds, got {v}")))
+        }
         _ => Ok(()),
     };
     positive(retry.base_delay_secs, "base_delay_secs")?;
@@ -261,42 +212,27 @@ fn validate_retry(retry: &RetryPolicy) -> Result<(), (&'static str, String)> {
     if let (Some(base), Some(max)) = (retry.base_delay_secs, retry.max_delay_secs)
         && base > max
     {
-        return Err((
-            "max_delay_secs",
-            format!("must not be below base_delay_secs ({base})"),
-        ));
+        return Err(("max_delay_secs", format!("must not be below base_delay_secs ({base})")));
     }
     if let Some(multiplier) = retry.multiplier
         && !(multiplier.is_finite() && multiplier >= 1.0)
     {
-        return Err((
-            "multiplier",
-            format!("must be at least 1.0, got {multiplier}"),
-        ));
+        return Err(("multiplier", format!("must be at least 1.0, got {multiplier}")));
     }
     if let Some(jitter) = retry.jitter
         && !(0.0..=1.0).contains(&jitter)
     {
-        return Err((
-            "jitter",
-            format!("must be between 0.0 and 1.0, got {jitter}"),
-        ));
+        return Err(("jitter", format!("must be between 0.0 and 1.0, got {jitter}")));
     }
     if let Some(kinds) = &retry.on
         && let Some(kind) = kinds.iter().find(|k| matches!(k, FailureKind::Canceled))
     {
-        return Err((
-            "on",
-            format!("'{kind}' executions are never retried automatically"),
-        ));
+        return Err(("on", format!("'{kind}' executions are never retried automatically")));
     }
     if let Some(codes) = &retry.exit_codes
         && let Some(code) = codes.iter().find(|c| !(1..=255).contains(*c))
     {
-        return Err((
-            "exit_codes",
-            format!("{code} is not a failing exit code (1-255)"),
-        ));
+        return Err(("exit_codes", format!("{code} is not a failing exit code (1-255)")));
     }
     Ok(())
 }
@@ -343,26 +279,10 @@ mod tests {
     #[test]
     fn errors_name_file_field_and_reason() {
         let cases = [
-            (
-                "name: x\nentrypoint: actions/flaky_api.py\n",
-                "runtime",
-                "missing field",
-            ),
-            (
-                "name: x\nruntime: ruby\nentrypoint: actions/flaky_api.py\n",
-                "runtime",
-                "unknown runtime 'ruby'",
-            ),
-            (
-                "name: x\nruntime: python\nentrypoint: actions/missing.py\n",
-                "entrypoint",
-                "not found",
-            ),
-            (
-                "name: x\nruntime: python\nentrypoint: ../etc/passwd\n",
-                "entrypoint",
-                "inside the pack",
-            ),
+            ("name: x\nentrypoint: actions/flaky_api.py\n", "runtime", "missing field"),
+            ("name: x\nruntime: ruby\nentrypoint: actions/flaky_api.py\n", "runtime", "unknown runtime 'ruby'"),
+            ("name: x\nruntime: python\nentrypoint: actions/missing.py\n", "entrypoint", "not found"),
+            ("name: x\nruntime: python\nentrypoint: ../etc/passwd\n", "entrypoint", "inside the pack"),
             (
                 "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\ntimeout_seconds: 0\n",
                 "timeout_seconds",
@@ -373,11 +293,7 @@ mod tests {
                 "max_retries",
                 "between 0 and 100",
             ),
-            (
-                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\ntimeout: 5\n",
-                "timeout",
-                "unknown field",
-            ),
+            ("name: x\nruntime: python\nentrypoint: actions/flaky_api.py\ntimeout: 5\n", "timeout", "unknown field"),
             (
                 "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nparameters:\n  n:\n    type: integer\n    default: abc\n",
                 "parameters.n.default",
@@ -401,25 +317,17 @@ mod tests {
         ];
         for (yaml, field, reason) in cases {
             let err = error_for(yaml);
-            assert!(
-                err.file.ends_with("actions/flaky-api.yaml"),
-                "{yaml}: {err}"
-            );
+            assert!(err.file.ends_with("actions/flaky-api.yaml"), "{yaml}: {err}");
             assert_eq!(err.field.as_deref(), Some(field), "{yaml}: {err}");
             assert!(err.reason.contains(reason), "{yaml}: {err}");
             let shown = err.to_string();
-            assert!(
-                shown.contains("flaky-api.yaml") && shown.contains(field),
-                "{shown}"
-            );
+            assert!(shown.contains("flaky-api.yaml") && shown.contains(field), "{shown}");
         }
     }
 
     #[test]
     fn a_bad_type_in_yaml_names_the_file() {
-        let err = error_for(
-            "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nmax_retries: lots\n",
-        );
+        let err = error_for("name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nmax_retries: lots\n");
         assert!(err.to_string().contains("flaky-api.yaml"), "{err}");
         assert!(err.to_string().contains("max_retries"), "{err}");
     }
@@ -429,13 +337,7 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
         let pack = load_pack(&dir).unwrap();
         let refs: Vec<&str> = pack.actions.iter().map(|a| a.action_ref.as_str()).collect();
-        for expected in [
-            "core.echo",
-            "core.sleep",
-            "core.fail",
-            "core.noop",
-            "core.python_echo",
-        ] {
+        for expected in ["core.echo", "core.sleep", "core.fail", "core.noop", "core.python_echo"] {
             assert!(refs.contains(&expected), "{refs:?}");
         }
     }

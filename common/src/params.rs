@@ -71,10 +71,7 @@ pub struct ParamError {
 
 impl ParamError {
     fn new(parameter: &str, reason: impl Into<String>) -> Self {
-        ParamError {
-            parameter: parameter.to_string(),
-            reason: reason.into(),
-        }
+        ParamError { parameter: parameter.to_string(), reason: reason.into() }
     }
 }
 
@@ -88,23 +85,13 @@ pub fn check_spec(name: &str, spec: &ParamSpec) -> Result<(), ParamError> {
 
 fn check_value(name: &str, spec: &ParamSpec, value: &Value) -> Result<(), ParamError> {
     if !spec.param_type.accepts(value) {
-        return Err(ParamError::new(
-            name,
-            format!(
-                "expected {}, got {}",
-                spec.param_type.name(),
-                json_type(value)
-            ),
-        ));
+        return Err(ParamError::new(name, format!("expected {}, got {}", spec.param_type.name(), json_type(value))));
     }
     if let Some(allowed) = &spec.allowed
         && !allowed.contains(value)
     {
         let options: Vec<String> = allowed.iter().map(Value::to_string).collect();
-        return Err(ParamError::new(
-            name,
-            format!("must be one of {}", options.join(", ")),
-        ));
+        return Err(ParamError::new(name, format!("must be one of {}", options.join(", "))));
     }
     Ok(())
 }
@@ -123,10 +110,7 @@ fn json_type(value: &Value) -> &'static str {
 
 /// Validates submitted parameters against the declared ones and returns them with defaults
 /// filled in. The first problem found, in parameter-name order, is reported.
-pub fn validate(
-    specs: &ParamSpecs,
-    given: &Map<String, Value>,
-) -> Result<Map<String, Value>, ParamError> {
+pub fn validate(specs: &ParamSpecs, given: &Map<String, Value>) -> Result<Map<String, Value>, ParamError> {
     if let Some(unknown) = given.keys().find(|name| !specs.contains_key(*name)) {
         let known: Vec<&str> = specs.keys().map(String::as_str).collect();
         let reason = if known.is_empty() {
@@ -178,10 +162,7 @@ mod tests {
     #[test]
     fn fills_defaults_and_keeps_given_values() {
         let out = validate(&specs(), &given(json!({"url": "http://x", "ratio": 1}))).unwrap();
-        assert_eq!(
-            Value::Object(out),
-            json!({"url": "http://x", "count": 3, "ratio": 1})
-        );
+        assert_eq!(Value::Object(out), json!({"url": "http://x", "count": 3, "ratio": 1}));
     }
 
     #[test]
@@ -190,31 +171,11 @@ mod tests {
             (json!({}), "url", "is required"),
             (json!({"url": null}), "url", "is required"),
             (json!({"url": 5}), "url", "expected string, got integer"),
-            (
-                json!({"url": "u", "count": 1.5}),
-                "count",
-                "expected integer, got number",
-            ),
-            (
-                json!({"url": "u", "ratio": "high"}),
-                "ratio",
-                "expected number, got string",
-            ),
-            (
-                json!({"url": "u", "verbose": "yes"}),
-                "verbose",
-                "expected boolean, got string",
-            ),
-            (
-                json!({"url": "u", "mode": "medium"}),
-                "mode",
-                "must be one of \"fast\", \"slow\"",
-            ),
-            (
-                json!({"url": "u", "colour": "red"}),
-                "colour",
-                "unknown parameter",
-            ),
+            (json!({"url": "u", "count": 1.5}), "count", "expected integer, got number"),
+            (json!({"url": "u", "ratio": "high"}), "ratio", "expected number, got string"),
+            (json!({"url": "u", "verbose": "yes"}), "verbose", "expected boolean, got string"),
+            (json!({"url": "u", "mode": "medium"}), "mode", "must be one of \"fast\", \"slow\""),
+            (json!({"url": "u", "colour": "red"}), "colour", "unknown parameter"),
         ];
         for (input, parameter, reason) in cases {
             let err = validate(&specs(), &given(input.clone())).unwrap_err();
@@ -225,8 +186,7 @@ mod tests {
 
     #[test]
     fn spec_defaults_are_checked() {
-        let spec: ParamSpec =
-            serde_json::from_value(json!({"type": "integer", "default": "x"})).unwrap();
+        let spec: ParamSpec = serde_json::from_value(json!({"type": "integer", "default": "x"})).unwrap();
         assert_eq!(check_spec("n", &spec).unwrap_err().parameter, "n");
     }
 }

@@ -3,8 +3,9 @@
 //! Only active workers that support the action's runtime are candidates. Healthy workers come
 //! first by queue depth ascending, then degraded ones by queue depth ascending; unhealthy workers
 //! never get work. Ties are broken by a caller-supplied random value so equal workers share a
-//! burst. The queue depth is what this system dispatched to the worker and has not seen finish,
-//! so a burst between two heartbeats spreads out instead of piling onto one worker.
+//! burst. The queue depth counts what this system dispatched to the worker and has not seen
+//! finish (or the worker's own report, if higher), so a burst between two heartbeats spreads out
+//! instead of piling onto one worker.
 
 use chrono::{DateTime, Utc};
 
@@ -38,19 +39,8 @@ pub fn rank(
         .iter()
         .filter(|c| c.runtimes.iter().any(|r| r == runtime))
         .map(|c| {
-            let class = if config.enabled {
-                classify(config, &c.signals, now)
-            } else {
-                HealthClass::Healthy
-            };
-            (
-                Ranked {
-                    worker_id: c.worker_id,
-                    class,
-                    queue_depth: c.signals.queue_depth,
-                },
-                tie_break(c.worker_id),
-            )
+            let class = if config.enabled { classify(config, &c.signals, now) } else { HealthClass::Healthy };
+            (Ranked { worker_id: c.worker_id, class, queue_depth: c.signals.queue_depth }, tie_break(c.worker_id))
         })
         .filter(|(r, _)| r.class != HealthClass::Unhealthy)
         .collect();
@@ -66,9 +56,7 @@ pub fn select(
     now: DateTime<Utc>,
     tie_break: impl FnMut(i64) -> u64,
 ) -> Option<Ranked> {
-    rank(config, candidates, runtime, now, tie_break)
-        .into_iter()
-        .next()
+    rank(config, candidates, runtime, now, tie_break).into_iter().next()
 }
 
 #[cfg(test)]
@@ -77,17 +65,10 @@ mod tests {
     use chrono::Duration;
 
     fn now() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2026-02-09T12:00:00Z")
-            .unwrap()
-            .with_timezone(&Utc)
+        DateTime::parse_from_rfc3339("2026-02-09T12:00:00Z").unwrap().with_timezone(&Utc)
     }
 
-    fn worker(
-        id: i64,
-        consecutive_failures: i64,
-        queue_depth: i64,
-        runtimes: &[&str],
-    ) -> Candidate {
+    fn worker(id: i64, consecutive_failures: i64, queue_depth: i64, runtimes: &[&str]) -> Candidate {
         Candidate {
             worker_id: id,
             name: format!("w{id}"),
@@ -111,16 +92,8 @@ mod tests {
             worker(2, 0, 20, &["shell"]),
             worker(1, 0, 5, &["shell"]),
         ];
-        let order: Vec<i64> = rank(
-            &HealthProbeConfig::default(),
-            &workers,
-            "shell",
-            now(),
-            |_| 0,
-        )
-        .iter()
-        .map(|r| r.worker_id)
-        .collect();
+        let order: Vec<i64> =
+            rank(&HealthProbeConfig::default(), &workers, "shell", now(), |_| 0).iter().map(|r| r.worker_id).collect();
         assert_eq!(order, vec![1, 2, 3]);
     }
 
@@ -129,25 +102,16 @@ mod tests {
         let workers = vec![worker(1, 0, 0, &["shell"])];
         let config = HealthProbeConfig::default();
         assert!(select(&config, &workers, "python", now(), |_| 0).is_none());
-        assert_eq!(
-            select(&config, &workers, "shell", now(), |_| 0)
-                .unwrap()
-                .worker_id,
-            1
-        );
+        assert_eq!(select(&config, &workers, "shell", now(), |_| 0).unwrap().worker_id, 1);
     }
 
     #[test]
     fn ties_are_broken_by_the_random_key() {
         let workers = vec![worker(1, 0, 3, &["shell"]), worker(2, 0, 3, &["shell"])];
         let config = HealthProbeConfig::default();
-        let first = select(&config, &workers, "shell", now(), |id| {
-            if id == 2 { 0 } else { 1 }
-        });
+        let first = select(&config, &workers, "shell", now(), |id| if id == 2 { 0 } else { 1 });
         assert_eq!(first.unwrap().worker_id, 2);
-        let first = select(&config, &workers, "shell", now(), |id| {
-            if id == 1 { 0 } else { 1 }
-        });
+        let first = select(&config, &workers, "shell", now(), |id| if id == 1 { 0 } else { 1 });
         assert_eq!(first.unwrap().worker_id, 1);
     }
 }

@@ -25,10 +25,8 @@ pub enum ExecutionStatus {
 use ExecutionStatus::*;
 
 impl ExecutionStatus {
-    pub const ALL: [ExecutionStatus; 10] = [
-        Requested, Scheduling, Scheduled, Running, Completed, Failed, Timeout, Canceled, Abandoned,
-        Delayed,
-    ];
+    pub const ALL: [ExecutionStatus; 10] =
+        [Requested, Scheduling, Scheduled, Running, Completed, Failed, Timeout, Canceled, Abandoned, Delayed];
     pub const TERMINAL: [ExecutionStatus; 5] = [Completed, Failed, Timeout, Canceled, Abandoned];
 
     pub fn is_terminal(self) -> bool {
@@ -102,10 +100,7 @@ mod tests {
 
     #[test]
     fn every_non_terminal_state_can_be_canceled() {
-        for from in ExecutionStatus::ALL
-            .into_iter()
-            .filter(|s| !s.is_terminal())
-        {
+        for from in ExecutionStatus::ALL.into_iter().filter(|s| !s.is_terminal()) {
             assert!(ExecutionStatus::can_transition(from, Canceled), "{from}");
         }
     }

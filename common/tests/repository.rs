@@ -9,13 +9,8 @@ use sqlx::PgPool;
 
 async fn core_pack(pool: &PgPool) -> db::action::Action {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
-    db::pack::register(pool, &load_pack(&dir).unwrap())
-        .await
-        .unwrap();
-    db::action::get_by_ref(pool, "core.echo")
-        .await
-        .unwrap()
-        .unwrap()
+    db::pack::register(pool, &load_pack(&dir).unwrap()).await.unwrap();
+    db::action::get_by_ref(pool, "core.echo").await.unwrap().unwrap()
 }
 
 fn new_execution(action: &db::action::Action) -> NewExecution {
@@ -51,39 +46,22 @@ async fn every_edge_hits_from_its_source_and_misses_from_any_other_state() {
     let test = TestDb::new().await;
     let pool = &test.pool;
     let action = core_pack(pool).await;
-    let worker = db::worker::register(pool, "w", &json!({"runtimes": ["shell"]}))
-        .await
-        .unwrap();
-    let outcome = Outcome {
-        failure_kind: Some("action_failed".into()),
-        exit_code: Some(1),
-        ..Default::default()
-    };
+    let worker = db::worker::register(pool, "w", &json!({"runtimes": ["shell"]})).await.unwrap();
+    let outcome = Outcome { failure_kind: Some("action_failed".into()), exit_code: Some(1), ..Default::default() };
     for to in ExecutionStatus::ALL {
         for from in ExecutionStatus::ALL {
-            let execution = db::execution::insert(pool, &new_execution(&action))
-                .await
-                .unwrap();
+            let execution = db::execution::insert(pool, &new_execution(&action)).await.unwrap();
             force_status(pool, execution.id, from, Some(worker)).await;
             let transition = Transition::to(to).outcome(&outcome);
-            let applied = db::execution::transition(pool, execution.id, &transition)
-                .await
-                .unwrap();
+            let applied = db::execution::transition(pool, execution.id, &transition).await.unwrap();
             let edge = ExecutionStatus::can_transition(from, to);
             assert_eq!(applied.is_some(), edge, "{from} -> {to}");
-            let stored = db::execution::get(pool, execution.id)
-                .await
-                .unwrap()
-                .unwrap();
+            let stored = db::execution::get(pool, execution.id).await.unwrap().unwrap();
             if edge {
                 let applied = applied.unwrap();
                 assert_eq!(applied.status, to);
                 assert_eq!(stored, applied);
-                assert_eq!(
-                    stored.finished.is_some(),
-                    to.is_terminal(),
-                    "{from} -> {to}"
-                );
+                assert_eq!(stored.finished.is_some(), to.is_terminal(), "{from} -> {to}");
                 if to.is_terminal() {
                     assert_eq!(stored.failure_kind.as_deref(), Some("action_failed"));
                 }
@@ -100,86 +78,38 @@ async fn worker_owned_transitions_are_fenced_by_the_worker() {
     let test = TestDb::new().await;
     let pool = &test.pool;
     let action = core_pack(pool).await;
-    let mine = db::worker::register(pool, "mine", &json!({}))
-        .await
-        .unwrap();
-    let other = db::worker::register(pool, "other", &json!({}))
-        .await
-        .unwrap();
-    let execution = db::execution::insert(pool, &new_execution(&action))
-        .await
-        .unwrap();
+    let mine = db::worker::register(pool, "mine", &json!({})).await.unwrap();
+    let other = db::worker::register(pool, "other", &json!({})).await.unwrap();
+    let execution = db::execution::insert(pool, &new_execution(&action)).await.unwrap();
 
     let claim = Transition::to(Scheduling).from(&[Requested, Scheduling]);
+    assert!(db::execution::transition(pool, execution.id, &claim).await.unwrap().is_some());
+    let assign = Transition::to(Scheduled).from(&[Scheduling]).assign_worker(mine);
+    assert_eq!(db::execution::transition(pool, execution.id, &assign).await.unwrap().unwrap().worker, Some(mine));
     assert!(
-        db::execution::transition(pool, execution.id, &claim)
-            .await
-            .unwrap()
-            .is_some()
-    );
-    let assign = Transition::to(Scheduled)
-        .from(&[Scheduling])
-        .assign_worker(mine);
-    assert_eq!(
-        db::execution::transition(pool, execution.id, &assign)
-            .await
-            .unwrap()
-            .unwrap()
-            .worker,
-        Some(mine)
-    );
-    assert!(
-        db::execution::transition(pool, execution.id, &assign)
-            .await
-            .unwrap()
-            .is_none(),
+        db::execution::transition(pool, execution.id, &assign).await.unwrap().is_none(),
         "a duplicate assignment misses"
     );
 
     let run_as = |worker| Transition::to(Running).from(&[Scheduled]).owned_by(worker);
     assert!(
-        db::execution::transition(pool, execution.id, &run_as(other))
-            .await
-            .unwrap()
-            .is_none(),
+        db::execution::transition(pool, execution.id, &run_as(other)).await.unwrap().is_none(),
         "another worker cannot claim it"
     );
-    let running = db::execution::transition(pool, execution.id, &run_as(mine))
-        .await
-        .unwrap()
-        .unwrap();
+    let running = db::execution::transition(pool, execution.id, &run_as(mine)).await.unwrap().unwrap();
     assert!(running.started.is_some());
 
-    let done = Outcome {
-        exit_code: Some(0),
-        stdout: Some("hi\n".into()),
-        ..Default::default()
-    };
+    let done = Outcome { exit_code: Some(0), stdout: Some("hi\n".into()), ..Default::default() };
     let complete_as = |worker| Transition::to(Completed).from(&[Running]).owned_by(worker);
-    assert!(
-        db::execution::transition(pool, execution.id, &complete_as(other).outcome(&done))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(db::execution::transition(pool, execution.id, &complete_as(other).outcome(&done)).await.unwrap().is_none());
     let completed =
-        db::execution::transition(pool, execution.id, &complete_as(mine).outcome(&done))
-            .await
-            .unwrap()
-            .unwrap();
+        db::execution::transition(pool, execution.id, &complete_as(mine).outcome(&done)).await.unwrap().unwrap();
     assert_eq!(
-        (
-            completed.status,
-            completed.exit_code,
-            completed.stdout.as_deref()
-        ),
+        (completed.status, completed.exit_code, completed.stdout.as_deref()),
         (Completed, Some(0), Some("hi\n"))
     );
     assert!(
-        db::execution::transition(pool, execution.id, &complete_as(mine).outcome(&done))
-            .await
-            .unwrap()
-            .is_none(),
+        db::execution::transition(pool, execution.id, &complete_as(mine).outcome(&done)).await.unwrap().is_none(),
         "a redelivered result misses"
     );
     test.drop_database().await;
@@ -190,33 +120,15 @@ async fn the_schema_enforces_finished_and_one_retry_per_execution() {
     let test = TestDb::new().await;
     let pool = &test.pool;
     let action = core_pack(pool).await;
-    let first = db::execution::insert(pool, &new_execution(&action))
-        .await
-        .unwrap();
-    let bad = sqlx::query("UPDATE execution SET status = 'completed' WHERE id = $1")
-        .bind(first.id)
-        .execute(pool)
-        .await;
-    assert!(
-        bad.unwrap_err()
-            .to_string()
-            .contains("execution_finished_iff_terminal")
-    );
+    let first = db::execution::insert(pool, &new_execution(&action)).await.unwrap();
+    let bad = sqlx::query("UPDATE execution SET status = 'completed' WHERE id = $1").bind(first.id).execute(pool).await;
+    assert!(bad.unwrap_err().to_string().contains("execution_finished_iff_terminal"));
 
-    let retry = NewExecution {
-        original_execution: Some(first.id),
-        retry_count: 1,
-        status: Delayed,
-        ..new_execution(&action)
-    };
+    let retry =
+        NewExecution { original_execution: Some(first.id), retry_count: 1, status: Delayed, ..new_execution(&action) };
     db::execution::insert(pool, &retry).await.unwrap();
     let duplicate = db::execution::insert(pool, &retry).await.unwrap_err();
-    assert!(
-        duplicate
-            .to_string()
-            .contains("execution_one_retry_per_parent"),
-        "{duplicate}"
-    );
+    assert!(duplicate.to_string().contains("execution_one_retry_per_parent"), "{duplicate}");
     test.drop_database().await;
 }
 
@@ -225,33 +137,22 @@ async fn queue_depth_counts_dispatched_unfinished_work_in_rust_and_sql() {
     let test = TestDb::new().await;
     let pool = &test.pool;
     let action = core_pack(pool).await;
-    let worker = db::worker::register(
-        pool,
-        "w",
-        &json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}}),
-    )
-    .await
-    .unwrap();
-    for status in [Scheduled, Running, Running, Completed, Requested] {
-        let execution = db::execution::insert(pool, &new_execution(&action))
+    let worker =
+        db::worker::register(pool, "w", &json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}}))
             .await
             .unwrap();
+    for status in [Scheduled, Running, Running, Completed, Requested] {
+        let execution = db::execution::insert(pool, &new_execution(&action)).await.unwrap();
         force_status(pool, execution.id, status, Some(worker)).await;
     }
-    let sql_depth: i32 = sqlx::query_scalar("SELECT get_worker_queue_depth($1)")
-        .bind(worker)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let sql_depth: i32 =
+        sqlx::query_scalar("SELECT get_worker_queue_depth($1)").bind(worker).fetch_one(pool).await.unwrap();
     let (candidates, _) = db::worker::candidates(pool).await.unwrap();
     assert_eq!(sql_depth, 3);
     assert_eq!(candidates[0].signals.queue_depth, 3);
     assert_eq!(candidates[0].runtimes, vec!["shell".to_string()]);
     let view: Vec<(String, String, i32)> =
-        sqlx::query_as("SELECT name, health, queue_depth FROM healthy_workers")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT name, health, queue_depth FROM healthy_workers").fetch_all(pool).await.unwrap();
     assert_eq!(view, vec![("w".to_string(), "healthy".to_string(), 3)]);
     test.drop_database().await;
 }
@@ -261,27 +162,12 @@ async fn tokens_verify_by_hash_and_revocation_takes_effect() {
     let test = TestDb::new().await;
     let pool = &test.pool;
     let token = db::token::create(pool, "ci").await.unwrap();
-    let id = db::token::verify(pool, &token)
-        .await
-        .unwrap()
-        .expect("fresh token verifies");
-    assert!(
-        db::token::verify(pool, "attune_guess")
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let stored: Vec<u8> = sqlx::query_scalar("SELECT token_hash FROM api_token WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let id = db::token::verify(pool, &token).await.unwrap().expect("fresh token verifies");
+    assert!(db::token::verify(pool, "attune_guess").await.unwrap().is_none());
+    let stored: Vec<u8> =
+        sqlx::query_scalar("SELECT token_hash FROM api_token WHERE id = $1").bind(id).fetch_one(pool).await.unwrap();
     assert_ne!(stored, token.as_bytes(), "the token itself is never stored");
-    sqlx::query("UPDATE api_token SET revoked = now() WHERE id = $1")
-        .bind(id)
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query("UPDATE api_token SET revoked = now() WHERE id = $1").bind(id).execute(pool).await.unwrap();
     assert!(db::token::verify(pool, &token).await.unwrap().is_none());
     test.drop_database().await;
 }
@@ -299,14 +185,8 @@ async fn registering_a_pack_again_updates_it_and_drops_removed_actions() {
         "name: a\nruntime: shell\nentrypoint: actions/a.sh\nmax_retries: 3\ntimeout_seconds: 120\n",
     )
     .unwrap();
-    std::fs::write(
-        dir.join("actions/b.yaml"),
-        "name: b\nruntime: shell\nentrypoint: actions/a.sh\n",
-    )
-    .unwrap();
-    let first = db::pack::register(pool, &load_pack(&dir).unwrap())
-        .await
-        .unwrap();
+    std::fs::write(dir.join("actions/b.yaml"), "name: b\nruntime: shell\nentrypoint: actions/a.sh\n").unwrap();
+    let first = db::pack::register(pool, &load_pack(&dir).unwrap()).await.unwrap();
     assert_eq!(first.action_count, 2);
     let policy: (Option<i32>, Option<i32>) =
         sqlx::query_as("SELECT timeout_seconds, max_retries FROM action WHERE ref = 'p.a'")
@@ -316,20 +196,12 @@ async fn registering_a_pack_again_updates_it_and_drops_removed_actions() {
     assert_eq!(policy, (Some(120), Some(3)));
     std::fs::remove_file(dir.join("actions/b.yaml")).unwrap();
     std::fs::write(dir.join("pack.yaml"), "ref: p\nversion: 1.1.0\n").unwrap();
-    let second = db::pack::register(pool, &load_pack(&dir).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(
-        (second.id, second.version.as_str(), second.action_count),
-        (first.id, "1.1.0", 1)
-    );
+    let second = db::pack::register(pool, &load_pack(&dir).unwrap()).await.unwrap();
+    assert_eq!((second.id, second.version.as_str(), second.action_count), (first.id, "1.1.0", 1));
     std::fs::remove_dir_all(&dir).unwrap();
     test.drop_database().await;
 }
 
 fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
 }

@@ -37,10 +37,7 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
         stdout: Some(result.stdout.clone()),
         stderr: Some(result.stderr.clone()),
     };
-    let transition = Transition::to(to)
-        .from(&[ExecutionStatus::Running])
-        .owned_by(result.worker_id)
-        .outcome(&outcome);
+    let transition = Transition::to(to).from(&[ExecutionStatus::Running]).owned_by(result.worker_id).outcome(&outcome);
     match db::execution::transition(&context.db, result.execution_id, &transition).await? {
         Some(execution) => tracing::info!(
             execution_id = execution.id,
@@ -50,10 +47,7 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
             duration_ms = result.duration_ms,
             "execution finished"
         ),
-        None => tracing::debug!(
-            execution_id = result.execution_id,
-            "result is stale or a duplicate"
-        ),
+        None => tracing::debug!(execution_id = result.execution_id, "result is stale or a duplicate"),
     }
     Ok(())
 }

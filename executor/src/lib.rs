@@ -7,6 +7,7 @@
 //! - `monitor`: the singleton loop that re-publishes requests whose publish never happened.
 
 pub mod completion;
+pub mod health_probe;
 pub mod monitor;
 pub mod scheduler;
 
@@ -58,6 +59,7 @@ impl Settings {
 /// What the handlers share.
 pub struct Context {
     pub db: PgPool,
+    pub health_probe: health_probe::WorkerHealthProbe,
     pub publisher: Publisher,
     pub settings: Settings,
 }
@@ -68,16 +70,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     db::migrate(&pool).await?;
     db::worker::store_health_config(&pool, &settings.health).await?;
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
-    let publisher = Publisher::new(
-        &settings.common.amqp_url,
-        "attune-executor",
-        topology.clone(),
-    );
-    let context = Arc::new(Context {
-        db: pool,
-        publisher,
-        settings: settings.clone(),
-    });
+    let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
+    let health_probe = health_probe::WorkerHealthProbe::new(pool.clone(), settings.health.clone());
+    let context = Arc::new(Context { db: pool, health_probe, publisher, settings: settings.clone() });
     tracing::info!(namespace = %topology.namespace, "executor starting");
 
     let consumer = |queue: String, name: &str| ConsumerSpec {
@@ -91,25 +86,17 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     };
     let scheduler = {
         let context = context.clone();
-        run_consumer(
-            consumer(topology.requests_queue(), "scheduler"),
-            shutdown.clone(),
-            move |incoming| {
-                let context = context.clone();
-                async move { scheduler::handle(&context, incoming).await }
-            },
-        )
+        run_consumer(consumer(topology.requests_queue(), "scheduler"), shutdown.clone(), move |incoming| {
+            let context = context.clone();
+            async move { scheduler::handle(&context, incoming).await }
+        })
     };
     let completion = {
         let context = context.clone();
-        run_consumer(
-            consumer(topology.results_queue(), "completion"),
-            shutdown.clone(),
-            move |incoming| {
-                let context = context.clone();
-                async move { completion::handle(&context, incoming).await }
-            },
-        )
+        run_consumer(consumer(topology.results_queue(), "completion"), shutdown.clone(), move |incoming| {
+            let context = context.clone();
+            async move { completion::handle(&context, incoming).await }
+        })
     };
     let monitor = monitor::run(context.clone(), shutdown.clone());
     tokio::join!(scheduler, completion, monitor);

@@ -31,42 +31,21 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
 /// connection, so it is taken and released on one pooled connection).
 pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
     let mut connection = context.db.acquire().await?;
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-        .bind(MONITOR_LOCK)
-        .fetch_one(&mut *connection)
-        .await?;
+    let locked: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(MONITOR_LOCK).fetch_one(&mut *connection).await?;
     if !locked {
         return Ok(0);
     }
     let result = republish_stale_requests(context).await;
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(MONITOR_LOCK)
-        .execute(&mut *connection)
-        .await?;
+    sqlx::query("SELECT pg_advisory_unlock($1)").bind(MONITOR_LOCK).execute(&mut *connection).await?;
     result
 }
 
 async fn republish_stale_requests(context: &Context) -> Result<usize, crate::Error> {
-    let stale = db::execution::stale_requested(
-        &context.db,
-        context.settings.requeue_after.as_secs_f64(),
-        500,
-    )
-    .await?;
+    let stale = db::execution::stale_requested(&context.db, context.settings.requeue_after.as_secs_f64(), 500).await?;
     for execution_id in &stale {
-        tracing::warn!(
-            execution_id,
-            "execution stuck in requested, re-publishing its request"
-        );
-        context
-            .publisher
-            .publish(
-                REQUEST_KEY,
-                &ExecutionRequest {
-                    execution_id: *execution_id,
-                },
-            )
-            .await?;
+        tracing::warn!(execution_id, "execution stuck in requested, re-publishing its request");
+        context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id: *execution_id }).await?;
     }
     Ok(stale.len())
 }

@@ -3,7 +3,6 @@
 use attune_common::db::{self, execution::Outcome, execution::Transition};
 use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, Topology};
 use attune_common::pack::RetryPolicy;
-use attune_common::selection;
 use attune_common::{ExecutionStatus, FailureKind};
 
 use crate::Context;
@@ -27,8 +26,8 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 
 async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Error> {
     let db = &context.db;
-    let claim = Transition::to(ExecutionStatus::Scheduling)
-        .from(&[ExecutionStatus::Requested, ExecutionStatus::Scheduling]);
+    let claim =
+        Transition::to(ExecutionStatus::Scheduling).from(&[ExecutionStatus::Requested, ExecutionStatus::Scheduling]);
     let Some(execution) = db::execution::transition(db, execution_id, &claim).await? else {
         tracing::debug!(execution_id, "request is stale or a duplicate");
         return Ok(());
@@ -41,34 +40,14 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         let reason = format!("action '{}' no longer exists", execution.action_ref);
         return fail(context, execution_id, FailureKind::ActionNotFound, reason).await;
     };
-    let (candidates, now) = db::worker::candidates(db).await?;
-    let chosen = selection::select(
-        &context.settings.health,
-        &candidates,
-        &action.runtime,
-        now,
-        |_| rand::random(),
-    );
+    let chosen = context.health_probe.select_worker(&action.runtime).await?;
     let Some(chosen) = chosen else {
-        let reason = format!(
-            "no healthy or degraded active worker offers runtime '{}'",
-            action.runtime
-        );
-        return fail(
-            context,
-            execution_id,
-            FailureKind::WorkerUnavailable,
-            reason,
-        )
-        .await;
+        let reason = format!("no healthy or degraded active worker offers runtime '{}'", action.runtime);
+        return fail(context, execution_id, FailureKind::WorkerUnavailable, reason).await;
     };
-    let assign = Transition::to(ExecutionStatus::Scheduled)
-        .from(&[ExecutionStatus::Scheduling])
-        .assign_worker(chosen.worker_id);
-    if db::execution::transition(db, execution_id, &assign)
-        .await?
-        .is_none()
-    {
+    let assign =
+        Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Scheduling]).assign_worker(chosen.worker_id);
+    if db::execution::transition(db, execution_id, &assign).await?.is_none() {
         return Ok(());
     }
     let transient_exit_codes = action
@@ -85,26 +64,18 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         entrypoint: action.entrypoint.clone(),
         pack_path: action.pack_path.clone().unwrap_or_default(),
         parameters: execution.parameters.clone(),
-        timeout_seconds: execution
-            .timeout_seconds
-            .unwrap_or(context.settings.common.default_timeout_secs),
+        timeout_seconds: execution.timeout_seconds.unwrap_or(context.settings.common.default_timeout_secs),
         retry_count: execution.retry_count,
         transient_exit_codes,
     };
-    if let Err(e) = context
-        .publisher
-        .publish(&Topology::worker_key(chosen.worker_id), &dispatch)
-        .await
-    {
+    if let Err(e) = context.publisher.publish(&Topology::worker_key(chosen.worker_id), &dispatch).await {
         let reason = format!("could not dispatch to worker {}: {e}", chosen.worker_id);
         let outcome = Outcome {
             failure_kind: Some(FailureKind::WorkerUnavailable.to_string()),
             error: Some(reason),
             ..Default::default()
         };
-        let failed = Transition::to(ExecutionStatus::Failed)
-            .from(&[ExecutionStatus::Scheduled])
-            .outcome(&outcome);
+        let failed = Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Scheduled]).outcome(&outcome);
         db::execution::transition(db, execution_id, &failed).await?;
         tracing::warn!(execution_id, worker_id = chosen.worker_id, error = %e, "dispatch failed");
         return Ok(());
@@ -119,21 +90,10 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
     Ok(())
 }
 
-async fn fail(
-    context: &Context,
-    execution_id: i64,
-    kind: FailureKind,
-    reason: String,
-) -> Result<(), crate::Error> {
+async fn fail(context: &Context, execution_id: i64, kind: FailureKind, reason: String) -> Result<(), crate::Error> {
     tracing::warn!(execution_id, failure_kind = %kind, %reason, "execution cannot be scheduled");
-    let outcome = Outcome {
-        failure_kind: Some(kind.to_string()),
-        error: Some(reason),
-        ..Default::default()
-    };
-    let failed = Transition::to(ExecutionStatus::Failed)
-        .from(&[ExecutionStatus::Scheduling])
-        .outcome(&outcome);
+    let outcome = Outcome { failure_kind: Some(kind.to_string()), error: Some(reason), ..Default::default() };
+    let failed = Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Scheduling]).outcome(&outcome);
     db::execution::transition(&context.db, execution_id, &failed).await?;
     Ok(())
 }

@@ -30,11 +30,7 @@ pub fn amqp_url() -> String {
 }
 
 fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}_{:x}",
-        std::process::id(),
-        rand::random::<u32>()
-    )
+    format!("{prefix}_{}_{:x}", std::process::id(), rand::random::<u32>())
 }
 
 /// A database of its own for one test, migrated. Call [`TestDb::drop_database`] at the end (a
@@ -48,9 +44,9 @@ pub struct TestDb {
 impl TestDb {
     pub async fn new() -> TestDb {
         let admin_url = admin_database_url();
-        let admin = PgPool::connect(&admin_url).await.unwrap_or_else(|e| {
-            panic!("cannot connect to {admin_url} to create a test database: {e}")
-        });
+        let admin = PgPool::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {admin_url} to create a test database: {e}"));
         let name = unique("attune_test");
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
             .execute(&admin)
@@ -58,26 +54,18 @@ impl TestDb {
             .expect("create test database");
         admin.close().await;
         let url = replace_database(&admin_url, &name);
-        let pool = attune_common::db::connect(&url, 8, Duration::from_secs(10))
-            .await
-            .expect("connect to test database");
-        attune_common::db::migrate(&pool)
-            .await
-            .expect("migrate test database");
+        let pool =
+            attune_common::db::connect(&url, 8, Duration::from_secs(10)).await.expect("connect to test database");
+        attune_common::db::migrate(&pool).await.expect("migrate test database");
         TestDb { name, url, pool }
     }
 
     pub async fn drop_database(self) {
         self.pool.close().await;
-        let admin = PgPool::connect(&admin_database_url())
-            .await
-            .expect("admin connection");
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-            self.name
-        )))
-        .execute(&admin)
-        .await;
+        let admin = PgPool::connect(&admin_database_url()).await.expect("admin connection");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name)))
+            .execute(&admin)
+            .await;
     }
 }
 
@@ -109,28 +97,19 @@ impl Namespace {
     pub async fn delete(&self, worker_ids: &[i64]) {
         use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
         let topology = attune_common::mq::Topology::new(&self.name, Duration::from_secs(1));
-        let Ok(connection) = attune_common::mq::connect(&amqp_url(), "attune-test-cleanup").await
-        else {
+        let Ok(connection) = attune_common::mq::connect(&amqp_url(), "attune-test-cleanup").await else {
             return;
         };
         let Ok(channel) = connection.create_channel().await else {
             return;
         };
-        let mut queues = vec![
-            topology.requests_queue(),
-            topology.results_queue(),
-            topology.dead_letter_queue(),
-        ];
+        let mut queues = vec![topology.requests_queue(), topology.results_queue(), topology.dead_letter_queue()];
         queues.extend(worker_ids.iter().map(|id| topology.worker_queue(*id)));
         for queue in queues {
-            let _ = channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await;
+            let _ = channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await;
         }
         for exchange in [topology.exchange(), topology.dead_letter_exchange()] {
-            let _ = channel
-                .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                .await;
+            let _ = channel.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default()).await;
         }
         let _ = connection.close(200, "done".into()).await;
     }
@@ -154,10 +133,7 @@ where
         if let Some(value) = check().await {
             return value;
         }
-        assert!(
-            started.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
+        assert!(started.elapsed() < deadline, "timed out after {deadline:?} waiting for {what}");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
     }
@@ -169,17 +145,8 @@ mod tests {
 
     #[test]
     fn database_names_are_replaced() {
-        assert_eq!(
-            replace_database("postgres://a:b@h:5432/attune", "x"),
-            "postgres://a:b@h:5432/x"
-        );
-        assert_eq!(
-            replace_database("postgres://a@h/attune?sslmode=disable", "x"),
-            "postgres://a@h/x?sslmode=disable"
-        );
-        assert_eq!(
-            replace_database("postgres://h:5432", "x"),
-            "postgres://h:5432/x"
-        );
+        assert_eq!(replace_database("postgres://a:b@h:5432/attune", "x"), "postgres://a:b@h:5432/x");
+        assert_eq!(replace_database("postgres://a@h/attune?sslmode=disable", "x"), "postgres://a@h/x?sslmode=disable");
+        assert_eq!(replace_database("postgres://h:5432", "x"), "postgres://h:5432/x");
     }
 }

@@ -18,12 +18,7 @@ pub struct SystemBuilder {
 impl SystemBuilder {
     /// Adds a worker with extra environment (e.g. `ATTUNE_WORKER_RUNTIMES`).
     pub fn worker(mut self, name: &str, env: &[(&str, &str)]) -> Self {
-        self.workers.push((
-            name.to_string(),
-            env.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        ));
+        self.workers.push((name.to_string(), env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()));
         self
     }
     /// Environment for every process.
@@ -40,11 +35,7 @@ impl SystemBuilder {
     pub async fn start(self) -> System {
         let db = TestDb::new().await;
         let namespace = Namespace::new();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let logs = repo_root().join("target/test-logs").join(&namespace.name);
         std::fs::create_dir_all(&logs).unwrap();
         let mut system = System {
@@ -57,27 +48,16 @@ impl SystemBuilder {
             db,
             namespace,
         };
-        system
-            .env
-            .insert("DATABASE_URL".into(), system.db.url.clone());
+        system.env.insert("DATABASE_URL".into(), system.db.url.clone());
         system.env.insert("AMQP_URL".into(), amqp_url());
+        system.env.insert("ATTUNE_MQ_NAMESPACE".into(), system.namespace.name.clone());
+        system.env.insert("ATTUNE_API_ADDR".into(), format!("127.0.0.1:{port}"));
+        system.env.insert("ATTUNE_PACKS_DIR".into(), repo_root().join("packs").display().to_string());
+        system.env.entry("ATTUNE_HEARTBEAT_INTERVAL_SECS".into()).or_insert_with(|| "1".into());
         system
             .env
-            .insert("ATTUNE_MQ_NAMESPACE".into(), system.namespace.name.clone());
-        system
-            .env
-            .insert("ATTUNE_API_ADDR".into(), format!("127.0.0.1:{port}"));
-        system.env.insert(
-            "ATTUNE_PACKS_DIR".into(),
-            repo_root().join("packs").display().to_string(),
-        );
-        system
-            .env
-            .entry("ATTUNE_HEARTBEAT_INTERVAL_SECS".into())
-            .or_insert_with(|| "1".into());
-        system.env.entry("RUST_LOG".into()).or_insert_with(|| {
-            "info,attune_common=debug,attune_executor=debug,attune_worker=debug".into()
-        });
+            .entry("RUST_LOG".into())
+            .or_insert_with(|| "info,attune_common=debug,attune_executor=debug,attune_worker=debug".into());
         system.spawn("api", "attune-api", &BTreeMap::new());
         system.spawn("executor", "attune-executor", &BTreeMap::new());
         for (name, env) in &self.workers {
@@ -85,21 +65,12 @@ impl SystemBuilder {
             env.insert("ATTUNE_WORKER_NAME".into(), name.clone());
             system.spawn(name, "attune-worker", &env);
         }
-        system.token = attune_common::db::token::create(&system.db.pool, "test")
-            .await
-            .unwrap();
+        system.token = attune_common::db::token::create(&system.db.pool, "test").await.unwrap();
         let http = system.http.clone();
         let ready = format!("{}/readyz", system.api_url);
         wait_for("the API to be ready", Duration::from_secs(60), || {
             let (http, ready) = (http.clone(), ready.clone());
-            async move {
-                http.get(&ready)
-                    .send()
-                    .await
-                    .ok()
-                    .filter(|r| r.status().is_success())
-                    .map(|_| ())
-            }
+            async move { http.get(&ready).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
         })
         .await;
         let expected = self.workers.len() as i64;
@@ -107,11 +78,10 @@ impl SystemBuilder {
         wait_for("the workers to register", Duration::from_secs(60), || {
             let pool = pool.clone();
             async move {
-                let count: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM worker WHERE status = 'active'")
-                        .fetch_one(&pool)
-                        .await
-                        .ok()?;
+                let count: i64 = sqlx::query_scalar("SELECT count(*) FROM worker WHERE status = 'active'")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
                 (count >= expected).then_some(())
             }
         })
@@ -152,10 +122,7 @@ impl Drop for Processes {
 }
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 /// The directory holding the workspace's binaries (next to the running test's `deps/`).
@@ -166,11 +133,7 @@ fn binaries_dir() -> PathBuf {
 
 impl System {
     pub fn builder() -> SystemBuilder {
-        SystemBuilder {
-            workers: Vec::new(),
-            env: BTreeMap::new(),
-            packs: Vec::new(),
-        }
+        SystemBuilder { workers: Vec::new(), env: BTreeMap::new(), packs: Vec::new() }
     }
 
     fn spawn(&mut self, name: &str, binary: &str, extra_env: &BTreeMap<String, String>) {
@@ -214,66 +177,42 @@ impl System {
         let response = request.send().await.expect("API request");
         let status = response.status().as_u16();
         let text = response.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        self.request(reqwest::Method::GET, path, None, Some(&self.token))
-            .await
+        self.request(reqwest::Method::GET, path, None, Some(&self.token)).await
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.request(reqwest::Method::POST, path, Some(body), Some(&self.token))
-            .await
+        self.request(reqwest::Method::POST, path, Some(body), Some(&self.token)).await
     }
 
     /// Submits an execution and returns its JSON (panics unless 201).
     pub async fn submit(&self, action_ref: &str, parameters: Value) -> Value {
-        let (status, body) = self
-            .post(
-                "/api/v1/executions",
-                &json!({"action_ref": action_ref, "parameters": parameters}),
-            )
-            .await;
+        let (status, body) =
+            self.post("/api/v1/executions", &json!({"action_ref": action_ref, "parameters": parameters})).await;
         assert_eq!(status, 201, "submit {action_ref}: {body}");
         body
     }
 
     /// Waits until execution `id` is terminal and returns it.
     pub async fn wait_terminal(&self, id: i64, deadline: Duration) -> Value {
-        wait_for(
-            &format!("execution {id} to finish"),
-            deadline,
-            || async move {
-                let (status, body) = self.get(&format!("/api/v1/executions/{id}")).await;
-                assert_eq!(status, 200, "{body}");
-                matches!(
-                    body["status"].as_str(),
-                    Some("completed" | "failed" | "timeout" | "canceled" | "abandoned")
-                )
+        wait_for(&format!("execution {id} to finish"), deadline, || async move {
+            let (status, body) = self.get(&format!("/api/v1/executions/{id}")).await;
+            assert_eq!(status, 200, "{body}");
+            matches!(body["status"].as_str(), Some("completed" | "failed" | "timeout" | "canceled" | "abandoned"))
                 .then_some(body)
-            },
-        )
+        })
         .await
     }
 
     /// Stops every process and removes the database and the broker namespace.
     pub async fn stop(self) {
-        let System {
-            db,
-            namespace,
-            processes,
-            logs,
-            ..
-        } = self;
+        let System { db, namespace, processes, logs, .. } = self;
         drop(processes);
-        let worker_ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM worker")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap_or_default();
+        let worker_ids: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM worker").fetch_all(&db.pool).await.unwrap_or_default();
         namespace.delete(&worker_ids).await;
         let _ = std::fs::remove_dir_all(&logs);
         db.drop_database().await;

@@ -3,7 +3,13 @@
 //! Every execution that did not complete counts as a failure (the seed's counters make no
 //! distinction); the executor's classification ignores the failure rate until a worker has run
 //! enough executions for it to mean something.
+//!
+//! `ATTUNE_WORKER_HEALTH_OVERRIDE_FILE` names a JSON file read at every heartbeat whose fields
+//! (`consecutive_failures`, `total_executions`, `failed_executions`, `queue_depth`,
+//! `average_execution_time_ms`) replace the counted ones: an operator can drain a worker by making
+//! it report itself unhealthy, and tests force a worker's health with it.
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -20,6 +26,7 @@ struct Counters {
 
 pub struct HealthState {
     config: HealthProbeConfig,
+    override_file: Option<PathBuf>,
     counters: Mutex<Counters>,
     in_flight: AtomicI64,
 }
@@ -34,11 +41,19 @@ impl Drop for InFlight<'_> {
 }
 
 impl HealthState {
-    pub fn new(config: HealthProbeConfig) -> Self {
-        HealthState {
-            config,
-            counters: Mutex::default(),
-            in_flight: AtomicI64::new(0),
+    pub fn new(config: HealthProbeConfig, override_file: Option<PathBuf>) -> Self {
+        HealthState { config, override_file, counters: Mutex::default(), in_flight: AtomicI64::new(0) }
+    }
+
+    fn overrides(&self) -> serde_json::Map<String, serde_json::Value> {
+        let Some(path) = &self.override_file else { return Default::default() };
+        let Ok(text) = std::fs::read_to_string(path) else { return Default::default() };
+        match serde_json::from_str(&text) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => {
+                tracing::warn!(path = %path.display(), "health override file is not a JSON object; ignored");
+                Default::default()
+            }
         }
     }
 
@@ -60,28 +75,31 @@ impl HealthState {
     }
 
     pub fn report(&self) -> HealthReport {
-        let c = self.counters.lock().expect("health counters poisoned");
+        let (consecutive_failures, total_executions, failed_executions, average_execution_time_ms) = {
+            let c = self.counters.lock().expect("health counters poisoned");
+            let average =
+                if c.total_executions > 0 { (c.total_duration_ms / c.total_executions as u64) as i64 } else { 0 };
+            (c.consecutive_failures, c.total_executions, c.failed_executions, average)
+        };
+        let overrides = self.overrides();
+        let field =
+            |name: &str, counted: i64| overrides.get(name).and_then(serde_json::Value::as_i64).unwrap_or(counted);
         let now = Utc::now();
-        let queue_depth = self.in_flight.load(Ordering::Relaxed);
         let signals = HealthSignals {
             last_heartbeat: Some(now),
-            consecutive_failures: c.consecutive_failures,
-            total_executions: c.total_executions,
-            failed_executions: c.failed_executions,
-            queue_depth,
+            consecutive_failures: field("consecutive_failures", consecutive_failures),
+            total_executions: field("total_executions", total_executions),
+            failed_executions: field("failed_executions", failed_executions),
+            queue_depth: field("queue_depth", self.in_flight.load(Ordering::Relaxed)),
         };
         HealthReport {
             status: Some(classify(&self.config, &signals, now)),
             last_check: Some(now),
-            consecutive_failures: c.consecutive_failures,
-            total_executions: c.total_executions,
-            failed_executions: c.failed_executions,
-            average_execution_time_ms: if c.total_executions > 0 {
-                (c.total_duration_ms / c.total_executions as u64) as i64
-            } else {
-                0
-            },
-            queue_depth,
+            consecutive_failures: signals.consecutive_failures,
+            total_executions: signals.total_executions,
+            failed_executions: signals.failed_executions,
+            average_execution_time_ms: field("average_execution_time_ms", average_execution_time_ms),
+            queue_depth: signals.queue_depth,
         }
     }
 }
@@ -93,19 +111,12 @@ mod tests {
 
     #[test]
     fn counters_follow_outcomes() {
-        let state = HealthState::new(HealthProbeConfig::default());
+        let state = HealthState::new(HealthProbeConfig::default(), None);
         for _ in 0..3 {
             state.finish(false, 10);
         }
         let report = state.report();
-        assert_eq!(
-            (
-                report.consecutive_failures,
-                report.failed_executions,
-                report.total_executions
-            ),
-            (3, 3, 3)
-        );
+        assert_eq!((report.consecutive_failures, report.failed_executions, report.total_executions), (3, 3, 3));
         assert_eq!(report.status, Some(HealthClass::Degraded));
         state.finish(true, 30);
         let report = state.report();
@@ -115,5 +126,28 @@ mod tests {
         assert_eq!(state.report().queue_depth, 1);
         drop(guard);
         assert_eq!(state.report().queue_depth, 0);
+    }
+}
+
+#[cfg(test)]
+mod override_tests {
+    use super::*;
+    use attune_common::health::HealthClass;
+
+    #[test]
+    fn the_override_file_replaces_counted_fields_and_can_be_removed() {
+        let path = std::env::temp_dir().join(format!("attune-health-override-{}", std::process::id()));
+        let state = HealthState::new(HealthProbeConfig::default(), Some(path.clone()));
+        assert_eq!(state.report().status, Some(HealthClass::Healthy));
+        std::fs::write(&path, r#"{"consecutive_failures": 10, "queue_depth": 7}"#).unwrap();
+        let report = state.report();
+        assert_eq!(
+            (report.status, report.consecutive_failures, report.queue_depth),
+            (Some(HealthClass::Unhealthy), 10, 7)
+        );
+        std::fs::write(&path, "not json").unwrap();
+        assert_eq!(state.report().status, Some(HealthClass::Healthy));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(state.report().consecutive_failures, 0);
     }
 }

@@ -12,8 +12,8 @@ use attune_common::config::{CommonSettings, ConfigError, env_or};
 use attune_common::db::{self, execution::Transition};
 use attune_common::health::HealthProbeConfig;
 use attune_common::mq::{
-    ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY,
-    ResultStatus, Topology, run_consumer,
+    ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
+    run_consumer,
 };
 use attune_common::{ExecutionStatus, FailureKind};
 use serde_json::json;
@@ -54,36 +54,32 @@ pub struct Settings {
     pub drain: Duration,
     /// `ATTUNE_WORKER_OUTPUT_LIMIT_BYTES`: stdout and stderr kept per execution (default 65536).
     pub output_limit: usize,
+    /// `ATTUNE_WORKER_HEALTH_OVERRIDE_FILE`: a JSON file whose fields replace the reported health
+    /// counters (to drain a worker, or to force its health in tests).
+    pub health_override_file: Option<PathBuf>,
 }
 
 impl Settings {
     pub fn from_env() -> Result<Self, ConfigError> {
         let default_name = format!(
             "{}-{}",
-            std::fs::read_to_string("/etc/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| "worker".into()),
+            std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "worker".into()),
             std::process::id()
         );
-        let runtimes: String =
-            env_or("ATTUNE_WORKER_RUNTIMES", "shell,python,builtin".to_string())?;
+        let runtimes: String = env_or("ATTUNE_WORKER_RUNTIMES", "shell,python,builtin".to_string())?;
         Ok(Settings {
             common: CommonSettings::from_env()?,
             health: HealthProbeConfig::from_env()?,
             name: env_or("ATTUNE_WORKER_NAME", default_name)?,
-            runtimes: runtimes
-                .split(',')
-                .map(|r| r.trim().to_string())
-                .filter(|r| !r.is_empty())
-                .collect(),
+            runtimes: runtimes.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
             concurrency: env_or("ATTUNE_WORKER_CONCURRENCY", 4)?,
-            heartbeat_interval: Duration::from_secs_f64(env_or(
-                "ATTUNE_HEARTBEAT_INTERVAL_SECS",
-                10.0,
-            )?),
+            heartbeat_interval: Duration::from_secs_f64(env_or("ATTUNE_HEARTBEAT_INTERVAL_SECS", 10.0)?),
             queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
             drain: Duration::from_secs(env_or("ATTUNE_WORKER_DRAIN_SECS", 30)?),
             output_limit: env_or("ATTUNE_WORKER_OUTPUT_LIMIT_BYTES", 65536)?,
+            health_override_file: std::env::var_os("ATTUNE_WORKER_HEALTH_OVERRIDE_FILE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
         })
     }
 }
@@ -105,12 +101,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     db::migrate(&pool).await?;
     let runtimes = Runtimes::detect(&settings.runtimes).await;
     let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
-    let publisher = Publisher::new(
-        &settings.common.amqp_url,
-        &format!("attune-worker-{}", settings.name),
-        topology.clone(),
-    );
-    let health = HealthState::new(settings.health.clone());
+    let publisher =
+        Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());
+    let health = HealthState::new(settings.health.clone(), settings.health_override_file.clone());
     let capabilities = capabilities(&settings, &runtimes, &health);
     let worker_id = db::worker::register(&pool, &settings.name, &capabilities).await?;
     // The queue must exist before any executor can dispatch to this worker.
@@ -164,11 +157,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     Ok(())
 }
 
-fn capabilities(
-    settings: &Settings,
-    runtimes: &Runtimes,
-    health: &HealthState,
-) -> serde_json::Value {
+fn capabilities(settings: &Settings, runtimes: &Runtimes, health: &HealthState) -> serde_json::Value {
     json!({
         "runtimes": runtimes.offered(),
         "concurrency": settings.concurrency,
@@ -180,16 +169,12 @@ impl Worker {
     /// Executions this worker's previous process left `running` died with it: report them as
     /// `worker_heartbeat_stale` so the executors record (and retry) them.
     async fn recover_previous_run(&self) -> Result<(), Error> {
-        let orphans: Vec<i64> =
-            sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1 AND status = 'running'")
-                .bind(self.id)
-                .fetch_all(&self.db)
-                .await?;
+        let orphans: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1 AND status = 'running'")
+            .bind(self.id)
+            .fetch_all(&self.db)
+            .await?;
         for execution_id in orphans {
-            tracing::warn!(
-                execution_id,
-                "execution was running when this worker last stopped"
-            );
+            tracing::warn!(execution_id, "execution was running when this worker last stopped");
             let result = failure_result(
                 execution_id,
                 self.id,
@@ -227,16 +212,11 @@ impl Worker {
             return Disposition::Retry;
         }
         let _in_flight = self.health.start();
-        let claim = Transition::to(ExecutionStatus::Running)
-            .from(&[ExecutionStatus::Scheduled])
-            .owned_by(self.id);
+        let claim = Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(self.id);
         match db::execution::transition(&self.db, dispatch.execution_id, &claim).await {
             Ok(Some(_)) => {}
             Ok(None) => {
-                tracing::debug!(
-                    execution_id = dispatch.execution_id,
-                    "dispatch is stale or a duplicate"
-                );
+                tracing::debug!(execution_id = dispatch.execution_id, "dispatch is stale or a duplicate");
                 return Disposition::Ack;
             }
             Err(e) => {
@@ -259,8 +239,7 @@ impl Worker {
         let finished = self.runtimes.run(&run, &self.abort).await;
         let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);
         let duration_ms = started.elapsed().as_millis() as u64;
-        self.health
-            .finish(outcome.status == ResultStatus::Completed, duration_ms);
+        self.health.finish(outcome.status == ResultStatus::Completed, duration_ms);
         let result = ExecutionResult {
             execution_id: dispatch.execution_id,
             worker_id: self.id,
@@ -294,12 +273,7 @@ impl Worker {
     }
 }
 
-fn failure_result(
-    execution_id: i64,
-    worker_id: i64,
-    kind: FailureKind,
-    error: String,
-) -> ExecutionResult {
+fn failure_result(execution_id: i64, worker_id: i64, kind: FailureKind, error: String) -> ExecutionResult {
     ExecutionResult {
         execution_id,
         worker_id,

@@ -10,7 +10,8 @@ use clap::Parser;
 ///   ATTUNE_HEARTBEAT_INTERVAL_SECS (10), ATTUNE_HEARTBEAT_MAX_AGE_SECS (30),
 ///   ATTUNE_WORKER_QUEUE_TTL_SECS (300), ATTUNE_WORKER_DRAIN_SECS (30),
 ///   ATTUNE_WORKER_OUTPUT_LIMIT_BYTES (65536), ATTUNE_DEFAULT_TIMEOUT_SECS (300),
-///   ATTUNE_PYTHON (interpreter; default: python3 resolved once at start), ATTUNE_HEALTH_*.
+///   ATTUNE_PYTHON (interpreter; default: python3 resolved once at start), ATTUNE_HEALTH_*,
+///   ATTUNE_WORKER_HEALTH_OVERRIDE_FILE (JSON whose fields replace the reported health counters).
 #[derive(Parser)]
 #[command(version, verbatim_doc_comment)]
 struct Args {

@@ -63,20 +63,14 @@ pub struct Outcome {
 /// Parses the result line: the last non-empty line of stdout, if it is a JSON object.
 pub fn parse_result(stdout: &str) -> Option<Value> {
     let line = stdout.lines().rev().find(|l| !l.trim().is_empty())?;
-    serde_json::from_str::<Value>(line.trim())
-        .ok()
-        .filter(Value::is_object)
+    serde_json::from_str::<Value>(line.trim()).ok().filter(Value::is_object)
 }
 
 /// Classifies a finished process (pure).
 pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
     let result = parse_result(&finished.stdout);
     let failure = |kind: FailureKind, error: String| Outcome {
-        status: if kind == FailureKind::Timeout {
-            ResultStatus::Timeout
-        } else {
-            ResultStatus::Failed
-        },
+        status: if kind == FailureKind::Timeout { ResultStatus::Timeout } else { ResultStatus::Failed },
         failure_kind: Some(kind),
         error: Some(error),
         result: result.clone(),
@@ -85,51 +79,23 @@ pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
         return failure(FailureKind::ActionNotFound, error.clone());
     }
     if finished.aborted {
-        return failure(
-            FailureKind::WorkerUnavailable,
-            "the worker shut down while the action was running".into(),
-        );
+        return failure(FailureKind::WorkerUnavailable, "the worker shut down while the action was running".into());
     }
     if finished.timed_out {
-        return failure(
-            FailureKind::Timeout,
-            "the action exceeded its timeout and was killed".into(),
-        );
+        return failure(FailureKind::Timeout, "the action exceeded its timeout and was killed".into());
     }
-    let says_transient = result
-        .as_ref()
-        .and_then(|r| r.pointer("/attune/transient"))
-        .and_then(Value::as_bool)
-        == Some(true);
+    let says_transient =
+        result.as_ref().and_then(|r| r.pointer("/attune/transient")).and_then(Value::as_bool) == Some(true);
     match (finished.exit_code, finished.signal) {
-        (Some(0), _) if !says_transient => Outcome {
-            status: ResultStatus::Completed,
-            failure_kind: None,
-            error: None,
-            result,
-        },
-        (Some(code), _)
-            if code == TRANSIENT_EXIT_CODE
-                || transient_exit_codes.contains(&code)
-                || says_transient =>
-        {
-            failure(
-                FailureKind::TransientError,
-                format!("the action reported a transient failure (exit code {code})"),
-            )
+        (Some(0), _) if !says_transient => {
+            Outcome { status: ResultStatus::Completed, failure_kind: None, error: None, result }
         }
-        (Some(code), _) => failure(
-            FailureKind::ActionFailed,
-            format!("the action exited with code {code}"),
-        ),
-        (None, Some(signal)) => failure(
-            FailureKind::ActionFailed,
-            format!("the action was killed by signal {signal}"),
-        ),
-        (None, None) => failure(
-            FailureKind::ActionFailed,
-            "the action ended without an exit status".into(),
-        ),
+        (Some(code), _) if code == TRANSIENT_EXIT_CODE || transient_exit_codes.contains(&code) || says_transient => {
+            failure(FailureKind::TransientError, format!("the action reported a transient failure (exit code {code})"))
+        }
+        (Some(code), _) => failure(FailureKind::ActionFailed, format!("the action exited with code {code}")),
+        (None, Some(signal)) => failure(FailureKind::ActionFailed, format!("the action was killed by signal {signal}")),
+        (None, None) => failure(FailureKind::ActionFailed, "the action ended without an exit status".into()),
     }
 }
 
@@ -144,21 +110,11 @@ pub struct Runtimes {
 impl Runtimes {
     pub async fn detect(wanted: &[String]) -> Self {
         let wants = |r: &str| wanted.iter().any(|w| w == r);
-        let python = if wants("python") {
-            resolve_python().await
-        } else {
-            None
-        };
+        let python = if wants("python") { resolve_python().await } else { None };
         if wants("python") && python.is_none() {
-            tracing::warn!(
-                "no python3 interpreter found; this worker will not offer the python runtime"
-            );
+            tracing::warn!("no python3 interpreter found; this worker will not offer the python runtime");
         }
-        Runtimes {
-            shell: wants("shell").then(|| PathBuf::from("/bin/sh")),
-            python,
-            builtin: wants("builtin"),
-        }
+        Runtimes { shell: wants("shell").then(|| PathBuf::from("/bin/sh")), python, builtin: wants("builtin") }
     }
 
     pub fn offered(&self) -> Vec<&'static str> {
@@ -184,10 +140,7 @@ impl Runtimes {
         };
         let Some(interpreter) = interpreter else {
             return Finished {
-                spawn_error: Some(format!(
-                    "this worker does not offer runtime '{}'",
-                    run.runtime
-                )),
+                spawn_error: Some(format!("this worker does not offer runtime '{}'", run.runtime)),
                 ..Default::default()
             };
         };
@@ -210,37 +163,19 @@ async fn resolve_python() -> Option<PathBuf> {
 
 fn run_builtin(run: &ActionRun<'_>) -> Finished {
     match run.entrypoint {
-        "noop" => Finished {
-            exit_code: Some(0),
-            ..Default::default()
-        },
-        other => Finished {
-            spawn_error: Some(format!("unknown builtin '{other}'")),
-            ..Default::default()
-        },
+        "noop" => Finished { exit_code: Some(0), ..Default::default() },
+        other => Finished { spawn_error: Some(format!("unknown builtin '{other}'")), ..Default::default() },
     }
 }
 
 /// `ATTUNE_PARAM_<NAME>` for a parameter name: upper case, anything but letters and digits as `_`.
 pub fn param_env_name(name: &str) -> String {
-    let cleaned: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let cleaned: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
     format!("ATTUNE_PARAM_{cleaned}")
 }
 
-async fn run_process(
-    interpreter: &Path,
-    run: &ActionRun<'_>,
-    abort: &CancellationToken,
-) -> Finished {
+async fn run_process(interpreter: &Path, run: &ActionRun<'_>, abort: &CancellationToken) -> Finished {
     let script = run.pack_path.join(run.entrypoint);
     let mut command = tokio::process::Command::new(interpreter);
     command
@@ -287,14 +222,8 @@ async fn run_process(
         // A script that does not read stdin closes it early; that is not an error.
         let _ = stdin.write_all(stdin_body.as_bytes()).await;
     });
-    let stdout = tokio::spawn(read_bounded(
-        child.stdout.take().expect("stdout is piped"),
-        run.output_limit,
-    ));
-    let stderr = tokio::spawn(read_bounded(
-        child.stderr.take().expect("stderr is piped"),
-        run.output_limit,
-    ));
+    let stdout = tokio::spawn(read_bounded(child.stdout.take().expect("stdout is piped"), run.output_limit));
+    let stderr = tokio::spawn(read_bounded(child.stderr.take().expect("stderr is piped"), run.output_limit));
 
     let mut finished = Finished::default();
     let status = tokio::select! {
@@ -313,16 +242,8 @@ async fn run_process(
         signal_group(pgid, libc::SIGKILL);
     }
     feed.abort();
-    finished.stdout = tokio::time::timeout(KILL_GRACE, stdout)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
-    finished.stderr = tokio::time::timeout(KILL_GRACE, stderr)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
+    finished.stdout = tokio::time::timeout(KILL_GRACE, stdout).await.ok().and_then(Result::ok).unwrap_or_default();
+    finished.stderr = tokio::time::timeout(KILL_GRACE, stderr).await.ok().and_then(Result::ok).unwrap_or_default();
     if let Some(status) = status {
         use std::os::unix::process::ExitStatusExt;
         finished.exit_code = status.code();
@@ -332,10 +253,7 @@ async fn run_process(
 }
 
 /// SIGTERM to the whole group, SIGKILL after the grace period.
-async fn terminate(
-    child: &mut tokio::process::Child,
-    process_group: Option<i32>,
-) -> Option<std::process::ExitStatus> {
+async fn terminate(child: &mut tokio::process::Child, process_group: Option<i32>) -> Option<std::process::ExitStatus> {
     let pgid = process_group?;
     signal_group(pgid, libc::SIGTERM);
     match tokio::time::timeout(KILL_GRACE, child.wait()).await {
@@ -380,11 +298,7 @@ async fn read_bounded(mut reader: impl AsyncRead + Unpin, limit: usize) -> Strin
         dropped += excess;
     }
     let text = String::from_utf8_lossy(&kept).into_owned();
-    if dropped > 0 {
-        format!("[... {dropped} bytes truncated]\n{text}")
-    } else {
-        text
-    }
+    if dropped > 0 { format!("[... {dropped} bytes truncated]\n{text}") } else { text }
 }
 
 #[cfg(test)]
@@ -393,77 +307,37 @@ mod tests {
     use serde_json::json;
 
     fn exited(code: i32, stdout: &str) -> Finished {
-        Finished {
-            exit_code: Some(code),
-            stdout: stdout.into(),
-            ..Default::default()
-        }
+        Finished { exit_code: Some(code), stdout: stdout.into(), ..Default::default() }
     }
 
     #[test]
     fn classification_of_finished_processes() {
         let cases = [
             (exited(0, "hello\n"), ResultStatus::Completed, None),
-            (
-                exited(1, ""),
-                ResultStatus::Failed,
-                Some(FailureKind::ActionFailed),
-            ),
-            (
-                exited(75, ""),
-                ResultStatus::Failed,
-                Some(FailureKind::TransientError),
-            ),
-            (
-                exited(3, ""),
-                ResultStatus::Failed,
-                Some(FailureKind::TransientError),
-            ), // policy code
+            (exited(1, ""), ResultStatus::Failed, Some(FailureKind::ActionFailed)),
+            (exited(75, ""), ResultStatus::Failed, Some(FailureKind::TransientError)),
+            (exited(3, ""), ResultStatus::Failed, Some(FailureKind::TransientError)), // policy code
             (
                 exited(1, "{\"attune\": {\"transient\": true}}\n"),
                 ResultStatus::Failed,
                 Some(FailureKind::TransientError),
             ),
+            (Finished { timed_out: true, ..Default::default() }, ResultStatus::Timeout, Some(FailureKind::Timeout)),
             (
-                Finished {
-                    timed_out: true,
-                    ..Default::default()
-                },
-                ResultStatus::Timeout,
-                Some(FailureKind::Timeout),
-            ),
-            (
-                Finished {
-                    aborted: true,
-                    ..Default::default()
-                },
+                Finished { aborted: true, ..Default::default() },
                 ResultStatus::Failed,
                 Some(FailureKind::WorkerUnavailable),
             ),
+            (Finished { signal: Some(9), ..Default::default() }, ResultStatus::Failed, Some(FailureKind::ActionFailed)),
             (
-                Finished {
-                    signal: Some(9),
-                    ..Default::default()
-                },
-                ResultStatus::Failed,
-                Some(FailureKind::ActionFailed),
-            ),
-            (
-                Finished {
-                    spawn_error: Some("x".into()),
-                    ..Default::default()
-                },
+                Finished { spawn_error: Some("x".into()), ..Default::default() },
                 ResultStatus::Failed,
                 Some(FailureKind::ActionNotFound),
             ),
         ];
         for (finished, status, kind) in cases {
             let outcome = classify(&finished, &[3]);
-            assert_eq!(
-                (outcome.status, outcome.failure_kind),
-                (status, kind),
-                "{finished:?}"
-            );
+            assert_eq!((outcome.status, outcome.failure_kind), (status, kind), "{finished:?}");
             assert_eq!(outcome.error.is_some(), kind.is_some());
         }
     }
@@ -489,12 +363,7 @@ mod tests {
         dir
     }
 
-    fn run_of<'a>(
-        dir: &Path,
-        parameters: &'a Value,
-        timeout: Duration,
-        limit: usize,
-    ) -> ActionRun<'a> {
+    fn run_of<'a>(dir: &Path, parameters: &'a Value, timeout: Duration, limit: usize) -> ActionRun<'a> {
         ActionRun {
             execution_id: 7,
             action_ref: "test.run",
@@ -517,25 +386,14 @@ mod tests {
         assert!(std::env::var("CARGO_MANIFEST_DIR").is_ok());
         let parameters = json!({"message": "$(touch /tmp/pwned); `id`; 'q\"", "count": 3});
         let runtimes = Runtimes::detect(&["shell".into()]).await;
-        let finished = runtimes
-            .run(
-                &run_of(&dir, &parameters, Duration::from_secs(10), 4096),
-                &CancellationToken::new(),
-            )
-            .await;
+        let finished =
+            runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new()).await;
         assert_eq!(finished.exit_code, Some(0), "{finished:?}");
         let mut lines = finished.stdout.lines();
         let first = lines.next().unwrap();
-        assert!(
-            first.starts_with("$(touch /tmp/pwned); `id`; 'q\"|3|"),
-            "{first}"
-        );
+        assert!(first.starts_with("$(touch /tmp/pwned); `id`; 'q\"|3|"), "{first}");
         assert!(first.ends_with(&parameters.to_string()), "{first}");
-        assert_eq!(
-            lines.next(),
-            Some("0"),
-            "the worker's environment must not reach actions"
-        );
+        assert_eq!(lines.next(), Some("0"), "the worker's environment must not reach actions");
     }
 
     #[tokio::test]
@@ -544,36 +402,20 @@ mod tests {
         let parameters = json!({});
         let runtimes = Runtimes::detect(&["shell".into()]).await;
         let started = std::time::Instant::now();
-        let finished = runtimes
-            .run(
-                &run_of(&dir, &parameters, Duration::from_millis(300), 4096),
-                &CancellationToken::new(),
-            )
-            .await;
+        let finished =
+            runtimes.run(&run_of(&dir, &parameters, Duration::from_millis(300), 4096), &CancellationToken::new()).await;
         assert!(finished.timed_out);
         assert!(started.elapsed() < Duration::from_secs(10));
-        let pid: i32 = std::fs::read_to_string(dir.join("child.pid"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let pid: i32 = std::fs::read_to_string(dir.join("child.pid")).unwrap().trim().parse().unwrap();
         // the background grandchild is gone too (give the kernel a moment to reap it)
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .unwrap_or_default()
-                .contains(") Z")
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
         {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "grandchild {pid} survived the timeout"
-            );
+            assert!(std::time::Instant::now() < deadline, "grandchild {pid} survived the timeout");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(
-            classify(&finished, &[]).failure_kind,
-            Some(FailureKind::Timeout)
-        );
+        assert_eq!(classify(&finished, &[]).failure_kind, Some(FailureKind::Timeout));
     }
 
     #[tokio::test]
@@ -581,17 +423,9 @@ mod tests {
         let dir = temp_pack("i=0; while [ $i -lt 5000 ]; do echo line-$i; i=$((i+1)); done\n");
         let parameters = json!({});
         let runtimes = Runtimes::detect(&["shell".into()]).await;
-        let finished = runtimes
-            .run(
-                &run_of(&dir, &parameters, Duration::from_secs(10), 1000),
-                &CancellationToken::new(),
-            )
-            .await;
-        assert!(
-            finished.stdout.starts_with("[... "),
-            "{}",
-            &finished.stdout[..40]
-        );
+        let finished =
+            runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(10), 1000), &CancellationToken::new()).await;
+        assert!(finished.stdout.starts_with("[... "), "{}", &finished.stdout[..40]);
         assert!(finished.stdout.ends_with("line-4999\n"));
         assert!(finished.stdout.len() < 1100);
     }

@@ -12,9 +12,7 @@ use serde::Deserialize;
 
 use crate::ApiError;
 
-pub async fn list_actions(
-    State(state): State<crate::State>,
-) -> Result<Json<Vec<db::action::Action>>, ApiError> {
+pub async fn list_actions(State(state): State<crate::State>) -> Result<Json<Vec<db::action::Action>>, ApiError> {
     Ok(Json(db::action::list(&state.db, None).await?))
 }
 
@@ -26,14 +24,10 @@ pub async fn get_action(
     db::action::get_by_ref(&state.db, &action_ref)
         .await?
         .map(Json)
-        .ok_or_else(|| {
-            ApiError::not_found("action", format!("action '{action_ref}' does not exist"))
-        })
+        .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))
 }
 
-pub async fn list_packs(
-    State(state): State<crate::State>,
-) -> Result<Json<Vec<db::pack::Pack>>, ApiError> {
+pub async fn list_packs(State(state): State<crate::State>) -> Result<Json<Vec<db::pack::Pack>>, ApiError> {
     Ok(Json(db::pack::list(&state.db).await?))
 }
 
@@ -53,25 +47,19 @@ pub async fn register_pack(
     let Json(body) = body?;
     let dir = PathBuf::from(&body.path);
     if !dir.is_dir() {
-        return Err(ApiError::invalid(
-            "path",
-            format!("'{}' is not a directory on the API server", body.path),
-        ));
+        return Err(ApiError::invalid("path", format!("'{}' is not a directory on the API server", body.path)));
     }
     let pack = tokio::task::spawn_blocking(move || load_pack(&dir))
         .await
         .map_err(|e| ApiError::internal("pack loading panicked", e))?
         .map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_pack",
-                e.to_string(),
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_pack", e.to_string()).with_extra(
+                serde_json::json!({
+                    "file": e.file.display().to_string(),
+                    "field": e.field,
+                    "reason": e.reason,
+                }),
             )
-            .with_extra(serde_json::json!({
-                "file": e.file.display().to_string(),
-                "field": e.field,
-                "reason": e.reason,
-            }))
         })?;
     let registered = db::pack::register(&state.db, &pack).await?;
     tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");

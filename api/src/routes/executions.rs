@@ -1,8 +1,6 @@
 //! Executions: submit, read, list.
 
-use attune_common::db::{
-    self, execution::Execution, execution::ListFilter, execution::NewExecution,
-};
+use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
 use attune_common::mq::{ExecutionRequest, REQUEST_KEY};
 use attune_common::{ExecutionStatus, params};
 use axum::Json;
@@ -29,10 +27,7 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
     match value {
         None | Some(Value::Null) => Ok(Map::new()),
         Some(Value::Object(map)) => Ok(map),
-        Some(_) => Err(ApiError::invalid(
-            parameter,
-            format!("'{parameter}' must be a JSON object"),
-        )),
+        Some(_) => Err(ApiError::invalid(parameter, format!("'{parameter}' must be a JSON object"))),
     }
 }
 
@@ -45,12 +40,7 @@ pub async fn create(
     let config = object("config", body.config)?;
     let action = db::action::get_by_ref(&state.db, &body.action_ref)
         .await?
-        .ok_or_else(|| {
-            ApiError::not_found(
-                "action",
-                format!("action '{}' does not exist", body.action_ref),
-            )
-        })?;
+        .ok_or_else(|| ApiError::not_found("action", format!("action '{}' does not exist", body.action_ref)))?;
     let specs: params::ParamSpecs = serde_json::from_value(action.parameters.clone())
         .map_err(|e| ApiError::internal("stored parameter declarations are unreadable", e))?;
     let resolved = params::validate(&specs, &given)
@@ -62,9 +52,7 @@ pub async fn create(
         config: Value::Object(config),
         status: ExecutionStatus::Requested,
         max_retries: action.max_retries.unwrap_or(0),
-        timeout_seconds: action
-            .timeout_seconds
-            .unwrap_or(state.settings.common.default_timeout_secs),
+        timeout_seconds: action.timeout_seconds.unwrap_or(state.settings.common.default_timeout_secs),
         retry_count: 0,
         retry_reason: None,
         original_execution: None,
@@ -72,16 +60,7 @@ pub async fn create(
     };
     let execution = db::execution::insert(&state.db, &new).await?;
     // The row is the record; if this publish fails the executors' monitor re-publishes it.
-    if let Err(e) = state
-        .publisher
-        .publish(
-            REQUEST_KEY,
-            &ExecutionRequest {
-                execution_id: execution.id,
-            },
-        )
-        .await
-    {
+    if let Err(e) = state.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id: execution.id }).await {
         tracing::warn!(execution_id = execution.id, error = %e, "could not publish the request now; the monitor will");
     }
     Ok((StatusCode::CREATED, Json(execution)))
@@ -122,12 +101,7 @@ fn timestamp(parameter: &str, value: Option<String>) -> Result<Option<DateTime<U
         .map(|text| {
             DateTime::parse_from_rfc3339(&text)
                 .map(|t| t.with_timezone(&Utc))
-                .map_err(|e| {
-                    ApiError::invalid(
-                        parameter,
-                        format!("'{parameter}' must be an RFC 3339 time: {e}"),
-                    )
-                })
+                .map_err(|e| ApiError::invalid(parameter, format!("'{parameter}' must be an RFC 3339 time: {e}")))
         })
         .transpose()
 }
@@ -142,22 +116,13 @@ pub async fn list(
         .map(|s| {
             ExecutionStatus::parse(&s).ok_or_else(|| {
                 let known: Vec<&str> = ExecutionStatus::ALL.iter().map(|s| s.as_str()).collect();
-                ApiError::invalid(
-                    "status",
-                    format!(
-                        "unknown status '{s}' (expected one of: {})",
-                        known.join(", ")
-                    ),
-                )
+                ApiError::invalid("status", format!("unknown status '{s}' (expected one of: {})", known.join(", ")))
             })
         })
         .transpose()?;
     let limit = query.limit.unwrap_or(50);
     if !(1..=1000).contains(&limit) {
-        return Err(ApiError::invalid(
-            "limit",
-            "'limit' must be between 1 and 1000",
-        ));
+        return Err(ApiError::invalid("limit", "'limit' must be between 1 and 1000"));
     }
     let offset = query.offset.unwrap_or(0);
     if offset < 0 {
@@ -172,10 +137,5 @@ pub async fn list(
         offset,
     };
     let (items, total) = db::execution::list(&state.db, &filter).await?;
-    Ok(Json(Page {
-        items,
-        total,
-        limit,
-        offset,
-    }))
+    Ok(Json(Page { items, total, limit, offset }))
 }

@@ -12,17 +12,11 @@ use crate::State;
 
 pub fn api_routes() -> Router<State> {
     Router::new()
-        .route(
-            "/executions",
-            post(executions::create).get(executions::list),
-        )
+        .route("/executions", post(executions::create).get(executions::list))
         .route("/executions/{id}", get(executions::get))
         .route("/actions", get(catalog::list_actions))
         .route("/actions/{action_ref}", get(catalog::get_action))
-        .route(
-            "/packs",
-            get(catalog::list_packs).post(catalog::register_pack),
-        )
+        .route("/packs", get(catalog::list_packs).post(catalog::register_pack))
         .route("/workers", get(workers::list))
 }
 

@@ -17,26 +17,15 @@ pub async fn healthz() -> Json<Value> {
 
 /// Ready when both the database and the broker answer.
 pub async fn readyz(State(state): State<crate::State>) -> (StatusCode, Json<Value>) {
-    let database = sqlx::query("SELECT 1")
-        .execute(&state.db)
-        .await
-        .map(|_| ())
-        .map_err(|e| e.to_string());
+    let database = sqlx::query("SELECT 1").execute(&state.db).await.map(|_| ()).map_err(|e| e.to_string());
     let broker = state.publisher.ping().await.map_err(|e| e.to_string());
     let status = |r: &Result<(), String>| match r {
         Ok(()) => json!("ok"),
         Err(e) => json!(format!("unavailable: {e}")),
     };
     let ready = database.is_ok() && broker.is_ok();
-    let code = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        code,
-        Json(json!({"ready": ready, "database": status(&database), "broker": status(&broker)})),
-    )
+    let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(json!({"ready": ready, "database": status(&database), "broker": status(&broker)})))
 }
 
 /// Prometheus text: executions by status and action, workers by health class.
@@ -46,31 +35,21 @@ pub async fn metrics(State(state): State<crate::State>) -> Result<impl IntoRespo
             .fetch_all(&state.db)
             .await?;
     let mut out = String::new();
-    out.push_str("# HELP attune_executions Executions in the record, by status and action.\n# TYPE attune_executions gauge\n");
+    out.push_str(
+        "# HELP attune_executions Executions in the record, by status and action.\n# TYPE attune_executions gauge\n",
+    );
     for (status, action_ref, count) in rows {
-        let _ = writeln!(
-            out,
-            "attune_executions{{status=\"{status}\",action=\"{}\"}} {count}",
-            escape(&action_ref)
-        );
+        let _ = writeln!(out, "attune_executions{{status=\"{status}\",action=\"{}\"}} {count}", escape(&action_ref));
     }
     let workers = attune_common::db::worker::list(&state.db, &state.settings.health).await?;
-    out.push_str(
-        "# HELP attune_workers Active workers by health class.\n# TYPE attune_workers gauge\n",
-    );
+    out.push_str("# HELP attune_workers Active workers by health class.\n# TYPE attune_workers gauge\n");
     for class in ["healthy", "degraded", "unhealthy"] {
-        let count = workers
-            .iter()
-            .filter(|w| w.status == "active" && w.health == class)
-            .count();
+        let count = workers.iter().filter(|w| w.status == "active" && w.health == class).count();
         let _ = writeln!(out, "attune_workers{{health=\"{class}\"}} {count}");
     }
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
 }
 
 fn escape(label: &str) -> String {
-    label
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }

@@ -6,10 +6,6 @@ use axum::extract::State;
 
 use crate::ApiError;
 
-pub async fn list(
-    State(state): State<crate::State>,
-) -> Result<Json<Vec<db::worker::WorkerView>>, ApiError> {
-    Ok(Json(
-        db::worker::list(&state.db, &state.settings.health).await?,
-    ))
+pub async fn list(State(state): State<crate::State>) -> Result<Json<Vec<db::worker::WorkerView>>, ApiError> {
+    Ok(Json(db::worker::list(&state.db, &state.settings.health).await?))
 }

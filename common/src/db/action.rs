@@ -30,28 +30,17 @@ const SELECT: &str = "SELECT a.id, a.ref, a.pack, p.ref AS pack_ref, p.path AS p
     a.description, a.runtime, a.entrypoint, a.parameters, a.timeout_seconds, a.max_retries, \
     a.retry_policy, a.created, a.updated FROM action a JOIN pack p ON p.id = a.pack";
 
-pub async fn get_by_ref(
-    db: impl PgExecutor<'_>,
-    action_ref: &str,
-) -> Result<Option<Action>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.ref = $1")))
-        .bind(action_ref)
-        .fetch_optional(db)
-        .await
+pub async fn get_by_ref(db: impl PgExecutor<'_>, action_ref: &str) -> Result<Option<Action>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.ref = $1"))).bind(action_ref).fetch_optional(db).await
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Action>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.id = $1")))
-        .bind(id)
-        .fetch_optional(db)
-        .await
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.id = $1"))).bind(id).fetch_optional(db).await
 }
 
 pub async fn list(db: &PgPool, pack_ref: Option<&str>) -> Result<Vec<Action>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT} WHERE ($1::text IS NULL OR p.ref = $1) ORDER BY a.ref"
-    )))
-    .bind(pack_ref)
-    .fetch_all(db)
-    .await
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE ($1::text IS NULL OR p.ref = $1) ORDER BY a.ref")))
+        .bind(pack_ref)
+        .fetch_all(db)
+        .await
 }

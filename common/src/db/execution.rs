@@ -76,12 +76,10 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execu
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Execution>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM execution WHERE id = $1"
-    )))
-    .bind(id)
-    .fetch_optional(db)
-    .await
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM execution WHERE id = $1")))
+        .bind(id)
+        .fetch_optional(db)
+        .await
 }
 
 #[derive(Debug, Clone, Default)]
@@ -111,15 +109,13 @@ pub async fn list(db: &PgPool, filter: &ListFilter) -> Result<(Vec<Execution>, i
     .bind(filter.offset)
     .fetch_all(db)
     .await?;
-    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM execution {WHERE}"
-    )))
-    .bind(filter.status)
-    .bind(&filter.action_ref)
-    .bind(filter.created_after)
-    .bind(filter.created_before)
-    .fetch_one(db)
-    .await?;
+    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM execution {WHERE}")))
+        .bind(filter.status)
+        .bind(&filter.action_ref)
+        .bind(filter.created_after)
+        .bind(filter.created_before)
+        .fetch_one(db)
+        .await?;
     Ok((rows, total))
 }
 
@@ -150,13 +146,7 @@ pub struct Transition<'a> {
 impl<'a> Transition<'a> {
     /// A transition from every state the state machine allows.
     pub fn to(to: ExecutionStatus) -> Self {
-        Transition {
-            to,
-            from: to.allowed_from(),
-            owned_by: None,
-            assign_worker: None,
-            outcome: None,
-        }
+        Transition { to, from: to.allowed_from(), owned_by: None, assign_worker: None, outcome: None }
     }
     pub fn from(mut self, from: &'a [ExecutionStatus]) -> Self {
         self.from = from;
@@ -222,11 +212,7 @@ pub async fn transition(
 
 /// Executions in `requested` older than `age`: rows whose request message may never have been
 /// published (the API crashed between commit and publish, or the broker was down).
-pub async fn stale_requested(
-    db: &PgPool,
-    age_secs: f64,
-    limit: i64,
-) -> Result<Vec<i64>, sqlx::Error> {
+pub async fn stale_requested(db: &PgPool, age_secs: f64, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT id FROM execution WHERE status = 'requested' \
          AND updated < now() - make_interval(secs => $1) ORDER BY id LIMIT $2",

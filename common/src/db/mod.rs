@@ -16,11 +16,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// Connects (retrying with backoff until `deadline` passes, so that a service started alongside
 /// its database waits for it) and returns a pool.
-pub async fn connect(
-    database_url: &str,
-    max_connections: u32,
-    deadline: Duration,
-) -> Result<PgPool, sqlx::Error> {
+pub async fn connect(database_url: &str, max_connections: u32, deadline: Duration) -> Result<PgPool, sqlx::Error> {
     let started = std::time::Instant::now();
     let mut delay = Duration::from_millis(100);
     loop {

@@ -59,11 +59,7 @@ pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, sqlx::Erro
         .bind(serde_json::to_value(&spec.parameters).expect("parameters serialize"))
         .bind(spec.timeout_seconds)
         .bind(spec.max_retries.unwrap_or(0))
-        .bind(
-            spec.retry
-                .as_ref()
-                .map(|r| serde_json::to_value(r).expect("retry policy serializes")),
-        )
+        .bind(spec.retry.as_ref().map(|r| serde_json::to_value(r).expect("retry policy serializes")))
         .execute(&mut *tx)
         .await?;
         refs.push(action.action_ref.clone());
@@ -82,7 +78,5 @@ pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, sqlx::Erro
 }
 
 pub async fn list(db: &PgPool) -> Result<Vec<Pack>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} ORDER BY p.ref")))
-        .fetch_all(db)
-        .await
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} ORDER BY p.ref"))).fetch_all(db).await
 }

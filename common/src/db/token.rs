@@ -16,9 +16,7 @@ pub fn hash(token: &str) -> Vec<u8> {
 fn generate() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
-    let body: String = (0..43)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect();
+    let body: String = (0..43).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
     format!("{PREFIX}{body}")
 }
 

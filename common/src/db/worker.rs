@@ -22,11 +22,7 @@ pub async fn register(db: &PgPool, name: &str, capabilities: &Value) -> Result<i
     .await
 }
 
-pub async fn heartbeat(
-    db: &PgPool,
-    worker_id: i64,
-    capabilities: &Value,
-) -> Result<(), sqlx::Error> {
+pub async fn heartbeat(db: &PgPool, worker_id: i64, capabilities: &Value) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE worker SET capabilities = $2, last_heartbeat = now(), status = 'active', updated = now() \
          WHERE id = $1",
@@ -53,7 +49,7 @@ struct WorkerRow {
     status: String,
     capabilities: Value,
     last_heartbeat: Option<DateTime<Utc>>,
-    /// Dispatched and not yet finished (same as `get_worker_queue_depth`).
+    /// Dispatched and not yet finished.
     inflight: i64,
     now: DateTime<Utc>,
 }
@@ -74,29 +70,24 @@ impl WorkerRow {
             consecutive_failures: int("consecutive_failures"),
             total_executions: int("total_executions"),
             failed_executions: int("failed_executions"),
-            queue_depth: self.inflight,
+            // as `get_worker_queue_depth`: what was dispatched and has not finished, or what the
+            // worker reported if that is more
+            queue_depth: self.inflight.max(int("queue_depth")),
         }
     }
 
     fn runtimes(&self) -> Vec<String> {
         self.capabilities["runtimes"]
             .as_array()
-            .map(|list| {
-                list.iter()
-                    .filter_map(|r| r.as_str().map(str::to_string))
-                    .collect()
-            })
+            .map(|list| list.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
             .unwrap_or_default()
     }
 }
 
 /// Active workers as scheduling candidates, with the database's clock.
 pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), sqlx::Error> {
-    let rows: Vec<WorkerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{WORKER_ROWS} WHERE w.status = 'active'"
-    )))
-    .fetch_all(db)
-    .await?;
+    let rows: Vec<WorkerRow> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("{WORKER_ROWS} WHERE w.status = 'active'"))).fetch_all(db).await?;
     let now = rows.first().map(|r| r.now).unwrap_or_else(Utc::now);
     let candidates = rows
         .iter()
@@ -126,11 +117,8 @@ pub struct WorkerView {
 }
 
 pub async fn list(db: &PgPool, config: &HealthProbeConfig) -> Result<Vec<WorkerView>, sqlx::Error> {
-    let rows: Vec<WorkerRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{WORKER_ROWS} ORDER BY w.name"
-    )))
-    .fetch_all(db)
-    .await?;
+    let rows: Vec<WorkerRow> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("{WORKER_ROWS} ORDER BY w.name"))).fetch_all(db).await?;
     Ok(rows
         .into_iter()
         .map(|row| {
@@ -139,9 +127,7 @@ pub async fn list(db: &PgPool, config: &HealthProbeConfig) -> Result<Vec<WorkerV
                 id: row.id,
                 health: classify(config, &signals, row.now).as_str(),
                 queue_depth: signals.queue_depth,
-                heartbeat_age_secs: row
-                    .last_heartbeat
-                    .map(|at| (row.now - at).num_milliseconds() as f64 / 1000.0),
+                heartbeat_age_secs: row.last_heartbeat.map(|at| (row.now - at).num_milliseconds() as f64 / 1000.0),
                 runtimes: row.runtimes(),
                 name: row.name,
                 status: row.status,
