@@ -63,6 +63,8 @@ impl SystemBuilder {
         for (name, env) in &self.workers {
             let mut env = env.clone();
             env.insert("ATTUNE_WORKER_NAME".into(), name.clone());
+            env.entry("ATTUNE_WORKER_HEALTH_OVERRIDE_FILE".into())
+                .or_insert_with(|| system.health_override_file(name).display().to_string());
             system.spawn(name, "attune-worker", &env);
         }
         system.token = attune_common::db::token::create(&system.db.pool, "test").await.unwrap();
@@ -153,6 +155,35 @@ impl System {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", path.display()));
         self.processes.0.insert(name.to_string(), child);
+    }
+
+    fn health_override_file(&self, worker: &str) -> PathBuf {
+        self.logs.join(format!("{worker}.health.json"))
+    }
+
+    /// Makes `worker` report these health fields from its next heartbeat on (`None`: its own).
+    pub fn force_health(&self, worker: &str, fields: Option<Value>) {
+        let path = self.health_override_file(worker);
+        match fields {
+            Some(fields) => std::fs::write(path, fields.to_string()).unwrap(),
+            None => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    /// Waits until the API shows `worker` with health class `class`.
+    pub async fn wait_worker_health(&self, worker: &str, class: &str) -> Value {
+        wait_for(&format!("worker {worker} to be {class}"), Duration::from_secs(30), || async move {
+            let (_, workers) = self.get("/api/v1/workers").await;
+            workers.as_array()?.iter().find(|w| w["name"] == worker && w["health"] == class).cloned()
+        })
+        .await
+    }
+
+    /// The id of the worker called `name`.
+    pub async fn worker_id(&self, name: &str) -> i64 {
+        sqlx::query_scalar("SELECT id FROM worker WHERE name = $1").bind(name).fetch_one(&self.db.pool).await.unwrap()
     }
 
     /// The log file of a process (for assertions and for reading after a failure).

@@ -1,0 +1,118 @@
+//! Health-aware scheduling with real workers whose reported health is forced through
+//! `ATTUNE_WORKER_HEALTH_OVERRIDE_FILE`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use attune_testkit::System;
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn run_noop(system: &System) -> Value {
+    let submitted = system.submit("core.noop", json!({})).await;
+    system.wait_terminal(submitted["id"].as_i64().unwrap(), DEADLINE).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_example_selects_a_then_b_then_c_and_never_d() {
+    let mut builder = System::builder();
+    for name in ["a", "b", "c", "d"] {
+        builder = builder.worker(name, &[]);
+    }
+    // Forced before start so that the first heartbeat already carries it.
+    let system = builder.start().await;
+    system.force_health("a", Some(json!({"queue_depth": 5})));
+    system.force_health("b", Some(json!({"queue_depth": 20})));
+    system.force_health("c", Some(json!({"consecutive_failures": 3, "queue_depth": 10})));
+    system.force_health("d", Some(json!({"consecutive_failures": 10, "queue_depth": 0})));
+    for (name, class) in [("a", "healthy"), ("b", "healthy"), ("c", "degraded"), ("d", "unhealthy")] {
+        system.wait_worker_health(name, class).await;
+    }
+    let ids: BTreeMap<&str, i64> = {
+        let mut ids = BTreeMap::new();
+        for name in ["a", "b", "c", "d"] {
+            ids.insert(name, system.worker_id(name).await);
+        }
+        ids
+    };
+    // A first; with A out of the way B; then C (degraded); never D.
+    for expected in ["a", "b", "c"] {
+        for _ in 0..3 {
+            let execution = run_noop(&system).await;
+            assert_eq!(execution["status"], "completed", "{execution}");
+            assert_eq!(execution["worker"], ids[expected], "expected worker {expected}: {execution}");
+        }
+        system.force_health(expected, Some(json!({"consecutive_failures": 10})));
+        system.wait_worker_health(expected, "unhealthy").await;
+    }
+    let execution = run_noop(&system).await;
+    assert_eq!(execution["status"], "failed", "{execution}");
+    assert_eq!(execution["failure_kind"], "worker_unavailable");
+    assert_eq!(execution["worker"], Value::Null, "unhealthy D was never chosen");
+    let on_d: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1")
+        .bind(ids["d"])
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(on_d, 0);
+    system.stop().await;
+}
+
+async fn per_worker(system: &System, ids: &[i64]) -> Vec<i64> {
+    let mut counts = Vec::new();
+    for id in ids {
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1")
+            .bind(id)
+            .fetch_one(&system.db.pool)
+            .await
+            .unwrap();
+        counts.push(count);
+    }
+    counts
+}
+
+async fn burst(system: &System, count: usize, action: &str, parameters: Value) {
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        ids.push(system.submit(action, parameters.clone()).await["id"].as_i64().unwrap());
+    }
+    for id in ids {
+        let execution = system.wait_terminal(id, DEADLINE).await;
+        assert_eq!(execution["status"], "completed", "{execution}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_spreads_evenly_and_an_unhealthy_worker_gets_nothing_until_it_recovers() {
+    let concurrency = [("ATTUNE_WORKER_CONCURRENCY", "100")];
+    let system = System::builder()
+        .worker("w1", &concurrency)
+        .worker("w2", &concurrency)
+        .worker("w3", &concurrency)
+        .start()
+        .await;
+    let ids = [system.worker_id("w1").await, system.worker_id("w2").await, system.worker_id("w3").await];
+
+    // 200 executions that stay in flight while the burst is scheduled.
+    burst(&system, 200, "core.sleep", json!({"seconds": 3})).await;
+    let counts = per_worker(&system, &ids).await;
+    eprintln!("burst of 200 over 3 workers: {counts:?}");
+    assert_eq!(counts.iter().sum::<i64>(), 200);
+    for count in &counts {
+        assert!((53..=80).contains(count), "200 over 3 workers should be within ±20 % of even: {counts:?}");
+    }
+
+    system.force_health("w3", Some(json!({"consecutive_failures": 10})));
+    system.wait_worker_health("w3", "unhealthy").await;
+    burst(&system, 30, "core.sleep", json!({"seconds": 0.5})).await;
+    let after_unhealthy = per_worker(&system, &ids).await;
+    assert_eq!(after_unhealthy[2], counts[2], "an unhealthy worker receives nothing new: {after_unhealthy:?}");
+
+    system.force_health("w3", None);
+    system.wait_worker_health("w3", "healthy").await;
+    burst(&system, 30, "core.sleep", json!({"seconds": 0.5})).await;
+    let recovered = per_worker(&system, &ids).await;
+    assert!(recovered[2] >= after_unhealthy[2] + 5, "a recovered worker receives work again: {recovered:?}");
+    system.stop().await;
+}
