@@ -103,23 +103,28 @@ WHERE w.status = 'active'
   AND worker_health_class(w.capabilities, w.last_heartbeat, get_worker_queue_depth(w.id), now())
       IN ('healthy', 'degraded');
 
--- Whether the automatic retry path would retry this execution now. Mirrors common::retry.
+-- Whether the automatic retry path would retry this execution now: it failed (or timed out), its
+-- failure kind is one its action retries (the action's retry.on, else the retriable kinds), it has
+-- retries left, it has not been retried yet, and it is not a non-idempotent action that may have
+-- started on a worker that vanished. Mirrors common::retry::decide (with retries enabled).
 CREATE FUNCTION is_execution_retriable(execution_id BIGINT) RETURNS BOOLEAN
 LANGUAGE sql STABLE AS $$
     SELECT COALESCE((
         SELECT
             e.status IN ('failed', 'timeout')
+            AND e.failure_kind IS NOT NULL
             AND e.retry_count < COALESCE(e.max_retries, 0)
             AND e.failure_kind = ANY (
-                COALESCE(
-                    ARRAY(SELECT jsonb_array_elements_text(a.retry_policy->'on')),
-                    ARRAY['worker_unavailable', 'queue_timeout', 'worker_heartbeat_stale',
-                          'transient_error', 'manual_retry']
-                )
+                CASE WHEN a.retry_policy ? 'on'
+                    THEN ARRAY(SELECT jsonb_array_elements_text(a.retry_policy->'on'))
+                    ELSE ARRAY['worker_unavailable', 'queue_timeout', 'worker_heartbeat_stale',
+                               'transient_error', 'manual_retry']
+                END
             )
             AND NOT (
                 COALESCE((a.retry_policy->>'idempotent')::BOOLEAN, TRUE) = FALSE
-                AND e.failure_kind = 'worker_heartbeat_stale'
+                AND (e.failure_kind = 'worker_heartbeat_stale'
+                     OR (e.failure_kind = 'worker_unavailable' AND e.started IS NOT NULL))
             )
             AND NOT EXISTS (SELECT 1 FROM execution r WHERE r.original_execution = e.id)
         FROM execution e

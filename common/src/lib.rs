@@ -11,6 +11,7 @@ pub mod health;
 pub mod mq;
 pub mod pack;
 pub mod params;
+pub mod retry;
 pub mod selection;
 pub mod status;
 pub mod telemetry;

@@ -15,7 +15,7 @@ async fn core_pack(pool: &PgPool) -> db::action::Action {
 
 fn new_execution(action: &db::action::Action) -> NewExecution {
     NewExecution {
-        action: action.id,
+        action: Some(action.id),
         action_ref: action.action_ref.clone(),
         parameters: json!({"message": "hi"}),
         config: json!({}),

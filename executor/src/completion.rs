@@ -24,11 +24,6 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 }
 
 pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), crate::Error> {
-    let to = match result.status {
-        ResultStatus::Completed => ExecutionStatus::Completed,
-        ResultStatus::Failed => ExecutionStatus::Failed,
-        ResultStatus::Timeout => ExecutionStatus::Timeout,
-    };
     let outcome = Outcome {
         result: result.result.clone(),
         failure_kind: result.failure_kind.map(|k| k.to_string()),
@@ -37,8 +32,28 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
         stdout: Some(result.stdout.clone()),
         stderr: Some(result.stderr.clone()),
     };
-    let transition = Transition::to(to).from(&[ExecutionStatus::Running]).owned_by(result.worker_id).outcome(&outcome);
-    match db::execution::transition(&context.db, result.execution_id, &transition).await? {
+    let recorded = match result.status {
+        ResultStatus::Completed => {
+            let transition = Transition::to(ExecutionStatus::Completed)
+                .from(&[ExecutionStatus::Running])
+                .owned_by(result.worker_id)
+                .outcome(&outcome);
+            db::execution::transition(&context.db, result.execution_id, &transition).await?
+        }
+        ResultStatus::Failed | ResultStatus::Timeout => {
+            let reported =
+                if result.status == ResultStatus::Timeout { ExecutionStatus::Timeout } else { ExecutionStatus::Failed };
+            match db::execution::get(&context.db, result.execution_id).await? {
+                Some(current) => context
+                    .retry_manager
+                    .record_failure(&current, reported, &[ExecutionStatus::Running], Some(result.worker_id), &outcome)
+                    .await?
+                    .map(|recorded| recorded.execution),
+                None => None,
+            }
+        }
+    };
+    match recorded {
         Some(execution) => tracing::info!(
             execution_id = execution.id,
             worker_id = result.worker_id,

@@ -4,11 +4,15 @@
 //! - `scheduler`: claims a requested execution, ranks the workers (`common::selection`) and
 //!   dispatches to the best one's queue.
 //! - `completion`: records a worker's result with a guarded transition.
+//! - `retry_manager`: records failures and creates their retries (delayed, linked).
+//! - `retry_timer`: requests delayed retries when they are due.
 //! - `monitor`: the singleton loop that re-publishes requests whose publish never happened.
 
 pub mod completion;
 pub mod health_probe;
 pub mod monitor;
+pub mod retry_manager;
+pub mod retry_timer;
 pub mod scheduler;
 
 use std::sync::Arc;
@@ -18,6 +22,7 @@ use attune_common::config::{CommonSettings, ConfigError, env_or};
 use attune_common::db;
 use attune_common::health::HealthProbeConfig;
 use attune_common::mq::{ConsumerSpec, Publisher, Topology, run_consumer};
+use attune_common::retry::RetryConfig;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +42,9 @@ pub enum Error {
 pub struct Settings {
     pub common: CommonSettings,
     pub health: HealthProbeConfig,
+    pub retry: RetryConfig,
+    /// How often the retry timer looks for due retries (`ATTUNE_RETRY_POLL_MS`, 100).
+    pub retry_poll: Duration,
     /// Requests handled concurrently by one executor (`ATTUNE_EXECUTOR_PREFETCH`, 64).
     pub prefetch: u16,
     pub worker_queue_ttl: Duration,
@@ -49,6 +57,8 @@ impl Settings {
         Ok(Settings {
             common: CommonSettings::from_env()?,
             health: HealthProbeConfig::from_env()?,
+            retry: RetryConfig::from_env()?,
+            retry_poll: Duration::from_millis(env_or("ATTUNE_RETRY_POLL_MS", 100)?),
             prefetch: env_or("ATTUNE_EXECUTOR_PREFETCH", 64)?,
             worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
             requeue_after: Duration::from_secs_f64(env_or("ATTUNE_REQUEUE_AFTER_SECS", 30.0)?),
@@ -60,6 +70,7 @@ impl Settings {
 pub struct Context {
     pub db: PgPool,
     pub health_probe: health_probe::WorkerHealthProbe,
+    pub retry_manager: retry_manager::RetryManager,
     pub publisher: Publisher,
     pub settings: Settings,
 }
@@ -72,7 +83,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
     let health_probe = health_probe::WorkerHealthProbe::new(pool.clone(), settings.health.clone());
-    let context = Arc::new(Context { db: pool, health_probe, publisher, settings: settings.clone() });
+    let retry_manager = retry_manager::RetryManager::new(pool.clone(), settings.retry.clone());
+    let context = Arc::new(Context { db: pool, health_probe, retry_manager, publisher, settings: settings.clone() });
     tracing::info!(namespace = %topology.namespace, "executor starting");
 
     let consumer = |queue: String, name: &str| ConsumerSpec {
@@ -99,7 +111,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         })
     };
     let monitor = monitor::run(context.clone(), shutdown.clone());
-    tokio::join!(scheduler, completion, monitor);
+    let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
+    tokio::join!(scheduler, completion, monitor, retry_timer);
     tracing::info!("executor stopped");
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Scheduling: requested → scheduling → scheduled, and the dispatch to the chosen worker.
 
-use attune_common::db::{self, execution::Outcome, execution::Transition};
+use attune_common::db::{self, execution::Execution, execution::Outcome, execution::Transition};
 use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, Topology};
 use attune_common::pack::RetryPolicy;
 use attune_common::{ExecutionStatus, FailureKind};
@@ -38,18 +38,17 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
     };
     let Some(action) = action else {
         let reason = format!("action '{}' no longer exists", execution.action_ref);
-        return fail(context, execution_id, FailureKind::ActionNotFound, reason).await;
+        return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::ActionNotFound, reason).await;
     };
-    let chosen = context.health_probe.select_worker(&action.runtime).await?;
-    let Some(chosen) = chosen else {
+    let Some(chosen) = context.health_probe.select_worker(&action.runtime).await? else {
         let reason = format!("no healthy or degraded active worker offers runtime '{}'", action.runtime);
-        return fail(context, execution_id, FailureKind::WorkerUnavailable, reason).await;
+        return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::WorkerUnavailable, reason).await;
     };
     let assign =
         Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Scheduling]).assign_worker(chosen.worker_id);
-    if db::execution::transition(db, execution_id, &assign).await?.is_none() {
+    let Some(execution) = db::execution::transition(db, execution_id, &assign).await? else {
         return Ok(());
-    }
+    };
     let transient_exit_codes = action
         .retry_policy
         .as_ref()
@@ -69,16 +68,9 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         transient_exit_codes,
     };
     if let Err(e) = context.publisher.publish(&Topology::worker_key(chosen.worker_id), &dispatch).await {
-        let reason = format!("could not dispatch to worker {}: {e}", chosen.worker_id);
-        let outcome = Outcome {
-            failure_kind: Some(FailureKind::WorkerUnavailable.to_string()),
-            error: Some(reason),
-            ..Default::default()
-        };
-        let failed = Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Scheduled]).outcome(&outcome);
-        db::execution::transition(db, execution_id, &failed).await?;
         tracing::warn!(execution_id, worker_id = chosen.worker_id, error = %e, "dispatch failed");
-        return Ok(());
+        let reason = format!("could not dispatch to worker {}: {e}", chosen.worker_id);
+        return fail(context, &execution, ExecutionStatus::Scheduled, FailureKind::WorkerUnavailable, reason).await;
     }
     tracing::debug!(
         execution_id,
@@ -90,10 +82,17 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
     Ok(())
 }
 
-async fn fail(context: &Context, execution_id: i64, kind: FailureKind, reason: String) -> Result<(), crate::Error> {
-    tracing::warn!(execution_id, failure_kind = %kind, %reason, "execution cannot be scheduled");
+/// Fails an execution the executor could not get to a worker, through the RetryManager (so a
+/// retriable failure such as `worker_unavailable` is retried with backoff).
+async fn fail(
+    context: &Context,
+    execution: &Execution,
+    from: ExecutionStatus,
+    kind: FailureKind,
+    reason: String,
+) -> Result<(), crate::Error> {
+    tracing::warn!(execution_id = execution.id, failure_kind = %kind, %reason, "execution cannot be scheduled");
     let outcome = Outcome { failure_kind: Some(kind.to_string()), error: Some(reason), ..Default::default() };
-    let failed = Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Scheduling]).outcome(&outcome);
-    db::execution::transition(&context.db, execution_id, &failed).await?;
+    context.retry_manager.record_failure(execution, ExecutionStatus::Failed, &[from], None, &outcome).await?;
     Ok(())
 }

@@ -46,7 +46,7 @@ pub async fn create(
     let resolved = params::validate(&specs, &given)
         .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
     let new = NewExecution {
-        action: action.id,
+        action: Some(action.id),
         action_ref: action.action_ref.clone(),
         parameters: Value::Object(resolved),
         config: Value::Object(config),

@@ -5,6 +5,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
 
+use crate::failure::FailureKind;
 use crate::status::ExecutionStatus;
 
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
@@ -40,7 +41,7 @@ const COLUMNS: &str = "id, action, action_ref, parameters, config, status, worke
 
 #[derive(Debug, Clone)]
 pub struct NewExecution {
-    pub action: i64,
+    pub action: Option<i64>,
     pub action_ref: String,
     pub parameters: Value,
     pub config: Value,
@@ -51,6 +52,36 @@ pub struct NewExecution {
     pub retry_reason: Option<String>,
     pub original_execution: Option<i64>,
     pub not_before: Option<DateTime<Utc>>,
+}
+
+impl NewExecution {
+    /// The new execution that retries `parent`: same action and parameters (unless replaced), the
+    /// next retry count, the same retry budget, and the reason in both `retry_reason` and
+    /// `config.retry_reason` (where the seed's queries read it).
+    pub fn retry_of(
+        parent: &Execution,
+        status: ExecutionStatus,
+        reason: FailureKind,
+        parameters: Option<Value>,
+        not_before: Option<DateTime<Utc>>,
+    ) -> NewExecution {
+        let mut config =
+            if parent.config.is_object() { parent.config.clone() } else { Value::Object(Default::default()) };
+        config["retry_reason"] = Value::String(reason.as_str().to_string());
+        NewExecution {
+            action: parent.action,
+            action_ref: parent.action_ref.clone(),
+            parameters: parameters.unwrap_or_else(|| parent.parameters.clone()),
+            config,
+            status,
+            max_retries: parent.max_retries.unwrap_or(0),
+            timeout_seconds: parent.timeout_seconds.unwrap_or(300),
+            retry_count: parent.retry_count + 1,
+            retry_reason: Some(reason.as_str().to_string()),
+            original_execution: Some(parent.id),
+            not_before,
+        }
+    }
 }
 
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
@@ -208,6 +239,48 @@ pub async fn transition(
         .bind(&outcome.stderr)
         .fetch_optional(db)
         .await
+}
+
+/// The batch form of `transition` for the retry timer: due `delayed` retries become `requested`.
+/// `SKIP LOCKED` lets several executors run it at once without handing out a retry twice.
+pub async fn promote_due_retries(db: &PgPool, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
+    debug_assert!(ExecutionStatus::can_transition(ExecutionStatus::Delayed, ExecutionStatus::Requested));
+    sqlx::query_scalar(
+        "UPDATE execution SET status = 'requested', updated = now() WHERE id IN ( \
+            SELECT id FROM execution WHERE status = 'delayed' AND not_before <= now() \
+            ORDER BY not_before LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         AND status = 'delayed' RETURNING id",
+    )
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// The retry of `execution_id`, if one exists.
+pub async fn retry_of(db: impl PgExecutor<'_>, execution_id: i64) -> Result<Option<Execution>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM execution WHERE original_execution = $1")))
+        .bind(execution_id)
+        .fetch_optional(db)
+        .await
+}
+
+/// Every attempt in the retry chain `execution_id` belongs to, first attempt first.
+pub async fn chain(db: &PgPool, execution_id: i64) -> Result<Vec<Execution>, sqlx::Error> {
+    let sql = format!(
+        "WITH RECURSIVE up AS ( \
+            SELECT id, original_execution, 0 AS depth FROM execution WHERE id = $1 \
+            UNION ALL \
+            SELECT e.id, e.original_execution, up.depth + 1 FROM execution e JOIN up ON e.id = up.original_execution \
+            WHERE up.depth < 10000), \
+         root AS (SELECT id FROM up ORDER BY depth DESC LIMIT 1), \
+         down AS ( \
+            SELECT e.id, 0 AS depth FROM execution e JOIN root ON e.id = root.id \
+            UNION ALL \
+            SELECT e.id, down.depth + 1 FROM execution e JOIN down ON e.original_execution = down.id \
+            WHERE down.depth < 10000) \
+         SELECT {COLUMNS} FROM execution WHERE id IN (SELECT id FROM down) ORDER BY retry_count, id"
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(execution_id).fetch_all(db).await
 }
 
 /// Executions in `requested` older than `age`: rows whose request message may never have been

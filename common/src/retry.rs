@@ -1,0 +1,427 @@
+//! Retry policy: whether a failed execution is retried, and after how long.
+//!
+//! Backoff before retry n (n = the failed execution's `retry_count`, so the first retry waits
+//! `base`): exponential `base × multiplier^n`, linear `base × (n + 1)` or fixed `base`, capped at
+//! `max`, then jittered by ±`jitter` and capped again. With the defaults that is 1 s, 2 s, 4 s,
+//! 8 s … up to 300 s, each ±20 %, never above 300 s, at millisecond precision.
+//!
+//! An execution is retried automatically when retries are enabled, its failure kind is one the
+//! action retries (by default: worker_unavailable, queue_timeout, worker_heartbeat_stale,
+//! transient_error, manual_retry; an action's `retry.on` replaces the list, and may add
+//! `timeout`), and `retry_count < max_retries`. An action declared `idempotent: false` is not
+//! retried once it may have started on a worker that vanished: it ends `abandoned` instead.
+//! `is_execution_retriable(id)` in SQL makes the same decision.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::{Rng, RngExt};
+
+use crate::ExecutionStatus;
+use crate::config::{ConfigError, env_or};
+use crate::failure::FailureKind;
+use crate::pack::{BackoffKind, RetryPolicy};
+
+/// The global retry settings (`ATTUNE_RETRY_*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryConfig {
+    pub enabled: bool,
+    pub base_backoff_secs: f64,
+    pub max_backoff_secs: f64,
+    pub backoff_multiplier: f64,
+    pub jitter_factor: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            enabled: true,
+            base_backoff_secs: 1.0,
+            max_backoff_secs: 300.0,
+            backoff_multiplier: 2.0,
+            jitter_factor: 0.2,
+        }
+    }
+}
+
+impl RetryConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let config = RetryConfig {
+            enabled: env_or("ATTUNE_RETRY_ENABLED", d.enabled)?,
+            base_backoff_secs: env_or("ATTUNE_RETRY_BASE_BACKOFF_SECS", d.base_backoff_secs)?,
+            max_backoff_secs: env_or("ATTUNE_RETRY_MAX_BACKOFF_SECS", d.max_backoff_secs)?,
+            backoff_multiplier: env_or("ATTUNE_RETRY_BACKOFF_MULTIPLIER", d.backoff_multiplier)?,
+            jitter_factor: env_or("ATTUNE_RETRY_JITTER_FACTOR", d.jitter_factor)?,
+        };
+        let invalid = |name: &str, value: f64, reason: &str| ConfigError {
+            name: name.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        };
+        if !(config.base_backoff_secs >= 0.0 && config.base_backoff_secs.is_finite()) {
+            return Err(invalid("ATTUNE_RETRY_BASE_BACKOFF_SECS", config.base_backoff_secs, "must be >= 0"));
+        }
+        if !(config.max_backoff_secs >= config.base_backoff_secs && config.max_backoff_secs.is_finite()) {
+            return Err(invalid(
+                "ATTUNE_RETRY_MAX_BACKOFF_SECS",
+                config.max_backoff_secs,
+                "must be >= the base backoff",
+            ));
+        }
+        if !(config.backoff_multiplier >= 1.0 && config.backoff_multiplier.is_finite()) {
+            return Err(invalid("ATTUNE_RETRY_BACKOFF_MULTIPLIER", config.backoff_multiplier, "must be >= 1.0"));
+        }
+        if !(0.0..=1.0).contains(&config.jitter_factor) {
+            return Err(invalid("ATTUNE_RETRY_JITTER_FACTOR", config.jitter_factor, "must be between 0 and 1"));
+        }
+        Ok(config)
+    }
+}
+
+/// The policy in force for one action: its `retry:` block over the global config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EffectivePolicy {
+    pub enabled: bool,
+    pub backoff: BackoffKind,
+    pub base_secs: f64,
+    pub max_secs: f64,
+    pub multiplier: f64,
+    pub jitter: f64,
+    pub retry_on: Vec<FailureKind>,
+    pub idempotent: bool,
+}
+
+impl EffectivePolicy {
+    pub fn resolve(config: &RetryConfig, policy: Option<&RetryPolicy>) -> Self {
+        let p = policy.cloned().unwrap_or(RetryPolicy {
+            backoff: None,
+            base_delay_secs: None,
+            max_delay_secs: None,
+            multiplier: None,
+            jitter: None,
+            on: None,
+            exit_codes: None,
+            idempotent: None,
+        });
+        let base_secs = p.base_delay_secs.unwrap_or(config.base_backoff_secs);
+        EffectivePolicy {
+            enabled: config.enabled,
+            backoff: p.backoff.unwrap_or(BackoffKind::Exponential),
+            base_secs,
+            max_secs: p.max_delay_secs.unwrap_or(config.max_backoff_secs).max(base_secs),
+            multiplier: p.multiplier.unwrap_or(config.backoff_multiplier),
+            jitter: p.jitter.unwrap_or(config.jitter_factor),
+            retry_on: p.on.unwrap_or_else(|| FailureKind::RETRIABLE_BY_DEFAULT.to_vec()),
+            idempotent: p.idempotent.unwrap_or(true),
+        }
+    }
+
+    /// The backoff before retry `n` without jitter, capped at `max`.
+    pub fn base_delay(&self, n: i32) -> f64 {
+        let n = n.max(0);
+        let raw = match self.backoff {
+            BackoffKind::Fixed => self.base_secs,
+            BackoffKind::Linear => self.base_secs * f64::from(n + 1),
+            BackoffKind::Exponential => self.base_secs * self.multiplier.powi(n.min(1000)),
+        };
+        if raw.is_finite() { raw.min(self.max_secs) } else { self.max_secs }
+    }
+
+    /// The jittered backoff before retry `n`: within ±jitter of `base_delay(n)`, never above
+    /// `max`, in whole milliseconds.
+    pub fn delay(&self, n: i32, rng: &mut impl Rng) -> Duration {
+        let base = self.base_delay(n);
+        let factor = if self.jitter > 0.0 { 1.0 + rng.random_range(-self.jitter..=self.jitter) } else { 1.0 };
+        let secs = (base * factor).clamp(0.0, self.max_secs);
+        Duration::from_millis((secs * 1000.0).floor() as u64)
+    }
+}
+
+/// Whether the execution "may have started" on a worker that then vanished.
+fn worker_vanished_after_start(kind: FailureKind, started: bool) -> bool {
+    kind == FailureKind::WorkerHeartbeatStale || (kind == FailureKind::WorkerUnavailable && started)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum GiveUp {
+    Disabled,
+    NotRetriable(FailureKind),
+    Exhausted {
+        retry_count: i32,
+        max_retries: i32,
+    },
+    /// The action is not idempotent and may have started: the execution is `abandoned`.
+    NotIdempotent(FailureKind),
+}
+
+impl std::fmt::Display for GiveUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GiveUp::Disabled => write!(f, "retries are disabled"),
+            GiveUp::NotRetriable(kind) => write!(f, "'{kind}' is not retried for this action"),
+            GiveUp::Exhausted { retry_count, max_retries } => {
+                write!(f, "retries exhausted ({retry_count} of {max_retries})")
+            }
+            GiveUp::NotIdempotent(kind) => {
+                write!(f, "'{kind}' after the action may have started, and the action is not idempotent")
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryDecision {
+    Retry { at: DateTime<Utc>, delay: Duration, reason: FailureKind },
+    GiveUp(GiveUp),
+}
+
+/// What the decision looks at for one failed execution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedAttempt {
+    pub failure: FailureKind,
+    pub retry_count: i32,
+    pub max_retries: i32,
+    /// The execution had started running (a worker claimed it).
+    pub started: bool,
+}
+
+/// The pure retry decision.
+pub fn decide(
+    policy: &EffectivePolicy,
+    attempt: &FailedAttempt,
+    now: DateTime<Utc>,
+    rng: &mut impl Rng,
+) -> RetryDecision {
+    let kind = attempt.failure;
+    if kind == FailureKind::Canceled {
+        return RetryDecision::GiveUp(GiveUp::NotRetriable(kind));
+    }
+    if !policy.idempotent && worker_vanished_after_start(kind, attempt.started) {
+        return RetryDecision::GiveUp(GiveUp::NotIdempotent(kind));
+    }
+    if !policy.enabled {
+        return RetryDecision::GiveUp(GiveUp::Disabled);
+    }
+    if !policy.retry_on.contains(&kind) {
+        return RetryDecision::GiveUp(GiveUp::NotRetriable(kind));
+    }
+    if attempt.retry_count >= attempt.max_retries {
+        return RetryDecision::GiveUp(GiveUp::Exhausted {
+            retry_count: attempt.retry_count,
+            max_retries: attempt.max_retries,
+        });
+    }
+    let delay = policy.delay(attempt.retry_count, rng);
+    let at = now + chrono::Duration::milliseconds(delay.as_millis() as i64);
+    RetryDecision::Retry { at, delay, reason: kind }
+}
+
+/// The status a failure is recorded with: `abandoned` when the action may have run on a worker
+/// that vanished and is not idempotent, otherwise the status the reporter asked for.
+pub fn recorded_status(decision: &RetryDecision, reported: ExecutionStatus) -> ExecutionStatus {
+    match decision {
+        RetryDecision::GiveUp(GiveUp::NotIdempotent(_)) => ExecutionStatus::Abandoned,
+        _ => reported,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-02-09T12:00:00Z").unwrap().with_timezone(&Utc)
+    }
+
+    fn default_policy() -> EffectivePolicy {
+        EffectivePolicy::resolve(&RetryConfig::default(), None)
+    }
+
+    fn attempt(failure: FailureKind, retry_count: i32, max_retries: i32) -> FailedAttempt {
+        FailedAttempt { failure, retry_count, max_retries, started: true }
+    }
+
+    #[test]
+    fn the_backoff_table_doubles_from_one_second_and_caps_at_300() {
+        let policy = default_policy();
+        let expected = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 300.0, 300.0];
+        for (n, want) in expected.iter().enumerate() {
+            assert_eq!(policy.base_delay(n as i32), *want, "retry {n}");
+        }
+        assert_eq!(policy.base_delay(10_000), 300.0);
+        let mut rng = StdRng::seed_from_u64(7);
+        for (n, want) in expected.iter().enumerate() {
+            for _ in 0..200 {
+                let secs = policy.delay(n as i32, &mut rng).as_secs_f64();
+                assert!(secs >= want * 0.8 - 0.001 && secs <= (want * 1.2).min(300.0), "retry {n}: {secs}");
+            }
+        }
+    }
+
+    #[test]
+    fn jitter_is_spread_and_reproducible_with_a_seed() {
+        let policy = default_policy();
+        let sample = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..50).map(|_| policy.delay(3, &mut rng).as_millis()).collect::<Vec<_>>()
+        };
+        assert_eq!(sample(42), sample(42));
+        let values = sample(42);
+        assert!(values.iter().any(|&ms| ms < 8000) && values.iter().any(|&ms| ms > 8000));
+    }
+
+    #[test]
+    fn backoff_bounds_hold_for_random_policies() {
+        let mut rng = StdRng::seed_from_u64(0xbac0ff);
+        for _ in 0..5000 {
+            let base = rng.random_range(0.0..50.0);
+            let policy = EffectivePolicy {
+                enabled: true,
+                backoff: [BackoffKind::Fixed, BackoffKind::Linear, BackoffKind::Exponential][rng.random_range(0..3)],
+                base_secs: base,
+                max_secs: base + rng.random_range(0.0..500.0),
+                multiplier: rng.random_range(1.0..5.0),
+                jitter: rng.random_range(0.0..=1.0),
+                retry_on: vec![],
+                idempotent: true,
+            };
+            let n = rng.random_range(0..200);
+            let nominal = policy.base_delay(n);
+            let delay = policy.delay(n, &mut rng);
+            // millisecond precision
+            assert_eq!(delay.subsec_nanos() % 1_000_000, 0);
+            let delay = delay.as_secs_f64();
+            assert!(nominal <= policy.max_secs, "{policy:?} n={n}");
+            assert!(delay <= policy.max_secs + 1e-9, "{policy:?} n={n}: {delay}");
+            assert!(delay >= nominal * (1.0 - policy.jitter) - 0.001, "{policy:?} n={n}: {delay}");
+            assert!(delay <= nominal * (1.0 + policy.jitter) + 0.001, "{policy:?} n={n}: {delay}");
+        }
+    }
+
+    #[test]
+    fn linear_and_fixed_backoff() {
+        let config = RetryConfig::default();
+        let policy = |backoff| {
+            EffectivePolicy::resolve(
+                &config,
+                Some(&RetryPolicy {
+                    backoff: Some(backoff),
+                    base_delay_secs: Some(2.0),
+                    max_delay_secs: Some(7.0),
+                    multiplier: None,
+                    jitter: Some(0.0),
+                    on: None,
+                    exit_codes: None,
+                    idempotent: None,
+                }),
+            )
+        };
+        let linear: Vec<f64> = (0..5).map(|n| policy(BackoffKind::Linear).base_delay(n)).collect();
+        assert_eq!(linear, vec![2.0, 4.0, 6.0, 7.0, 7.0]);
+        let fixed: Vec<f64> = (0..3).map(|n| policy(BackoffKind::Fixed).base_delay(n)).collect();
+        assert_eq!(fixed, vec![2.0, 2.0, 2.0]);
+        let mut rng = StdRng::seed_from_u64(1);
+        assert_eq!(policy(BackoffKind::Fixed).delay(5, &mut rng), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn classification_decides_retry_or_give_up() {
+        let policy = default_policy();
+        let mut rng = StdRng::seed_from_u64(3);
+        for kind in FailureKind::ALL {
+            let decision = decide(&policy, &attempt(kind, 0, 3), now(), &mut rng);
+            let retried = matches!(decision, RetryDecision::Retry { .. });
+            assert_eq!(retried, kind.is_retriable_by_default(), "{kind}: {decision:?}");
+        }
+    }
+
+    #[test]
+    fn max_retries_boundaries() {
+        let policy = default_policy();
+        let mut rng = StdRng::seed_from_u64(4);
+        let retried = |retry_count, max_retries, rng: &mut StdRng| {
+            matches!(
+                decide(&policy, &attempt(FailureKind::TransientError, retry_count, max_retries), now(), rng),
+                RetryDecision::Retry { .. }
+            )
+        };
+        // max_retries 0: the first attempt runs, nothing after it.
+        assert!(!retried(0, 0, &mut rng));
+        // max_retries 1: one retry.
+        assert!(retried(0, 1, &mut rng));
+        assert!(!retried(1, 1, &mut rng));
+        // max_retries 3: at most 4 attempts (retry counts 0, 1, 2 are retried; 3 is the last).
+        let attempts = (0..10).take_while(|&n| retried(n, 3, &mut rng)).count() + 1;
+        assert_eq!(attempts, 4);
+        assert_eq!(
+            decide(&policy, &attempt(FailureKind::TransientError, 3, 3), now(), &mut rng),
+            RetryDecision::GiveUp(GiveUp::Exhausted { retry_count: 3, max_retries: 3 })
+        );
+    }
+
+    #[test]
+    fn the_retry_time_is_now_plus_the_delay() {
+        let policy = default_policy();
+        let mut rng = StdRng::seed_from_u64(5);
+        match decide(&policy, &attempt(FailureKind::QueueTimeout, 2, 5), now(), &mut rng) {
+            RetryDecision::Retry { at, delay, reason } => {
+                assert_eq!(reason, FailureKind::QueueTimeout);
+                assert_eq!((at - now()).num_milliseconds(), delay.as_millis() as i64);
+                assert!((3200..=4800).contains(&delay.as_millis()), "{delay:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn policy_overrides_kinds_idempotency_and_enabled() {
+        let config = RetryConfig::default();
+        let mut rng = StdRng::seed_from_u64(6);
+        let with = |on: Option<Vec<FailureKind>>, idempotent| {
+            EffectivePolicy::resolve(
+                &config,
+                Some(&RetryPolicy {
+                    backoff: None,
+                    base_delay_secs: None,
+                    max_delay_secs: None,
+                    multiplier: None,
+                    jitter: None,
+                    on,
+                    exit_codes: None,
+                    idempotent,
+                }),
+            )
+        };
+        let timeouts = with(Some(vec![FailureKind::Timeout]), None);
+        assert!(matches!(
+            decide(&timeouts, &attempt(FailureKind::Timeout, 0, 1), now(), &mut rng),
+            RetryDecision::Retry { .. }
+        ));
+        assert!(matches!(
+            decide(&timeouts, &attempt(FailureKind::TransientError, 0, 1), now(), &mut rng),
+            RetryDecision::GiveUp(_)
+        ));
+
+        let careful = with(None, Some(false));
+        let stale = attempt(FailureKind::WorkerHeartbeatStale, 0, 3);
+        let decision = decide(&careful, &stale, now(), &mut rng);
+        assert_eq!(decision, RetryDecision::GiveUp(GiveUp::NotIdempotent(FailureKind::WorkerHeartbeatStale)));
+        assert_eq!(recorded_status(&decision, ExecutionStatus::Failed), ExecutionStatus::Abandoned);
+        // never started: safe to retry even when not idempotent
+        let not_started = FailedAttempt { started: false, ..attempt(FailureKind::WorkerUnavailable, 0, 3) };
+        assert!(matches!(decide(&careful, &not_started, now(), &mut rng), RetryDecision::Retry { .. }));
+        assert!(matches!(
+            decide(&careful, &attempt(FailureKind::QueueTimeout, 0, 3), now(), &mut rng),
+            RetryDecision::Retry { .. }
+        ));
+
+        let disabled = EffectivePolicy::resolve(&RetryConfig { enabled: false, ..config.clone() }, None);
+        assert_eq!(
+            decide(&disabled, &attempt(FailureKind::TransientError, 0, 3), now(), &mut rng),
+            RetryDecision::GiveUp(GiveUp::Disabled)
+        );
+    }
+}

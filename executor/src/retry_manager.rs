@@ -1,0 +1,110 @@
+//! The RetryManager: records a failure and, when the retry policy says so, the retry that follows
+//! it, in one transaction. The retry is a new execution (`delayed` until `not_before`, linked by
+//! `original_execution`); the retry timer turns it into a request when it is due. The unique index
+//! on `original_execution` and the guarded transition make a redelivered failure harmless.
+
+use attune_common::db::{
+    self, execution::Execution, execution::NewExecution, execution::Outcome, execution::Transition,
+};
+use attune_common::pack::RetryPolicy;
+use attune_common::retry::{self, EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision};
+use attune_common::{ExecutionStatus, FailureKind};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+
+pub struct RetryManager {
+    pool: PgPool,
+    config: RetryConfig,
+}
+
+#[derive(Debug)]
+pub struct Recorded {
+    pub execution: Execution,
+    pub decision: RetryDecision,
+    pub retry: Option<Execution>,
+}
+
+impl RetryManager {
+    pub fn new(pool: PgPool, config: RetryConfig) -> Self {
+        RetryManager { pool, config }
+    }
+
+    pub fn config(&self) -> &RetryConfig {
+        &self.config
+    }
+
+    /// The effective policy of the execution's action.
+    async fn policy(&self, current: &Execution) -> Result<EffectivePolicy, sqlx::Error> {
+        let stored: Option<Value> = match current.action {
+            Some(action) => sqlx::query_scalar("SELECT retry_policy FROM action WHERE id = $1")
+                .bind(action)
+                .fetch_optional(&self.pool)
+                .await?
+                .flatten(),
+            None => None,
+        };
+        let policy: Option<RetryPolicy> = stored.and_then(|v| serde_json::from_value(v).ok());
+        Ok(EffectivePolicy::resolve(&self.config, policy.as_ref()))
+    }
+
+    /// Records `current` as failed (`reported` is `failed` or `timeout`) with `outcome`, guarded by
+    /// `from` and `owned_by`, and creates its retry when the policy says so. `Ok(None)`: the
+    /// transition missed (a duplicate or stale report); nothing was written.
+    pub async fn record_failure(
+        &self,
+        current: &Execution,
+        reported: ExecutionStatus,
+        from: &[ExecutionStatus],
+        owned_by: Option<i64>,
+        outcome: &Outcome,
+    ) -> Result<Option<Recorded>, sqlx::Error> {
+        let failure = outcome.failure_kind.as_deref().and_then(FailureKind::parse).unwrap_or(FailureKind::ActionFailed);
+        let policy = self.policy(current).await?;
+        let mut tx = self.pool.begin().await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        let attempt = FailedAttempt {
+            failure,
+            retry_count: current.retry_count,
+            max_retries: current.max_retries.unwrap_or(0),
+            started: current.started.is_some(),
+        };
+        let decision = retry::decide(&policy, &attempt, now, &mut rand::rng());
+        let status = retry::recorded_status(&decision, reported);
+        let from: Vec<ExecutionStatus> =
+            from.iter().copied().filter(|f| ExecutionStatus::can_transition(*f, status)).collect();
+        let mut transition = Transition::to(status).from(&from).outcome(outcome);
+        if let Some(worker) = owned_by {
+            transition = transition.owned_by(worker);
+        }
+        let Some(execution) = db::execution::transition(&mut *tx, current.id, &transition).await? else {
+            return Ok(None);
+        };
+        let retry = match &decision {
+            RetryDecision::Retry { at, reason, .. } => {
+                let new = NewExecution::retry_of(&execution, ExecutionStatus::Delayed, *reason, None, Some(*at));
+                Some(db::execution::insert(&mut *tx, &new).await?)
+            }
+            RetryDecision::GiveUp(_) => None,
+        };
+        tx.commit().await?;
+        match (&decision, &retry) {
+            (RetryDecision::Retry { delay, reason, .. }, Some(retry)) => tracing::info!(
+                execution_id = execution.id,
+                retry_execution_id = retry.id,
+                attempt = retry.retry_count,
+                reason = %reason,
+                delay_ms = delay.as_millis() as u64,
+                "retry scheduled"
+            ),
+            (RetryDecision::GiveUp(why), _) => tracing::info!(
+                execution_id = execution.id,
+                status = %execution.status,
+                failure_kind = %failure,
+                "not retried: {why}"
+            ),
+            _ => {}
+        }
+        Ok(Some(Recorded { execution, decision, retry }))
+    }
+}
