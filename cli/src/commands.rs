@@ -87,6 +87,46 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print(out, &execution, output::execution);
             Ok(0)
         }
+        Command::Execution(ExecutionCommand::Retry { id, params, wait, wait_timeout }) => {
+            let body = if params.is_empty() {
+                json!({})
+            } else {
+                let original = client.get(&format!("/api/v1/executions/{id}"), &[]).await?;
+                let action = client.get(&format!("/api/v1/actions/{}", text(&original["action_ref"])), &[]).await?;
+                json!({"parameters": parse_params(&action["parameters"], &params)?})
+            };
+            let retry = client.post(&format!("/api/v1/executions/{id}/retry"), &body).await?;
+            finish(&client, out, retry, wait, wait_timeout).await
+        }
+        Command::Execution(ExecutionCommand::Chain { id }) => {
+            let chain = client.get(&format!("/api/v1/executions/{id}/chain"), &[]).await?;
+            print(out, &chain, |chain| {
+                let secs = |v: &Value| v.as_f64().map(|s| format!("{s:.3}s")).unwrap_or_else(|| "-".into());
+                let rows: Vec<Vec<String>> = chain["attempts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|a| {
+                        vec![
+                            text(&a["retry_count"]),
+                            text(&a["id"]),
+                            text(&a["status"]),
+                            text(&a["retry_reason"]),
+                            text(&a["failure_kind"]),
+                            text(&a["worker"]),
+                            secs(&a["backoff_secs"]),
+                            secs(&a["gap_secs"]),
+                            if a["status"] == "delayed" { text(&a["not_before"]) } else { text(&a["finished"]) },
+                        ]
+                    })
+                    .collect();
+                output::table(
+                    &["attempt", "id", "status", "reason", "failure", "worker", "backoff", "gap", "finished / next at"],
+                    &rows,
+                )
+            });
+            Ok(0)
+        }
         Command::Execution(ExecutionCommand::List { status, action, limit, offset }) => {
             let mut query = vec![("limit", limit.to_string()), ("offset", offset.to_string())];
             if let Some(status) = status {
@@ -127,16 +167,22 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let parameters = parse_params(&action["parameters"], &params)?;
             let execution =
                 client.post("/api/v1/executions", &json!({"action_ref": action_ref, "parameters": parameters})).await?;
-            if !wait {
-                print(out, &execution, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));
-                return Ok(0);
-            }
-            let id = execution["id"].as_i64().context("the API returned an execution without an id")?;
-            let finished = wait_for(&client, id, Duration::from_secs(wait_timeout)).await?;
-            print(out, &finished, output::execution);
-            Ok(if finished["status"] == "completed" { 0 } else { 2 })
+            finish(&client, out, execution, wait, wait_timeout).await
         }
     }
+}
+
+/// Prints a submitted execution, or waits for it and prints how it ended (exit 0 only if it
+/// completed).
+async fn finish(client: &Client, out: Output, execution: Value, wait: bool, wait_timeout: u64) -> anyhow::Result<i32> {
+    if !wait {
+        print(out, &execution, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));
+        return Ok(0);
+    }
+    let id = execution["id"].as_i64().context("the API returned an execution without an id")?;
+    let finished = wait_for(client, id, Duration::from_secs(wait_timeout)).await?;
+    print(out, &finished, output::execution);
+    Ok(if finished["status"] == "completed" { 0 } else { 2 })
 }
 
 /// `key=value` pairs typed by the action's declared parameters: strings stay as written, other

@@ -68,6 +68,18 @@ pub enum Command {
 pub enum ExecutionCommand {
     /// Show one execution
     Get { id: i64 },
+    /// Retry a finished execution by hand (optionally with changed parameters as key=value)
+    Retry {
+        id: i64,
+        params: Vec<String>,
+        /// Wait for the retry to finish and exit non-zero unless it completed
+        #[arg(long)]
+        wait: bool,
+        #[arg(long, default_value_t = 600)]
+        wait_timeout: u64,
+    },
+    /// Show every attempt of the retry chain an execution belongs to
+    Chain { id: i64 },
     /// List executions, newest first
     List {
         #[arg(long)]

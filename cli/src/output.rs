@@ -48,7 +48,8 @@ pub fn execution(e: &Value) -> String {
         "max_retries",
         "retry_reason",
         "original_execution",
-        "not_before",
+        "retried_by",
+        "next_attempt_at",
         "created",
         "updated",
     ];

@@ -186,6 +186,88 @@ impl System {
         sqlx::query_scalar("SELECT id FROM worker WHERE name = $1").bind(name).fetch_one(&self.db.pool).await.unwrap()
     }
 
+    /// Sends `signal` (e.g. `libc::SIGKILL` = 9) to a process and, for a fatal one, waits for it.
+    pub fn signal(&mut self, name: &str, signal: i32) {
+        let child = self.processes.0.get_mut(name).unwrap_or_else(|| panic!("no process {name}"));
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().unwrap();
+        assert!(status.success(), "kill -{signal} {name}");
+        if signal == 9 || signal == 15 {
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a process again (after `signal`), with the same binary and environment.
+    pub fn restart(&mut self, name: &str) {
+        let (binary, env) = match name {
+            "api" => ("attune-api", BTreeMap::new()),
+            "executor" => ("attune-executor", BTreeMap::new()),
+            worker => {
+                let mut env = BTreeMap::new();
+                env.insert("ATTUNE_WORKER_NAME".to_string(), worker.to_string());
+                env.insert(
+                    "ATTUNE_WORKER_HEALTH_OVERRIDE_FILE".to_string(),
+                    self.health_override_file(worker).display().to_string(),
+                );
+                ("attune-worker", env)
+            }
+        };
+        if let Some(mut old) = self.processes.0.remove(name) {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        self.spawn(name, binary, &env);
+    }
+
+    /// Publishes a raw message into this system's namespace (to test duplicates and poison).
+    pub async fn publish_raw(&self, routing_key: &str, body: &[u8]) {
+        use lapin::options::BasicPublishOptions;
+        let connection = attune_common::mq::connect(&amqp_url(), "attune-test-publisher").await.unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        channel.confirm_select(Default::default()).await.unwrap();
+        let confirm = channel
+            .basic_publish(
+                self.namespace.name.as_str().into(),
+                routing_key.into(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                body,
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "{confirm:?}");
+        let _ = connection.close(200, "done".into()).await;
+    }
+
+    /// Waits until a process's log contains `needle`.
+    pub async fn wait_log(&self, name: &str, needle: &str) {
+        wait_for(&format!("'{needle}' in the {name} log"), Duration::from_secs(30), || async move {
+            self.log(name).contains(needle).then_some(())
+        })
+        .await
+    }
+
+    /// Waits until the retry chain of `id` ends in a terminal attempt and returns its attempts.
+    pub async fn wait_chain(&self, id: i64, deadline: Duration) -> Vec<Value> {
+        wait_for(&format!("the retry chain of {id} to end"), deadline, || async move {
+            let (status, chain) = self.get(&format!("/api/v1/executions/{id}/chain")).await;
+            assert_eq!(status, 200, "{chain}");
+            let attempts = chain["attempts"].as_array()?.clone();
+            let last = attempts.last()?;
+            let terminal =
+                matches!(last["status"].as_str(), Some("completed" | "failed" | "timeout" | "canceled" | "abandoned"));
+            // a failed last attempt may still be about to get its retry: only accept it once the
+            // API shows it has none
+            if !terminal {
+                return None;
+            }
+            let (_, view) = self.get(&format!("/api/v1/executions/{}", last["id"])).await;
+            view["retried_by"].is_null().then_some(attempts)
+        })
+        .await
+    }
+
     /// The log file of a process (for assertions and for reading after a failure).
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default()

@@ -2,7 +2,7 @@
 
 use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
 use attune_common::mq::{ExecutionRequest, REQUEST_KEY};
-use attune_common::{ExecutionStatus, params};
+use attune_common::{ExecutionStatus, FailureKind, params};
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -38,6 +38,14 @@ pub async fn create(
     let Json(body) = body?;
     let given = object("parameters", body.parameters)?;
     let config = object("config", body.config)?;
+    if let Some(retry_of) = config.get("retry_of") {
+        // The seed's Example 4: a manual retry expressed as a new submission.
+        let parent = retry_of
+            .as_i64()
+            .ok_or_else(|| ApiError::invalid("config.retry_of", "'config.retry_of' must be an execution id"))?;
+        let request = ManualRetry { parent, action_ref: Some(body.action_ref), parameters: Some(given), config };
+        return manual_retry(&state, request).await.map(|e| (StatusCode::CREATED, Json(e)));
+    }
     let action = db::action::get_by_ref(&state.db, &body.action_ref)
         .await?
         .ok_or_else(|| ApiError::not_found("action", format!("action '{}' does not exist", body.action_ref)))?;
@@ -59,22 +67,204 @@ pub async fn create(
         not_before: None,
     };
     let execution = db::execution::insert(&state.db, &new).await?;
-    // The row is the record; if this publish fails the executors' monitor re-publishes it.
-    if let Err(e) = state.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id: execution.id }).await {
-        tracing::warn!(execution_id = execution.id, error = %e, "could not publish the request now; the monitor will");
-    }
+    publish_request(&state, execution.id).await;
     Ok((StatusCode::CREATED, Json(execution)))
+}
+
+/// An execution with where its retry chain goes next.
+#[derive(Debug, Serialize)]
+pub struct ExecutionView {
+    #[serde(flatten)]
+    pub execution: Execution,
+    /// The execution that retries this one, if any.
+    pub retried_by: Option<i64>,
+    /// When the next attempt runs, while a retry is waiting out its backoff.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+async fn find(state: &crate::AppState, id: i64) -> Result<Execution, ApiError> {
+    db::execution::get(&state.db, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))
 }
 
 pub async fn get(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Json<Execution>, ApiError> {
+) -> Result<Json<ExecutionView>, ApiError> {
     let Path(id) = id?;
-    db::execution::get(&state.db, id)
-        .await?
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))
+    let execution = find(&state, id).await?;
+    let retry = db::execution::retry_of(&state.db, id).await?;
+    let next_attempt_at = match (&retry, execution.status) {
+        (_, ExecutionStatus::Delayed) => execution.not_before,
+        (Some(retry), _) if retry.status == ExecutionStatus::Delayed => retry.not_before,
+        _ => None,
+    };
+    Ok(Json(ExecutionView { retried_by: retry.map(|r| r.id), next_attempt_at, execution }))
+}
+
+/// One attempt of a retry chain, with the timing between it and the attempt it retries.
+#[derive(Debug, Serialize)]
+pub struct Attempt {
+    #[serde(flatten)]
+    pub execution: Execution,
+    /// Seconds from the previous attempt's end to this attempt's `not_before` (the computed backoff).
+    pub backoff_secs: Option<f64>,
+    /// Seconds from the previous attempt's end to this attempt's start.
+    pub gap_secs: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Chain {
+    pub execution_id: i64,
+    pub attempts: Vec<Attempt>,
+}
+
+pub async fn chain(
+    State(state): State<crate::State>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Chain>, ApiError> {
+    let Path(id) = id?;
+    find(&state, id).await?;
+    let executions = db::execution::chain(&state.db, id).await?;
+    let seconds = |from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>| match (from, to) {
+        (Some(from), Some(to)) => Some((to - from).num_milliseconds() as f64 / 1000.0),
+        _ => None,
+    };
+    let attempts = executions
+        .iter()
+        .map(|execution| {
+            let parent = executions.iter().find(|p| Some(p.id) == execution.original_execution);
+            let parent_end = parent.and_then(|p| p.finished);
+            Attempt {
+                backoff_secs: seconds(parent_end, execution.not_before),
+                gap_secs: seconds(parent_end, execution.started),
+                execution: execution.clone(),
+            }
+        })
+        .collect();
+    Ok(Json(Chain { execution_id: id, attempts }))
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBody {
+    /// Replaces the parameters of the execution being retried.
+    #[serde(default)]
+    pub parameters: Option<Value>,
+}
+
+pub async fn retry(
+    State(state): State<crate::State>,
+    id: Result<Path<i64>, PathRejection>,
+    body: Option<Json<RetryBody>>,
+) -> Result<(StatusCode, Json<Execution>), ApiError> {
+    let Path(parent) = id?;
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let parameters = match body.parameters {
+        None => None,
+        some => Some(object("parameters", some)?),
+    };
+    let request = ManualRetry { parent, action_ref: None, parameters, config: Map::new() };
+    manual_retry(&state, request).await.map(|e| (StatusCode::CREATED, Json(e)))
+}
+
+struct ManualRetry {
+    parent: i64,
+    /// When given (Example 4's body), it must be the retried execution's action.
+    action_ref: Option<String>,
+    parameters: Option<Map<String, Value>>,
+    /// Extra config from the client (Example 4's `config`); `max_retries` in it sets the budget.
+    config: Map<String, Value>,
+}
+
+/// An operator's retry: allowed on any terminal execution that has not been retried yet, whatever
+/// its failure kind or retry count; recorded as `manual_retry` and requested at once.
+async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<Execution, ApiError> {
+    let parent = db::execution::get(&state.db, request.parent).await?.ok_or_else(|| {
+        let mut error = ApiError::not_found("execution", format!("execution {} does not exist", request.parent));
+        error.parameter = Some(if request.action_ref.is_some() { "config.retry_of" } else { "id" }.to_string());
+        error
+    })?;
+    if !parent.status.is_terminal() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_terminal",
+            format!("execution {} is {}; only a finished execution can be retried", parent.id, parent.status),
+        ));
+    }
+    if let Some(existing) = db::execution::retry_of(&state.db, parent.id).await? {
+        return Err(already_retried(parent.id, existing.id));
+    }
+    if let Some(action_ref) = &request.action_ref
+        && *action_ref != parent.action_ref
+    {
+        return Err(ApiError::invalid(
+            "action_ref",
+            format!("execution {} ran '{}', not '{action_ref}'", parent.id, parent.action_ref),
+        ));
+    }
+    let parameters = match request.parameters {
+        Some(given) => {
+            let action = match parent.action {
+                Some(id) => db::action::get(&state.db, id).await?,
+                None => None,
+            };
+            let action = action.ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "action_not_found",
+                    format!("action '{}' no longer exists", parent.action_ref),
+                )
+            })?;
+            let specs: params::ParamSpecs = serde_json::from_value(action.parameters)
+                .map_err(|e| ApiError::internal("stored parameter declarations are unreadable", e))?;
+            let resolved = params::validate(&specs, &given)
+                .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
+            Some(Value::Object(resolved))
+        }
+        None => None,
+    };
+    let mut new =
+        NewExecution::retry_of(&parent, ExecutionStatus::Requested, FailureKind::ManualRetry, parameters, None);
+    if let Some(max_retries) = request.config.get("max_retries") {
+        new.max_retries =
+            max_retries.as_i64().filter(|n| (0..=100).contains(n)).ok_or_else(|| {
+                ApiError::invalid("config.max_retries", "'config.max_retries' must be between 0 and 100")
+            })? as i32;
+    }
+    for (key, value) in request.config {
+        if key != "retry_reason" {
+            new.config[key] = value;
+        }
+    }
+    let execution = match db::execution::insert(&state.db, &new).await {
+        Ok(execution) => execution,
+        Err(sqlx::Error::Database(e)) if e.constraint() == Some("execution_one_retry_per_parent") => {
+            let existing = db::execution::retry_of(&state.db, parent.id).await?.map(|e| e.id).unwrap_or_default();
+            return Err(already_retried(parent.id, existing));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(execution_id = execution.id, retried = parent.id, "manual retry requested");
+    publish_request(state, execution.id).await;
+    Ok(execution)
+}
+
+fn already_retried(parent: i64, existing: i64) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "already_retried",
+        format!("execution {parent} was already retried by execution {existing}"),
+    )
+    .with_extra(serde_json::json!({"retry_execution": existing}))
+}
+
+/// The row is the record; if this publish fails the executors' monitor re-publishes it.
+async fn publish_request(state: &crate::AppState, execution_id: i64) {
+    if let Err(e) = state.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id }).await {
+        tracing::warn!(execution_id, error = %e, "could not publish the request now; the monitor will");
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -14,6 +14,8 @@ pub fn api_routes() -> Router<State> {
     Router::new()
         .route("/executions", post(executions::create).get(executions::list))
         .route("/executions/{id}", get(executions::get))
+        .route("/executions/{id}/retry", post(executions::retry))
+        .route("/executions/{id}/chain", get(executions::chain))
         .route("/actions", get(catalog::list_actions))
         .route("/actions/{action_ref}", get(catalog::get_action))
         .route("/packs", get(catalog::list_packs).post(catalog::register_pack))
