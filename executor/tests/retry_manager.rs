@@ -1,0 +1,185 @@
+//! The RetryManager on the real PostgreSQL: one retry per failure under concurrency, and
+//! `is_execution_retriable` (SQL) agreeing with `retry::decide` (Rust) on random executions.
+
+use attune_common::db::{self, execution::NewExecution, execution::Outcome};
+use attune_common::retry::{EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision, decide};
+use attune_common::{ExecutionStatus, FailureKind};
+use attune_executor::retry_manager::RetryManager;
+use attune_testkit::TestDb;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+async fn action(pool: &PgPool, name: &str, policy: Option<Value>) -> i64 {
+    let pack: i64 = sqlx::query_scalar(
+        "INSERT INTO pack (ref, version) VALUES ('t', '1') ON CONFLICT (ref) DO UPDATE SET version = '1' RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    sqlx::query_scalar(
+        "INSERT INTO action (ref, pack, name, runtime, entrypoint, max_retries, retry_policy) \
+         VALUES ($1, $2, $3, 'shell', 'x.sh', 3, $4) RETURNING id",
+    )
+    .bind(format!("t.{name}"))
+    .bind(pack)
+    .bind(name)
+    .bind(policy)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+fn new(action: i64, retry_count: i32, max_retries: i32) -> NewExecution {
+    NewExecution {
+        action: Some(action),
+        action_ref: "t.a".into(),
+        parameters: json!({}),
+        config: json!({}),
+        status: ExecutionStatus::Requested,
+        max_retries,
+        timeout_seconds: 30,
+        retry_count,
+        retry_reason: None,
+        original_execution: None,
+        not_before: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reports_of_one_failure_create_exactly_one_retry() {
+    let test = TestDb::new().await;
+    let pool = test.pool.clone();
+    let action = action(&pool, "a", None).await;
+    let worker = db::worker::register(&pool, "w", &json!({})).await.unwrap();
+    let manager = std::sync::Arc::new(RetryManager::new(pool.clone(), RetryConfig::default()));
+    for _ in 0..20 {
+        let execution = db::execution::insert(&pool, &new(action, 0, 3)).await.unwrap();
+        sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
+            .bind(execution.id)
+            .bind(worker)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let current = db::execution::get(&pool, execution.id).await.unwrap().unwrap();
+        let outcome =
+            Outcome { failure_kind: Some("transient_error".into()), exit_code: Some(75), ..Default::default() };
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (manager, current, outcome) = (manager.clone(), current.clone(), outcome.clone());
+                tokio::spawn(async move {
+                    manager
+                        .record_failure(
+                            &current,
+                            ExecutionStatus::Failed,
+                            &[ExecutionStatus::Running],
+                            Some(worker),
+                            &outcome,
+                        )
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut applied = 0;
+        for task in tasks {
+            if let Some(recorded) = task.await.unwrap() {
+                applied += 1;
+                let retry = recorded.retry.expect("a transient failure with budget left is retried");
+                assert_eq!((retry.status, retry.retry_count), (ExecutionStatus::Delayed, 1));
+                assert!(retry.not_before.unwrap() > recorded.execution.finished.unwrap());
+            }
+        }
+        assert_eq!(applied, 1);
+        let retries: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE original_execution = $1")
+            .bind(execution.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(retries, 1);
+    }
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn sql_and_rust_agree_on_retry_eligibility() {
+    let test = TestDb::new().await;
+    let pool = &test.pool;
+    let mut rng = StdRng::seed_from_u64(0x2e7a1);
+    let config = RetryConfig::default();
+    let kinds: Vec<FailureKind> = FailureKind::ALL.into_iter().filter(|k| *k != FailureKind::Canceled).collect();
+    let mut policies: Vec<(i64, Option<attune_common::pack::RetryPolicy>)> = Vec::new();
+    for i in 0..12 {
+        let policy = match i % 4 {
+            0 => None,
+            _ => {
+                let on: Option<Vec<FailureKind>> =
+                    rng.random_bool(0.6).then(|| kinds.iter().copied().filter(|_| rng.random_bool(0.4)).collect());
+                let idempotent = if rng.random_bool(0.5) { Some(rng.random_bool(0.5)) } else { None };
+                Some(attune_common::pack::RetryPolicy {
+                    backoff: None,
+                    base_delay_secs: None,
+                    max_delay_secs: None,
+                    multiplier: None,
+                    jitter: None,
+                    on,
+                    exit_codes: None,
+                    idempotent,
+                })
+            }
+        };
+        let stored = policy.as_ref().map(|p| serde_json::to_value(p).unwrap());
+        policies.push((action(pool, &format!("a{i}"), stored).await, policy));
+    }
+    let statuses = [
+        ExecutionStatus::Failed,
+        ExecutionStatus::Timeout,
+        ExecutionStatus::Completed,
+        ExecutionStatus::Abandoned,
+        ExecutionStatus::Canceled,
+    ];
+    let mut retriable = 0;
+    for _ in 0..1000 {
+        let (action, policy) = &policies[rng.random_range(0..policies.len())];
+        let status = statuses[rng.random_range(0..statuses.len())];
+        let kind = rng.random_bool(0.95).then(|| kinds[rng.random_range(0..kinds.len())]);
+        let retry_count = rng.random_range(0..4);
+        let max_retries = rng.random_range(0..4);
+        let started = rng.random_bool(0.5);
+        let execution = db::execution::insert(pool, &new(*action, retry_count, max_retries)).await.unwrap();
+        sqlx::query(
+            "UPDATE execution SET status = $2, failure_kind = $3, finished = now(), \
+             started = CASE WHEN $4 THEN now() END WHERE id = $1",
+        )
+        .bind(execution.id)
+        .bind(status)
+        .bind(kind.map(|k| k.as_str()))
+        .bind(started)
+        .execute(pool)
+        .await
+        .unwrap();
+        let already_retried = rng.random_bool(0.2);
+        if already_retried {
+            let mut retry = new(*action, retry_count + 1, max_retries);
+            retry.original_execution = Some(execution.id);
+            db::execution::insert(pool, &retry).await.unwrap();
+        }
+        let sql: bool =
+            sqlx::query_scalar("SELECT is_execution_retriable($1)").bind(execution.id).fetch_one(pool).await.unwrap();
+        let effective = EffectivePolicy::resolve(&config, policy.as_ref());
+        let rust = matches!(status, ExecutionStatus::Failed | ExecutionStatus::Timeout)
+            && !already_retried
+            && kind.is_some_and(|failure| {
+                let attempt = FailedAttempt { failure, retry_count, max_retries, started };
+                matches!(decide(&effective, &attempt, chrono::Utc::now(), &mut rng), RetryDecision::Retry { .. })
+            });
+        assert_eq!(
+            sql, rust,
+            "{status} {kind:?} {retry_count}/{max_retries} started={started} retried={already_retried} {policy:?}"
+        );
+        retriable += usize::from(rust);
+    }
+    assert!(retriable > 30, "the sample exercises both answers ({retriable} retriable)");
+    test.drop_database().await;
+}
