@@ -20,14 +20,19 @@ async fn the_seed_example_selects_a_then_b_then_c_and_never_d() {
     for name in ["a", "b", "c", "d"] {
         builder = builder.worker(name, &[]);
     }
-    // Forced before start so that the first heartbeat already carries it.
     let system = builder.start().await;
-    system.force_health("a", Some(json!({"queue_depth": 5})));
-    system.force_health("b", Some(json!({"queue_depth": 20})));
-    system.force_health("c", Some(json!({"consecutive_failures": 3, "queue_depth": 10})));
-    system.force_health("d", Some(json!({"consecutive_failures": 10, "queue_depth": 0})));
-    for (name, class) in [("a", "healthy"), ("b", "healthy"), ("c", "degraded"), ("d", "unhealthy")] {
-        system.wait_worker_health(name, class).await;
+    let forced = [
+        ("a", json!({"queue_depth": 5}), "healthy"),
+        ("b", json!({"queue_depth": 20}), "healthy"),
+        ("c", json!({"consecutive_failures": 3, "queue_depth": 10}), "degraded"),
+        ("d", json!({"consecutive_failures": 10, "queue_depth": 0}), "unhealthy"),
+    ];
+    for (name, fields, _) in &forced {
+        system.force_health(name, Some(fields.clone()));
+    }
+    for (name, fields, class) in &forced {
+        let worker = system.wait_worker_reports(name, fields).await;
+        assert_eq!(worker["health"], *class, "{worker}");
     }
     let ids: BTreeMap<&str, i64> = {
         let mut ids = BTreeMap::new();

@@ -181,6 +181,17 @@ impl System {
         .await
     }
 
+    /// Waits until the API shows `worker` reporting every field of `fields` in its health.
+    pub async fn wait_worker_reports(&self, worker: &str, fields: &Value) -> Value {
+        wait_for(&format!("worker {worker} to report {fields}"), Duration::from_secs(30), || async move {
+            let (_, workers) = self.get("/api/v1/workers").await;
+            let found = workers.as_array()?.iter().find(|w| w["name"] == worker)?.clone();
+            let health = &found["capabilities"]["health"];
+            fields.as_object()?.iter().all(|(k, v)| &health[k] == v).then_some(found)
+        })
+        .await
+    }
+
     /// The id of the worker called `name`.
     pub async fn worker_id(&self, name: &str) -> i64 {
         sqlx::query_scalar("SELECT id FROM worker WHERE name = $1").bind(name).fetch_one(&self.db.pool).await.unwrap()
