@@ -205,3 +205,20 @@ async fn registering_a_pack_again_updates_it_and_drops_removed_actions() {
 fn rand_suffix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
 }
+
+#[tokio::test]
+async fn nul_characters_in_output_are_stored_replaced_not_refused() {
+    let test = TestDb::new().await;
+    let pool = &test.pool;
+    let action = core_pack(pool).await;
+    let execution = db::execution::insert(pool, &new_execution(&action)).await.unwrap();
+    force_status(pool, execution.id, Running, None).await;
+    let outcome = Outcome { stdout: Some("a\0b".into()), result: Some(json!({"k\0": ["x\0"]})), ..Default::default() };
+    let done = db::execution::transition(pool, execution.id, &Transition::to(Completed).outcome(&outcome))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.stdout.as_deref(), Some("a\u{FFFD}b"));
+    assert_eq!(done.result, Some(json!({"k\u{FFFD}": ["x\u{FFFD}"]})));
+    test.drop_database().await;
+}

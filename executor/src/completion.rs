@@ -14,7 +14,7 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
             return Disposition::DeadLetter;
         }
     };
-    match record(context, &result).await {
+    match db::retry_while_unavailable("recording a result", || record(context, &result)).await {
         Ok(()) => Disposition::Ack,
         Err(e) => {
             tracing::warn!(execution_id = result.execution_id, error = %e, "recording the result failed, will be redelivered");

@@ -38,6 +38,16 @@ pub enum Error {
     Config(#[from] ConfigError),
 }
 
+impl db::AsTransient for Error {
+    fn is_transient(&self) -> bool {
+        match self {
+            Error::Database(e) => db::is_transient(e),
+            Error::Broker(_) => true,
+            Error::Migrate(_) | Error::Config(_) => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub common: CommonSettings,

@@ -15,7 +15,8 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
             return Disposition::DeadLetter;
         }
     };
-    match schedule(context, request.execution_id).await {
+    let execution_id = request.execution_id;
+    match db::retry_while_unavailable("scheduling", || schedule(context, execution_id)).await {
         Ok(()) => Disposition::Ack,
         Err(e) => {
             tracing::warn!(execution_id = request.execution_id, error = %e, "scheduling failed, will be redelivered");

@@ -213,7 +213,11 @@ impl Worker {
         }
         let _in_flight = self.health.start();
         let claim = Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(self.id);
-        match db::execution::transition(&self.db, dispatch.execution_id, &claim).await {
+        let claimed = db::retry_while_unavailable("claiming an execution", || {
+            db::execution::transition(&self.db, dispatch.execution_id, &claim)
+        })
+        .await;
+        match claimed {
             Ok(Some(_)) => {}
             Ok(None) => {
                 tracing::debug!(execution_id = dispatch.execution_id, "dispatch is stale or a duplicate");

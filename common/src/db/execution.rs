@@ -161,6 +161,55 @@ pub struct Outcome {
     pub stderr: Option<String>,
 }
 
+impl Outcome {
+    fn has_nul(&self) -> bool {
+        let text = |s: &Option<String>| s.as_deref().is_some_and(|s| s.contains('\0'));
+        text(&self.error) || text(&self.stdout) || text(&self.stderr) || self.result.as_ref().is_some_and(json_has_nul)
+    }
+
+    /// PostgreSQL stores no NUL character in TEXT or JSONB: replace them (U+FFFD) rather than fail
+    /// on every delivery of an action's odd output.
+    fn without_nul(&self) -> Outcome {
+        let text = |s: &Option<String>| s.as_ref().map(|s| s.replace('\0', "\u{FFFD}"));
+        let mut result = self.result.clone();
+        if let Some(value) = result.as_mut() {
+            strip_json_nul(value);
+        }
+        Outcome {
+            result,
+            failure_kind: self.failure_kind.clone(),
+            error: text(&self.error),
+            exit_code: self.exit_code,
+            stdout: text(&self.stdout),
+            stderr: text(&self.stderr),
+        }
+    }
+}
+
+fn json_has_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(json_has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || json_has_nul(v)),
+        _ => false,
+    }
+}
+
+fn strip_json_nul(value: &mut Value) {
+    match value {
+        Value::String(s) => *s = s.replace('\0', "\u{FFFD}"),
+        Value::Array(items) => items.iter_mut().for_each(strip_json_nul),
+        Value::Object(map) => {
+            let entries: Vec<(String, Value)> = std::mem::take(map).into_iter().collect();
+            for (key, mut v) in entries {
+                strip_json_nul(&mut v);
+                map.insert(key.replace('\0', "\u{FFFD}"), v);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// One guarded status change.
 #[derive(Debug, Clone)]
 pub struct Transition<'a> {
@@ -213,7 +262,14 @@ pub async fn transition(
         );
     }
     let empty = Outcome::default();
-    let outcome = transition.outcome.unwrap_or(&empty);
+    let given = transition.outcome.unwrap_or(&empty);
+    let sanitized;
+    let outcome = if given.has_nul() {
+        sanitized = given.without_nul();
+        &sanitized
+    } else {
+        given
+    };
     let sql = format!(
         "UPDATE execution SET status = $2, updated = now(), \
             worker = COALESCE($4, worker), \

@@ -37,6 +37,54 @@ pub async fn connect(database_url: &str, max_connections: u32, deadline: Duratio
     }
 }
 
+/// Whether an error means the database is unreachable or the statement lost a race (so the same
+/// work will succeed if tried again later), as opposed to a problem with the data itself.
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(e) => {
+            let code = e.code().unwrap_or_default();
+            // connection exceptions, admin shutdown / crash / cannot connect now, too many
+            // connections, serialization failure and deadlock
+            code.starts_with("08") || code.starts_with("57P") || matches!(code.as_ref(), "53300" | "40001" | "40P01")
+        }
+        _ => false,
+    }
+}
+
+/// Runs `work` until it succeeds or fails for a reason other than the database being away,
+/// waiting with backoff (100 ms doubling to 5 s) in between. Message handlers use it so that an
+/// outage delays messages instead of burning their delivery limit.
+pub async fn retry_while_unavailable<T, E, F, Fut>(what: &str, mut work: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display + AsTransient,
+{
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match work().await {
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "{what}: dependency unavailable, waiting");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Errors that can say whether they are worth retrying as they are.
+pub trait AsTransient {
+    fn is_transient(&self) -> bool;
+}
+
+impl AsTransient for sqlx::Error {
+    fn is_transient(&self) -> bool {
+        is_transient(self)
+    }
+}
+
 /// Applies pending migrations. Safe to call from several services at once (sqlx takes an
 /// advisory lock).
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
