@@ -98,6 +98,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let retry = client.post(&format!("/api/v1/executions/{id}/retry"), &body).await?;
             finish(&client, out, retry, wait, wait_timeout).await
         }
+        Command::Execution(ExecutionCommand::Cancel { id }) => {
+            let canceled = client.post(&format!("/api/v1/executions/{id}/cancel"), &json!({})).await?;
+            print(out, &canceled, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));
+            Ok(0)
+        }
         Command::Execution(ExecutionCommand::Chain { id }) => {
             let chain = client.get(&format!("/api/v1/executions/{id}/chain"), &[]).await?;
             print(out, &chain, |chain| {

@@ -78,6 +78,8 @@ pub enum ExecutionCommand {
         #[arg(long, default_value_t = 600)]
         wait_timeout: u64,
     },
+    /// Cancel an execution that has not finished (a running one's process group is killed)
+    Cancel { id: i64 },
     /// Show every attempt of the retry chain an execution belongs to
     Chain { id: i64 },
     /// List executions, newest first

@@ -27,12 +27,15 @@ pub enum FailureKind {
     Timeout,
     /// The execution was canceled by a client.
     Canceled,
+    /// A message about the execution failed processing on every one of its deliveries and was
+    /// dead-lettered (see `mq::DELIVERY_LIMIT`); not retried, as it would most likely fail again.
+    PoisonMessage,
 }
 
 use FailureKind::*;
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 12] = [
+    pub const ALL: [FailureKind; 13] = [
         WorkerUnavailable,
         QueueTimeout,
         WorkerHeartbeatStale,
@@ -45,6 +48,7 @@ impl FailureKind {
         ActionFailed,
         Timeout,
         Canceled,
+        PoisonMessage,
     ];
 
     /// The kinds retried automatically when an action's policy does not say otherwise.
@@ -69,6 +73,7 @@ impl FailureKind {
             ActionFailed => "action_failed",
             Timeout => "timeout",
             Canceled => "canceled",
+            PoisonMessage => "poison_message",
         }
     }
 
@@ -99,6 +104,7 @@ mod tests {
             "action_failed",
             "timeout",
             "canceled",
+            "poison_message",
         ];
         for name in retriable {
             assert!(FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");

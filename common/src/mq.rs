@@ -6,11 +6,16 @@
 //!   executors), `execution.result` → `ns.execution.results` (workers to executors),
 //!   `worker.<id>` → `ns.worker.<id>` (executor to one worker).
 //! - `ns.dlx` (topic) bound with `#` to `ns.dlq`: dead letters keep their original routing key,
-//!   which a direct exchange could not match with `#`.
+//!   which a direct exchange could not match with `#`. The executors' DLQ handler consumes it;
+//!   what it cannot act on goes to `ns.parked` (routing key `parked`) for an operator to read.
+//! - `ns.control` (fanout): cancel notices, to an exclusive queue of every worker.
 //!
 //! Every queue is a durable quorum queue with `x-delivery-limit`, so a message that keeps failing
 //! is dead-lettered instead of redelivered forever. Worker queues also carry a message TTL: work
-//! stranded on a dead worker expires into the dead-letter queue.
+//! stranded on a dead worker expires into the dead-letter queue. A worker queue's name carries its
+//! TTL (`ns.worker.<id>.ttl<secs>`): RabbitMQ refuses to redeclare a queue with other arguments,
+//! so a changed `ATTUNE_WORKER_QUEUE_TTL_SECS` makes a new queue, and the worker unbinds the old
+//! one (whose messages still expire into the dead-letter queue) and deletes it once empty.
 
 use std::future::Future;
 use std::time::Duration;
@@ -51,6 +56,7 @@ pub struct Topology {
 
 pub const REQUEST_KEY: &str = "execution.request";
 pub const RESULT_KEY: &str = "execution.result";
+pub const PARKED_KEY: &str = "parked";
 
 impl Topology {
     pub fn new(namespace: &str, worker_queue_ttl: Duration) -> Self {
@@ -72,7 +78,17 @@ impl Topology {
         format!("{}.dlq", self.namespace)
     }
     pub fn worker_queue(&self, worker_id: i64) -> String {
-        format!("{}.worker.{worker_id}", self.namespace)
+        format!("{}.worker.{worker_id}.ttl{}", self.namespace, self.worker_queue_ttl.as_secs())
+    }
+    pub fn parked_queue(&self) -> String {
+        format!("{}.parked", self.namespace)
+    }
+    pub fn control_exchange(&self) -> String {
+        format!("{}.control", self.namespace)
+    }
+    /// The worker id of a `worker.<id>` routing key.
+    pub fn worker_of_key(routing_key: &str) -> Option<i64> {
+        routing_key.strip_prefix("worker.")?.parse().ok()
     }
     pub fn worker_key(worker_id: i64) -> String {
         format!("worker.{worker_id}")
@@ -134,9 +150,39 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
+        channel
+            .exchange_declare(
+                self.control_exchange().as_str().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        let mut parked_args = FieldTable::default();
+        parked_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        self.declare_queue(channel, &self.parked_queue(), PARKED_KEY, parked_args).await?;
         self.declare_queue(channel, &self.requests_queue(), REQUEST_KEY, self.quorum_args(None)).await?;
         self.declare_queue(channel, &self.results_queue(), RESULT_KEY, self.quorum_args(None)).await?;
         Ok(())
+    }
+
+    /// Removes a worker queue that is no longer the worker's (its TTL changed): unbinds it so no
+    /// new work arrives, then deletes it if it is empty. Messages left in it expire into the
+    /// dead-letter queue as usual.
+    pub async fn retire_worker_queue(&self, channel: &Channel, queue: &str, worker_id: i64) -> Result<bool, MqError> {
+        use lapin::options::QueueDeleteOptions;
+        channel
+            .queue_unbind(
+                queue.into(),
+                self.exchange().as_str().into(),
+                Self::worker_key(worker_id).as_str().into(),
+                FieldTable::default(),
+            )
+            .await?;
+        match channel.queue_delete(queue.into(), QueueDeleteOptions { if_empty: true, ..Default::default() }).await {
+            Ok(_) => Ok(true),
+            Err(_) => Ok(false),
+        }
     }
 
     /// Declares one worker's queue, with the message TTL.
@@ -144,6 +190,36 @@ impl Topology {
         let args = self.quorum_args(Some(self.worker_queue_ttl));
         self.declare_queue(channel, &self.worker_queue(worker_id), &Self::worker_key(worker_id), args).await
     }
+}
+
+/// API → every worker (fanout): stop this execution if you are running it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelNotice {
+    pub execution_id: i64,
+}
+
+/// Why and from where a message was dead-lettered (the first `x-death` entry).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Death {
+    /// `expired`, `rejected`, `delivery_limit` or `maxlen`.
+    pub reason: String,
+    pub queue: String,
+}
+
+pub fn death(headers: &Option<FieldTable>) -> Option<Death> {
+    let text = |value: &AMQPValue| match value {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    };
+    let field =
+        |table: &FieldTable, name: &str| table.inner().iter().find(|(k, _)| k.as_str() == name).map(|(_, v)| v.clone());
+    let AMQPValue::FieldArray(deaths) = field(headers.as_ref()?, "x-death")? else { return None };
+    let AMQPValue::FieldTable(first) = deaths.as_slice().first()? else { return None };
+    Some(Death {
+        reason: text(&field(first, "reason")?)?,
+        queue: field(first, "queue").and_then(|q| text(&q)).unwrap_or_default(),
+    })
 }
 
 /// API or retry timer → executor: schedule this execution.
@@ -241,22 +317,27 @@ impl Publisher {
     /// fresh channel if the first attempt failed on a broken connection.
     pub async fn publish<T: Serialize>(&self, routing_key: &str, body: &T) -> Result<(), MqError> {
         let payload = serde_json::to_vec(body).expect("messages serialize");
-        match self.publish_once(routing_key, &payload).await {
+        self.publish_bytes(&self.topology.exchange(), routing_key, &payload).await
+    }
+
+    /// Publishes raw bytes (a parked dead letter keeps its exact content).
+    pub async fn publish_bytes(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
+        match self.publish_once(exchange, routing_key, payload).await {
             Err(MqError::Broker(e)) => {
                 tracing::warn!(error = %e, routing_key, "publish failed, reconnecting");
                 self.channel.lock().await.take();
-                self.publish_once(routing_key, &payload).await
+                self.publish_once(exchange, routing_key, payload).await
             }
             other => other,
         }
     }
 
-    async fn publish_once(&self, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
+    async fn publish_once(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
         let channel = self.channel().await?;
         let properties = BasicProperties::default().with_delivery_mode(2).with_content_type("application/json".into());
         let confirm = channel
             .basic_publish(
-                self.topology.exchange().as_str().into(),
+                exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions { mandatory: true, ..Default::default() },
                 payload,
@@ -272,6 +353,12 @@ impl Publisher {
                 unreachable!("confirms are enabled on the publisher channel")
             }
         }
+    }
+
+    /// Retires a worker's old queue through the publisher's channel (see `Topology`).
+    pub async fn retire_worker_queue(&self, queue: &str, worker_id: i64) -> Result<bool, MqError> {
+        let channel = self.channel().await?;
+        self.topology.retire_worker_queue(&channel, queue, worker_id).await
     }
 
     /// Declares a worker's queue through the publisher's channel.
@@ -309,6 +396,9 @@ pub struct ConsumerSpec {
     pub topology: Topology,
     /// Also declare this worker's queue before consuming.
     pub worker_queue: Option<i64>,
+    /// Consume an exclusive, auto-deleted queue (named `queue`) bound to this fanout exchange
+    /// instead of a shared durable one (cancel notices).
+    pub fanout: Option<String>,
     /// How long in-flight handlers may run on after shutdown is requested.
     pub drain: Duration,
 }
@@ -349,6 +439,19 @@ where
     spec.topology.declare(&channel).await?;
     if let Some(worker_id) = spec.worker_queue {
         spec.topology.declare_worker_queue(&channel, worker_id).await?;
+    }
+    if let Some(exchange) = &spec.fanout {
+        let exclusive = QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() };
+        channel.queue_declare(spec.queue.as_str().into(), exclusive, FieldTable::default()).await?;
+        channel
+            .queue_bind(
+                spec.queue.as_str().into(),
+                exchange.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
     }
     let mut consumer = channel
         .basic_consume(

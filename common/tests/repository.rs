@@ -137,10 +137,11 @@ async fn queue_depth_counts_dispatched_unfinished_work_in_rust_and_sql() {
     let test = TestDb::new().await;
     let pool = &test.pool;
     let action = core_pack(pool).await;
-    let worker =
-        db::worker::register(pool, "w", &json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}}))
-            .await
-            .unwrap();
+    let capabilities = json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}});
+    let worker = db::worker::register(pool, "w", &capabilities).await.unwrap();
+    let (inactive, _) = db::worker::candidates(pool).await.unwrap();
+    assert!(inactive.is_empty(), "a registered worker gets no work before its first heartbeat");
+    db::worker::heartbeat(pool, worker, &capabilities).await.unwrap();
     for status in [Scheduled, Running, Running, Completed, Requested] {
         let execution = db::execution::insert(pool, &new_execution(&action)).await.unwrap();
         force_status(pool, execution.id, status, Some(worker)).await;

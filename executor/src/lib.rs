@@ -6,9 +6,11 @@
 //! - `completion`: records a worker's result with a guarded transition.
 //! - `retry_manager`: records failures and creates their retries (delayed, linked).
 //! - `retry_timer`: requests delayed retries when they are due.
-//! - `monitor`: the singleton loop that re-publishes requests whose publish never happened.
+//! - `dead_letters`: the DLQ handler (expired dispatches, poison messages, parking).
+//! - `monitor`: the singleton timeout monitor (stuck states, dead workers, overdue runs).
 
 pub mod completion;
+pub mod dead_letters;
 pub mod health_probe;
 pub mod monitor;
 pub mod retry_manager;
@@ -60,6 +62,13 @@ pub struct Settings {
     pub worker_queue_ttl: Duration,
     /// A `requested` execution this old is re-published (`ATTUNE_REQUEUE_AFTER_SECS`, 30).
     pub requeue_after: Duration,
+    /// How often the timeout monitor sweeps (`ATTUNE_MONITOR_INTERVAL_SECS`, 5).
+    pub monitor_interval: Duration,
+    /// `scheduling` this long is stuck (`ATTUNE_SCHEDULING_TIMEOUT_SECS`, 30).
+    pub scheduling_timeout: Duration,
+    /// Slack past the queue TTL for `scheduled`, and past `timeout_seconds` for `running`
+    /// (`ATTUNE_MONITOR_GRACE_SECS`, 30).
+    pub running_grace: Duration,
 }
 
 impl Settings {
@@ -72,6 +81,9 @@ impl Settings {
             prefetch: env_or("ATTUNE_EXECUTOR_PREFETCH", 64)?,
             worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
             requeue_after: Duration::from_secs_f64(env_or("ATTUNE_REQUEUE_AFTER_SECS", 30.0)?),
+            monitor_interval: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_INTERVAL_SECS", 5.0)?),
+            scheduling_timeout: Duration::from_secs_f64(env_or("ATTUNE_SCHEDULING_TIMEOUT_SECS", 30.0)?),
+            running_grace: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_GRACE_SECS", 30.0)?),
         })
     }
 }
@@ -104,6 +116,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         prefetch: settings.prefetch,
         topology: topology.clone(),
         worker_queue: None,
+        fanout: None,
         drain: Duration::from_secs(10),
     };
     let scheduler = {
@@ -120,9 +133,16 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             async move { completion::handle(&context, incoming).await }
         })
     };
+    let dead_letters = {
+        let context = context.clone();
+        run_consumer(consumer(topology.dead_letter_queue(), "dlq"), shutdown.clone(), move |incoming| {
+            let context = context.clone();
+            async move { dead_letters::handle(&context, incoming).await }
+        })
+    };
     let monitor = monitor::run(context.clone(), shutdown.clone());
     let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
-    tokio::join!(scheduler, completion, monitor, retry_timer);
+    tokio::join!(scheduler, completion, dead_letters, monitor, retry_timer);
     tracing::info!("executor stopped");
     Ok(())
 }

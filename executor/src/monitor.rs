@@ -1,25 +1,36 @@
-//! The monitor: a singleton loop across executors (held by a PostgreSQL advisory lock) that
-//! re-publishes executions left in `requested` — rows whose request message was never published
-//! because the API crashed between its commit and its publish, or the broker was down.
+//! The timeout monitor (Phase 1 of the defense in depth): a singleton loop across executors, held
+//! by a PostgreSQL advisory lock, that finds what the message flow lost and puts it right.
+//!
+//! Each pass:
+//! - re-publishes executions left in `requested` (a publish that never happened);
+//! - fails executions stuck in `scheduling` (as `worker_unavailable`) or `scheduled` (as
+//!   `queue_timeout`, after the queue TTL plus a grace period);
+//! - finds active workers whose heartbeat is stale: marks them inactive, hands their `scheduled`
+//!   executions on at once (`worker_unavailable`, never started) and fails their `running` ones as
+//!   `worker_heartbeat_stale` (then retried, or `abandoned` for non-idempotent actions);
+//! - fails `running` executions well past their deadline as `timeout`.
+//!
+//! Every failure goes through the RetryManager with a guarded transition, so a late message from
+//! a worker that comes back changes nothing.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use attune_common::db;
+use attune_common::db::{self, execution::Outcome};
 use attune_common::mq::{ExecutionRequest, REQUEST_KEY};
+use attune_common::{ExecutionStatus, FailureKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
 
 /// The advisory lock key of the monitor ("attune" in ASCII, then 1).
 const MONITOR_LOCK: i64 = 0x6174_7475_6e65_0001;
+const BATCH: i64 = 500;
 
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
-    let interval = (context.settings.requeue_after / 3).max(Duration::from_millis(200));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(context.settings.monitor_interval) => {}
         }
         if let Err(e) = tick(&context).await {
             tracing::warn!(error = %e, "monitor pass failed");
@@ -29,23 +40,118 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
 
 /// One pass, if this executor holds the singleton lock (session-level locks are tied to a
 /// connection, so it is taken and released on one pooled connection).
-pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
+pub async fn tick(context: &Context) -> Result<bool, crate::Error> {
     let mut connection = context.db.acquire().await?;
     let locked: bool =
         sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(MONITOR_LOCK).fetch_one(&mut *connection).await?;
     if !locked {
-        return Ok(0);
+        return Ok(false);
     }
-    let result = republish_stale_requests(context).await;
+    let result = sweep(context).await;
     sqlx::query("SELECT pg_advisory_unlock($1)").bind(MONITOR_LOCK).execute(&mut *connection).await?;
-    result
+    result.map(|()| true)
 }
 
-async fn republish_stale_requests(context: &Context) -> Result<usize, crate::Error> {
-    let stale = db::execution::stale_requested(&context.db, context.settings.requeue_after.as_secs_f64(), 500).await?;
-    for execution_id in &stale {
+async fn sweep(context: &Context) -> Result<(), crate::Error> {
+    let settings = &context.settings;
+    for execution_id in db::execution::stale_requested(&context.db, settings.requeue_after.as_secs_f64(), BATCH).await?
+    {
         tracing::warn!(execution_id, "execution stuck in requested, re-publishing its request");
-        context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id: *execution_id }).await?;
+        context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id }).await?;
     }
-    Ok(stale.len())
+
+    let stuck = |status: &str, secs: f64| {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT id FROM execution WHERE status = $1::execution_status \
+             AND updated < now() - make_interval(secs => $2) ORDER BY id LIMIT $3",
+        )
+        .bind(status.to_string())
+        .bind(secs)
+        .bind(BATCH)
+        .fetch_all(&context.db)
+    };
+    for id in stuck("scheduling", settings.scheduling_timeout.as_secs_f64()).await? {
+        fail(context, id, ExecutionStatus::Scheduling, FailureKind::WorkerUnavailable, "stuck in scheduling").await?;
+    }
+    let scheduled_limit = (settings.worker_queue_ttl + settings.running_grace).as_secs_f64();
+    for id in stuck("scheduled", scheduled_limit).await? {
+        fail(context, id, ExecutionStatus::Scheduled, FailureKind::QueueTimeout, "never taken by its worker").await?;
+    }
+
+    let dead_workers: Vec<i64> = sqlx::query_scalar(
+        "UPDATE worker SET status = 'inactive', updated = now() WHERE status = 'active' \
+         AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $1)) RETURNING id",
+    )
+    .bind(settings.health.heartbeat_max_age_secs as f64)
+    .fetch_all(&context.db)
+    .await?;
+    for worker_id in &dead_workers {
+        tracing::warn!(worker_id, "worker heartbeat is stale: marked inactive");
+    }
+    let orphaned: Vec<(i64, ExecutionStatus)> = sqlx::query_as(
+        "SELECT e.id, e.status FROM execution e JOIN worker w ON w.id = e.worker \
+         WHERE e.status IN ('scheduled', 'running') \
+           AND (w.last_heartbeat IS NULL OR w.last_heartbeat < now() - make_interval(secs => $1)) \
+         ORDER BY e.id LIMIT $2",
+    )
+    .bind(settings.health.heartbeat_max_age_secs as f64)
+    .bind(BATCH)
+    .fetch_all(&context.db)
+    .await?;
+    for (id, status) in orphaned {
+        match status {
+            ExecutionStatus::Scheduled => {
+                fail(
+                    context,
+                    id,
+                    status,
+                    FailureKind::WorkerUnavailable,
+                    "its worker stopped heartbeating before it started",
+                )
+                .await?
+            }
+            _ => {
+                fail(
+                    context,
+                    id,
+                    status,
+                    FailureKind::WorkerHeartbeatStale,
+                    "its worker stopped heartbeating while it ran",
+                )
+                .await?
+            }
+        }
+    }
+
+    let overdue: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM execution WHERE status = 'running' \
+         AND started + make_interval(secs => COALESCE(timeout_seconds, $1) + $2) < now() ORDER BY id LIMIT $3",
+    )
+    .bind(settings.common.default_timeout_secs as f64)
+    .bind(settings.running_grace.as_secs_f64())
+    .bind(BATCH)
+    .fetch_all(&context.db)
+    .await?;
+    for id in overdue {
+        fail(context, id, ExecutionStatus::Running, FailureKind::Timeout, "still running well past its timeout")
+            .await?;
+    }
+    Ok(())
+}
+
+async fn fail(
+    context: &Context,
+    execution_id: i64,
+    from: ExecutionStatus,
+    kind: FailureKind,
+    reason: &str,
+) -> Result<(), crate::Error> {
+    let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
+    let reported = if kind == FailureKind::Timeout { ExecutionStatus::Timeout } else { ExecutionStatus::Failed };
+    let outcome =
+        Outcome { failure_kind: Some(kind.to_string()), error: Some(reason.to_string()), ..Default::default() };
+    if let Some(recorded) = context.retry_manager.record_failure(&current, reported, &[from], None, &outcome).await? {
+        tracing::warn!(execution_id, worker_id = ?current.worker, failure_kind = %kind, status = %recorded.execution.status, "monitor: {reason}");
+    }
+    Ok(())
 }

@@ -93,8 +93,8 @@ impl Namespace {
         Namespace { name: unique("t") }
     }
 
-    /// Deletes the namespace's queues (the shared ones and the given workers') and exchanges.
-    pub async fn delete(&self, worker_ids: &[i64]) {
+    /// Deletes the namespace's queues (the shared ones and the given worker queues) and exchanges.
+    pub async fn delete(&self, worker_queues: &[String]) {
         use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
         let topology = attune_common::mq::Topology::new(&self.name, Duration::from_secs(1));
         let Ok(connection) = attune_common::mq::connect(&amqp_url(), "attune-test-cleanup").await else {
@@ -103,12 +103,17 @@ impl Namespace {
         let Ok(channel) = connection.create_channel().await else {
             return;
         };
-        let mut queues = vec![topology.requests_queue(), topology.results_queue(), topology.dead_letter_queue()];
-        queues.extend(worker_ids.iter().map(|id| topology.worker_queue(*id)));
+        let mut queues = vec![
+            topology.requests_queue(),
+            topology.results_queue(),
+            topology.dead_letter_queue(),
+            topology.parked_queue(),
+        ];
+        queues.extend(worker_queues.iter().cloned());
         for queue in queues {
             let _ = channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await;
         }
-        for exchange in [topology.exchange(), topology.dead_letter_exchange()] {
+        for exchange in [topology.exchange(), topology.dead_letter_exchange(), topology.control_exchange()] {
             let _ = channel.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default()).await;
         }
         let _ = connection.close(200, "done".into()).await;

@@ -44,6 +44,12 @@ impl SystemBuilder {
             http: reqwest::Client::new(),
             processes: Processes::default(),
             env: self.env.clone(),
+            cleanup: Cleanup {
+                armed: true,
+                database: db.name.clone(),
+                namespace: namespace.name.clone(),
+                logs: logs.clone(),
+            },
             logs,
             db,
             namespace,
@@ -108,6 +114,56 @@ pub struct System {
     processes: Processes,
     env: BTreeMap<String, String>,
     logs: PathBuf,
+    cleanup: Cleanup,
+}
+
+/// Removes the database and the broker namespace if the test ended without `stop()` (a failed
+/// assertion): the processes' logs stay in `target/test-logs/<namespace>/` for reading.
+struct Cleanup {
+    armed: bool,
+    database: String,
+    namespace: String,
+    logs: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (database, namespace) = (self.database.clone(), self.namespace.clone());
+        eprintln!("test system left logs in {}", self.logs.display());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                if let Ok(admin) = sqlx::PgPool::connect(&crate::admin_database_url()).await {
+                    let queues: Vec<String> =
+                        match sqlx::PgPool::connect(&crate::replace_database(&crate::admin_database_url(), &database))
+                            .await
+                        {
+                            Ok(pool) => {
+                                let queues = sqlx::query_scalar(
+                                    "SELECT capabilities->>'queue' FROM worker WHERE capabilities ? 'queue'",
+                                )
+                                .fetch_all(&pool)
+                                .await
+                                .unwrap_or_default();
+                                pool.close().await;
+                                queues
+                            }
+                            Err(_) => Vec::new(),
+                        };
+                    Namespace { name: namespace }.delete(&queues).await;
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+                    )))
+                    .execute(&admin)
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 /// The child processes, killed when dropped (also when a test panics).
@@ -333,11 +389,15 @@ impl System {
 
     /// Stops every process and removes the database and the broker namespace.
     pub async fn stop(self) {
-        let System { db, namespace, processes, logs, .. } = self;
+        let System { db, namespace, processes, logs, mut cleanup, .. } = self;
+        cleanup.armed = false;
         drop(processes);
-        let worker_ids: Vec<i64> =
-            sqlx::query_scalar("SELECT id FROM worker").fetch_all(&db.pool).await.unwrap_or_default();
-        namespace.delete(&worker_ids).await;
+        let queues: Vec<String> =
+            sqlx::query_scalar("SELECT capabilities->>'queue' FROM worker WHERE capabilities ? 'queue'")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap_or_default();
+        namespace.delete(&queues).await;
         let _ = std::fs::remove_dir_all(&logs);
         db.drop_database().await;
     }

@@ -86,6 +86,9 @@ impl Settings {
 
 struct Worker {
     id: i64,
+    queue: String,
+    /// Executions running now, each with the token that stops it when a cancel notice comes.
+    running: std::sync::Mutex<std::collections::HashMap<i64, CancellationToken>>,
     settings: Settings,
     db: PgPool,
     publisher: Publisher,
@@ -104,14 +107,28 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let publisher =
         Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());
     let health = HealthState::new(settings.health.clone(), settings.health_override_file.clone());
-    let capabilities = capabilities(&settings, &runtimes, &health);
-    let worker_id = db::worker::register(&pool, &settings.name, &capabilities).await?;
+    let previous_queue: Option<String> =
+        sqlx::query_scalar("SELECT capabilities->>'queue' FROM worker WHERE name = $1")
+            .bind(&settings.name)
+            .fetch_optional(&pool)
+            .await?
+            .flatten();
+    let worker_id = db::worker::register(&pool, &settings.name, &json!({})).await?;
+    let queue = topology.worker_queue(worker_id);
     // The queue must exist before any executor can dispatch to this worker.
     publisher.declare_worker_queue(worker_id).await?;
+    if let Some(previous) = previous_queue.filter(|p| *p != queue) {
+        let deleted = publisher.retire_worker_queue(&previous, worker_id).await?;
+        tracing::warn!(old_queue = %previous, new_queue = %queue, deleted, "the worker queue TTL changed; the old queue no longer receives work");
+    }
+    let capabilities = capabilities(&settings, &queue, &runtimes, &health);
+    db::worker::heartbeat(&pool, worker_id, &capabilities).await?;
     tracing::info!(worker_id, name = %settings.name, runtimes = ?runtimes.offered(), "worker registered");
 
     let worker = Arc::new(Worker {
         id: worker_id,
+        queue: queue.clone(),
+        running: Default::default(),
         settings: settings.clone(),
         db: pool,
         publisher,
@@ -133,12 +150,30 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let spec = ConsumerSpec {
         url: settings.common.amqp_url.clone(),
         name: format!("attune-worker-{}", settings.name),
-        queue: topology.worker_queue(worker_id),
+        queue,
         prefetch: settings.concurrency,
-        topology,
+        topology: topology.clone(),
         worker_queue: Some(worker_id),
+        fanout: None,
         drain: settings.drain + Duration::from_secs(5),
     };
+    let control = ConsumerSpec {
+        url: settings.common.amqp_url.clone(),
+        name: format!("attune-worker-{}-control", settings.name),
+        queue: format!("{}.control.{worker_id}.{:x}", topology.namespace, rand::random::<u32>()),
+        prefetch: 16,
+        fanout: Some(topology.control_exchange()),
+        topology,
+        worker_queue: None,
+        drain: Duration::from_secs(1),
+    };
+    let control = tokio::spawn({
+        let worker = worker.clone();
+        run_consumer(control, shutdown.clone(), move |incoming| {
+            let worker = worker.clone();
+            async move { worker.handle_control(incoming) }
+        })
+    });
     {
         let worker = worker.clone();
         let shutdown = shutdown.clone();
@@ -148,6 +183,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         })
         .await;
     }
+    let _ = control.await;
     abort_after_drain.abort();
     heartbeat.abort();
     if let Err(e) = db::worker::deactivate(&worker.db, worker_id).await {
@@ -157,10 +193,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     Ok(())
 }
 
-fn capabilities(settings: &Settings, runtimes: &Runtimes, health: &HealthState) -> serde_json::Value {
+fn capabilities(settings: &Settings, queue: &str, runtimes: &Runtimes, health: &HealthState) -> serde_json::Value {
     json!({
         "runtimes": runtimes.offered(),
         "concurrency": settings.concurrency,
+        "queue": queue,
         "health": health.report(),
     })
 }
@@ -192,7 +229,7 @@ impl Worker {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.settings.heartbeat_interval) => {}
             }
-            let capabilities = capabilities(&self.settings, &self.runtimes, &self.health);
+            let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health);
             if let Err(e) = db::worker::heartbeat(&self.db, self.id, &capabilities).await {
                 tracing::warn!(error = %e, "heartbeat failed");
             }
@@ -240,7 +277,15 @@ impl Worker {
             retry_count: dispatch.retry_count,
             output_limit: self.settings.output_limit,
         };
-        let finished = self.runtimes.run(&run, &self.abort).await;
+        let cancel = self.abort.child_token();
+        self.running.lock().expect("running map poisoned").insert(dispatch.execution_id, cancel.clone());
+        let finished = self.runtimes.run(&run, &cancel).await;
+        self.running.lock().expect("running map poisoned").remove(&dispatch.execution_id);
+        if cancel.is_cancelled() && !self.abort.is_cancelled() {
+            // A client canceled it: the record already says so; nothing to report.
+            tracing::info!(execution_id = dispatch.execution_id, "canceled while running; process group killed");
+            return Disposition::Ack;
+        }
         let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);
         let duration_ms = started.elapsed().as_millis() as u64;
         self.health.finish(outcome.status == ResultStatus::Completed, duration_ms);
@@ -257,6 +302,20 @@ impl Worker {
             duration_ms,
         };
         self.report(&result).await;
+        Disposition::Ack
+    }
+
+    /// A cancel notice: stop the execution if it runs here.
+    fn handle_control(&self, incoming: Incoming) -> Disposition {
+        match serde_json::from_slice::<attune_common::mq::CancelNotice>(&incoming.data) {
+            Ok(notice) => {
+                if let Some(token) = self.running.lock().expect("running map poisoned").get(&notice.execution_id) {
+                    tracing::info!(execution_id = notice.execution_id, "cancel notice: stopping the action");
+                    token.cancel();
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "unparseable control message ignored"),
+        }
         Disposition::Ack
     }
 

@@ -1,7 +1,7 @@
 //! Executions: submit, read, list.
 
 use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
-use attune_common::mq::{ExecutionRequest, REQUEST_KEY};
+use attune_common::mq::{CancelNotice, ExecutionRequest, MqError, REQUEST_KEY};
 use attune_common::{ExecutionStatus, FailureKind, params};
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
@@ -249,6 +249,50 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
     tracing::info!(execution_id = execution.id, retried = parent.id, "manual retry requested");
     publish_request(state, execution.id).await;
     Ok(execution)
+}
+
+/// Cancels an execution that has not finished: a queued one never runs; a running one's process
+/// group is killed by its worker (through a cancel notice). Canceled executions are never retried
+/// automatically.
+pub async fn cancel(
+    State(state): State<crate::State>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Execution>, ApiError> {
+    let Path(id) = id?;
+    let current = find(&state, id).await?;
+    if current.status.is_terminal() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_finished",
+            format!("execution {id} already finished ({})", current.status),
+        ));
+    }
+    let outcome = db::execution::Outcome {
+        failure_kind: Some(FailureKind::Canceled.to_string()),
+        error: Some("canceled by a client".into()),
+        ..Default::default()
+    };
+    let transition = db::execution::Transition::to(ExecutionStatus::Canceled).outcome(&outcome);
+    let Some(canceled) = db::execution::transition(&state.db, id, &transition).await? else {
+        let now = find(&state, id).await?;
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_finished",
+            format!("execution {id} finished ({}) before it could be canceled", now.status),
+        ));
+    };
+    if matches!(current.status, ExecutionStatus::Scheduled | ExecutionStatus::Running) {
+        let topology = state.publisher.topology();
+        let notice = serde_json::to_vec(&CancelNotice { execution_id: id }).expect("notice serializes");
+        match state.publisher.publish_bytes(&topology.control_exchange(), "", &notice).await {
+            Ok(()) | Err(MqError::Unroutable(_)) => {}
+            Err(e) => {
+                tracing::warn!(execution_id = id, error = %e, "cancel notice not sent; the action runs on, its result will be ignored")
+            }
+        }
+    }
+    tracing::info!(execution_id = id, was = %current.status, "execution canceled");
+    Ok(Json(canceled))
 }
 
 fn already_retried(parent: i64, existing: i64) -> ApiError {

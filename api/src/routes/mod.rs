@@ -15,6 +15,7 @@ pub fn api_routes() -> Router<State> {
         .route("/executions", post(executions::create).get(executions::list))
         .route("/executions/{id}", get(executions::get))
         .route("/executions/{id}/retry", post(executions::retry))
+        .route("/executions/{id}/cancel", post(executions::cancel))
         .route("/executions/{id}/chain", get(executions::chain))
         .route("/actions", get(catalog::list_actions))
         .route("/actions/{action_ref}", get(catalog::get_action))

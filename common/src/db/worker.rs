@@ -8,12 +8,13 @@ use sqlx::PgPool;
 use crate::health::{HealthProbeConfig, HealthSignals, classify};
 use crate::selection::Candidate;
 
-/// Registers (or re-activates) the worker called `name` and returns its id.
+/// Registers the worker called `name` (keeping its id if it registered before) and returns its id.
+/// It stays `inactive`, so nothing is dispatched to it, until its first heartbeat: by then its
+/// queue exists and its capabilities are known.
 pub async fn register(db: &PgPool, name: &str, capabilities: &Value) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
-        "INSERT INTO worker (name, status, capabilities, last_heartbeat) VALUES ($1, 'active', $2, now()) \
-         ON CONFLICT (name) DO UPDATE SET status = 'active', capabilities = $2, \
-            last_heartbeat = now(), updated = now() \
+        "INSERT INTO worker (name, status, capabilities) VALUES ($1, 'inactive', $2) \
+         ON CONFLICT (name) DO UPDATE SET status = 'inactive', capabilities = $2, updated = now() \
          RETURNING id",
     )
     .bind(name)

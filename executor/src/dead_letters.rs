@@ -1,0 +1,122 @@
+//! The DLQ handler: what to do with each dead letter, by where it came from and why.
+//!
+//! - A dispatch that **expired** in a worker queue (the worker did not take it within the queue's
+//!   TTL) fails its execution as `queue_timeout` — only if it is still `scheduled` on that worker
+//!   — and the RetryManager decides about a retry. The worker is marked inactive: expired work is
+//!   evidence it is not consuming (a live worker re-activates itself with its next heartbeat).
+//! - A request or dispatch dead-lettered after its **delivery limit** (it failed processing every
+//!   time) fails its execution as `poison_message`, with the reason; it is not retried.
+//! - A result dead-lettered after its delivery limit is parked and its execution failed as
+//!   `poison_message`.
+//! - Anything else (an unparseable message, say) is logged with
+//!   its content and moved to the parked queue for an operator. Nothing is requeued forever and
+//!   nothing is silently dropped.
+
+use attune_common::db::{self, execution::Outcome};
+use attune_common::mq::{DELIVERY_LIMIT, Disposition};
+use attune_common::mq::{
+    Death, Dispatch, ExecutionRequest, ExecutionResult, Incoming, PARKED_KEY, REQUEST_KEY, RESULT_KEY, Topology, death,
+};
+use attune_common::{ExecutionStatus, FailureKind};
+
+use crate::Context;
+
+pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
+    let why = death(&incoming.headers).unwrap_or(Death { reason: "unknown".into(), queue: String::new() });
+    let outcome = db::retry_while_unavailable("handling a dead letter", || act(context, &incoming, &why)).await;
+    match outcome {
+        Ok(()) => Disposition::Ack,
+        Err(e) => {
+            tracing::warn!(error = %e, routing_key = %incoming.routing_key, "dead letter not handled, will be redelivered");
+            Disposition::Retry
+        }
+    }
+}
+
+async fn act(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), crate::Error> {
+    let key = incoming.routing_key.as_str();
+    if let Some(worker_id) = Topology::worker_of_key(key)
+        && let Ok(dispatch) = serde_json::from_slice::<Dispatch>(&incoming.data)
+    {
+        return match why.reason.as_str() {
+            "expired" => expired_dispatch(context, &dispatch, worker_id).await,
+            _ => {
+                poison(context, dispatch.execution_id, why, &[ExecutionStatus::Scheduled, ExecutionStatus::Running])
+                    .await
+            }
+        };
+    }
+    if key == REQUEST_KEY
+        && why.reason != "rejected"
+        && let Ok(request) = serde_json::from_slice::<ExecutionRequest>(&incoming.data)
+    {
+        return poison(context, request.execution_id, why, &[ExecutionStatus::Requested, ExecutionStatus::Scheduling])
+            .await;
+    }
+    if key == RESULT_KEY
+        && why.reason == "delivery_limit"
+        && let Ok(result) = serde_json::from_slice::<ExecutionResult>(&incoming.data)
+    {
+        // the outcome could not be recorded: keep the message for an operator, and end the execution
+        park(context, incoming, why).await?;
+        return poison(context, result.execution_id, why, &[ExecutionStatus::Running]).await;
+    }
+    park(context, incoming, why).await
+}
+
+async fn expired_dispatch(context: &Context, dispatch: &Dispatch, worker_id: i64) -> Result<(), crate::Error> {
+    let execution_id = dispatch.execution_id;
+    sqlx::query("UPDATE worker SET status = 'inactive', updated = now() WHERE id = $1 AND status = 'active'")
+        .bind(worker_id)
+        .execute(&context.db)
+        .await?;
+    let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
+    if current.status != ExecutionStatus::Scheduled || current.worker != Some(worker_id) {
+        tracing::debug!(execution_id, worker_id, status = %current.status, "expired dispatch is stale");
+        return Ok(());
+    }
+    let outcome = Outcome {
+        failure_kind: Some(FailureKind::QueueTimeout.to_string()),
+        error: Some(format!("not taken by worker {worker_id} within its queue TTL")),
+        ..Default::default()
+    };
+    tracing::warn!(execution_id, worker_id, "dispatch expired in the worker queue");
+    context
+        .retry_manager
+        .record_failure(&current, ExecutionStatus::Failed, &[ExecutionStatus::Scheduled], Some(worker_id), &outcome)
+        .await?;
+    Ok(())
+}
+
+async fn poison(
+    context: &Context,
+    execution_id: i64,
+    why: &Death,
+    from: &[ExecutionStatus],
+) -> Result<(), crate::Error> {
+    let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
+    let outcome = Outcome {
+        failure_kind: Some(FailureKind::PoisonMessage.to_string()),
+        error: Some(format!(
+            "its message from '{}' was dead-lettered ({}) after failing processing on up to {DELIVERY_LIMIT} deliveries",
+            why.queue, why.reason
+        )),
+        ..Default::default()
+    };
+    tracing::error!(execution_id, queue = %why.queue, reason = %why.reason, "poison message: failing its execution");
+    context.retry_manager.record_failure(&current, ExecutionStatus::Failed, from, None, &outcome).await?;
+    Ok(())
+}
+
+async fn park(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), crate::Error> {
+    tracing::error!(
+        routing_key = %incoming.routing_key,
+        queue = %why.queue,
+        reason = %why.reason,
+        body = %String::from_utf8_lossy(&incoming.data),
+        "dead letter parked for an operator"
+    );
+    let exchange = context.publisher.topology().exchange();
+    context.publisher.publish_bytes(&exchange, PARKED_KEY, &incoming.data).await?;
+    Ok(())
+}
