@@ -1,0 +1,3 @@
+#!/bin/sh
+echo $$ > "$ATTUNE_PARAM_PIDFILE"
+exec sleep 60
