@@ -1,11 +1,16 @@
 # attune: the two commands that matter are `make quickstart` and `make test`.
-.PHONY: quickstart test down build fmt lint up
+.PHONY: quickstart test test-chaos down build fmt lint
 
 quickstart: ## set everything up, start attune, run an action through the API
 	scripts/quickstart.sh
 
 test: ## the whole test suite (what CI runs)
 	scripts/test.sh
+
+test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, database and broker loss)
+	cargo build --workspace --bins
+	cargo test -p attune-cli --test defense
+	cargo test -p attune-cli --test chaos_broker -- --ignored --test-threads=1
 
 down: ## stop the attune started by quickstart
 	@if [ -f .attune/up.pid ] && kill -0 $$(cat .attune/up.pid) 2>/dev/null; then \
