@@ -8,6 +8,7 @@ pub mod config;
 pub mod db;
 pub mod failure;
 pub mod health;
+pub mod metrics;
 pub mod mq;
 pub mod pack;
 pub mod params;

@@ -32,6 +32,16 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
         stdout: Some(result.stdout.clone()),
         stderr: Some(result.stderr.clone()),
     };
+    let status = match result.status {
+        ResultStatus::Completed => "completed",
+        ResultStatus::Failed => "failed",
+        ResultStatus::Timeout => "timeout",
+    };
+    attune_common::metrics::observe(
+        &attune_common::metrics::EXECUTION_DURATION,
+        &[("status", status)],
+        result.duration_ms as f64 / 1000.0,
+    );
     let recorded = match result.status {
         ResultStatus::Completed => {
             let transition = Transition::to(ExecutionStatus::Completed)

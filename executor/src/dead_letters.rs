@@ -13,6 +13,7 @@
 //!   nothing is silently dropped.
 
 use attune_common::db::{self, execution::Outcome};
+use attune_common::metrics;
 use attune_common::mq::{DELIVERY_LIMIT, Disposition};
 use attune_common::mq::{
     Death, Dispatch, ExecutionRequest, ExecutionResult, Incoming, PARKED_KEY, REQUEST_KEY, RESULT_KEY, Topology, death,
@@ -23,6 +24,7 @@ use crate::Context;
 
 pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
     let why = death(&incoming.headers).unwrap_or(Death { reason: "unknown".into(), queue: String::new() });
+    metrics::increment(&metrics::DEAD_LETTERS, &[("reason", &why.reason)], 1);
     let outcome = db::retry_while_unavailable("handling a dead letter", || act(context, &incoming, &why)).await;
     match outcome {
         Ok(()) => Disposition::Ack,
@@ -104,6 +106,7 @@ async fn poison(
         ..Default::default()
     };
     tracing::error!(execution_id, queue = %why.queue, reason = %why.reason, "poison message: failing its execution");
+    metrics::increment(&metrics::POISON_MESSAGES, &[], 1);
     context.retry_manager.record_failure(&current, ExecutionStatus::Failed, from, None, &outcome).await?;
     Ok(())
 }
@@ -118,5 +121,6 @@ async fn park(context: &Context, incoming: &Incoming, why: &Death) -> Result<(),
     );
     let exchange = context.publisher.topology().exchange();
     context.publisher.publish_bytes(&exchange, PARKED_KEY, &incoming.data).await?;
+    metrics::increment(&metrics::PARKED_MESSAGES, &[], 1);
     Ok(())
 }

@@ -108,6 +108,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let retry_manager = retry_manager::RetryManager::new(pool.clone(), settings.retry.clone());
     let context = Arc::new(Context { db: pool, health_probe, retry_manager, publisher, settings: settings.clone() });
     tracing::info!(namespace = %topology.namespace, "executor starting");
+    attune_common::metrics::serve_from_env(shutdown.clone());
 
     let consumer = |queue: String, name: &str| ConsumerSpec {
         url: settings.common.amqp_url.clone(),

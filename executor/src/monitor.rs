@@ -57,6 +57,7 @@ async fn sweep(context: &Context) -> Result<(), crate::Error> {
     for execution_id in db::execution::stale_requested(&context.db, settings.requeue_after.as_secs_f64(), BATCH).await?
     {
         tracing::warn!(execution_id, "execution stuck in requested, re-publishing its request");
+        attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", "requeued")], 1);
         context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id }).await?;
     }
 
@@ -151,6 +152,7 @@ async fn fail(
     let outcome =
         Outcome { failure_kind: Some(kind.to_string()), error: Some(reason.to_string()), ..Default::default() };
     if let Some(recorded) = context.retry_manager.record_failure(&current, reported, &[from], None, &outcome).await? {
+        attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", kind.as_str())], 1);
         tracing::warn!(execution_id, worker_id = ?current.worker, failure_kind = %kind, status = %recorded.execution.status, "monitor: {reason}");
     }
     Ok(())

@@ -6,6 +6,7 @@
 use attune_common::db::{
     self, execution::Execution, execution::NewExecution, execution::Outcome, execution::Transition,
 };
+use attune_common::metrics;
 use attune_common::pack::RetryPolicy;
 use attune_common::retry::{self, EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision};
 use attune_common::{ExecutionStatus, FailureKind};
@@ -89,14 +90,17 @@ impl RetryManager {
         };
         tx.commit().await?;
         match (&decision, &retry) {
-            (RetryDecision::Retry { delay, reason, .. }, Some(retry)) => tracing::info!(
-                execution_id = execution.id,
-                retry_execution_id = retry.id,
-                attempt = retry.retry_count,
-                reason = %reason,
-                delay_ms = delay.as_millis() as u64,
-                "retry scheduled"
-            ),
+            (RetryDecision::Retry { delay, reason, .. }, Some(retry)) => {
+                metrics::increment(&metrics::RETRIES_CREATED, &[("reason", reason.as_str())], 1);
+                tracing::info!(
+                    execution_id = execution.id,
+                    retry_execution_id = retry.id,
+                    attempt = retry.retry_count,
+                    reason = %reason,
+                    delay_ms = delay.as_millis() as u64,
+                    "retry scheduled"
+                )
+            }
             (RetryDecision::GiveUp(why), _) => tracing::info!(
                 execution_id = execution.id,
                 status = %execution.status,

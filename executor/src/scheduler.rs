@@ -1,6 +1,7 @@
 //! Scheduling: requested → scheduling → scheduled, and the dispatch to the chosen worker.
 
 use attune_common::db::{self, execution::Execution, execution::Outcome, execution::Transition};
+use attune_common::metrics;
 use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, Topology};
 use attune_common::pack::RetryPolicy;
 use attune_common::{ExecutionStatus, FailureKind};
@@ -42,6 +43,7 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::ActionNotFound, reason).await;
     };
     let Some(chosen) = context.health_probe.select_worker(&action.runtime).await? else {
+        metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", &action.runtime)], 1);
         let reason = format!("no healthy or degraded active worker offers runtime '{}'", action.runtime);
         return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::WorkerUnavailable, reason).await;
     };
@@ -73,6 +75,9 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         let reason = format!("could not dispatch to worker {}: {e}", chosen.worker_id);
         return fail(context, &execution, ExecutionStatus::Scheduled, FailureKind::WorkerUnavailable, reason).await;
     }
+    let requested_at = execution.not_before.unwrap_or(execution.created);
+    let latency = (chrono::Utc::now() - requested_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
+    metrics::observe(&metrics::DISPATCH_LATENCY, &[], latency);
     tracing::debug!(
         execution_id,
         worker_id = chosen.worker_id,

@@ -124,6 +124,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let capabilities = capabilities(&settings, &queue, &runtimes, &health);
     db::worker::heartbeat(&pool, worker_id, &capabilities).await?;
     tracing::info!(worker_id, name = %settings.name, runtimes = ?runtimes.offered(), "worker registered");
+    attune_common::metrics::serve_from_env(shutdown.clone());
 
     let worker = Arc::new(Worker {
         id: worker_id,
@@ -289,6 +290,16 @@ impl Worker {
         let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);
         let duration_ms = started.elapsed().as_millis() as u64;
         self.health.finish(outcome.status == ResultStatus::Completed, duration_ms);
+        let status = match outcome.status {
+            ResultStatus::Completed => "completed",
+            ResultStatus::Failed => "failed",
+            ResultStatus::Timeout => "timeout",
+        };
+        attune_common::metrics::increment(
+            &attune_common::metrics::ACTIONS_RUN,
+            &[("runtime", &dispatch.runtime), ("status", status)],
+            1,
+        );
         let result = ExecutionResult {
             execution_id: dispatch.execution_id,
             worker_id: self.id,

@@ -247,6 +247,7 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
         Err(e) => return Err(e.into()),
     };
     tracing::info!(execution_id = execution.id, retried = parent.id, "manual retry requested");
+    attune_common::metrics::increment(&attune_common::metrics::RETRIES_CREATED, &[("reason", "manual_retry")], 1);
     publish_request(state, execution.id).await;
     Ok(execution)
 }

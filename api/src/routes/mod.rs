@@ -3,6 +3,7 @@
 mod catalog;
 mod executions;
 mod probes;
+mod stats;
 mod workers;
 
 use axum::Router;
@@ -21,6 +22,8 @@ pub fn api_routes() -> Router<State> {
         .route("/actions/{action_ref}", get(catalog::get_action))
         .route("/packs", get(catalog::list_packs).post(catalog::register_pack))
         .route("/workers", get(workers::list))
+        .route("/stats/retries", get(stats::retries))
+        .route("/stats/workers", get(stats::workers))
 }
 
 pub fn probe_routes() -> Router<State> {

@@ -1,7 +1,5 @@
 //! Liveness, readiness and metrics; no token needed.
 
-use std::fmt::Write;
-
 use attune_common::ExecutionStatus;
 use axum::Json;
 use axum::extract::State;
@@ -28,28 +26,27 @@ pub async fn readyz(State(state): State<crate::State>) -> (StatusCode, Json<Valu
     (code, Json(json!({"ready": ready, "database": status(&database), "broker": status(&broker)})))
 }
 
-/// Prometheus text: executions by status and action, workers by health class.
+/// Prometheus text: this process's metrics, then gauges read from the database.
 pub async fn metrics(State(state): State<crate::State>) -> Result<impl IntoResponse, ApiError> {
+    use attune_common::metrics::{self as m, render_gauge};
     let rows: Vec<(ExecutionStatus, String, i64)> =
         sqlx::query_as("SELECT status, action_ref, count(*) FROM execution GROUP BY status, action_ref ORDER BY 1, 2")
             .fetch_all(&state.db)
             .await?;
-    let mut out = String::new();
-    out.push_str(
-        "# HELP attune_executions Executions in the record, by status and action.\n# TYPE attune_executions gauge\n",
-    );
-    for (status, action_ref, count) in rows {
-        let _ = writeln!(out, "attune_executions{{status=\"{status}\",action=\"{}\"}} {count}", escape(&action_ref));
-    }
+    let mut out = m::render();
+    let samples: Vec<_> = rows
+        .into_iter()
+        .map(|(status, action, count)| (vec![("status", status.to_string()), ("action", action)], count as f64))
+        .collect();
+    render_gauge(&mut out, &m::EXECUTIONS_BY_STATUS, &samples);
     let workers = attune_common::db::worker::list(&state.db, &state.settings.health).await?;
-    out.push_str("# HELP attune_workers Active workers by health class.\n# TYPE attune_workers gauge\n");
-    for class in ["healthy", "degraded", "unhealthy"] {
-        let count = workers.iter().filter(|w| w.status == "active" && w.health == class).count();
-        let _ = writeln!(out, "attune_workers{{health=\"{class}\"}} {count}");
-    }
+    let active: Vec<_> = workers.iter().filter(|w| w.status == "active").collect();
+    let by_class: Vec<_> = ["healthy", "degraded", "unhealthy"]
+        .iter()
+        .map(|class| (vec![("health", class.to_string())], active.iter().filter(|w| w.health == *class).count() as f64))
+        .collect();
+    render_gauge(&mut out, &m::WORKERS_BY_HEALTH, &by_class);
+    let depths: Vec<_> = active.iter().map(|w| (vec![("worker", w.name.clone())], w.queue_depth as f64)).collect();
+    render_gauge(&mut out, &m::WORKER_QUEUE_DEPTH, &depths);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
-}
-
-fn escape(label: &str) -> String {
-    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }

@@ -281,7 +281,7 @@ pub async fn transition(
          WHERE id = $1 AND status = ANY($3) AND ($5::bigint IS NULL OR worker = $5) \
          RETURNING {COLUMNS}"
     );
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let applied: Option<Execution> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(execution_id)
         .bind(transition.to)
         .bind(transition.from)
@@ -294,7 +294,18 @@ pub async fn transition(
         .bind(&outcome.stdout)
         .bind(&outcome.stderr)
         .fetch_optional(db)
-        .await
+        .await?;
+    if let Some(execution) = &applied
+        && execution.status.is_terminal()
+    {
+        use crate::metrics::{EXECUTIONS_FINISHED, RETRIES_FINISHED, increment};
+        increment(&EXECUTIONS_FINISHED, &[("status", execution.status.as_str()), ("action", &execution.action_ref)], 1);
+        if execution.retry_count > 0 {
+            let result = if execution.status == ExecutionStatus::Completed { "succeeded" } else { "failed" };
+            increment(&RETRIES_FINISHED, &[("result", result)], 1);
+        }
+    }
+    Ok(applied)
 }
 
 /// The batch form of `transition` for the retry timer: due `delayed` retries become `requested`.

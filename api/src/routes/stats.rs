@@ -1,0 +1,159 @@
+//! The quick reference's key metrics as numbers, with its alert thresholds reported as flags:
+//! retry rate > 20 %, retry success rate < 70 %, more than half the workers unhealthy, average
+//! queue depth > 20.
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use serde::{Deserialize, Serialize};
+
+use crate::ApiError;
+
+pub const ALERT_RETRY_RATE_PERCENT: f64 = 20.0;
+pub const ALERT_RETRY_SUCCESS_PERCENT: f64 = 70.0;
+pub const ALERT_UNHEALTHY_SHARE_PERCENT: f64 = 50.0;
+pub const ALERT_AVERAGE_QUEUE_DEPTH: f64 = 20.0;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Window {
+    /// How far back to look, in seconds (default 3600, at most 30 days).
+    pub window_secs: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReasonStats {
+    pub reason: String,
+    pub total: i64,
+    pub succeeded: i64,
+    pub success_rate: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RetryAlerts {
+    pub high_retry_rate: bool,
+    pub low_retry_success_rate: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RetryStats {
+    pub window_secs: i64,
+    pub original_executions: i64,
+    pub retry_executions: i64,
+    /// Retries per 100 original executions (the quick reference's "retry rate").
+    pub retry_rate: Option<f64>,
+    /// Percent of finished retries that completed.
+    pub retry_success_rate: Option<f64>,
+    pub average_retries_per_execution: Option<f64>,
+    pub reasons: Vec<ReasonStats>,
+    pub alerts: RetryAlerts,
+}
+
+fn percent(part: i64, whole: i64) -> Option<f64> {
+    (whole > 0).then(|| (10000.0 * part as f64 / whole as f64).round() / 100.0)
+}
+
+pub async fn retries(
+    State(state): State<crate::State>,
+    query: Result<Query<Window>, QueryRejection>,
+) -> Result<Json<RetryStats>, ApiError> {
+    let Query(query) = query?;
+    let window_secs = query.window_secs.unwrap_or(3600);
+    if !(1..=30 * 86400).contains(&window_secs) {
+        return Err(ApiError::invalid("window_secs", "'window_secs' must be between 1 and 2592000 (30 days)"));
+    }
+    const TERMINAL: &str = "('completed', 'failed', 'timeout', 'canceled', 'abandoned')";
+    let (originals, retries, succeeded, finished): (i64, i64, i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FILTER (WHERE retry_count = 0), count(*) FILTER (WHERE retry_count > 0), \
+            count(*) FILTER (WHERE retry_count > 0 AND status = 'completed'), \
+            count(*) FILTER (WHERE retry_count > 0 AND status IN {TERMINAL}) \
+         FROM execution WHERE created > now() - make_interval(secs => $1)"
+    )))
+    .bind(window_secs as f64)
+    .fetch_one(&state.db)
+    .await?;
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT COALESCE(retry_reason, 'unknown'), count(*), count(*) FILTER (WHERE status = 'completed'), \
+            count(*) FILTER (WHERE status IN {TERMINAL}) \
+         FROM execution WHERE retry_count > 0 AND created > now() - make_interval(secs => $1) \
+         GROUP BY 1 ORDER BY 2 DESC, 1"
+    )))
+    .bind(window_secs as f64)
+    .fetch_all(&state.db)
+    .await?;
+    let retry_rate = percent(retries, originals);
+    let retry_success_rate = percent(succeeded, finished);
+    Ok(Json(RetryStats {
+        window_secs,
+        original_executions: originals,
+        retry_executions: retries,
+        retry_rate,
+        retry_success_rate,
+        average_retries_per_execution: (originals > 0)
+            .then(|| (100.0 * retries as f64 / originals as f64).round() / 100.0),
+        reasons: rows
+            .into_iter()
+            .map(|(reason, total, succeeded, finished)| ReasonStats {
+                reason,
+                total,
+                succeeded,
+                success_rate: percent(succeeded, finished),
+            })
+            .collect(),
+        alerts: RetryAlerts {
+            high_retry_rate: retry_rate.is_some_and(|r| r > ALERT_RETRY_RATE_PERCENT),
+            low_retry_success_rate: retry_success_rate.is_some_and(|r| r < ALERT_RETRY_SUCCESS_PERCENT),
+        },
+    }))
+}
+
+#[derive(Debug, Serialize)]
+pub struct WorkerAlerts {
+    pub unhealthy_over_half: bool,
+    pub high_average_queue_depth: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct WorkerStats {
+    pub active_workers: usize,
+    pub healthy: usize,
+    pub degraded: usize,
+    pub unhealthy: usize,
+    pub average_queue_depth: Option<f64>,
+    /// Mean of failed/total over active workers that have run anything (0..1).
+    pub average_failure_rate: Option<f64>,
+    pub alerts: WorkerAlerts,
+}
+
+pub async fn workers(State(state): State<crate::State>) -> Result<Json<WorkerStats>, ApiError> {
+    let workers = attune_common::db::worker::list(&state.db, &state.settings.health).await?;
+    let active: Vec<_> = workers.iter().filter(|w| w.status == "active").collect();
+    let count = |class: &str| active.iter().filter(|w| w.health == class).count();
+    let rates: Vec<f64> = active
+        .iter()
+        .filter_map(|w| {
+            let health = &w.capabilities["health"];
+            let total = health["total_executions"].as_f64().unwrap_or(0.0);
+            (total > 0.0).then(|| health["failed_executions"].as_f64().unwrap_or(0.0) / total)
+        })
+        .collect();
+    let mean = |values: &[f64]| {
+        (!values.is_empty()).then(|| (10000.0 * values.iter().sum::<f64>() / values.len() as f64).round() / 10000.0)
+    };
+    let depths: Vec<f64> = active.iter().map(|w| w.queue_depth as f64).collect();
+    let average_queue_depth = mean(&depths);
+    let unhealthy = count("unhealthy");
+    Ok(Json(WorkerStats {
+        active_workers: active.len(),
+        healthy: count("healthy"),
+        degraded: count("degraded"),
+        unhealthy,
+        average_queue_depth,
+        average_failure_rate: mean(&rates),
+        alerts: WorkerAlerts {
+            unhealthy_over_half: !active.is_empty()
+                && 100.0 * unhealthy as f64 / active.len() as f64 > ALERT_UNHEALTHY_SHARE_PERCENT,
+            high_average_queue_depth: average_queue_depth.is_some_and(|d| d > ALERT_AVERAGE_QUEUE_DEPTH),
+        },
+    }))
+}
