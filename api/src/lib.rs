@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod openapi;
 pub mod routes;
 
 use std::net::SocketAddr;
@@ -62,11 +63,21 @@ pub struct AppState {
 
 pub type State = Arc<AppState>;
 
-pub fn router(state: State) -> Router {
-    let api = routes::api_routes().layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token));
-    Router::new()
+/// The router and the OpenAPI document describing it.
+pub fn router_and_openapi(state: State) -> (Router<State>, utoipa::openapi::OpenApi) {
+    use utoipa::OpenApi;
+    let api = routes::api_routes().layer(axum::middleware::from_fn_with_state(state, auth::require_token));
+    utoipa_axum::router::OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .nest("/api/v1", api)
         .merge(routes::probe_routes())
+        .split_for_parts()
+}
+
+pub fn router(state: State) -> Router {
+    let (router, openapi) = router_and_openapi(state.clone());
+    let document = Arc::new(openapi);
+    router
+        .route("/api/v1/openapi.json", axum::routing::get(move || async move { axum::Json(document.as_ref().clone()) }))
         .fallback(|| async { ApiError::not_found("route", "no such route") })
         .with_state(state)
 }

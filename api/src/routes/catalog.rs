@@ -12,10 +12,14 @@ use serde::Deserialize;
 
 use crate::ApiError;
 
+#[utoipa::path(get, path = "/actions", tag = "catalog", responses((status = 200, body = Vec<db::action::Action>)))]
 pub async fn list_actions(State(state): State<crate::State>) -> Result<Json<Vec<db::action::Action>>, ApiError> {
     Ok(Json(db::action::list(&state.db, None).await?))
 }
 
+#[utoipa::path(get, path = "/actions/{action_ref}", tag = "catalog", params(("action_ref" = String, Path, description = "pack.name")),
+    responses((status = 200, body = db::action::Action),
+        (status = 404, description = "No such action", body = crate::openapi::ErrorBody),))]
 pub async fn get_action(
     State(state): State<crate::State>,
     action_ref: Result<Path<String>, PathRejection>,
@@ -27,11 +31,12 @@ pub async fn get_action(
         .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))
 }
 
+#[utoipa::path(get, path = "/packs", tag = "catalog", responses((status = 200, body = Vec<db::pack::Pack>)))]
 pub async fn list_packs(State(state): State<crate::State>) -> Result<Json<Vec<db::pack::Pack>>, ApiError> {
     Ok(Json(db::pack::list(&state.db).await?))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RegisterPack {
     /// The pack's directory as the API server (and the workers) see it.
@@ -40,6 +45,9 @@ pub struct RegisterPack {
 
 /// Registers or updates the pack at `path`. A pack that fails to load is a 422 naming the file,
 /// the field and the reason.
+#[utoipa::path(post, path = "/packs", tag = "catalog", request_body = RegisterPack,
+    responses((status = 201, body = db::pack::Pack),
+        (status = 422, description = "Not a directory, or the pack does not load: `file`, `field` and `reason` say why", body = crate::openapi::ErrorBody),))]
 pub async fn register_pack(
     State(state): State<crate::State>,
     body: Result<Json<RegisterPack>, JsonRejection>,

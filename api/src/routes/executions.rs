@@ -13,13 +13,18 @@ use serde_json::{Map, Value};
 
 use crate::ApiError;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateExecution {
+    /// The action, as `pack.name`.
     pub action_ref: String,
+    /// Checked against the action's declared parameters; defaults are filled in.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub parameters: Option<Value>,
+    /// Free-form; `retry_of` (with `max_retries`) makes this a manual retry (quick reference Example 4).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub config: Option<Value>,
 }
 
@@ -31,6 +36,13 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
     }
 }
 
+#[utoipa::path(post, path = "/executions", tag = "executions", request_body = CreateExecution,
+    responses(
+        (status = 201, description = "The new execution (a manual retry with `config.retry_of`)", body = Execution),
+        (status = 404, description = "No such action (or execution to retry)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Already retried, or not finished", body = crate::openapi::ErrorBody),
+        (status = 422, description = "A parameter is invalid; `parameter` names it", body = crate::openapi::ErrorBody),
+    ))]
 pub async fn create(
     State(state): State<crate::State>,
     body: Result<Json<CreateExecution>, JsonRejection>,
@@ -72,7 +84,7 @@ pub async fn create(
 }
 
 /// An execution with where its retry chain goes next.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ExecutionView {
     #[serde(flatten)]
     pub execution: Execution,
@@ -88,6 +100,9 @@ async fn find(state: &crate::AppState, id: i64) -> Result<Execution, ApiError> {
         .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))
 }
 
+#[utoipa::path(get, path = "/executions/{id}", tag = "executions", params(("id" = i64, Path, description = "Execution id")),
+    responses((status = 200, body = ExecutionView),
+        (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),))]
 pub async fn get(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
@@ -104,7 +119,7 @@ pub async fn get(
 }
 
 /// One attempt of a retry chain, with the timing between it and the attempt it retries.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Attempt {
     #[serde(flatten)]
     pub execution: Execution,
@@ -114,12 +129,15 @@ pub struct Attempt {
     pub gap_secs: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Chain {
     pub execution_id: i64,
     pub attempts: Vec<Attempt>,
 }
 
+#[utoipa::path(get, path = "/executions/{id}/chain", tag = "executions", params(("id" = i64, Path, description = "Any execution of the chain")),
+    responses((status = 200, body = Chain),
+        (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),))]
 pub async fn chain(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
@@ -146,14 +164,21 @@ pub async fn chain(
     Ok(Json(Chain { execution_id: id, attempts }))
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetryBody {
     /// Replaces the parameters of the execution being retried.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub parameters: Option<Value>,
 }
 
+#[utoipa::path(post, path = "/executions/{id}/retry", tag = "executions", params(("id" = i64, Path, description = "The finished execution to retry")),
+    request_body(content = Option<RetryBody>, description = "Optional replacement parameters"),
+    responses((status = 201, description = "The retry", body = Execution),
+        (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Already retried (`retry_execution` names the retry), or not finished", body = crate::openapi::ErrorBody),
+        (status = 422, description = "A parameter is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn retry(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
@@ -255,6 +280,10 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
 /// Cancels an execution that has not finished: a queued one never runs; a running one's process
 /// group is killed by its worker (through a cancel notice). Canceled executions are never retried
 /// automatically.
+#[utoipa::path(post, path = "/executions/{id}/cancel", tag = "executions", params(("id" = i64, Path, description = "Execution id")),
+    responses((status = 200, description = "The canceled execution", body = Execution),
+        (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Already finished", body = crate::openapi::ErrorBody),))]
 pub async fn cancel(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
@@ -312,18 +341,23 @@ async fn publish_request(state: &crate::AppState, execution_id: i64) {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// One of the execution statuses.
     pub status: Option<String>,
     pub action_ref: Option<String>,
+    /// RFC 3339 time.
     pub created_after: Option<String>,
+    /// RFC 3339 time.
     pub created_before: Option<String>,
+    /// 1 to 1000 (default 50).
     pub limit: Option<i64>,
     pub offset: Option<i64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Page<T> {
     pub items: Vec<T>,
     pub total: i64,
@@ -341,6 +375,10 @@ fn timestamp(parameter: &str, value: Option<String>) -> Result<Option<DateTime<U
         .transpose()
 }
 
+#[utoipa::path(get, path = "/executions", tag = "executions", params(ListQuery),
+    responses((status = 200, body = Page<Execution>),
+        (status = 400, description = "Malformed query", body = crate::openapi::ErrorBody),
+        (status = 422, description = "A filter is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
 pub async fn list(
     State(state): State<crate::State>,
     query: Result<Query<ListQuery>, QueryRejection>,

@@ -1,34 +1,37 @@
-//! The routes, grouped by resource.
+//! The routes, grouped by resource. Every route is registered through `utoipa_axum::routes!`, so
+//! the OpenAPI document (`/api/v1/openapi.json`) lists exactly what is served.
 
-mod catalog;
-mod executions;
-mod probes;
-mod stats;
-mod workers;
+pub mod catalog;
+pub mod executions;
+pub mod probes;
+pub mod stats;
+pub mod workers;
 
-use axum::Router;
-use axum::routing::{get, post};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::State;
 
-pub fn api_routes() -> Router<State> {
-    Router::new()
-        .route("/executions", post(executions::create).get(executions::list))
-        .route("/executions/{id}", get(executions::get))
-        .route("/executions/{id}/retry", post(executions::retry))
-        .route("/executions/{id}/cancel", post(executions::cancel))
-        .route("/executions/{id}/chain", get(executions::chain))
-        .route("/actions", get(catalog::list_actions))
-        .route("/actions/{action_ref}", get(catalog::get_action))
-        .route("/packs", get(catalog::list_packs).post(catalog::register_pack))
-        .route("/workers", get(workers::list))
-        .route("/stats/retries", get(stats::retries))
-        .route("/stats/workers", get(stats::workers))
+/// `/api/v1` (token required).
+pub fn api_routes() -> OpenApiRouter<State> {
+    OpenApiRouter::new()
+        .routes(routes!(executions::create, executions::list))
+        .routes(routes!(executions::get))
+        .routes(routes!(executions::retry))
+        .routes(routes!(executions::cancel))
+        .routes(routes!(executions::chain))
+        .routes(routes!(catalog::list_actions))
+        .routes(routes!(catalog::get_action))
+        .routes(routes!(catalog::list_packs, catalog::register_pack))
+        .routes(routes!(workers::list))
+        .routes(routes!(stats::retries))
+        .routes(routes!(stats::workers))
 }
 
-pub fn probe_routes() -> Router<State> {
-    Router::new()
-        .route("/healthz", get(probes::healthz))
-        .route("/readyz", get(probes::readyz))
-        .route("/metrics", get(probes::metrics))
+/// Probes and metrics (no token).
+pub fn probe_routes() -> OpenApiRouter<State> {
+    OpenApiRouter::new()
+        .routes(routes!(probes::healthz))
+        .routes(routes!(probes::readyz))
+        .routes(routes!(probes::metrics))
 }

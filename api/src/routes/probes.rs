@@ -9,11 +9,13 @@ use serde_json::{Value, json};
 
 use crate::ApiError;
 
+#[utoipa::path(get, path = "/healthz", tag = "probes", security(()), responses((status = 200, description = "The process is up")))]
 pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// Ready when both the database and the broker answer.
+#[utoipa::path(get, path = "/readyz", tag = "probes", security(()), responses((status = 200, description = "Database and broker answer"), (status = 503, description = "A dependency is down; the body says which")))]
 pub async fn readyz(State(state): State<crate::State>) -> (StatusCode, Json<Value>) {
     let database = sqlx::query("SELECT 1").execute(&state.db).await.map(|_| ()).map_err(|e| e.to_string());
     let broker = state.publisher.ping().await.map_err(|e| e.to_string());
@@ -27,6 +29,7 @@ pub async fn readyz(State(state): State<crate::State>) -> (StatusCode, Json<Valu
 }
 
 /// Prometheus text: this process's metrics, then gauges read from the database.
+#[utoipa::path(get, path = "/metrics", tag = "probes", security(()), responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<crate::State>) -> Result<impl IntoResponse, ApiError> {
     use attune_common::metrics::{self as m, render_gauge};
     let rows: Vec<(ExecutionStatus, String, i64)> =

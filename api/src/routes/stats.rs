@@ -14,14 +14,15 @@ pub const ALERT_RETRY_SUCCESS_PERCENT: f64 = 70.0;
 pub const ALERT_UNHEALTHY_SHARE_PERCENT: f64 = 50.0;
 pub const ALERT_AVERAGE_QUEUE_DEPTH: f64 = 20.0;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct Window {
     /// How far back to look, in seconds (default 3600, at most 30 days).
     pub window_secs: Option<i64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ReasonStats {
     pub reason: String,
     pub total: i64,
@@ -29,13 +30,13 @@ pub struct ReasonStats {
     pub success_rate: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RetryAlerts {
     pub high_retry_rate: bool,
     pub low_retry_success_rate: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RetryStats {
     pub window_secs: i64,
     pub original_executions: i64,
@@ -53,6 +54,9 @@ fn percent(part: i64, whole: i64) -> Option<f64> {
     (whole > 0).then(|| (10000.0 * part as f64 / whole as f64).round() / 100.0)
 }
 
+#[utoipa::path(get, path = "/stats/retries", tag = "stats", params(Window),
+    responses((status = 200, body = RetryStats),
+        (status = 422, description = "`window_secs` out of range", body = crate::openapi::ErrorBody),))]
 pub async fn retries(
     State(state): State<crate::State>,
     query: Result<Query<Window>, QueryRejection>,
@@ -107,13 +111,13 @@ pub async fn retries(
     }))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct WorkerAlerts {
     pub unhealthy_over_half: bool,
     pub high_average_queue_depth: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct WorkerStats {
     pub active_workers: usize,
     pub healthy: usize,
@@ -125,6 +129,7 @@ pub struct WorkerStats {
     pub alerts: WorkerAlerts,
 }
 
+#[utoipa::path(get, path = "/stats/workers", tag = "stats", responses((status = 200, body = WorkerStats)))]
 pub async fn workers(State(state): State<crate::State>) -> Result<Json<WorkerStats>, ApiError> {
     let workers = attune_common::db::worker::list(&state.db, &state.settings.health).await?;
     let active: Vec<_> = workers.iter().filter(|w| w.status == "active").collect();

@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Action {
     pub id: i64,
     #[serde(rename = "ref")]
@@ -18,9 +18,12 @@ pub struct Action {
     pub description: Option<String>,
     pub runtime: String,
     pub entrypoint: String,
+    /// Declared parameters: name → {type, required, default, enum, description}.
+    #[schema(value_type = Object)]
     pub parameters: Value,
     pub timeout_seconds: Option<i32>,
     pub max_retries: Option<i32>,
+    #[schema(value_type = Option<Object>)]
     pub retry_policy: Option<Value>,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,

@@ -8,15 +8,19 @@ use sqlx::{PgExecutor, PgPool};
 use crate::failure::FailureKind;
 use crate::status::ExecutionStatus;
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Execution {
     pub id: i64,
     pub action: Option<i64>,
     pub action_ref: String,
+    #[schema(value_type = Object)]
     pub parameters: Value,
+    #[schema(value_type = Object)]
     pub config: Value,
     pub status: ExecutionStatus,
     pub worker: Option<i64>,
+    /// The JSON object on the last line of the action's stdout, if any.
+    #[schema(value_type = Option<Object>)]
     pub result: Option<Value>,
     pub failure_kind: Option<String>,
     pub error: Option<String>,

@@ -6,7 +6,7 @@ use sqlx::PgPool;
 
 use crate::pack::LoadedPack;
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Pack {
     pub id: i64,
     #[serde(rename = "ref")]

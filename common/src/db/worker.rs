@@ -103,17 +103,21 @@ pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), 
 }
 
 /// A worker as the API and CLI show it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct WorkerView {
     pub id: i64,
     pub name: String,
     pub status: String,
-    /// The class the scheduler computes now.
+    /// The class the scheduler computes now: healthy, degraded or unhealthy.
+    #[schema(value_type = String)]
     pub health: &'static str,
     pub queue_depth: i64,
     pub heartbeat_age_secs: Option<f64>,
     pub last_heartbeat: Option<DateTime<Utc>>,
     pub runtimes: Vec<String>,
+    /// As reported: runtimes, concurrency, queue, health {status, last_check, consecutive_failures,
+    /// total_executions, failed_executions, average_execution_time_ms, queue_depth}.
+    #[schema(value_type = Object)]
     pub capabilities: Value,
 }
 

@@ -1,0 +1,82 @@
+//! The OpenAPI document at `/api/v1/openapi.json` against what the API serves and what the
+//! README documents: a route missing from any of them fails here.
+
+use std::collections::BTreeSet;
+
+use attune_testkit::System;
+use attune_testkit::system::repo_root;
+use serde_json::Value;
+
+/// Every route of the API, as the README's route table and DESIGN.md name them.
+const ROUTES: [(&str, &str); 17] = [
+    ("post", "/api/v1/executions"),
+    ("get", "/api/v1/executions"),
+    ("get", "/api/v1/executions/{id}"),
+    ("post", "/api/v1/executions/{id}/retry"),
+    ("post", "/api/v1/executions/{id}/cancel"),
+    ("get", "/api/v1/executions/{id}/chain"),
+    ("get", "/api/v1/actions"),
+    ("get", "/api/v1/actions/{action_ref}"),
+    ("get", "/api/v1/packs"),
+    ("post", "/api/v1/packs"),
+    ("get", "/api/v1/workers"),
+    ("get", "/api/v1/stats/retries"),
+    ("get", "/api/v1/stats/workers"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/api/v1/openapi.json"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_is_documented_served_and_in_the_readme() {
+    let system = System::builder().start().await;
+    let (status, document) = system.request(reqwest::Method::GET, "/api/v1/openapi.json", None, None).await;
+    assert_eq!(status, 200);
+    assert!(document["openapi"].as_str().unwrap().starts_with("3."), "{document}");
+
+    let mut documented = BTreeSet::new();
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            documented.insert((method.clone(), path.clone()));
+            let responses = operation["responses"].as_object().unwrap();
+            assert!(!responses.is_empty(), "{method} {path} documents no response");
+            if path.starts_with("/api/v1") {
+                let has_error_shape = responses.iter().any(|(code, r)| {
+                    code.starts_with('4') && r.to_string().contains("#/components/schemas/ErrorBody")
+                });
+                let only_success = responses.keys().all(|c| c.starts_with('2'));
+                assert!(has_error_shape || only_success, "{method} {path}: error responses without the error shape");
+            }
+        }
+    }
+    let expected: BTreeSet<(String, String)> =
+        ROUTES.iter().filter(|(_, p)| *p != "/api/v1/openapi.json").map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    assert_eq!(documented, expected, "the document and the route list differ");
+
+    // Request bodies and the error shape are described.
+    let schemas = &document["components"]["schemas"];
+    for schema in ["CreateExecution", "Execution", "ExecutionStatus", "ErrorBody", "RetryBody", "WorkerView"] {
+        assert!(schemas[schema].is_object(), "schema {schema} missing");
+    }
+    assert_eq!(document["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+
+    // Every documented route is served (no "no such route" fallback), and an undocumented one is not.
+    for (method, path) in ROUTES {
+        let concrete = path.replace("{id}", "1").replace("{action_ref}", "core.echo");
+        let method = if method == "post" { reqwest::Method::POST } else { reqwest::Method::GET };
+        let body = (method == reqwest::Method::POST).then(|| Value::Object(Default::default()));
+        let (_, response) = system.request(method.clone(), &concrete, body.as_ref(), Some(&system.token)).await;
+        assert_ne!(response["error"]["message"], "no such route", "{method} {path} is documented but not served");
+    }
+    let (status, response) = system.get("/api/v1/nothing-here").await;
+    assert_eq!((status, response["error"]["message"].as_str()), (404, Some("no such route")));
+
+    // The README's route table names the same routes.
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    for (method, path) in ROUTES {
+        let shown = format!("{} {}", method.to_uppercase(), path);
+        assert!(readme.contains(&shown) || readme.contains(&format!("`{shown}`")), "README does not list {shown}");
+    }
+    system.stop().await;
+}
