@@ -113,10 +113,13 @@ struct Histogram {
     sum: f64,
 }
 
+/// A series: the metric's name and its label pairs.
+type Series = (&'static str, Vec<(&'static str, String)>);
+
 #[derive(Default)]
 struct Registry {
-    counters: BTreeMap<(&'static str, Vec<(&'static str, String)>), u64>,
-    histograms: BTreeMap<(&'static str, Vec<(&'static str, String)>), Histogram>,
+    counters: BTreeMap<Series, u64>,
+    histograms: BTreeMap<Series, Histogram>,
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
@@ -134,7 +137,7 @@ const ALL: [&Metric; 11] = [
     &ACTIONS_RUN,
 ];
 
-fn key(metric: &Metric, labels: &[(&'static str, &str)]) -> (&'static str, Vec<(&'static str, String)>) {
+fn key(metric: &Metric, labels: &[(&'static str, &str)]) -> Series {
     (metric.name, labels.iter().map(|(k, v)| (*k, v.to_string())).collect())
 }
 
