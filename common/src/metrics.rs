@@ -210,27 +210,6 @@ pub fn render() -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counters_and_histograms_render_in_prometheus_text() {
-        increment(&DEAD_LETTERS, &[("reason", "expired")], 2);
-        observe(&EXECUTION_DURATION, &[("status", "completed")], 0.003);
-        let text = render();
-        assert!(text.contains("# TYPE attune_dead_letters_total counter"));
-        assert!(text.contains("attune_dead_letters_total{reason=\"expired\"} 2"), "{text}");
-        assert!(text.contains("attune_execution_duration_seconds_bucket{status=\"completed\",le=\"0.0025\"} 0"));
-        assert!(text.contains("attune_execution_duration_seconds_bucket{status=\"completed\",le=\"0.005\"} 1"));
-        assert!(text.contains("attune_execution_duration_seconds_count{status=\"completed\"} 1"));
-        for metric in ALL {
-            assert!(text.contains(&format!("# HELP {} ", metric.name)), "{}", metric.name);
-        }
-        assert_eq!(escape("a\"b\\"), "a\\\"b\\\\");
-    }
-}
-
 /// Serves `GET /metrics` (this process's registry) on `addr` until `shutdown` fires: a minimal
 /// HTTP/1.1 responder for the executor and workers, which have no HTTP server of their own.
 pub async fn serve(addr: std::net::SocketAddr, shutdown: tokio_util::sync::CancellationToken) -> std::io::Result<()> {
@@ -278,5 +257,26 @@ pub fn serve_from_env(shutdown: tokio_util::sync::CancellationToken) {
         Err(e) => {
             tracing::warn!(value = %addr, error = %e, "ATTUNE_METRICS_ADDR is not an address; no metrics endpoint")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_and_histograms_render_in_prometheus_text() {
+        increment(&DEAD_LETTERS, &[("reason", "expired")], 2);
+        observe(&EXECUTION_DURATION, &[("status", "completed")], 0.003);
+        let text = render();
+        assert!(text.contains("# TYPE attune_dead_letters_total counter"));
+        assert!(text.contains("attune_dead_letters_total{reason=\"expired\"} 2"), "{text}");
+        assert!(text.contains("attune_execution_duration_seconds_bucket{status=\"completed\",le=\"0.0025\"} 0"));
+        assert!(text.contains("attune_execution_duration_seconds_bucket{status=\"completed\",le=\"0.005\"} 1"));
+        assert!(text.contains("attune_execution_duration_seconds_count{status=\"completed\"} 1"));
+        for metric in ALL {
+            assert!(text.contains(&format!("# HELP {} ", metric.name)), "{}", metric.name);
+        }
+        assert_eq!(escape("a\"b\\"), "a\\\"b\\\\");
     }
 }
