@@ -19,7 +19,9 @@ fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
 }
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    let client = Client::new(&cli.api_url, cli.token.clone());
+    let config = crate::ConfigFile::load()?;
+    let api_url = cli.api_url.clone().or(config.api_url).unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let client = Client::new(&api_url, cli.token.clone().or(config.token));
     let out = cli.output;
     match cli.command {
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
@@ -102,6 +104,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let canceled = client.post(&format!("/api/v1/executions/{id}/cancel"), &json!({})).await?;
             print(out, &canceled, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));
             Ok(0)
+        }
+        Command::Execution(ExecutionCommand::Watch { id, wait_timeout }) => {
+            watch(&client, out, id, Duration::from_secs(wait_timeout)).await
         }
         Command::Execution(ExecutionCommand::Chain { id }) => {
             let chain = client.get(&format!("/api/v1/executions/{id}/chain"), &[]).await?;
@@ -188,6 +193,49 @@ async fn finish(client: &Client, out: Output, execution: Value, wait: bool, wait
     let finished = wait_for(client, id, Duration::from_secs(wait_timeout)).await?;
     print(out, &finished, output::execution);
     Ok(if finished["status"] == "completed" { 0 } else { 2 })
+}
+
+/// Follows the retry chain of `id`: one line per attempt state change (or, with `--output json`,
+/// the final chain), until its last attempt ends with no retry to come. Exit 0 if it completed.
+async fn watch(client: &Client, out: Output, id: i64, timeout: Duration) -> anyhow::Result<i32> {
+    let started = Instant::now();
+    let mut seen: Vec<(i64, String)> = Vec::new();
+    loop {
+        let chain = client.get(&format!("/api/v1/executions/{id}/chain"), &[]).await?;
+        let attempts = chain["attempts"].as_array().cloned().unwrap_or_default();
+        for attempt in &attempts {
+            let state = (attempt["id"].as_i64().unwrap_or_default(), text(&attempt["status"]));
+            if !seen.contains(&state) && out == Output::Table {
+                let mut line =
+                    format!("attempt {} (execution {}): {}", text(&attempt["retry_count"]), state.0, state.1);
+                if state.1 == "delayed" {
+                    line.push_str(&format!(", next attempt at {}", text(&attempt["not_before"])));
+                }
+                if let Some(kind) = attempt["failure_kind"].as_str() {
+                    line.push_str(&format!(" ({kind})"));
+                }
+                println!("{line}");
+            }
+            if !seen.contains(&state) {
+                seen.push(state);
+            }
+        }
+        let Some(last) = attempts.last() else { bail!("execution {id} has no chain") };
+        let status = last["status"].as_str().unwrap_or("unknown");
+        if matches!(status, "completed" | "failed" | "timeout" | "canceled" | "abandoned") {
+            let view = client.get(&format!("/api/v1/executions/{}", text(&last["id"])), &[]).await?;
+            if view["retried_by"].is_null() {
+                if out == Output::Json {
+                    println!("{}", serde_json::to_string_pretty(&chain)?);
+                }
+                return Ok(if status == "completed" { 0 } else { 2 });
+            }
+        }
+        if started.elapsed() > timeout {
+            bail!("the chain of execution {id} had not ended after {}s", timeout.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// `key=value` pairs typed by the action's declared parameters: strings stay as written, other

@@ -7,13 +7,45 @@ mod up;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// Settings from the config file (`ATTUNE_CONFIG`, else `$XDG_CONFIG_HOME/attune/config.json`, else
+/// `~/.config/attune/config.json`): `{"api_url": "...", "token": "..."}`. Flags and environment
+/// variables take precedence.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub api_url: Option<String>,
+    pub token: Option<String>,
+}
+
+impl ConfigFile {
+    pub fn path() -> Option<std::path::PathBuf> {
+        if let Some(path) = std::env::var_os("ATTUNE_CONFIG") {
+            return Some(path.into());
+        }
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".config")))?;
+        Some(base.join("attune/config.json"))
+    }
+
+    pub fn load() -> anyhow::Result<ConfigFile> {
+        use anyhow::Context;
+        let Some(path) = Self::path() else { return Ok(ConfigFile::default()) };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text).with_context(|| format!("config file {}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ConfigFile::default()),
+            Err(e) => Err(e).with_context(|| format!("config file {}", path.display())),
+        }
+    }
+}
+
 #[derive(Parser)]
 #[command(name = "attune", version, about = "attune: run actions, watch executions, operate workers")]
 pub struct Cli {
-    /// API base URL
-    #[arg(long, global = true, env = "ATTUNE_API_URL", default_value = "http://127.0.0.1:8080")]
-    pub api_url: String,
-    /// API token (create one with `attune token create`)
+    /// API base URL (else the config file's `api_url`, else http://127.0.0.1:8080)
+    #[arg(long, global = true, env = "ATTUNE_API_URL")]
+    pub api_url: Option<String>,
+    /// API token (else the config file's `token`; create one with `attune token create`)
     #[arg(long, global = true, env = "ATTUNE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Output format
@@ -80,6 +112,12 @@ pub enum ExecutionCommand {
     },
     /// Cancel an execution that has not finished (a running one's process group is killed)
     Cancel { id: i64 },
+    /// Follow an execution and its retries live until the chain ends
+    Watch {
+        id: i64,
+        #[arg(long, default_value_t = 3600)]
+        wait_timeout: u64,
+    },
     /// Show every attempt of the retry chain an execution belongs to
     Chain { id: i64 },
     /// List executions, newest first

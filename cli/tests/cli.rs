@@ -54,3 +54,46 @@ async fn scripts_can_rely_on_token_run_and_exit_codes() {
 
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_follows_a_retry_chain_and_the_config_file_supplies_address_and_token() {
+    let system = System::builder()
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.3")
+        .worker("w1", &[])
+        .pack(attune_testkit::system::repo_root().join("testkit/packs/e2e"))
+        .start()
+        .await;
+    let dir = std::env::temp_dir().join(format!("attune-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.json");
+    std::fs::write(&config, serde_json::json!({"api_url": system.api_url, "token": system.token}).to_string()).unwrap();
+    let attune_with_config = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_attune"))
+            .args(args)
+            .env_remove("ATTUNE_API_URL")
+            .env_remove("ATTUNE_TOKEN")
+            .env("ATTUNE_CONFIG", &config)
+            .output()
+            .unwrap()
+    };
+
+    let first = system.submit("e2e.flaky", serde_json::json!({"fail_times": 2})).await;
+    let id = first["id"].as_i64().unwrap().to_string();
+    let out = attune_with_config(&["execution", "watch", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}{}", String::from_utf8_lossy(&out.stderr));
+    for expected in ["attempt 0", "attempt 1", "attempt 2", "completed", "(transient_error)"] {
+        assert!(shown.contains(expected), "{expected:?} missing from:\n{shown}");
+    }
+    let out = attune_with_config(&["execution", "chain", &id, "--output", "json"]);
+    let chain: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(chain["attempts"].as_array().unwrap().len(), 3);
+
+    // a broken config file is an error naming the file
+    std::fs::write(&config, "{\"api_url\": 5}").unwrap();
+    let out = attune_with_config(&["worker", "list"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    system.stop().await;
+}

@@ -42,16 +42,19 @@ async fn every_route_is_documented_served_and_in_the_readme() {
             let responses = operation["responses"].as_object().unwrap();
             assert!(!responses.is_empty(), "{method} {path} documents no response");
             if path.starts_with("/api/v1") {
-                let has_error_shape = responses.iter().any(|(code, r)| {
-                    code.starts_with('4') && r.to_string().contains("#/components/schemas/ErrorBody")
-                });
+                let has_error_shape = responses
+                    .iter()
+                    .any(|(code, r)| code.starts_with('4') && r.to_string().contains("#/components/schemas/ErrorBody"));
                 let only_success = responses.keys().all(|c| c.starts_with('2'));
                 assert!(has_error_shape || only_success, "{method} {path}: error responses without the error shape");
             }
         }
     }
-    let expected: BTreeSet<(String, String)> =
-        ROUTES.iter().filter(|(_, p)| *p != "/api/v1/openapi.json").map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    let expected: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .filter(|(_, p)| *p != "/api/v1/openapi.json")
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
     assert_eq!(documented, expected, "the document and the route list differ");
 
     // Request bodies and the error shape are described.
