@@ -256,26 +256,46 @@ pub fn parse_params(declared: &Value, pairs: &[String]) -> anyhow::Result<Map<St
     Ok(parameters)
 }
 
+/// Waits for execution `id` to end, following its automatic retries: returns the last attempt
+/// of its chain once it has ended with no retry to come.
 async fn wait_for(client: &Client, id: i64, timeout: Duration) -> anyhow::Result<Value> {
     const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
     let interactive = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut frame = 0;
+    let mut current = id;
     loop {
-        let execution = client.get(&format!("/api/v1/executions/{id}"), &[]).await?;
+        let execution = client.get(&format!("/api/v1/executions/{current}"), &[]).await?;
         let status = execution["status"].as_str().unwrap_or("unknown");
-        if matches!(status, "completed" | "failed" | "timeout" | "canceled" | "abandoned") {
+        let terminal = matches!(status, "completed" | "failed" | "timeout" | "canceled" | "abandoned");
+        if terminal && let Some(retry) = execution["retried_by"].as_i64() {
+            if !interactive {
+                eprintln!(
+                    "execution {current} {status} ({}); retrying as execution {retry}",
+                    text(&execution["failure_kind"])
+                );
+            }
+            current = retry;
+            continue;
+        }
+        if terminal {
             if interactive {
                 eprint!("\r\x1b[2K");
             }
             return Ok(execution);
         }
         if started.elapsed() > timeout {
-            bail!("execution {id} is still {status} after {}s", timeout.as_secs());
+            bail!("execution {current} is still {status} after {}s", timeout.as_secs());
         }
         if interactive {
+            let attempt = execution["retry_count"].as_i64().unwrap_or(0);
+            let detail = match (status, execution["not_before"].as_str()) {
+                ("delayed", Some(at)) => format!("retry {attempt} waits until {at}"),
+                _ if attempt > 0 => format!("retry {attempt} {status}"),
+                _ => status.to_string(),
+            };
             eprint!(
-                "\r\x1b[2K{} execution {id} {status} ({:.1}s)",
+                "\r\x1b[2K{} execution {current} {detail} ({:.1}s)",
                 FRAMES[frame % FRAMES.len()],
                 started.elapsed().as_secs_f64()
             );

@@ -75,7 +75,7 @@ pub enum Command {
         action_ref: String,
         /// Parameters as key=value (typed by the action's declaration; JSON for objects and arrays)
         params: Vec<String>,
-        /// Wait for the execution to finish and exit non-zero unless it completed
+        /// Wait for the execution (and its automatic retries) to finish; exit non-zero unless it completed
         #[arg(long)]
         wait: bool,
         /// Give up waiting after this many seconds
