@@ -21,9 +21,15 @@ fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let config = crate::ConfigFile::load()?;
     let api_url = cli.api_url.clone().or(config.api_url).unwrap_or_else(|| "http://127.0.0.1:8080".into());
-    let client = Client::new(&api_url, cli.token.clone().or(config.token));
+    let token = cli.token.clone().or(config.token);
+    let client = Client::new(&api_url, token.clone());
     let out = cli.output;
     match cli.command {
+        Command::Bench(args) => {
+            let report = crate::bench::run(&api_url, token, args).await?;
+            print(out, &report, crate::bench::table);
+            Ok(0)
+        }
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
         Command::Token(TokenCommand::Create { name }) => {
             let url = attune_common::config::CommonSettings::from_env()?.database_url;

@@ -1,5 +1,6 @@
 //! `attune`: the command line for API clients and operators.
 
+mod bench;
 mod client;
 mod commands;
 mod output;
@@ -85,6 +86,8 @@ pub enum Command {
     /// Read executions
     #[command(subcommand)]
     Execution(ExecutionCommand),
+    /// Measure throughput and latency through the API of a running system (see docs/benchmarks.md)
+    Bench(bench::BenchArgs),
     /// Read workers
     #[command(subcommand)]
     Worker(WorkerCommand),

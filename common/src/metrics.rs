@@ -80,6 +80,17 @@ pub const ACTIONS_RUN: Metric = Metric {
     kind: Kind::Counter,
 };
 
+pub const BROKER_PUBLISHES: Metric = Metric {
+    name: "attune_broker_publishes_total",
+    help: "Messages published and confirmed by the broker (one round trip each).",
+    kind: Kind::Counter,
+};
+pub const BROKER_DELIVERIES: Metric = Metric {
+    name: "attune_broker_deliveries_total",
+    help: "Messages received from the broker and settled (ack, requeue or dead-letter), by queue kind.",
+    kind: Kind::Counter,
+};
+
 /// Gauges the API reads from the database at every scrape (the record, across all processes).
 pub struct Gauge {
     pub name: &'static str,
@@ -123,7 +134,7 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 11] = [
+const ALL: [&Metric; 13] = [
     &EXECUTIONS_FINISHED,
     &RETRIES_CREATED,
     &RETRIES_FINISHED,
@@ -135,6 +146,8 @@ const ALL: [&Metric; 11] = [
     &MONITOR_RECOVERIES,
     &WORKER_UNAVAILABLE,
     &ACTIONS_RUN,
+    &BROKER_PUBLISHES,
+    &BROKER_DELIVERIES,
 ];
 
 fn key(metric: &Metric, labels: &[(&'static str, &str)]) -> Series {

@@ -346,7 +346,10 @@ impl Publisher {
             .await?
             .await?;
         match confirm {
-            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(None) => {
+                crate::metrics::increment(&crate::metrics::BROKER_PUBLISHES, &[], 1);
+                Ok(())
+            }
             Confirmation::Ack(Some(_)) => Err(MqError::Unroutable(routing_key.to_string())),
             Confirmation::Nack(_) => Err(MqError::Nacked(routing_key.to_string())),
             Confirmation::NotRequested => {
@@ -491,6 +494,7 @@ where
             if let Err(e) = result {
                 tracing::warn!(error = %e, "failed to settle delivery; the broker will redeliver it");
             }
+            crate::metrics::increment(&crate::metrics::BROKER_DELIVERIES, &[], 1);
         });
     };
     // Stop taking work, then let in-flight handlers finish (and settle) before the channel closes.

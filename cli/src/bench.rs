@@ -1,0 +1,511 @@
+//! `attune bench`: how fast attune is, measured through the real API against a running system.
+//!
+//! Each workload submits executions through `POST /api/v1/executions` and waits until every one
+//! has finished (read from the record), then reports completed executions per second, latency
+//! from submission to completion (p50, p90, p99, max), and per execution the database commits
+//! (`pg_stat_database.xact_commit`, less the benchmark's own reads) and broker round trips
+//! (publishes confirmed plus deliveries settled, from the services' `/metrics`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Workloads to run (default: all): noop, rate, echo, retry, fleet, load
+    #[arg(long, value_delimiter = ',')]
+    pub workload: Vec<String>,
+    /// Executions per closed-loop workload
+    #[arg(long, default_value_t = 2000)]
+    pub count: usize,
+    /// Submitting clients for closed-loop workloads
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Offered rate (executions/s) of the `rate` workload
+    #[arg(long, default_value_t = 200.0)]
+    pub rate: f64,
+    /// Seconds of offered load in the `rate` and `load` workloads
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Registered (idle) workers added for the `fleet` workload
+    #[arg(long, default_value_t = 1000)]
+    pub fleet: usize,
+    /// A few seconds in all (CI's smoke run)
+    #[arg(long)]
+    pub quick: bool,
+    /// Write the results as JSON here
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Write an SVG plot of latency against offered load here (needs the `load` workload)
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+    /// Metrics endpoints to read broker counters from (default: the API's /metrics)
+    #[arg(long)]
+    pub metrics_url: Vec<String>,
+}
+
+struct Bench {
+    http: reqwest::Client,
+    api: String,
+    token: String,
+    db: PgPool,
+    metrics_urls: Vec<String>,
+    /// Statements this benchmark ran itself (subtracted from the commit count).
+    own_statements: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+struct Measured {
+    name: String,
+    executions: usize,
+    elapsed: f64,
+    latencies_ms: Vec<f64>,
+    commits: f64,
+    broker: f64,
+    extra: Value,
+}
+
+impl Measured {
+    fn percentile(&self, p: f64) -> f64 {
+        let mut sorted = self.latencies_ms.clone();
+        sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        if sorted.is_empty() {
+            return 0.0;
+        }
+        let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+        sorted[rank.clamp(1, sorted.len()) - 1]
+    }
+
+    fn to_json(&self) -> Value {
+        let round = |v: f64| (v * 100.0).round() / 100.0;
+        json!({
+            "workload": self.name,
+            "executions": self.executions,
+            "seconds": round(self.elapsed),
+            "executions_per_second": round(self.executions as f64 / self.elapsed),
+            "latency_ms": {"p50": round(self.percentile(50.0)), "p90": round(self.percentile(90.0)),
+                           "p99": round(self.percentile(99.0)), "max": round(self.percentile(100.0))},
+            "db_commits_per_execution": round(self.commits),
+            "broker_round_trips_per_execution": round(self.broker),
+            "extra": self.extra,
+        })
+    }
+}
+
+fn epoch_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+impl Bench {
+    async fn commits(&self) -> anyhow::Result<f64> {
+        // Statistics reach pg_stat_database when backends go idle (at most once a second).
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        self.own_statements.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let commits: i64 =
+            sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+                .fetch_one(&self.db)
+                .await?;
+        Ok(commits as f64)
+    }
+
+    async fn broker(&self) -> f64 {
+        let mut total = 0.0;
+        for url in &self.metrics_urls {
+            if let Ok(response) = self.http.get(url).send().await
+                && let Ok(text) = response.text().await
+            {
+                for line in text.lines() {
+                    if line.starts_with("attune_broker_publishes_total")
+                        || line.starts_with("attune_broker_deliveries_total")
+                    {
+                        total += line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+                    }
+                }
+            }
+        }
+        total
+    }
+
+    async fn submit(&self, action_ref: &str, parameters: &Value) -> anyhow::Result<(i64, f64)> {
+        let submitted = epoch_now();
+        let response = self
+            .http
+            .post(format!("{}/api/v1/executions", self.api))
+            .bearer_auth(&self.token)
+            .json(&json!({"action_ref": action_ref, "parameters": parameters}))
+            .send()
+            .await?;
+        let status = response.status();
+        let body: Value = response.json().await?;
+        if status.as_u16() != 201 {
+            bail!("submit {action_ref}: {status} {body}");
+        }
+        Ok((body["id"].as_i64().context("no id")?, submitted))
+    }
+
+    /// Waits until every chain rooted at `roots` has ended; returns the end time of each chain.
+    async fn wait(&self, roots: &[(i64, f64)], deadline: Duration) -> anyhow::Result<Vec<(f64, f64)>> {
+        let started = Instant::now();
+        let mut pending: HashSet<i64> = roots.iter().map(|r| r.0).collect();
+        let mut ends = std::collections::HashMap::new();
+        while !pending.is_empty() {
+            if started.elapsed() > deadline {
+                bail!("{} executions had not finished after {deadline:?}", pending.len());
+            }
+            let ids: Vec<i64> = pending.iter().copied().collect();
+            self.own_statements.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // the last attempt of each chain, once it is terminal and not retried
+            let rows: Vec<(i64, f64)> = sqlx::query_as(
+                "WITH RECURSIVE chain AS ( \
+                    SELECT id AS root, id, finished, status FROM execution WHERE id = ANY($1) \
+                    UNION ALL SELECT c.root, e.id, e.finished, e.status FROM execution e JOIN chain c ON e.original_execution = c.id) \
+                 SELECT c.root, extract(epoch FROM c.finished)::float8 FROM chain c \
+                 WHERE c.finished IS NOT NULL AND NOT EXISTS (SELECT 1 FROM execution r WHERE r.original_execution = c.id)",
+            )
+            .bind(&ids)
+            .fetch_all(&self.db)
+            .await?;
+            for (root, finished) in rows {
+                pending.remove(&root);
+                ends.insert(root, finished);
+            }
+            if !pending.is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok(roots.iter().map(|(id, submitted)| (*submitted, ends[id])).collect())
+    }
+
+    /// Closed loop: `count` submissions by `concurrency` clients, as fast as they go.
+    async fn closed_loop(
+        self: &Arc<Self>,
+        name: &str,
+        count: usize,
+        concurrency: usize,
+        mix: &[(f64, &str, Value)],
+    ) -> anyhow::Result<Measured> {
+        let (commits_before, broker_before) = (self.commits().await?, self.broker().await);
+        let own_before = self.own_statements.load(std::sync::atomic::Ordering::Relaxed);
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut clients = tokio::task::JoinSet::new();
+        // a deterministic mix: execution i takes the kind whose share covers (i mod 100) / 100
+        let plan: Arc<Vec<(String, Value)>> = Arc::new(
+            (0..count)
+                .map(|i| {
+                    let slot = (i % 100) as f64 / 100.0;
+                    let mut covered = 0.0;
+                    let (_, action, params) = mix
+                        .iter()
+                        .find(|(share, _, _)| {
+                            covered += share;
+                            slot < covered - 1e-9
+                        })
+                        .unwrap_or(&mix[mix.len() - 1]);
+                    (action.to_string(), params.clone())
+                })
+                .collect(),
+        );
+        let started = epoch_now();
+        for _ in 0..concurrency.min(count) {
+            let (bench, next, plan) = (self.clone(), next.clone(), plan.clone());
+            clients.spawn(async move {
+                let mut submitted = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= plan.len() {
+                        return anyhow::Ok(submitted);
+                    }
+                    submitted.push(bench.submit(&plan[i].0, &plan[i].1).await?);
+                }
+            });
+        }
+        let mut roots = Vec::new();
+        while let Some(joined) = clients.join_next().await {
+            roots.extend(joined??);
+        }
+        self.finish(name, started, &roots, commits_before, broker_before, own_before).await
+    }
+
+    async fn finish(
+        &self,
+        name: &str,
+        started: f64,
+        roots: &[(i64, f64)],
+        commits_before: f64,
+        broker_before: f64,
+        own_before: u64,
+    ) -> anyhow::Result<Measured> {
+        let times = self.wait(roots, Duration::from_secs(600)).await?;
+        let last = times.iter().map(|t| t.1).fold(started, f64::max);
+        let own = (self.own_statements.load(std::sync::atomic::Ordering::Relaxed) - own_before) as f64 + 1.0;
+        let commits = self.commits().await? - commits_before - own;
+        let broker = self.broker().await - broker_before;
+        let n = roots.len() as f64;
+        Ok(Measured {
+            name: name.to_string(),
+            executions: roots.len(),
+            elapsed: last - started,
+            latencies_ms: times.iter().map(|(s, f)| (f - s) * 1000.0).collect(),
+            commits: commits / n,
+            broker: broker / n,
+            extra: json!({}),
+        })
+    }
+
+    /// Open loop: submissions at a fixed offered rate for `duration` seconds.
+    async fn open_loop(self: &Arc<Self>, name: &str, rate: f64, duration: f64) -> anyhow::Result<Measured> {
+        let (commits_before, broker_before) = (self.commits().await?, self.broker().await);
+        let own_before = self.own_statements.load(std::sync::atomic::Ordering::Relaxed);
+        let total = (rate * duration).round().max(1.0) as usize;
+        let interval = Duration::from_secs_f64(1.0 / rate);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let started = epoch_now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..total {
+            ticker.tick().await;
+            let bench = self.clone();
+            tasks.spawn(async move { bench.submit("core.noop", &json!({})).await });
+        }
+        let mut roots = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            roots.push(joined??);
+        }
+        let mut measured = self.finish(name, started, &roots, commits_before, broker_before, own_before).await?;
+        measured.extra = json!({"offered_rate": rate});
+        Ok(measured)
+    }
+}
+
+pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::Result<Value> {
+    let token = token.context("attune bench needs a token (ATTUNE_TOKEN or --token)")?;
+    let url = attune_common::config::CommonSettings::from_env()?.database_url;
+    let db = attune_common::db::connect(&url, 2, Duration::from_secs(10)).await.context("DATABASE_URL")?;
+    let metrics_urls =
+        if args.metrics_url.is_empty() { vec![format!("{api}/metrics")] } else { args.metrics_url.clone() };
+    let bench = Arc::new(Bench {
+        http: reqwest::Client::new(),
+        api: api.trim_end_matches('/').to_string(),
+        token,
+        db,
+        metrics_urls,
+        own_statements: Default::default(),
+    });
+    let all = ["noop", "rate", "echo", "retry", "fleet", "load"];
+    let chosen: Vec<String> =
+        if args.workload.is_empty() { all.iter().map(|s| s.to_string()).collect() } else { args.workload.clone() };
+    let q = args.quick;
+    let count = if q { 100 } else { args.count };
+    let (rate_duration, fleet) = if q { (2.0, 100) } else { (args.duration, args.fleet) };
+    let mut results = Vec::new();
+    for workload in &chosen {
+        eprintln!("running {workload} ...");
+        let measured = match workload.as_str() {
+            "noop" => vec![
+                bench
+                    .closed_loop("core.noop, max rate", count, args.concurrency, &[(1.0, "core.noop", json!({}))])
+                    .await?,
+            ],
+            "rate" => {
+                let rate = if q { 50.0 } else { args.rate };
+                vec![bench.open_loop(&format!("core.noop at {rate}/s offered"), rate, rate_duration).await?]
+            }
+            "echo" => vec![
+                bench
+                    .closed_loop(
+                        "core.echo (shell), max rate",
+                        count / 4,
+                        args.concurrency,
+                        &[(1.0, "core.echo", json!({"message": "bench"}))],
+                    )
+                    .await?,
+            ],
+            "retry" => vec![retry_mix(&bench, if q { 20 } else { count / 4 }, args.concurrency).await?],
+            "fleet" => fleet_workload(&bench, fleet, if q { 100 } else { count / 2 }, args.concurrency).await?,
+            "load" => {
+                let rates: Vec<f64> = if q { vec![25.0, 50.0] } else { vec![50.0, 100.0, 200.0, 400.0, 600.0] };
+                let mut points = Vec::new();
+                for rate in rates {
+                    points.push(bench.open_loop(&format!("load {rate}/s"), rate, if q { 1.0 } else { 5.0 }).await?);
+                }
+                if let Some(path) = &args.plot {
+                    std::fs::write(path, plot(&points))?;
+                }
+                points
+            }
+            other => bail!("unknown workload '{other}' (expected one of: {})", all.join(", ")),
+        };
+        results.extend(measured);
+    }
+    let rows: Vec<Value> = results.iter().map(Measured::to_json).collect();
+    let report = json!({
+        "machine": machine(),
+        "results": rows,
+    });
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(report)
+}
+
+/// 30 % of executions fail transiently once and succeed on their retry.
+async fn retry_mix(bench: &Arc<Bench>, count: usize, concurrency: usize) -> anyhow::Result<Measured> {
+    let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&bench.db).await?;
+    let mix = [(0.3, "core.flaky", json!({"fail_times": 1})), (0.7, "core.noop", json!({}))];
+    let mut measured = bench.closed_loop("30 % fail once then retry", count, concurrency, &mix).await?;
+    let gaps: Vec<(f64, f64)> = sqlx::query_as(
+        "SELECT extract(epoch FROM r.not_before - p.finished)::float8, extract(epoch FROM r.started - p.finished)::float8 \
+         FROM execution r JOIN execution p ON p.id = r.original_execution WHERE r.created >= $1 AND r.started IS NOT NULL",
+    )
+    .bind(since)
+    .fetch_all(&bench.db)
+    .await?;
+    let late: Vec<f64> = gaps.iter().map(|(backoff, gap)| (gap - backoff) * 1000.0).collect();
+    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    measured.extra = json!({
+        "retries": gaps.len(),
+        "mean_backoff_ms": (mean(&gaps.iter().map(|g| g.0 * 1000.0).collect::<Vec<_>>()) * 10.0).round() / 10.0,
+        "mean_gap_over_backoff_ms": (mean(&late) * 10.0).round() / 10.0,
+        "max_gap_over_backoff_ms": (late.iter().cloned().fold(0.0, f64::max) * 10.0).round() / 10.0,
+    });
+    Ok(measured)
+}
+
+/// Scheduling with few and with many registered workers: idle workers that heartbeat but offer a
+/// runtime nothing uses, so every scheduling decision reads and ranks them all.
+async fn fleet_workload(
+    bench: &Arc<Bench>,
+    fleet: usize,
+    count: usize,
+    concurrency: usize,
+) -> anyhow::Result<Vec<Measured>> {
+    let noop = [(1.0, "core.noop", json!({}))];
+    let few = bench.closed_loop("scheduling with the real workers only", count, concurrency, &noop).await?;
+    sqlx::query(
+        "INSERT INTO worker (name, status, capabilities, last_heartbeat) \
+         SELECT 'bench-idle-' || n, 'active', '{\"runtimes\": [\"bench-none\"], \"health\": {\"consecutive_failures\": 0}}', now() \
+         FROM generate_series(1, $1) n ON CONFLICT (name) DO UPDATE SET status = 'active', last_heartbeat = now()",
+    )
+    .bind(fleet as i64)
+    .execute(&bench.db)
+    .await?;
+    let keep_fresh = {
+        let db = bench.db.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let _ = sqlx::query("UPDATE worker SET last_heartbeat = now() WHERE name LIKE 'bench-idle-%'")
+                    .execute(&db)
+                    .await;
+            }
+        })
+    };
+    let many =
+        bench.closed_loop(&format!("scheduling with {fleet} more registered workers"), count, concurrency, &noop).await;
+    keep_fresh.abort();
+    sqlx::query("DELETE FROM worker WHERE name LIKE 'bench-idle-%'").execute(&bench.db).await?;
+    Ok(vec![few, many?])
+}
+
+fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<f64>().unwrap_or(0.0) / 1048576.0)
+        })
+        .unwrap_or(0.0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    json!({"cpus": cpus, "memory_gib": (memory * 10.0).round() / 10.0, "cpu_model": model})
+}
+
+/// Latency (p50 and p99) against offered load, as a small SVG.
+fn plot(points: &[Measured]) -> String {
+    let (w, h, left, bottom) = (640.0, 360.0, 60.0, 40.0);
+    let rates: Vec<f64> = points.iter().map(|m| m.extra["offered_rate"].as_f64().unwrap_or(0.0)).collect();
+    let max_rate = rates.iter().cloned().fold(1.0, f64::max);
+    let max_latency = points.iter().map(|m| m.percentile(99.0)).fold(1.0, f64::max) * 1.1;
+    let x = |r: f64| left + (w - left - 20.0) * r / max_rate;
+    let y = |l: f64| h - bottom - (h - bottom - 20.0) * l / max_latency;
+    let line = |p: f64, colour: &str| {
+        let coords: Vec<String> =
+            points.iter().zip(&rates).map(|(m, r)| format!("{:.1},{:.1}", x(*r), y(m.percentile(p)))).collect();
+        format!("<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>", coords.join(" "))
+    };
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">"
+    );
+    svg += &format!("<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>");
+    svg += &format!(
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
+        h - bottom,
+        w - 20.0,
+        h - bottom
+    );
+    svg += &format!("<line x1=\"{left}\" y1=\"20\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>", h - bottom);
+    for r in &rates {
+        svg += &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{r}</text>", x(*r), h - bottom + 16.0);
+    }
+    for i in 0..=4 {
+        let l = max_latency * i as f64 / 4.0;
+        svg += &format!("<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{l:.0}</text>", left - 6.0, y(l) + 4.0);
+    }
+    svg += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">offered load (executions/s)</text>",
+        (w + left) / 2.0,
+        h - 6.0
+    );
+    svg += &format!(
+        "<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">latency, submission to completion (ms)</text>",
+        h / 2.0,
+        h / 2.0
+    );
+    svg += &line(50.0, "#1f77b4");
+    svg += &line(99.0, "#d62728");
+    svg += &format!(
+        "<text x=\"{}\" y=\"34\" fill=\"#1f77b4\">p50</text><text x=\"{}\" y=\"50\" fill=\"#d62728\">p99</text>",
+        left + 10.0,
+        left + 10.0
+    );
+    svg += "</svg>\n";
+    svg
+}
+
+/// The table printed for people.
+pub fn table(report: &Value) -> String {
+    let rows: Vec<Vec<String>> = report["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            vec![
+                r["workload"].as_str().unwrap_or("").to_string(),
+                r["executions"].to_string(),
+                format!("{:.1}", r["executions_per_second"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", r["latency_ms"]["p50"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", r["latency_ms"]["p90"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", r["latency_ms"]["p99"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", r["latency_ms"]["max"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", r["db_commits_per_execution"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", r["broker_round_trips_per_execution"].as_f64().unwrap_or(0.0)),
+            ]
+        })
+        .collect();
+    crate::output::table(
+        &["workload", "n", "exec/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "commits/exec", "broker/exec"],
+        &rows,
+    )
+}
