@@ -32,6 +32,8 @@ CREATE INDEX execution_delayed_due_idx ON execution (not_before) WHERE status = 
 -- view below classifies exactly as the scheduler does.
 CREATE TABLE health_probe_config (
     singleton                   BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+    -- FALSE: the probe is off and every active worker counts as healthy
+    enabled                     BOOLEAN NOT NULL DEFAULT TRUE,
     heartbeat_max_age_secs      INTEGER NOT NULL DEFAULT 30,
     degraded_threshold          INTEGER NOT NULL DEFAULT 3,
     unhealthy_threshold         INTEGER NOT NULL DEFAULT 10,
@@ -68,15 +70,16 @@ LANGUAGE sql STABLE AS $$
             COALESCE((capabilities->'health'->>'failed_executions')::BIGINT, 0) AS failed
     )
     SELECT CASE
+        WHEN NOT c.enabled THEN 'healthy'
         WHEN last_heartbeat IS NULL
           OR at - last_heartbeat >= make_interval(secs => c.heartbeat_max_age_secs) THEN 'unhealthy'
         WHEN h.failures >= c.unhealthy_threshold THEN 'unhealthy'
         WHEN queue_depth >= c.queue_depth_unhealthy THEN 'unhealthy'
-        WHEN h.total >= c.failure_rate_min_executions
+        WHEN h.total > 0 AND h.total >= c.failure_rate_min_executions
          AND h.failed::DOUBLE PRECISION / h.total >= c.failure_rate_unhealthy THEN 'unhealthy'
         WHEN h.failures >= c.degraded_threshold THEN 'degraded'
         WHEN queue_depth >= c.queue_depth_degraded THEN 'degraded'
-        WHEN h.total >= c.failure_rate_min_executions
+        WHEN h.total > 0 AND h.total >= c.failure_rate_min_executions
          AND h.failed::DOUBLE PRECISION / h.total >= c.failure_rate_degraded THEN 'degraded'
         ELSE 'healthy'
     END
@@ -112,9 +115,9 @@ LANGUAGE sql STABLE AS $$
     SELECT COALESCE((
         SELECT
             e.status IN ('failed', 'timeout')
-            AND e.failure_kind IS NOT NULL
             AND e.retry_count < COALESCE(e.max_retries, 0)
-            AND e.failure_kind = ANY (
+            -- a failure recorded without a kind counts as the action's own failure
+            AND COALESCE(e.failure_kind, 'action_failed') = ANY (
                 CASE WHEN a.retry_policy ? 'on'
                     THEN ARRAY(SELECT jsonb_array_elements_text(a.retry_policy->'on'))
                     ELSE ARRAY['worker_unavailable', 'queue_timeout', 'worker_heartbeat_stale',

@@ -83,31 +83,78 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The parameter a serde error is about: `missing field `x`` / `unknown field `x`` name it in
+/// backticks; other errors start with its path (`parameters.count: invalid type: ...`).
+pub fn parameter_of(serde_message: &str) -> Option<String> {
+    let message = serde_message.rsplit_once("target type: ").map(|(_, m)| m).unwrap_or(serde_message);
+    let message = message.strip_prefix("Failed to deserialize query string: ").unwrap_or(message);
+    for prefix in ["missing field `", "unknown field `"] {
+        if let Some(rest) = message.strip_prefix(prefix) {
+            return rest.split('`').next().map(str::to_string);
+        }
+    }
+    let (path, _) = message.split_once(": ")?;
+    let is_path =
+        !path.is_empty() && path.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']' | '-'));
+    is_path.then(|| path.to_string())
+}
+
 impl From<axum::extract::rejection::JsonRejection> for ApiError {
     fn from(rejection: axum::extract::rejection::JsonRejection) -> Self {
+        use axum::extract::rejection::JsonRejection;
         let text = rejection.body_text();
-        // serde's message names the field, e.g. "missing field `action_ref`"
-        let parameter = text.split('`').nth(1).map(str::to_string);
-        let mut error = ApiError::bad_request(None, format!("invalid JSON body: {text}"));
-        if let Some(parameter) = parameter {
-            error.status = StatusCode::UNPROCESSABLE_ENTITY;
-            error.code = "invalid_parameter";
-            error.parameter = Some(parameter);
+        match &rejection {
+            JsonRejection::MissingJsonContentType(_) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send the body as JSON with 'Content-Type: application/json'",
+            ),
+            JsonRejection::JsonDataError(_) => match parameter_of(&text) {
+                Some(parameter) => ApiError::invalid(&parameter, format!("invalid JSON body: {text}")),
+                None => ApiError::bad_request(None, format!("invalid JSON body: {text}")),
+            },
+            _ => ApiError::bad_request(None, format!("invalid JSON body: {text}")),
         }
-        error
     }
 }
 
 impl From<axum::extract::rejection::QueryRejection> for ApiError {
     fn from(rejection: axum::extract::rejection::QueryRejection) -> Self {
         let text = rejection.body_text();
-        let parameter = text.split('`').nth(1);
-        ApiError::bad_request(parameter, format!("invalid query: {text}"))
+        ApiError::bad_request(parameter_of(&text).as_deref(), format!("invalid query: {text}"))
     }
 }
 
 impl From<axum::extract::rejection::PathRejection> for ApiError {
     fn from(rejection: axum::extract::rejection::PathRejection) -> Self {
         ApiError::bad_request(Some("id"), format!("invalid path: {}", rejection.body_text()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parameter_of;
+
+    #[test]
+    fn serde_messages_name_their_parameter() {
+        let cases = [
+            (
+                "Failed to deserialize the JSON body into the target type: missing field `action_ref` at line 1 column 2",
+                Some("action_ref"),
+            ),
+            (
+                "Failed to deserialize the JSON body into the target type: action_ref: invalid type: integer `5`, expected a string at line 1 column 17",
+                Some("action_ref"),
+            ),
+            (
+                "Failed to deserialize the JSON body into the target type: unknown field `colour`, expected one of `action_ref`",
+                Some("colour"),
+            ),
+            ("Failed to deserialize query string: limit: invalid digit found in string", Some("limit")),
+            ("Failed to deserialize the JSON body into the target type: expected value at line 1 column 1", None),
+        ];
+        for (message, expected) in cases {
+            assert_eq!(parameter_of(message).as_deref(), expected, "{message}");
+        }
     }
 }

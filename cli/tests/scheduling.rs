@@ -78,9 +78,11 @@ async fn per_worker(system: &System, ids: &[i64]) -> Vec<i64> {
 }
 
 async fn burst(system: &System, count: usize, action: &str, parameters: Value) {
+    // 25 concurrent clients: many scheduling decisions are in flight at once
     let mut ids = Vec::new();
-    for _ in 0..count {
-        ids.push(system.submit(action, parameters.clone()).await["id"].as_i64().unwrap());
+    for chunk in (0..count).collect::<Vec<_>>().chunks(25) {
+        let submissions = chunk.iter().map(|_| system.submit(action, parameters.clone()));
+        ids.extend(futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()));
     }
     for id in ids {
         let execution = system.wait_terminal(id, DEADLINE).await;

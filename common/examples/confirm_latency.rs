@@ -17,8 +17,17 @@ async fn main() {
         let mut samples = Vec::new();
         for _ in 0..200 {
             let t = Instant::now();
-            ch.basic_publish("".into(), name.into(), BasicPublishOptions::default(), b"x", lapin::BasicProperties::default().with_delivery_mode(2))
-                .await.unwrap().await.unwrap();
+            ch.basic_publish(
+                "".into(),
+                name.into(),
+                BasicPublishOptions::default(),
+                b"x",
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
             samples.push(t.elapsed().as_secs_f64() * 1000.0);
         }
         samples.sort_by(|a, b| a.partial_cmp(b).unwrap());

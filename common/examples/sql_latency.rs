@@ -3,8 +3,17 @@ use std::time::Instant;
 
 #[tokio::main]
 async fn main() {
-    let pool = attune_common::db::connect("postgres://attune:attune@127.0.0.1:5432/attune", 2, std::time::Duration::from_secs(5)).await.unwrap();
-    for (label, sql) in [("select 1", "SELECT 1"), ("update", "UPDATE health_probe_config SET heartbeat_max_age_secs = heartbeat_max_age_secs")] {
+    let pool = attune_common::db::connect(
+        "postgres://attune:attune@127.0.0.1:5432/attune",
+        2,
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    for (label, sql) in [
+        ("select 1", "SELECT 1"),
+        ("update", "UPDATE health_probe_config SET heartbeat_max_age_secs = heartbeat_max_age_secs"),
+    ] {
         let mut samples = Vec::new();
         for _ in 0..300 {
             let t = Instant::now();

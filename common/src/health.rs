@@ -110,7 +110,11 @@ pub struct HealthSignals {
     pub queue_depth: i64,
 }
 
+/// The class of one worker; every worker is healthy while the probe is disabled.
 pub fn classify(config: &HealthProbeConfig, signals: &HealthSignals, now: DateTime<Utc>) -> HealthClass {
+    if !config.enabled {
+        return HealthClass::Healthy;
+    }
     let heartbeat_fresh =
         signals.last_heartbeat.is_some_and(|at| (now - at).num_milliseconds() < config.heartbeat_max_age_secs * 1000);
     if !heartbeat_fresh {

@@ -33,6 +33,9 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// How long a publish (connecting if needed, then waiting for the confirm) may take.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How many deliveries a message gets before it is dead-lettered as poison.
 pub const DELIVERY_LIMIT: i64 = 5;
 
@@ -46,6 +49,8 @@ pub enum MqError {
     Unroutable(String),
     #[error("consumer stream ended")]
     ConsumerEnded,
+    #[error("broker did not answer within {0:?}")]
+    Timeout(Duration),
 }
 
 #[derive(Debug, Clone)]
@@ -325,6 +330,7 @@ impl Publisher {
         match self.publish_once(exchange, routing_key, payload).await {
             Err(MqError::Broker(e)) => {
                 tracing::warn!(error = %e, routing_key, "publish failed, reconnecting");
+                // (a timeout is not retried here: the caller decides)
                 self.channel.lock().await.take();
                 self.publish_once(exchange, routing_key, payload).await
             }
@@ -333,6 +339,17 @@ impl Publisher {
     }
 
     async fn publish_once(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
+        // A blocked or hung broker (memory alarm, half-open connection) must not hang the caller.
+        match tokio::time::timeout(PUBLISH_TIMEOUT, self.publish_unbounded(exchange, routing_key, payload)).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.channel.lock().await.take();
+                Err(MqError::Timeout(PUBLISH_TIMEOUT))
+            }
+        }
+    }
+
+    async fn publish_unbounded(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
         let channel = self.channel().await?;
         let properties = BasicProperties::default().with_delivery_mode(2).with_content_type("application/json".into());
         let confirm = channel

@@ -39,7 +39,7 @@ pub fn rank(
         .iter()
         .filter(|c| c.runtimes.iter().any(|r| r == runtime))
         .map(|c| {
-            let class = if config.enabled { classify(config, &c.signals, now) } else { HealthClass::Healthy };
+            let class = classify(config, &c.signals, now);
             (Ranked { worker_id: c.worker_id, class, queue_depth: c.signals.queue_depth }, tie_break(c.worker_id))
         })
         .filter(|(r, _)| r.class != HealthClass::Unhealthy)

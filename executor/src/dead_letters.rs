@@ -28,9 +28,14 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
     let outcome = db::retry_while_unavailable("handling a dead letter", || act(context, &incoming, &why)).await;
     match outcome {
         Ok(()) => Disposition::Ack,
+        // Not a passing outage (those are waited out above): keep the message for an operator
+        // rather than loop on it.
         Err(e) => {
-            tracing::warn!(error = %e, routing_key = %incoming.routing_key, "dead letter not handled, will be redelivered");
-            Disposition::Retry
+            tracing::error!(error = %e, routing_key = %incoming.routing_key, "dead letter could not be handled");
+            match db::retry_while_unavailable("parking a dead letter", || park(context, &incoming, &why)).await {
+                Ok(()) => Disposition::Ack,
+                Err(_) => Disposition::Retry,
+            }
         }
     }
 }
@@ -68,15 +73,15 @@ async fn act(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), 
 
 async fn expired_dispatch(context: &Context, dispatch: &Dispatch, worker_id: i64) -> Result<(), crate::Error> {
     let execution_id = dispatch.execution_id;
-    sqlx::query("UPDATE worker SET status = 'inactive', updated = now() WHERE id = $1 AND status = 'active'")
-        .bind(worker_id)
-        .execute(&context.db)
-        .await?;
     let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
     if current.status != ExecutionStatus::Scheduled || current.worker != Some(worker_id) {
         tracing::debug!(execution_id, worker_id, status = %current.status, "expired dispatch is stale");
         return Ok(());
     }
+    sqlx::query("UPDATE worker SET status = 'inactive', updated = now() WHERE id = $1 AND status = 'active'")
+        .bind(worker_id)
+        .execute(&context.db)
+        .await?;
     let outcome = Outcome {
         failure_kind: Some(FailureKind::QueueTimeout.to_string()),
         error: Some(format!("not taken by worker {worker_id} within its queue TTL")),

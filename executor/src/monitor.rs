@@ -27,38 +27,49 @@ const MONITOR_LOCK: i64 = 0x6174_7475_6e65_0001;
 const BATCH: i64 = 500;
 
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
+    // After the database was unreachable, workers' heartbeats could not land either: judge
+    // heartbeats again only once they have had a full staleness window to catch up.
+    let grace = std::time::Duration::from_secs(context.settings.health.heartbeat_max_age_secs.max(1) as u64);
+    let mut last_failure: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(context.settings.monitor_interval) => {}
         }
-        if let Err(e) = tick(&context).await {
+        let judge_heartbeats = last_failure.is_none_or(|at| at.elapsed() >= grace);
+        if let Err(e) = tick(&context, judge_heartbeats).await {
             tracing::warn!(error = %e, "monitor pass failed");
+            last_failure = Some(std::time::Instant::now());
         }
     }
 }
 
 /// One pass, if this executor holds the singleton lock (session-level locks are tied to a
 /// connection, so it is taken and released on one pooled connection).
-pub async fn tick(context: &Context) -> Result<bool, crate::Error> {
+pub async fn tick(context: &Context, judge_heartbeats: bool) -> Result<bool, crate::Error> {
     let mut connection = context.db.acquire().await?;
     let locked: bool =
         sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(MONITOR_LOCK).fetch_one(&mut *connection).await?;
     if !locked {
         return Ok(false);
     }
-    let result = sweep(context).await;
+    let result = sweep(context, judge_heartbeats).await;
     sqlx::query("SELECT pg_advisory_unlock($1)").bind(MONITOR_LOCK).execute(&mut *connection).await?;
     result.map(|()| true)
 }
 
-async fn sweep(context: &Context) -> Result<(), crate::Error> {
+/// One sweep. A failure on one execution is logged and the sweep goes on (a broker outage must
+/// not stop the recoveries that need only the database); database errors end it.
+async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::Error> {
     let settings = &context.settings;
     for execution_id in db::execution::stale_requested(&context.db, settings.requeue_after.as_secs_f64(), BATCH).await?
     {
         tracing::warn!(execution_id, "execution stuck in requested, re-publishing its request");
         attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", "requeued")], 1);
-        context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id }).await?;
+        if let Err(e) = context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id }).await {
+            tracing::warn!(execution_id, error = %e, "re-publish failed; the next pass tries again");
+            break;
+        }
     }
 
     let stuck = |status: &str, secs: f64| {
@@ -79,6 +90,31 @@ async fn sweep(context: &Context) -> Result<(), crate::Error> {
         fail(context, id, ExecutionStatus::Scheduled, FailureKind::QueueTimeout, "never taken by its worker").await?;
     }
 
+    if judge_heartbeats {
+        dead_workers(context).await?;
+    }
+
+    let overdue: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM execution WHERE status = 'running' \
+         AND started + make_interval(secs => COALESCE(timeout_seconds, $1) + $2) < now() ORDER BY id LIMIT $3",
+    )
+    .bind(settings.common.default_timeout_secs as f64)
+    .bind(settings.running_grace.as_secs_f64())
+    .bind(BATCH)
+    .fetch_all(&context.db)
+    .await?;
+    for id in overdue {
+        fail(context, id, ExecutionStatus::Running, FailureKind::Timeout, "still running well past its timeout")
+            .await?;
+    }
+    Ok(())
+}
+
+/// Workers whose heartbeat is stale: marked inactive; their dispatched work is handed on at once
+/// (never started: `worker_unavailable`) and their running work failed as
+/// `worker_heartbeat_stale` (retried, or `abandoned` for non-idempotent actions).
+async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
+    let settings = &context.settings;
     let dead_workers: Vec<i64> = sqlx::query_scalar(
         "UPDATE worker SET status = 'inactive', updated = now() WHERE status = 'active' \
          AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $1)) RETURNING id",
@@ -122,20 +158,6 @@ async fn sweep(context: &Context) -> Result<(), crate::Error> {
                 .await?
             }
         }
-    }
-
-    let overdue: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM execution WHERE status = 'running' \
-         AND started + make_interval(secs => COALESCE(timeout_seconds, $1) + $2) < now() ORDER BY id LIMIT $3",
-    )
-    .bind(settings.common.default_timeout_secs as f64)
-    .bind(settings.running_grace.as_secs_f64())
-    .bind(BATCH)
-    .fetch_all(&context.db)
-    .await?;
-    for id in overdue {
-        fail(context, id, ExecutionStatus::Running, FailureKind::Timeout, "still running well past its timeout")
-            .await?;
     }
     Ok(())
 }

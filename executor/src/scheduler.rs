@@ -42,14 +42,17 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         let reason = format!("action '{}' no longer exists", execution.action_ref);
         return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::ActionNotFound, reason).await;
     };
-    let Some(chosen) = context.health_probe.select_worker(&action.runtime).await? else {
+    let Some((chosen, reservation)) = context.health_probe.select_worker(&action.runtime).await? else {
         metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", &action.runtime)], 1);
         let reason = format!("no healthy or degraded active worker offers runtime '{}'", action.runtime);
         return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::WorkerUnavailable, reason).await;
     };
     let assign =
         Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Scheduling]).assign_worker(chosen.worker_id);
-    let Some(execution) = db::execution::transition(db, execution_id, &assign).await? else {
+    let assigned = db::execution::transition(db, execution_id, &assign).await;
+    // committed (or not): the database counts it from here on
+    drop(reservation);
+    let Some(execution) = assigned? else {
         return Ok(());
     };
     let transient_exit_codes = action

@@ -168,12 +168,12 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
         let sql: bool =
             sqlx::query_scalar("SELECT is_execution_retriable($1)").bind(execution.id).fetch_one(pool).await.unwrap();
         let effective = EffectivePolicy::resolve(&config, policy.as_ref());
-        let rust = matches!(status, ExecutionStatus::Failed | ExecutionStatus::Timeout)
-            && !already_retried
-            && kind.is_some_and(|failure| {
-                let attempt = FailedAttempt { failure, retry_count, max_retries, started };
-                matches!(decide(&effective, &attempt, chrono::Utc::now(), &mut rng), RetryDecision::Retry { .. })
-            });
+        let rust = matches!(status, ExecutionStatus::Failed | ExecutionStatus::Timeout) && !already_retried && {
+            // as the RetryManager reads it: no kind is the action's own failure
+            let failure = kind.unwrap_or(FailureKind::ActionFailed);
+            let attempt = FailedAttempt { failure, retry_count, max_retries, started };
+            matches!(decide(&effective, &attempt, chrono::Utc::now(), &mut rng), RetryDecision::Retry { .. })
+        };
         assert_eq!(
             sql, rust,
             "{status} {kind:?} {retry_count}/{max_retries} started={started} retried={already_retried} {policy:?}"
@@ -181,5 +181,40 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
         retriable += usize::from(rust);
     }
     assert!(retriable > 30, "the sample exercises both answers ({retriable} retriable)");
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn concurrent_decisions_spread_before_the_database_can_count_them() {
+    use attune_common::health::HealthProbeConfig;
+    use attune_executor::health_probe::WorkerHealthProbe;
+    let test = TestDb::new().await;
+    let pool = test.pool.clone();
+    let capabilities = json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}});
+    let a = db::worker::register(&pool, "a", &capabilities).await.unwrap();
+    let b = db::worker::register(&pool, "b", &capabilities).await.unwrap();
+    db::worker::heartbeat(&pool, a, &capabilities).await.unwrap();
+    db::worker::heartbeat(&pool, b, &capabilities).await.unwrap();
+    // b has one execution in flight; a none
+    let action = action(&pool, "busy", None).await;
+    let busy = db::execution::insert(&pool, &new(action, 0, 0)).await.unwrap();
+    sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
+        .bind(busy.id)
+        .bind(b)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
+    // 41 decisions made before any of them is committed (as under a burst)
+    let mut held = Vec::new();
+    for _ in 0..41 {
+        held.push(probe.select_worker("shell").await.unwrap().unwrap());
+    }
+    let to_a = held.iter().filter(|(r, _)| r.worker_id == a).count();
+    assert_eq!((to_a, 41 - to_a), (21, 20), "depths equalise: a 0 + 21, b 1 + 20");
+    drop(held);
+    // released: the next decision sees the database alone again (a is emptier)
+    let (next, _reservation) = probe.select_worker("shell").await.unwrap().unwrap();
+    assert_eq!(next.worker_id, a);
     test.drop_database().await;
 }

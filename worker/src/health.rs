@@ -1,8 +1,12 @@
 //! The worker's own health counters, reported in `capabilities.health` on every heartbeat.
 //!
-//! Every execution that did not complete counts as a failure (the seed's counters make no
-//! distinction); the executor's classification ignores the failure rate until a worker has run
-//! enough executions for it to mean something.
+//! A failure here is a failure *of the worker*: it could not start the action (`action_not_found`:
+//! a missing interpreter or entrypoint) or had to abandon it (`worker_unavailable`). An action that
+//! runs and exits non-zero, reports a transient error or times out failed on its own account and
+//! counts as a normal execution: otherwise one buggy action, run a few times, would make every
+//! worker unhealthy, and an unhealthy worker gets no work that could ever reset its counters. The
+//! executor's classification also ignores the failure rate until a worker has run enough
+//! executions for it to mean something.
 //!
 //! `ATTUNE_WORKER_HEALTH_OVERRIDE_FILE` names a JSON file read at every heartbeat whose fields
 //! (`consecutive_failures`, `total_executions`, `failed_executions`, `queue_depth`,
@@ -62,15 +66,16 @@ impl HealthState {
         InFlight(&self.in_flight)
     }
 
-    pub fn finish(&self, succeeded: bool, duration_ms: u64) {
+    /// Counts a finished execution; `worker_failed` when the worker, not the action, failed.
+    pub fn finish(&self, worker_failed: bool, duration_ms: u64) {
         let mut c = self.counters.lock().expect("health counters poisoned");
         c.total_executions += 1;
         c.total_duration_ms += duration_ms;
-        if succeeded {
-            c.consecutive_failures = 0;
-        } else {
+        if worker_failed {
             c.consecutive_failures += 1;
             c.failed_executions += 1;
+        } else {
+            c.consecutive_failures = 0;
         }
     }
 
@@ -113,12 +118,12 @@ mod tests {
     fn counters_follow_outcomes() {
         let state = HealthState::new(HealthProbeConfig::default(), None);
         for _ in 0..3 {
-            state.finish(false, 10);
+            state.finish(true, 10);
         }
         let report = state.report();
         assert_eq!((report.consecutive_failures, report.failed_executions, report.total_executions), (3, 3, 3));
         assert_eq!(report.status, Some(HealthClass::Degraded));
-        state.finish(true, 30);
+        state.finish(false, 30);
         let report = state.report();
         assert_eq!(report.consecutive_failures, 0);
         assert_eq!(report.average_execution_time_ms, 15);

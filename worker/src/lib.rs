@@ -88,7 +88,7 @@ struct Worker {
     id: i64,
     queue: String,
     /// Executions running now, each with the token that stops it when a cancel notice comes.
-    running: std::sync::Mutex<std::collections::HashMap<i64, CancellationToken>>,
+    running: std::sync::Mutex<Running>,
     settings: Settings,
     db: PgPool,
     publisher: Publisher,
@@ -98,8 +98,22 @@ struct Worker {
     abort: CancellationToken,
 }
 
+/// Makes this process non-dumpable, so an action running as the same (non-root) user cannot read
+/// the worker's environment (`DATABASE_URL`, `AMQP_URL`) through `/proc/<pid>/environ` or attach a
+/// debugger. Actions start with a clean environment either way; running them under a separate
+/// user is the stronger separation.
+#[allow(unsafe_code)]
+fn protect_process() {
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes a flag of the calling process.
+    let result = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if result != 0 {
+        tracing::warn!("could not make the worker process non-dumpable");
+    }
+}
+
 /// Runs a worker until `shutdown` fires.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
+    protect_process();
     let pool = db::connect(&settings.common.database_url, 4, Duration::from_secs(60)).await?;
     db::migrate(&pool).await?;
     let runtimes = Runtimes::detect(&settings.runtimes).await;
@@ -224,16 +238,23 @@ impl Worker {
         Ok(())
     }
 
+    /// Heartbeats every interval; after a failed one (the database away) it tries again every
+    /// second, so the worker is not taken for dead once the database is back.
     async fn heartbeat_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut delay = self.settings.heartbeat_interval;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.settings.heartbeat_interval) => {}
+                _ = tokio::time::sleep(delay) => {}
             }
             let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health);
-            if let Err(e) = db::worker::heartbeat(&self.db, self.id, &capabilities).await {
-                tracing::warn!(error = %e, "heartbeat failed");
-            }
+            delay = match db::worker::heartbeat(&self.db, self.id, &capabilities).await {
+                Ok(()) => self.settings.heartbeat_interval,
+                Err(e) => {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                    self.settings.heartbeat_interval.min(Duration::from_secs(1))
+                }
+            };
         }
     }
 
@@ -279,9 +300,9 @@ impl Worker {
             output_limit: self.settings.output_limit,
         };
         let cancel = self.abort.child_token();
-        self.running.lock().expect("running map poisoned").insert(dispatch.execution_id, cancel.clone());
+        self.running.lock().expect("running map poisoned").start(dispatch.execution_id, &cancel);
         let finished = self.runtimes.run(&run, &cancel).await;
-        self.running.lock().expect("running map poisoned").remove(&dispatch.execution_id);
+        self.running.lock().expect("running map poisoned").tokens.remove(&dispatch.execution_id);
         if cancel.is_cancelled() && !self.abort.is_cancelled() {
             // A client canceled it: the record already says so; nothing to report.
             tracing::info!(execution_id = dispatch.execution_id, "canceled while running; process group killed");
@@ -289,7 +310,9 @@ impl Worker {
         }
         let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);
         let duration_ms = started.elapsed().as_millis() as u64;
-        self.health.finish(outcome.status == ResultStatus::Completed, duration_ms);
+        let worker_failed =
+            matches!(outcome.failure_kind, Some(FailureKind::ActionNotFound | FailureKind::WorkerUnavailable));
+        self.health.finish(worker_failed, duration_ms);
         let status = match outcome.status {
             ResultStatus::Completed => "completed",
             ResultStatus::Failed => "failed",
@@ -320,9 +343,8 @@ impl Worker {
     fn handle_control(&self, incoming: Incoming) -> Disposition {
         match serde_json::from_slice::<attune_common::mq::CancelNotice>(&incoming.data) {
             Ok(notice) => {
-                if let Some(token) = self.running.lock().expect("running map poisoned").get(&notice.execution_id) {
+                if self.running.lock().expect("running map poisoned").cancel(notice.execution_id) {
                     tracing::info!(execution_id = notice.execution_id, "cancel notice: stopping the action");
-                    token.cancel();
                 }
             }
             Err(e) => tracing::warn!(error = %e, "unparseable control message ignored"),
@@ -342,6 +364,41 @@ impl Worker {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
+            }
+        }
+    }
+}
+
+/// The executions running here and the cancel notices that came before their run started, under
+/// one lock so that a notice racing the start of its execution is never lost.
+#[derive(Default)]
+struct Running {
+    tokens: std::collections::HashMap<i64, CancellationToken>,
+    canceled_early: std::collections::HashSet<i64>,
+}
+
+impl Running {
+    /// Registers a starting execution; a notice that already came cancels it at once.
+    fn start(&mut self, execution_id: i64, token: &CancellationToken) {
+        if self.canceled_early.remove(&execution_id) {
+            token.cancel();
+        }
+        self.tokens.insert(execution_id, token.clone());
+    }
+
+    /// Cancels a running execution (true), or remembers the notice for one about to start.
+    fn cancel(&mut self, execution_id: i64) -> bool {
+        match self.tokens.get(&execution_id) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => {
+                if self.canceled_early.len() > 10_000 {
+                    self.canceled_early.clear();
+                }
+                self.canceled_early.insert(execution_id);
+                false
             }
         }
     }

@@ -48,6 +48,7 @@ pub async fn create(
     body: Result<Json<CreateExecution>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let Json(body) = body?;
+    let parameters_given = body.parameters.as_ref().is_some_and(|p| !p.is_null());
     let given = object("parameters", body.parameters)?;
     let config = object("config", body.config)?;
     if let Some(retry_of) = config.get("retry_of") {
@@ -55,7 +56,9 @@ pub async fn create(
         let parent = retry_of
             .as_i64()
             .ok_or_else(|| ApiError::invalid("config.retry_of", "'config.retry_of' must be an execution id"))?;
-        let request = ManualRetry { parent, action_ref: Some(body.action_ref), parameters: Some(given), config };
+        // without `parameters` the retry keeps the retried execution's own
+        let parameters = parameters_given.then_some(given);
+        let request = ManualRetry { parent, action_ref: Some(body.action_ref), parameters, config };
         return manual_retry(&state, request).await.map(|e| (StatusCode::CREATED, Json(e)));
     }
     let action = db::action::get_by_ref(&state.db, &body.action_ref)
@@ -335,9 +338,14 @@ fn already_retried(parent: i64, existing: i64) -> ApiError {
 }
 
 /// The row is the record; if this publish fails the executors' monitor re-publishes it.
+/// Waits at most 2 s for the broker: a client's submission is answered either way.
 async fn publish_request(state: &crate::AppState, execution_id: i64) {
-    if let Err(e) = state.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id }).await {
-        tracing::warn!(execution_id, error = %e, "could not publish the request now; the monitor will");
+    let request = ExecutionRequest { execution_id };
+    let publish = state.publisher.publish(REQUEST_KEY, &request);
+    match tokio::time::timeout(std::time::Duration::from_secs(2), publish).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(execution_id, error = %e, "could not publish the request now; the monitor will"),
+        Err(_) => tracing::warn!(execution_id, "the broker is slow to confirm; the monitor will re-publish if needed"),
     }
 }
 

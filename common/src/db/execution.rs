@@ -355,11 +355,14 @@ pub async fn chain(db: &PgPool, execution_id: i64) -> Result<Vec<Execution>, sql
 }
 
 /// Executions in `requested` older than `age`: rows whose request message may never have been
-/// published (the API crashed between commit and publish, or the broker was down).
+/// published (the API crashed between commit and publish, or the broker was down). Their
+/// `updated` is touched, so each is re-published once per `age`, not on every pass.
 pub async fn stale_requested(db: &PgPool, age_secs: f64, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT id FROM execution WHERE status = 'requested' \
-         AND updated < now() - make_interval(secs => $1) ORDER BY id LIMIT $2",
+        "UPDATE execution SET updated = now() WHERE id IN ( \
+            SELECT id FROM execution WHERE status = 'requested' AND updated < now() - make_interval(secs => $1) \
+            ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+         AND status = 'requested' RETURNING id",
     )
     .bind(age_secs)
     .bind(limit)

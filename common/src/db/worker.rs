@@ -148,7 +148,8 @@ pub async fn store_health_config(db: &PgPool, c: &HealthProbeConfig) -> Result<(
     sqlx::query(
         "UPDATE health_probe_config SET heartbeat_max_age_secs = $1, degraded_threshold = $2, \
             unhealthy_threshold = $3, queue_depth_degraded = $4, queue_depth_unhealthy = $5, \
-            failure_rate_degraded = $6, failure_rate_unhealthy = $7, failure_rate_min_executions = $8",
+            failure_rate_degraded = $6, failure_rate_unhealthy = $7, failure_rate_min_executions = $8, \
+            enabled = $9",
     )
     .bind(c.heartbeat_max_age_secs as i32)
     .bind(c.degraded_threshold as i32)
@@ -158,6 +159,7 @@ pub async fn store_health_config(db: &PgPool, c: &HealthProbeConfig) -> Result<(
     .bind(c.failure_rate_degraded)
     .bind(c.failure_rate_unhealthy)
     .bind(c.failure_rate_min_executions as i32)
+    .bind(c.enabled)
     .execute(db)
     .await
     .map(|_| ())
