@@ -126,8 +126,8 @@ LANGUAGE sql STABLE AS $$
             )
             AND NOT (
                 COALESCE((a.retry_policy->>'idempotent')::BOOLEAN, TRUE) = FALSE
-                AND (e.failure_kind = 'worker_heartbeat_stale'
-                     OR (e.failure_kind = 'worker_unavailable' AND e.started IS NOT NULL))
+                AND (COALESCE(e.failure_kind, 'action_failed') = 'worker_heartbeat_stale'
+                     OR (COALESCE(e.failure_kind, 'action_failed') = 'worker_unavailable' AND e.started IS NOT NULL))
             )
             AND NOT EXISTS (SELECT 1 FROM execution r WHERE r.original_execution = e.id)
         FROM execution e
