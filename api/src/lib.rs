@@ -42,6 +42,8 @@ pub struct Settings {
     /// `ATTUNE_API_ADDR` (default `0.0.0.0:8080`).
     pub addr: SocketAddr,
     pub worker_queue_ttl: Duration,
+    /// `ATTUNE_TOKEN_CACHE_SECS` (10): how long a verified token is trusted without a database read.
+    pub token_cache_ttl: Duration,
 }
 
 impl Settings {
@@ -51,12 +53,15 @@ impl Settings {
             health: HealthProbeConfig::from_env()?,
             addr: env_or("ATTUNE_API_ADDR", SocketAddr::from(([0, 0, 0, 0], 8080)))?,
             worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
+            token_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_TOKEN_CACHE_SECS", auth::CACHE_TTL.as_secs_f64())?),
         })
     }
 }
 
 pub struct AppState {
     pub db: PgPool,
+    /// Token hashes verified recently, with when to check them again (see `auth`).
+    pub verified_tokens: std::sync::Mutex<std::collections::HashMap<Vec<u8>, std::time::Instant>>,
     pub publisher: Publisher,
     pub settings: Settings,
 }
@@ -94,7 +99,7 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
     if let Err(e) = publisher.ping().await {
         tracing::warn!(error = %e, "broker not reachable yet; requests will be re-published once it is");
     }
-    Ok(Arc::new(AppState { db: pool, publisher, settings }))
+    Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), publisher, settings }))
 }
 
 #[derive(Debug, thiserror::Error)]

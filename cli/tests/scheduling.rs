@@ -16,7 +16,8 @@ async fn run_noop(system: &System) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_example_selects_a_then_b_then_c_and_never_d() {
-    let mut builder = System::builder();
+    // with every worker unhealthy a request waits this long for one before it fails
+    let mut builder = System::builder().env("ATTUNE_WORKER_WAIT_SECS", "1");
     for name in ["a", "b", "c", "d"] {
         builder = builder.worker(name, &[]);
     }
@@ -121,5 +122,34 @@ async fn a_burst_spreads_evenly_and_an_unhealthy_worker_gets_nothing_until_it_re
     burst(&system, 30, "core.sleep", json!({"seconds": 0.5})).await;
     let recovered = per_worker(&system, &ids).await;
     assert!(recovered[2] >= after_unhealthy[2] + 5, "a recovered worker receives work again: {recovered:?}");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
+    // a worker with 5 executions in flight is unhealthy: the rest of the burst must wait for it
+    let system = System::builder()
+        .env("ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED", "3")
+        .env("ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY", "5")
+        .worker("w1", &[("ATTUNE_WORKER_CONCURRENCY", "2")])
+        .start()
+        .await;
+    let w1 = system.worker_id("w1").await;
+    let submissions = (0..30).map(|_| system.submit("core.sleep", json!({"seconds": 0.2})));
+    let ids: Vec<i64> =
+        futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    let mut most_in_flight = 0;
+    for id in &ids {
+        let in_flight: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1 AND status IN ('scheduled', 'running')")
+                .bind(w1)
+                .fetch_one(&system.db.pool)
+                .await
+                .unwrap();
+        most_in_flight = most_in_flight.max(in_flight);
+        let execution = system.wait_terminal(*id, DEADLINE).await;
+        assert_eq!(execution["status"], "completed", "{execution}");
+    }
+    assert!(most_in_flight <= 5, "no more than the unhealthy threshold in flight: {most_in_flight}");
     system.stop().await;
 }

@@ -63,6 +63,9 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
             }
         }
     };
+    if recorded.is_some() {
+        context.capacity.notify_waiters();
+    }
     match recorded {
         Some(execution) => tracing::info!(
             execution_id = execution.id,

@@ -62,6 +62,11 @@ pub struct Settings {
     pub worker_queue_ttl: Duration,
     /// A `requested` execution this old is re-published (`ATTUNE_REQUEUE_AFTER_SECS`, 30).
     pub requeue_after: Duration,
+    /// How long a request waits for a worker with capacity before it fails as `worker_unavailable`
+    /// (`ATTUNE_WORKER_WAIT_SECS`, 30).
+    pub worker_wait: Duration,
+    /// How long an action read from the database is reused (`ATTUNE_ACTION_CACHE_SECS`, 5; 0: never).
+    pub action_cache_ttl: Duration,
     /// How often the timeout monitor sweeps (`ATTUNE_MONITOR_INTERVAL_SECS`, 5).
     pub monitor_interval: Duration,
     /// `scheduling` this long is stuck (`ATTUNE_SCHEDULING_TIMEOUT_SECS`, 30).
@@ -81,6 +86,8 @@ impl Settings {
             prefetch: env_or("ATTUNE_EXECUTOR_PREFETCH", 64)?,
             worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
             requeue_after: Duration::from_secs_f64(env_or("ATTUNE_REQUEUE_AFTER_SECS", 30.0)?),
+            worker_wait: Duration::from_secs_f64(env_or("ATTUNE_WORKER_WAIT_SECS", 30.0)?),
+            action_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_ACTION_CACHE_SECS", 5.0)?),
             monitor_interval: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_INTERVAL_SECS", 5.0)?),
             scheduling_timeout: Duration::from_secs_f64(env_or("ATTUNE_SCHEDULING_TIMEOUT_SECS", 30.0)?),
             running_grace: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_GRACE_SECS", 30.0)?),
@@ -93,6 +100,11 @@ pub struct Context {
     pub db: PgPool,
     pub health_probe: health_probe::WorkerHealthProbe,
     pub retry_manager: retry_manager::RetryManager,
+    /// Woken whenever an execution finishes: schedulers waiting for a worker look again.
+    pub capacity: tokio::sync::Notify,
+    /// Actions read recently (see `scheduler::action`).
+    pub actions:
+        std::sync::Mutex<std::collections::HashMap<i64, (std::time::Instant, Arc<attune_common::db::action::Action>)>>,
     pub publisher: Publisher,
     pub settings: Settings,
 }
@@ -106,7 +118,15 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
     let health_probe = health_probe::WorkerHealthProbe::new(pool.clone(), settings.health.clone());
     let retry_manager = retry_manager::RetryManager::new(pool.clone(), settings.retry.clone());
-    let context = Arc::new(Context { db: pool, health_probe, retry_manager, publisher, settings: settings.clone() });
+    let context = Arc::new(Context {
+        db: pool,
+        health_probe,
+        retry_manager,
+        actions: Default::default(),
+        capacity: tokio::sync::Notify::new(),
+        publisher,
+        settings: settings.clone(),
+    });
     tracing::info!(namespace = %topology.namespace, "executor starting");
     attune_common::metrics::serve_from_env(shutdown.clone());
 

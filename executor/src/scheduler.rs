@@ -1,6 +1,8 @@
 //! Scheduling: requested → scheduling → scheduled, and the dispatch to the chosen worker.
 
-use attune_common::db::{self, execution::Execution, execution::Outcome, execution::Transition};
+use std::sync::Arc;
+
+use attune_common::db::{self, action::Action, execution::Execution, execution::Outcome, execution::Transition};
 use attune_common::metrics;
 use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, Topology};
 use attune_common::pack::RetryPolicy;
@@ -35,16 +37,19 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         return Ok(());
     };
     let action = match execution.action {
-        Some(action_id) => db::action::get(db, action_id).await?,
+        Some(action_id) => action(context, action_id).await?,
         None => None,
     };
     let Some(action) = action else {
         let reason = format!("action '{}' no longer exists", execution.action_ref);
         return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::ActionNotFound, reason).await;
     };
-    let Some((chosen, reservation)) = context.health_probe.select_worker(&action.runtime).await? else {
+    let Some((chosen, reservation)) = wait_for_worker(context, &action.runtime).await? else {
         metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", &action.runtime)], 1);
-        let reason = format!("no healthy or degraded active worker offers runtime '{}'", action.runtime);
+        let reason = format!(
+            "no healthy or degraded active worker offered runtime '{}' within {:?}",
+            action.runtime, context.settings.worker_wait
+        );
         return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::WorkerUnavailable, reason).await;
     };
     let assign =
@@ -89,6 +94,53 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
         "dispatched"
     );
     Ok(())
+}
+
+/// Backpressure: while every worker for the runtime is busy (unhealthy by queue depth) or none is
+/// there yet, the request waits here, unacknowledged (so a crash loses nothing), for up to
+/// `worker_wait`, woken whenever an execution finishes. The requests behind it stay in the queue.
+/// Only then is it the retriable failure `worker_unavailable`.
+async fn wait_for_worker(
+    context: &Context,
+    runtime: &str,
+) -> Result<Option<(attune_common::selection::Ranked, crate::health_probe::Reservation)>, crate::Error> {
+    let deadline = tokio::time::Instant::now() + context.settings.worker_wait;
+    loop {
+        // registered before the check, so a completion between the two is not missed
+        let capacity = context.capacity.notified();
+        tokio::pin!(capacity);
+        capacity.as_mut().enable();
+        if let Some(chosen) = context.health_probe.select_worker(runtime).await? {
+            return Ok(Some(chosen));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::select! {
+            _ = capacity => {}
+            _ = tokio::time::sleep(std::time::Duration::from_millis(250)) => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// The action, from a short-lived cache (one read fewer per execution under steady traffic); a
+/// pack update reaches scheduling within `action_cache_ttl`.
+async fn action(context: &Context, action_id: i64) -> Result<Option<Arc<Action>>, crate::Error> {
+    let now = std::time::Instant::now();
+    if let Some((read_at, action)) = context.actions.lock().expect("action cache poisoned").get(&action_id)
+        && now.duration_since(*read_at) < context.settings.action_cache_ttl
+    {
+        return Ok(Some(action.clone()));
+    }
+    let Some(action) = db::action::get(&context.db, action_id).await? else { return Ok(None) };
+    let action = Arc::new(action);
+    let mut cache = context.actions.lock().expect("action cache poisoned");
+    if cache.len() > 10_000 {
+        cache.clear();
+    }
+    cache.insert(action_id, (now, action.clone()));
+    Ok(Some(action))
 }
 
 /// Fails an execution the executor could not get to a worker, through the RetryManager (so a

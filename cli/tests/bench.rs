@@ -1,0 +1,54 @@
+//! The benchmark's smoke run (`attune bench --quick`) against a real system, so it never rots:
+//! every workload runs and reports sane numbers.
+
+use std::process::Command;
+
+use attune_testkit::System;
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quick_benchmark_runs_every_workload() {
+    let port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (executor, w1, w2) = (port(), port(), port());
+    let system = System::builder()
+        .env("ATTUNE_METRICS_ADDR", &format!("127.0.0.1:{executor}"))
+        .worker("w1", &[("ATTUNE_METRICS_ADDR", &format!("127.0.0.1:{w1}"))])
+        .worker("w2", &[("ATTUNE_METRICS_ADDR", &format!("127.0.0.1:{w2}"))])
+        .start()
+        .await;
+    // separate processes: read the broker counters of each
+    let metrics: Vec<String> = [format!("{}/metrics", system.api_url)]
+        .into_iter()
+        .chain([executor, w1, w2].iter().map(|p| format!("http://127.0.0.1:{p}/metrics")))
+        .flat_map(|url| ["--metrics-url".to_string(), url])
+        .collect();
+    let json = std::env::temp_dir().join(format!("attune-bench-{}.json", std::process::id()));
+    let plot = std::env::temp_dir().join(format!("attune-bench-{}.svg", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_attune"))
+        .args(["bench", "--quick", "--json", json.to_str().unwrap(), "--plot", plot.to_str().unwrap()])
+        .args(&metrics)
+        .env("ATTUNE_API_URL", &system.api_url)
+        .env("ATTUNE_TOKEN", &system.token)
+        .env("DATABASE_URL", &system.db.url)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(table.starts_with("WORKLOAD") && table.contains("EXEC/S"), "{table}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 8, "noop, rate, echo, retry, fleet x2, load x2: {report:#}");
+    for result in results {
+        assert!(result["executions_per_second"].as_f64().unwrap() > 0.0, "{result}");
+        assert!(result["latency_ms"]["p99"].as_f64().unwrap() >= result["latency_ms"]["p50"].as_f64().unwrap());
+        // every execution costs at least its insert and claim commits and its three messages
+        assert!(result["db_write_commits_per_execution"].as_f64().unwrap() >= 2.0, "{result}");
+        assert!(result["broker_round_trips_per_execution"].as_f64().unwrap() >= 3.0, "{result}");
+    }
+    let retry = results.iter().find(|r| r["workload"].as_str().unwrap().contains("retry")).unwrap();
+    assert!(retry["extra"]["retries"].as_i64().unwrap() > 0, "{retry}");
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    let _ = std::fs::remove_file(&json);
+    let _ = std::fs::remove_file(&plot);
+    system.stop().await;
+}
