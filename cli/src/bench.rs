@@ -67,6 +67,8 @@ struct Measured {
     latencies_ms: Vec<f64>,
     commits: f64,
     broker: f64,
+    /// Executions (chains) that ended other than `completed`.
+    not_completed: usize,
     extra: Value,
 }
 
@@ -92,6 +94,7 @@ impl Measured {
                            "p99": round(self.percentile(99.0)), "max": round(self.percentile(100.0))},
             "db_write_commits_per_execution": round(self.commits),
             "broker_round_trips_per_execution": round(self.broker),
+            "not_completed": self.not_completed,
             "extra": self.extra,
         })
     }
@@ -146,29 +149,33 @@ impl Bench {
         Ok((body["id"].as_i64().context("no id")?, submitted))
     }
 
-    /// Waits until every chain rooted at `roots` has ended; returns the end time of each chain.
-    async fn wait(&self, roots: &[(i64, f64)], deadline: Duration) -> anyhow::Result<Vec<(f64, f64)>> {
+    /// Waits until every chain rooted at `roots` has ended; returns the submission and end time of
+    /// each chain, and how many chains did not end `completed`.
+    async fn wait(&self, roots: &[(i64, f64)], deadline: Duration) -> anyhow::Result<(Vec<(f64, f64)>, usize)> {
         let started = Instant::now();
         let mut pending: HashSet<i64> = roots.iter().map(|r| r.0).collect();
         let mut ends = std::collections::HashMap::new();
+        let mut not_completed = 0;
         while !pending.is_empty() {
             if started.elapsed() > deadline {
                 bail!("{} executions had not finished after {deadline:?}", pending.len());
             }
             let ids: Vec<i64> = pending.iter().copied().collect();
             // the last attempt of each chain, once it is terminal and not retried
-            let rows: Vec<(i64, f64)> = sqlx::query_as(
+            let rows: Vec<(i64, f64, bool)> = sqlx::query_as(
                 "WITH RECURSIVE chain AS ( \
                     SELECT id AS root, id, finished, status FROM execution WHERE id = ANY($1) \
                     UNION ALL SELECT c.root, e.id, e.finished, e.status FROM execution e JOIN chain c ON e.original_execution = c.id) \
-                 SELECT c.root, extract(epoch FROM c.finished)::float8 FROM chain c \
+                 SELECT c.root, extract(epoch FROM c.finished)::float8, c.status = 'completed' FROM chain c \
                  WHERE c.finished IS NOT NULL AND NOT EXISTS (SELECT 1 FROM execution r WHERE r.original_execution = c.id)",
             )
             .bind(&ids)
             .fetch_all(&self.db)
             .await?;
-            for (root, finished) in rows {
-                pending.remove(&root);
+            for (root, finished, completed) in rows {
+                if pending.remove(&root) {
+                    not_completed += usize::from(!completed);
+                }
                 ends.insert(root, finished);
             }
             if !pending.is_empty() {
@@ -176,7 +183,7 @@ impl Bench {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        Ok(roots.iter().map(|(id, submitted)| (*submitted, ends[id])).collect())
+        Ok((roots.iter().map(|(id, submitted)| (*submitted, ends[id])).collect(), not_completed))
     }
 
     /// Closed loop: `count` submissions by `concurrency` clients, as fast as they go.
@@ -238,7 +245,7 @@ impl Bench {
         broker_before: f64,
         own_before: u64,
     ) -> anyhow::Result<Measured> {
-        let times = self.wait(roots, Duration::from_secs(600)).await?;
+        let (times, not_completed) = self.wait(roots, Duration::from_secs(600)).await?;
         let last = times.iter().map(|t| t.1).fold(started, f64::max);
         let own = (self.own_statements.load(std::sync::atomic::Ordering::Relaxed) - own_before) as f64;
         let commits = self.commits().await? - commits_before - own;
@@ -251,6 +258,7 @@ impl Bench {
             latencies_ms: times.iter().map(|(s, f)| (f - s) * 1000.0).collect(),
             commits: commits / n,
             broker: broker / n,
+            not_completed,
             extra: json!({}),
         })
     }
@@ -500,11 +508,12 @@ pub fn table(report: &Value) -> String {
                 format!("{:.1}", r["latency_ms"]["max"].as_f64().unwrap_or(0.0)),
                 format!("{:.1}", r["db_write_commits_per_execution"].as_f64().unwrap_or(0.0)),
                 format!("{:.1}", r["broker_round_trips_per_execution"].as_f64().unwrap_or(0.0)),
+                r["not_completed"].to_string(),
             ]
         })
         .collect();
     crate::output::table(
-        &["workload", "n", "exec/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "commits/exec", "broker/exec"],
+        &["workload", "n", "exec/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "commits/exec", "broker/exec", "failed"],
         &rows,
     )
 }

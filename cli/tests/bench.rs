@@ -44,6 +44,7 @@ async fn the_quick_benchmark_runs_every_workload() {
         // every execution costs at least its insert and claim commits and its three messages
         assert!(result["db_write_commits_per_execution"].as_f64().unwrap() >= 2.0, "{result}");
         assert!(result["broker_round_trips_per_execution"].as_f64().unwrap() >= 3.0, "{result}");
+        assert_eq!(result["not_completed"], 0, "{result}");
     }
     let retry = results.iter().find(|r| r["workload"].as_str().unwrap().contains("retry")).unwrap();
     assert!(retry["extra"]["retries"].as_i64().unwrap() > 0, "{retry}");

@@ -140,12 +140,13 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
         futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()).collect();
     let mut most_in_flight = 0;
     for id in &ids {
-        let in_flight: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1 AND status IN ('scheduled', 'running')")
-                .bind(w1)
-                .fetch_one(&system.db.pool)
-                .await
-                .unwrap();
+        let in_flight: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM execution WHERE worker = $1 AND status IN ('scheduled', 'running')",
+        )
+        .bind(w1)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
         most_in_flight = most_in_flight.max(in_flight);
         let execution = system.wait_terminal(*id, DEADLINE).await;
         assert_eq!(execution["status"], "completed", "{execution}");
