@@ -151,6 +151,7 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
         let execution = system.wait_terminal(*id, DEADLINE).await;
         assert_eq!(execution["status"], "completed", "{execution}");
     }
+    // (without backpressure: most of the 30)
     assert!(most_in_flight <= 5, "no more than the unhealthy threshold in flight: {most_in_flight}");
     system.stop().await;
 }

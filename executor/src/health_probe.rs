@@ -3,45 +3,55 @@
 //! depth, then degraded by queue depth, never unhealthy).
 //!
 //! One executor schedules many requests at once. Until a choice is committed as `scheduled`, the
-//! database cannot count it, so the probe also counts its own choices in flight (a reservation per
-//! decision, released once the assignment is committed or abandoned): a burst spreads over the
-//! workers instead of every concurrent decision seeing the same depths.
+//! database cannot count it, so the probe also counts its own choices (a reservation per
+//! decision): a burst spreads over the workers instead of every concurrent decision seeing the
+//! same depths. A reservation released (its assignment committed) after a decision's database
+//! read began still counts for that decision, so no choice is ever counted zero times; it may be
+//! counted twice for a moment, which errs on the safe side.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use attune_common::db;
 use attune_common::health::HealthProbeConfig;
 use attune_common::selection::{self, Ranked};
 use sqlx::PgPool;
 
+#[derive(Default)]
+struct Slots {
+    next_id: u64,
+    /// reservation id → (worker, when it was released)
+    slots: HashMap<u64, (i64, Option<Instant>)>,
+}
+
 pub struct WorkerHealthProbe {
     pool: PgPool,
     config: HealthProbeConfig,
-    reserved: Arc<Mutex<HashMap<i64, i64>>>,
+    slots: Arc<Mutex<Slots>>,
 }
 
-/// A decision not yet visible in the database; dropping it releases the worker's slot.
+/// A decision not yet visible in the database; dropping it marks it released.
 pub struct Reservation {
-    worker_id: i64,
-    reserved: Arc<Mutex<HashMap<i64, i64>>>,
+    id: u64,
+    slots: Arc<Mutex<Slots>>,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut reserved = self.reserved.lock().expect("reservations poisoned");
-        if let Some(count) = reserved.get_mut(&self.worker_id) {
-            *count -= 1;
-            if *count <= 0 {
-                reserved.remove(&self.worker_id);
-            }
+        let mut slots = self.slots.lock().expect("reservations poisoned");
+        if let Some(slot) = slots.slots.get_mut(&self.id) {
+            slot.1 = Some(Instant::now());
         }
     }
 }
 
+/// Released reservations older than this are forgotten (far longer than any database read).
+const RELEASED_KEPT: Duration = Duration::from_secs(5);
+
 impl WorkerHealthProbe {
     pub fn new(pool: PgPool, config: HealthProbeConfig) -> Self {
-        WorkerHealthProbe { pool, config, reserved: Arc::default() }
+        WorkerHealthProbe { pool, config, slots: Arc::default() }
     }
 
     pub fn config(&self) -> &HealthProbeConfig {
@@ -51,16 +61,25 @@ impl WorkerHealthProbe {
     /// The best worker for `runtime` now (with its reservation), or `None` when no active worker
     /// is eligible.
     pub async fn select_worker(&self, runtime: &str) -> Result<Option<(Ranked, Reservation)>, sqlx::Error> {
+        let read_started = Instant::now();
         let (mut candidates, now) = db::worker::candidates(&self.pool).await?;
-        let mut reserved = self.reserved.lock().expect("reservations poisoned");
+        let mut slots = self.slots.lock().expect("reservations poisoned");
+        slots.slots.retain(|_, (_, released)| released.is_none_or(|at| at.elapsed() < RELEASED_KEPT));
+        let mut pending: HashMap<i64, i64> = HashMap::new();
+        for (worker, released) in slots.slots.values() {
+            if released.is_none_or(|at| at > read_started) {
+                *pending.entry(*worker).or_default() += 1;
+            }
+        }
         for candidate in &mut candidates {
-            candidate.signals.queue_depth += reserved.get(&candidate.worker_id).copied().unwrap_or(0);
+            candidate.signals.queue_depth += pending.get(&candidate.worker_id).copied().unwrap_or(0);
         }
         let Some(chosen) = selection::select(&self.config, &candidates, runtime, now, |_| rand::random()) else {
             return Ok(None);
         };
-        *reserved.entry(chosen.worker_id).or_default() += 1;
-        let reservation = Reservation { worker_id: chosen.worker_id, reserved: self.reserved.clone() };
-        Ok(Some((chosen, reservation)))
+        slots.next_id += 1;
+        let id = slots.next_id;
+        slots.slots.insert(id, (chosen.worker_id, None));
+        Ok(Some((chosen, Reservation { id, slots: self.slots.clone() })))
     }
 }
