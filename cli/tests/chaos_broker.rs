@@ -57,6 +57,9 @@ async fn executions_survive_connection_loss_and_a_broker_restart() {
         }
         if i == 300 {
             rabbitmqctl(&["stop_app"]);
+            let (status, ready) = system.request(reqwest::Method::GET, "/readyz", None, None).await;
+            assert_eq!(status, 503, "not ready while the broker is down: {ready}");
+            assert_eq!(ready["database"], "ok");
         }
         if i == 340 {
             rabbitmqctl(&["start_app"]);

@@ -139,7 +139,12 @@ async fn work_expiring_in_a_stopped_workers_queue_flows_through_the_dead_letter_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_is_dead_lettered_after_its_delivery_limit() {
-    let system = fast_recovery().worker("w1", &[]).start().await;
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let system = fast_recovery()
+        .env("ATTUNE_METRICS_ADDR", &format!("127.0.0.1:{metrics_port}"))
+        .worker("w1", &[("ATTUNE_METRICS_ADDR", "")])
+        .start()
+        .await;
     // Every claim of this one execution fails inside the database, as a bug would.
     sqlx::raw_sql(
         "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
@@ -157,6 +162,9 @@ async fn a_poison_message_is_dead_lettered_after_its_delivery_limit() {
     assert_eq!(poisoned["failure_kind"], "poison_message");
     assert!(poisoned["error"].as_str().unwrap().contains("dead-lettered (delivery_limit)"), "{poisoned}");
     assert_eq!(system.wait_terminal(id(&healthy), DEADLINE).await["status"], "completed");
+    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l == "attune_poison_messages_total 1"), "{metrics}");
+    assert!(metrics.lines().any(|l| l == "attune_dead_letters_total{reason=\"delivery_limit\"} 1"), "{metrics}");
     let attempts = system.log("executor").matches("scheduling failed, will be redelivered").count();
     assert_eq!(attempts as i64, attune_common::mq::DELIVERY_LIMIT + 1, "bounded deliveries, not forever");
 
@@ -250,5 +258,49 @@ async fn cancel_stops_queued_and_running_executions() {
     }
     let _ = std::fs::remove_file(&pidfile);
     assert_no_silent_reruns(&system).await;
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_queue_ttl_moves_the_worker_to_a_new_queue() {
+    let mut system = fast_recovery().worker("w1", &[]).start().await;
+    let queue = |system: &System| {
+        let pool = system.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT capabilities->>'queue' FROM worker WHERE name = 'w1'")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let old = queue(&system).await;
+    assert!(old.ends_with(".ttl300"), "{old}");
+    system.signal("w1", 15);
+    system.restart_with("w1", &[("ATTUNE_WORKER_QUEUE_TTL_SECS", "120")]);
+    let pool = system.db.pool.clone();
+    wait_for("w1 on its new queue", DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            let (queue, status): (String, String) =
+                sqlx::query_as("SELECT capabilities->>'queue', status FROM worker WHERE name = 'w1'")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (queue.ends_with(".ttl120") && status == "active").then_some(())
+        }
+    })
+    .await;
+    assert!(system.log("w1").contains("the worker queue TTL changed"));
+    // the old, empty queue is gone (a passive declare of it fails) and work flows on the new one
+    let connection = attune_common::mq::connect(&attune_testkit::amqp_url(), "ttl-test").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let passive = lapin::options::QueueDeclareOptions { passive: true, ..Default::default() };
+    assert!(
+        channel.queue_declare(old.as_str().into(), passive, Default::default()).await.is_err(),
+        "{old} still exists"
+    );
+    let _ = connection.close(200, "done".into()).await;
+    let done = system.submit("core.noop", json!({})).await;
+    assert_eq!(system.wait_terminal(id(&done), DEADLINE).await["status"], "completed");
     system.stop().await;
 }

@@ -31,6 +31,9 @@ async fn metrics_move_when_what_they_count_happens() {
     let system = System::builder()
         .env("ATTUNE_METRICS_ADDR", &format!("127.0.0.1:{executor_port}"))
         .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.2")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
+        .env("ATTUNE_REQUEUE_AFTER_SECS", "1")
+        .env("ATTUNE_WORKER_WAIT_SECS", "0.5")
         .worker("w1", &[("ATTUNE_METRICS_ADDR", &format!("127.0.0.1:{worker_port}"))])
         .pack(repo_root().join("testkit/packs/e2e"))
         .start()
@@ -62,10 +65,13 @@ async fn metrics_move_when_what_they_count_happens() {
 
     // A dead letter: counted and parked.
     system.publish_raw("execution.request", b"garbage").await;
-    system.wait_log("executor", "dead letter parked for an operator").await;
-    let after = scrape(&executor_metrics).await;
+    let after = attune_testkit::wait_for("the dead letter to be parked", DEADLINE, || async {
+        let text = scrape(&executor_metrics).await;
+        (sample(&text, "attune_parked_messages_total") == 1.0).then_some(text)
+    })
+    .await;
     assert_eq!(sample(&after, "attune_dead_letters_total{reason=\"rejected\"}"), 1.0);
-    assert_eq!(sample(&after, "attune_parked_messages_total"), 1.0);
+    assert!(system.log("executor").contains("dead letter parked for an operator"));
 
     // The API's own counters (a manual retry) and the gauges it reads from the record; no token.
     let failed = system.submit("core.fail", json!({})).await;
@@ -79,6 +85,29 @@ async fn metrics_move_when_what_they_count_happens() {
     assert_eq!(sample(&api, "attune_workers{health=\"healthy\"}"), 1.0);
     assert!(api.contains("attune_worker_queue_depth{worker=\"w1\"}"));
     assert!(!api.contains("execution_id"), "no execution ids in labels");
+
+    // The timeout monitor re-publishing a request nobody published.
+    let action: i64 =
+        sqlx::query_scalar("SELECT id FROM action WHERE ref = 'core.noop'").fetch_one(&system.db.pool).await.unwrap();
+    let orphan: i64 = sqlx::query_scalar(
+        "INSERT INTO execution (action, action_ref, updated) VALUES ($1, 'core.noop', now() - interval '1 hour') RETURNING id",
+    )
+    .bind(action)
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(system.wait_terminal(orphan, DEADLINE).await["status"], "completed");
+    let after = scrape(&executor_metrics).await;
+    assert_eq!(sample(&after, "attune_monitor_recoveries_total{kind=\"requeued\"}"), 1.0, "{after}");
+
+    // No worker with capacity: counted once the wait is over.
+    system.force_health("w1", Some(json!({"consecutive_failures": 10})));
+    system.wait_worker_health("w1", "unhealthy").await;
+    let stranded = system.submit("core.noop", json!({})).await;
+    let stranded = system.wait_terminal(stranded["id"].as_i64().unwrap(), DEADLINE).await;
+    assert_eq!(stranded["failure_kind"], "worker_unavailable");
+    let after = scrape(&executor_metrics).await;
+    assert_eq!(sample(&after, "attune_scheduling_no_worker_total{runtime=\"builtin\"}"), 1.0);
     system.stop().await;
 }
 

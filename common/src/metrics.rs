@@ -259,6 +259,9 @@ pub async fn serve(addr: std::net::SocketAddr, shutdown: tokio_util::sync::Cance
 /// not fatal.
 pub fn serve_from_env(shutdown: tokio_util::sync::CancellationToken) {
     let Ok(addr) = std::env::var("ATTUNE_METRICS_ADDR") else { return };
+    if addr.trim().is_empty() {
+        return;
+    }
     match addr.parse::<std::net::SocketAddr>() {
         Ok(addr) => {
             tokio::spawn(async move {

@@ -184,10 +184,14 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
-        match channel.queue_delete(queue.into(), QueueDeleteOptions { if_empty: true, ..Default::default() }).await {
-            Ok(_) => Ok(true),
-            Err(_) => Ok(false),
+        // Quorum queues refuse `if-empty`: check the count instead (nothing new can arrive now).
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        let declared = channel.queue_declare(queue.into(), passive, FieldTable::default()).await?;
+        if declared.message_count() > 0 {
+            return Ok(false);
         }
+        channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await?;
+        Ok(true)
     }
 
     /// Declares one worker's queue, with the message TTL.
@@ -375,10 +379,14 @@ impl Publisher {
         }
     }
 
-    /// Retires a worker's old queue through the publisher's channel (see `Topology`).
+    /// Retires a worker's old queue (see `Topology`), on a channel of its own: a refused
+    /// operation closes the channel it ran on.
     pub async fn retire_worker_queue(&self, queue: &str, worker_id: i64) -> Result<bool, MqError> {
-        let channel = self.channel().await?;
-        self.topology.retire_worker_queue(&channel, queue, worker_id).await
+        let connection = connect(&self.url, &format!("{}-retire", self.name)).await?;
+        let channel = connection.create_channel().await?;
+        let result = self.topology.retire_worker_queue(&channel, queue, worker_id).await;
+        let _ = connection.close(200, "done".into()).await;
+        result
     }
 
     /// Declares a worker's queue through the publisher's channel.

@@ -265,6 +265,11 @@ impl System {
 
     /// Starts a process again (after `signal`), with the same binary and environment.
     pub fn restart(&mut self, name: &str) {
+        self.restart_with(name, &[]);
+    }
+
+    /// Starts a process again with extra environment.
+    pub fn restart_with(&mut self, name: &str, extra: &[(&str, &str)]) {
         let (binary, env) = match name {
             "api" => ("attune-api", BTreeMap::new()),
             "executor" => ("attune-executor", BTreeMap::new()),
@@ -282,6 +287,8 @@ impl System {
             let _ = old.kill();
             let _ = old.wait();
         }
+        let mut env = env;
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         self.spawn(name, binary, &env);
     }
 

@@ -132,8 +132,15 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     // The queue must exist before any executor can dispatch to this worker.
     publisher.declare_worker_queue(worker_id).await?;
     if let Some(previous) = previous_queue.filter(|p| *p != queue) {
-        let deleted = publisher.retire_worker_queue(&previous, worker_id).await?;
-        tracing::warn!(old_queue = %previous, new_queue = %queue, deleted, "the worker queue TTL changed; the old queue no longer receives work");
+        // a failure here (the old queue already gone, say) must not stop the worker
+        match publisher.retire_worker_queue(&previous, worker_id).await {
+            Ok(deleted) => {
+                tracing::warn!(old_queue = %previous, new_queue = %queue, deleted, "the worker queue TTL changed; the old queue no longer receives work")
+            }
+            Err(e) => {
+                tracing::warn!(old_queue = %previous, error = %e, "the worker queue TTL changed; the old queue could not be retired")
+            }
+        }
     }
     let capabilities = capabilities(&settings, &queue, &runtimes, &health);
     db::worker::heartbeat(&pool, worker_id, &capabilities).await?;
