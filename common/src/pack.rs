@@ -54,7 +54,7 @@ pub enum BackoffKind {
 }
 
 /// The optional `retry:` block of an action. Every field falls back to the global `RetryConfig`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetryPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]

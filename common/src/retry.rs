@@ -94,16 +94,7 @@ pub struct EffectivePolicy {
 
 impl EffectivePolicy {
     pub fn resolve(config: &RetryConfig, policy: Option<&RetryPolicy>) -> Self {
-        let p = policy.cloned().unwrap_or(RetryPolicy {
-            backoff: None,
-            base_delay_secs: None,
-            max_delay_secs: None,
-            multiplier: None,
-            jitter: None,
-            on: None,
-            exit_codes: None,
-            idempotent: None,
-        });
+        let p = policy.cloned().unwrap_or_default();
         let base_secs = p.base_delay_secs.unwrap_or(config.base_backoff_secs);
         EffectivePolicy {
             enabled: config.enabled,
@@ -311,11 +302,8 @@ mod tests {
                     backoff: Some(backoff),
                     base_delay_secs: Some(2.0),
                     max_delay_secs: Some(7.0),
-                    multiplier: None,
                     jitter: Some(0.0),
-                    on: None,
-                    exit_codes: None,
-                    idempotent: None,
+                    ..Default::default()
                 }),
             )
         };
@@ -381,19 +369,7 @@ mod tests {
         let config = RetryConfig::default();
         let mut rng = StdRng::seed_from_u64(6);
         let with = |on: Option<Vec<FailureKind>>, idempotent| {
-            EffectivePolicy::resolve(
-                &config,
-                Some(&RetryPolicy {
-                    backoff: None,
-                    base_delay_secs: None,
-                    max_delay_secs: None,
-                    multiplier: None,
-                    jitter: None,
-                    on,
-                    exit_codes: None,
-                    idempotent,
-                }),
-            )
+            EffectivePolicy::resolve(&config, Some(&RetryPolicy { on, idempotent, ..Default::default() }))
         };
         let timeouts = with(Some(vec![FailureKind::Timeout]), None);
         assert!(matches!(

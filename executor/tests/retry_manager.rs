@@ -117,16 +117,7 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
                 let on: Option<Vec<FailureKind>> =
                     rng.random_bool(0.6).then(|| kinds.iter().copied().filter(|_| rng.random_bool(0.4)).collect());
                 let idempotent = if rng.random_bool(0.5) { Some(rng.random_bool(0.5)) } else { None };
-                Some(attune_common::pack::RetryPolicy {
-                    backoff: None,
-                    base_delay_secs: None,
-                    max_delay_secs: None,
-                    multiplier: None,
-                    jitter: None,
-                    on,
-                    exit_codes: None,
-                    idempotent,
-                })
+                Some(attune_common::pack::RetryPolicy { on, idempotent, ..Default::default() })
             }
         };
         let stored = policy.as_ref().map(|p| serde_json::to_value(p).unwrap());
