@@ -65,6 +65,8 @@ pub struct Settings {
     /// How long a request waits for a worker with capacity before it fails as `worker_unavailable`
     /// (`ATTUNE_WORKER_WAIT_SECS`, 30).
     pub worker_wait: Duration,
+    /// How long the scheduler reuses its read of the fleet (`ATTUNE_WORKER_CACHE_MS`, 500).
+    pub worker_cache: Duration,
     /// How long an action read from the database is reused (`ATTUNE_ACTION_CACHE_SECS`, 5; 0: never).
     pub action_cache_ttl: Duration,
     /// How often the timeout monitor sweeps (`ATTUNE_MONITOR_INTERVAL_SECS`, 5).
@@ -87,6 +89,7 @@ impl Settings {
             worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
             requeue_after: Duration::from_secs_f64(env_or("ATTUNE_REQUEUE_AFTER_SECS", 30.0)?),
             worker_wait: Duration::from_secs_f64(env_or("ATTUNE_WORKER_WAIT_SECS", 30.0)?),
+            worker_cache: Duration::from_millis(env_or("ATTUNE_WORKER_CACHE_MS", 500)?),
             action_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_ACTION_CACHE_SECS", 5.0)?),
             monitor_interval: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_INTERVAL_SECS", 5.0)?),
             scheduling_timeout: Duration::from_secs_f64(env_or("ATTUNE_SCHEDULING_TIMEOUT_SECS", 30.0)?),
@@ -116,7 +119,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     db::worker::store_health_config(&pool, &settings.health).await?;
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
-    let health_probe = health_probe::WorkerHealthProbe::new(pool.clone(), settings.health.clone());
+    let health_probe =
+        health_probe::WorkerHealthProbe::with_fleet_cache(pool.clone(), settings.health.clone(), settings.worker_cache);
     let retry_manager = retry_manager::RetryManager::new(pool.clone(), settings.retry.clone());
     let context = Arc::new(Context {
         db: pool,

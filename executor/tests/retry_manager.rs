@@ -209,3 +209,55 @@ async fn concurrent_decisions_spread_before_the_database_can_count_them() {
     assert_eq!(next.worker_id, a);
     test.drop_database().await;
 }
+
+#[tokio::test]
+async fn a_cached_fleet_still_sees_fresh_in_flight_counts() {
+    use attune_common::health::HealthProbeConfig;
+    use attune_executor::health_probe::WorkerHealthProbe;
+    let test = TestDb::new().await;
+    let pool = test.pool.clone();
+    let capabilities = json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}});
+    let a = db::worker::register(&pool, "a", &capabilities).await.unwrap();
+    let b = db::worker::register(&pool, "b", &capabilities).await.unwrap();
+    db::worker::heartbeat(&pool, a, &capabilities).await.unwrap();
+    db::worker::heartbeat(&pool, b, &capabilities).await.unwrap();
+    let probe = WorkerHealthProbe::with_fleet_cache(
+        pool.clone(),
+        HealthProbeConfig::default(),
+        std::time::Duration::from_secs(60),
+    );
+    drop(probe.select_worker("shell").await.unwrap().unwrap()); // reads and caches the fleet
+    // a gets three executions in flight: the next decisions go to b although the fleet is cached
+    let action = action(&pool, "busy", None).await;
+    for _ in 0..3 {
+        let busy = db::execution::insert(&pool, &new(action, 0, 0)).await.unwrap();
+        sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
+            .bind(busy.id)
+            .bind(a)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    for _ in 0..3 {
+        let (chosen, _reservation) = probe.select_worker("shell").await.unwrap().unwrap();
+        assert_eq!(chosen.worker_id, b);
+    }
+    // a worker registered after the fleet was cached is not seen until the cache expires
+    for _ in 0..3 {
+        let busy = db::execution::insert(&pool, &new(action, 0, 0)).await.unwrap();
+        sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
+            .bind(busy.id)
+            .bind(b)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let c = db::worker::register(&pool, "c", &capabilities).await.unwrap();
+    db::worker::heartbeat(&pool, c, &capabilities).await.unwrap();
+    let (chosen, _reservation) = probe.select_worker("shell").await.unwrap().unwrap();
+    assert_ne!(chosen.worker_id, c);
+    let fresh = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
+    let (chosen, _reservation) = fresh.select_worker("shell").await.unwrap().unwrap();
+    assert_eq!(chosen.worker_id, c, "an uncached probe sees the new, idle worker");
+    test.drop_database().await;
+}

@@ -60,6 +60,8 @@ impl SystemBuilder {
         system.env.insert("ATTUNE_API_ADDR".into(), format!("127.0.0.1:{port}"));
         system.env.insert("ATTUNE_PACKS_DIR".into(), repo_root().join("packs").display().to_string());
         system.env.entry("ATTUNE_HEARTBEAT_INTERVAL_SECS".into()).or_insert_with(|| "1".into());
+        // tests force worker health and act on it at once: the scheduler reads the fleet fresh
+        system.env.entry("ATTUNE_WORKER_CACHE_MS".into()).or_insert_with(|| "0".into());
         system
             .env
             .entry("RUST_LOG".into())

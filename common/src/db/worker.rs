@@ -102,6 +102,43 @@ pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), 
     Ok((candidates, now))
 }
 
+/// Active workers with what they reported (queue depth: their own report only), without the
+/// in-flight counts: the part of the scheduling picture that may be cached briefly.
+pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
+    let rows: Vec<WorkerRow> = sqlx::query_as(
+        "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, 0::bigint AS inflight, now() AS now \
+         FROM worker w WHERE w.status = 'active'",
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|row| Candidate {
+            worker_id: row.id,
+            name: row.name.clone(),
+            runtimes: row.runtimes(),
+            signals: row.signals(),
+        })
+        .collect())
+}
+
+/// Executions dispatched and not finished, per worker, with the database's clock: one indexed
+/// read whose cost follows the work in flight, not the size of the fleet.
+pub async fn inflight(db: &PgPool) -> Result<(std::collections::HashMap<i64, i64>, DateTime<Utc>), sqlx::Error> {
+    let (now, counts): (DateTime<Utc>, Value) = sqlx::query_as(
+        "SELECT now(), COALESCE(jsonb_object_agg(worker, n), '{}') FROM \
+            (SELECT worker, count(*) AS n FROM execution \
+             WHERE status IN ('scheduled', 'running') AND worker IS NOT NULL GROUP BY worker) q",
+    )
+    .fetch_one(db)
+    .await?;
+    let counts = counts
+        .as_object()
+        .map(|map| map.iter().filter_map(|(k, v)| Some((k.parse().ok()?, v.as_i64()?))).collect())
+        .unwrap_or_default();
+    Ok((counts, now))
+}
+
 /// A worker as the API and CLI show it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct WorkerView {
