@@ -91,11 +91,7 @@ impl WorkerHealthProbe {
         // only the workers offering the runtime are candidates: copy those alone
         let mut candidates: Vec<Candidate> =
             fleet.iter().filter(|c| c.runtimes.iter().any(|r| r == runtime)).cloned().collect();
-        for candidate in &mut candidates {
-            // as `get_worker_queue_depth`: dispatched and unfinished, or the worker's report if more
-            let dispatched = inflight.get(&candidate.worker_id).copied().unwrap_or(0);
-            candidate.signals.queue_depth = candidate.signals.queue_depth.max(dispatched);
-        }
+        db::worker::add_inflight(&mut candidates, &inflight);
         let mut slots = self.slots.lock().expect("reservations poisoned");
         slots.slots.retain(|_, (_, released)| released.is_none_or(|at| at.elapsed() < RELEASED_KEPT));
         let mut pending: HashMap<i64, i64> = HashMap::new();

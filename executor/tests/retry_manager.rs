@@ -47,6 +47,26 @@ fn new(action: i64, retry_count: i32, max_retries: i32) -> NewExecution {
     }
 }
 
+/// A registered, heartbeating worker offering the shell runtime.
+async fn active_worker(pool: &PgPool, name: &str) -> i64 {
+    let capabilities = json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}});
+    let id = db::worker::register(pool, name, &capabilities).await.unwrap();
+    db::worker::heartbeat(pool, id, &capabilities).await.unwrap();
+    id
+}
+
+/// An execution of `action` running on `worker`.
+async fn running_on(pool: &PgPool, action: i64, worker: i64) -> i64 {
+    let execution = db::execution::insert(pool, &new(action, 0, 0)).await.unwrap();
+    sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
+        .bind(execution.id)
+        .bind(worker)
+        .execute(pool)
+        .await
+        .unwrap();
+    execution.id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_reports_of_one_failure_create_exactly_one_retry() {
     let test = TestDb::new().await;
@@ -181,20 +201,10 @@ async fn concurrent_decisions_spread_before_the_database_can_count_them() {
     use attune_executor::health_probe::WorkerHealthProbe;
     let test = TestDb::new().await;
     let pool = test.pool.clone();
-    let capabilities = json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}});
-    let a = db::worker::register(&pool, "a", &capabilities).await.unwrap();
-    let b = db::worker::register(&pool, "b", &capabilities).await.unwrap();
-    db::worker::heartbeat(&pool, a, &capabilities).await.unwrap();
-    db::worker::heartbeat(&pool, b, &capabilities).await.unwrap();
+    let (a, b) = (active_worker(&pool, "a").await, active_worker(&pool, "b").await);
     // b has one execution in flight; a none
     let action = action(&pool, "busy", None).await;
-    let busy = db::execution::insert(&pool, &new(action, 0, 0)).await.unwrap();
-    sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
-        .bind(busy.id)
-        .bind(b)
-        .execute(&pool)
-        .await
-        .unwrap();
+    running_on(&pool, action, b).await;
     let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
     // 41 decisions made before any of them is committed (as under a burst)
     let mut held = Vec::new();
@@ -216,11 +226,7 @@ async fn a_cached_fleet_still_sees_fresh_in_flight_counts() {
     use attune_executor::health_probe::WorkerHealthProbe;
     let test = TestDb::new().await;
     let pool = test.pool.clone();
-    let capabilities = json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}});
-    let a = db::worker::register(&pool, "a", &capabilities).await.unwrap();
-    let b = db::worker::register(&pool, "b", &capabilities).await.unwrap();
-    db::worker::heartbeat(&pool, a, &capabilities).await.unwrap();
-    db::worker::heartbeat(&pool, b, &capabilities).await.unwrap();
+    let (a, b) = (active_worker(&pool, "a").await, active_worker(&pool, "b").await);
     let probe = WorkerHealthProbe::with_fleet_cache(
         pool.clone(),
         HealthProbeConfig::default(),
@@ -230,13 +236,7 @@ async fn a_cached_fleet_still_sees_fresh_in_flight_counts() {
     // a gets three executions in flight: the next decisions go to b although the fleet is cached
     let action = action(&pool, "busy", None).await;
     for _ in 0..3 {
-        let busy = db::execution::insert(&pool, &new(action, 0, 0)).await.unwrap();
-        sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
-            .bind(busy.id)
-            .bind(a)
-            .execute(&pool)
-            .await
-            .unwrap();
+        running_on(&pool, action, a).await;
     }
     for _ in 0..3 {
         let (chosen, _reservation) = probe.select_worker("shell").await.unwrap().unwrap();
@@ -244,16 +244,9 @@ async fn a_cached_fleet_still_sees_fresh_in_flight_counts() {
     }
     // a worker registered after the fleet was cached is not seen until the cache expires
     for _ in 0..3 {
-        let busy = db::execution::insert(&pool, &new(action, 0, 0)).await.unwrap();
-        sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
-            .bind(busy.id)
-            .bind(b)
-            .execute(&pool)
-            .await
-            .unwrap();
+        running_on(&pool, action, b).await;
     }
-    let c = db::worker::register(&pool, "c", &capabilities).await.unwrap();
-    db::worker::heartbeat(&pool, c, &capabilities).await.unwrap();
+    let c = active_worker(&pool, "c").await;
     let (chosen, _reservation) = probe.select_worker("shell").await.unwrap().unwrap();
     assert_ne!(chosen.worker_id, c);
     let fresh = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());

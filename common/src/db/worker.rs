@@ -85,20 +85,11 @@ impl WorkerRow {
     }
 }
 
-/// Active workers as scheduling candidates, with the database's clock.
+/// Active workers as scheduling candidates, with their in-flight counts and the database's clock.
 pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), sqlx::Error> {
-    let rows: Vec<WorkerRow> =
-        sqlx::query_as(sqlx::AssertSqlSafe(format!("{WORKER_ROWS} WHERE w.status = 'active'"))).fetch_all(db).await?;
-    let now = rows.first().map(|r| r.now).unwrap_or_else(Utc::now);
-    let candidates = rows
-        .iter()
-        .map(|row| Candidate {
-            worker_id: row.id,
-            name: row.name.clone(),
-            runtimes: row.runtimes(),
-            signals: row.signals(),
-        })
-        .collect();
+    let mut candidates = fleet(db).await?;
+    let (counts, now) = inflight(db).await?;
+    add_inflight(&mut candidates, &counts);
     Ok((candidates, now))
 }
 
@@ -120,6 +111,15 @@ pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
             signals: row.signals(),
         })
         .collect())
+}
+
+/// A worker's queue depth, as `get_worker_queue_depth`: what was dispatched to it and has not
+/// finished, or what it reported if that is more.
+pub fn add_inflight(candidates: &mut [Candidate], inflight: &std::collections::HashMap<i64, i64>) {
+    for candidate in candidates {
+        let dispatched = inflight.get(&candidate.worker_id).copied().unwrap_or(0);
+        candidate.signals.queue_depth = candidate.signals.queue_depth.max(dispatched);
+    }
 }
 
 /// Executions dispatched and not finished, per worker, with the database's clock: one indexed
