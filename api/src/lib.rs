@@ -23,17 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::ApiError;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("listener: {0}")]
-    Io(#[from] std::io::Error),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-}
+pub use attune_common::ServiceError as Error;
 
 #[derive(Debug, Clone)]
 pub struct Settings {

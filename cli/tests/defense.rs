@@ -52,20 +52,7 @@ async fn a_killed_workers_executions_are_retried_on_another_worker() {
     for _ in 0..6 {
         submitted.push(id(&system.submit("e2e.work", json!({"seconds": 3})).await));
     }
-    let pool = system.db.pool.clone();
-    wait_for("executions running on w1", DEADLINE, || {
-        let pool = pool.clone();
-        async move {
-            let running: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1 AND status = 'running'")
-                    .bind(w1)
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
-            (running > 0).then_some(())
-        }
-    })
-    .await;
+    system.wait_count_on("executions running on w1", w1, &["running"], |n| n > 0).await;
     system.signal("w1", SIGKILL);
     for first in &submitted {
         let chain = system.wait_chain(*first, DEADLINE).await;
@@ -104,20 +91,7 @@ async fn work_expiring_in_a_stopped_workers_queue_flows_through_the_dead_letter_
     for _ in 0..4 {
         submitted.push(id(&system.submit("e2e.flaky", json!({"fail_times": 0})).await));
     }
-    let pool = system.db.pool.clone();
-    wait_for("the executions to be dispatched to the stopped worker", DEADLINE, || {
-        let pool = pool.clone();
-        async move {
-            let n: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1 AND status = 'scheduled'")
-                    .bind(w1)
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
-            (n == 4).then_some(())
-        }
-    })
-    .await;
+    system.wait_count_on("the executions to be dispatched to the stopped worker", w1, &["scheduled"], |n| n == 4).await;
     system.restart("w2");
     let mut expired = 0;
     for first in &submitted {

@@ -56,24 +56,14 @@ async fn the_seed_example_selects_a_then_b_then_c_and_never_d() {
     assert_eq!(execution["status"], "failed", "{execution}");
     assert_eq!(execution["failure_kind"], "worker_unavailable");
     assert_eq!(execution["worker"], Value::Null, "unhealthy D was never chosen");
-    let on_d: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1")
-        .bind(ids["d"])
-        .fetch_one(&system.db.pool)
-        .await
-        .unwrap();
-    assert_eq!(on_d, 0);
+    assert_eq!(system.count_on(ids["d"], &[]).await, 0);
     system.stop().await;
 }
 
 async fn per_worker(system: &System, ids: &[i64]) -> Vec<i64> {
     let mut counts = Vec::new();
     for id in ids {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1")
-            .bind(id)
-            .fetch_one(&system.db.pool)
-            .await
-            .unwrap();
-        counts.push(count);
+        counts.push(system.count_on(*id, &[]).await);
     }
     counts
 }
@@ -140,13 +130,7 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
         futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()).collect();
     let mut most_in_flight = 0;
     for id in &ids {
-        let in_flight: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM execution WHERE worker = $1 AND status IN ('scheduled', 'running')",
-        )
-        .bind(w1)
-        .fetch_one(&system.db.pool)
-        .await
-        .unwrap();
+        let in_flight = system.count_on(w1, &["scheduled", "running"]).await;
         most_in_flight = most_in_flight.max(in_flight);
         let execution = system.wait_terminal(*id, DEADLINE).await;
         assert_eq!(execution["status"], "completed", "{execution}");

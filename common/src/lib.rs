@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod db;
+pub mod error;
 pub mod failure;
 pub mod health;
 pub mod metrics;
@@ -17,5 +18,6 @@ pub mod selection;
 pub mod status;
 pub mod telemetry;
 
+pub use error::ServiceError;
 pub use failure::FailureKind;
 pub use status::ExecutionStatus;

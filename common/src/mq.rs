@@ -416,6 +416,17 @@ pub struct Incoming {
     pub headers: Option<FieldTable>,
 }
 
+impl Incoming {
+    /// The message as `T`; one that cannot be parsed is logged with its content and answered with
+    /// `DeadLetter` (it would fail the same way on every delivery).
+    pub fn parse<T: serde::de::DeserializeOwned>(&self, what: &str) -> Result<T, Disposition> {
+        serde_json::from_slice(&self.data).map_err(|e| {
+            tracing::error!(error = %e, body = %String::from_utf8_lossy(&self.data), "unparseable {what}, dead-lettering it");
+            Disposition::DeadLetter
+        })
+    }
+}
+
 pub struct ConsumerSpec {
     pub url: String,
     pub name: String,

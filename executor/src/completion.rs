@@ -7,12 +7,9 @@ use attune_common::mq::{Disposition, ExecutionResult, Incoming, ResultStatus};
 use crate::Context;
 
 pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
-    let result: ExecutionResult = match serde_json::from_slice(&incoming.data) {
+    let result: ExecutionResult = match incoming.parse("execution result") {
         Ok(result) => result,
-        Err(e) => {
-            tracing::error!(error = %e, body = %String::from_utf8_lossy(&incoming.data), "unparseable execution result, dead-lettering it");
-            return Disposition::DeadLetter;
-        }
+        Err(disposition) => return disposition,
     };
     match db::retry_while_unavailable("recording a result", || record(context, &result)).await {
         Ok(()) => Disposition::Ack,

@@ -28,27 +28,7 @@ use attune_common::retry::RetryConfig;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("broker: {0}")]
-    Broker(#[from] attune_common::mq::MqError),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-}
-
-impl db::AsTransient for Error {
-    fn is_transient(&self) -> bool {
-        match self {
-            Error::Database(e) => db::is_transient(e),
-            Error::Broker(_) => true,
-            Error::Migrate(_) | Error::Config(_) => false,
-        }
-    }
-}
+pub use attune_common::ServiceError as Error;
 
 #[derive(Debug, Clone)]
 pub struct Settings {

@@ -11,12 +11,9 @@ use attune_common::{ExecutionStatus, FailureKind};
 use crate::Context;
 
 pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
-    let request: ExecutionRequest = match serde_json::from_slice(&incoming.data) {
+    let request: ExecutionRequest = match incoming.parse("execution request") {
         Ok(request) => request,
-        Err(e) => {
-            tracing::error!(error = %e, body = %String::from_utf8_lossy(&incoming.data), "unparseable execution request, dead-lettering it");
-            return Disposition::DeadLetter;
-        }
+        Err(disposition) => return disposition,
     };
     let execution_id = request.execution_id;
     match db::retry_while_unavailable("scheduling", || schedule(context, execution_id)).await {

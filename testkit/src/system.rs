@@ -250,6 +250,28 @@ impl System {
         .await
     }
 
+    /// Executions on worker `worker_id` in any of `statuses` (every status when empty).
+    pub async fn count_on(&self, worker_id: i64, statuses: &[&str]) -> i64 {
+        let statuses: Vec<String> = statuses.iter().map(|s| s.to_string()).collect();
+        sqlx::query_scalar(
+            "SELECT count(*) FROM execution WHERE worker = $1 \
+             AND (cardinality($2::text[]) = 0 OR status::text = ANY($2))",
+        )
+        .bind(worker_id)
+        .bind(&statuses)
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Waits until the count of executions on `worker_id` in `statuses` satisfies `done`.
+    pub async fn wait_count_on(&self, what: &str, worker_id: i64, statuses: &[&str], done: impl Fn(i64) -> bool) {
+        wait_for(what, Duration::from_secs(60), || async {
+            done(self.count_on(worker_id, statuses).await).then_some(())
+        })
+        .await
+    }
+
     /// The id of the worker called `name`.
     pub async fn worker_id(&self, name: &str) -> i64 {
         sqlx::query_scalar("SELECT id FROM worker WHERE name = $1").bind(name).fetch_one(&self.db.pool).await.unwrap()

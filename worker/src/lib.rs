@@ -23,17 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::health::HealthState;
 use crate::runner::{ActionRun, Runtimes};
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("broker: {0}")]
-    Broker(#[from] attune_common::mq::MqError),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-}
+pub use attune_common::ServiceError as Error;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -266,12 +256,9 @@ impl Worker {
     }
 
     async fn handle(&self, incoming: Incoming, shutdown: CancellationToken) -> Disposition {
-        let dispatch: Dispatch = match serde_json::from_slice(&incoming.data) {
+        let dispatch: Dispatch = match incoming.parse("dispatch") {
             Ok(dispatch) => dispatch,
-            Err(e) => {
-                tracing::error!(error = %e, body = %String::from_utf8_lossy(&incoming.data), "unparseable dispatch, dead-lettering it");
-                return Disposition::DeadLetter;
-            }
+            Err(disposition) => return disposition,
         };
         if shutdown.is_cancelled() {
             // Not started: hand it back untouched.
