@@ -87,6 +87,13 @@ ensure_database() {
     fi
 }
 
+# The dashboard's browser tests drive Debian's chromium through chromedriver (no download at run time).
+ensure_chromium() {
+    if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+        apt_install chromium chromium-driver
+    fi
+}
+
 ensure_services() {
     ensure_postgres
     ensure_rabbitmq

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 ensure_rust
 ensure_services
+ensure_chromium
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"

@@ -1,9 +1,11 @@
 //! attune-api: the HTTP API (`/api/v1/...`), health and readiness probes, and metrics.
 //!
 //! Every `/api/v1` route requires `Authorization: Bearer <token>`; `/healthz`, `/readyz` and
-//! `/metrics` do not. Errors are `{"error": {"code", "message", "parameter"?}}`.
+//! `/metrics` do not; nor do the dashboard's static pages under `/ui` (`dashboard`), which read
+//! every datum from `/api/v1` with the user's token. Errors are `{"error": {"code", "message", "parameter"?}}`.
 
 pub mod auth;
+pub mod dashboard;
 pub mod error;
 pub mod openapi;
 pub mod routes;
@@ -73,6 +75,7 @@ pub fn router(state: State) -> Router {
     let document = Arc::new(openapi);
     router
         .route("/api/v1/openapi.json", axum::routing::get(move || async move { axum::Json(document.as_ref().clone()) }))
+        .merge(dashboard::routes())
         .fallback(|| async { ApiError::not_found("route", "no such route") })
         .with_state(state)
 }

@@ -5,10 +5,12 @@
 //!   at the end.
 //! - [`System`]: the real `attune-api`, `attune-executor` and `attune-worker` binaries started
 //!   against both, with an HTTP client and waits on conditions with deadlines (never sleeps).
+//! - [`browser::Browser`]: a headless chromium driven over WebDriver, for the dashboard's tests.
 //!
 //! Settings: `ATTUNE_TEST_DATABASE_URL` (else `DATABASE_URL`, else the attune default) must be
 //! allowed to create databases; `AMQP_URL` as for the services.
 
+pub mod browser;
 pub mod system;
 
 use std::future::Future;

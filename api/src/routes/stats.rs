@@ -1,10 +1,13 @@
 //! The quick reference's key metrics as numbers, with its alert thresholds reported as flags:
 //! retry rate > 20 %, retry success rate < 70 %, more than half the workers unhealthy, average
-//! queue depth > 20.
+//! queue depth > 20. `/stats/retries/series` gives the retry numbers per time bucket, for charts.
+
+use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::ApiError;
@@ -50,6 +53,8 @@ pub struct RetryStats {
     pub alerts: RetryAlerts,
 }
 
+const TERMINAL: &str = "('completed', 'failed', 'timeout', 'canceled', 'abandoned')";
+
 fn percent(part: i64, whole: i64) -> Option<f64> {
     (whole > 0).then(|| (10000.0 * part as f64 / whole as f64).round() / 100.0)
 }
@@ -66,7 +71,6 @@ pub async fn retries(
     if !(1..=30 * 86400).contains(&window_secs) {
         return Err(ApiError::invalid("window_secs", "'window_secs' must be between 1 and 2592000 (30 days)"));
     }
-    const TERMINAL: &str = "('completed', 'failed', 'timeout', 'canceled', 'abandoned')";
     let (originals, retries, succeeded, finished): (i64, i64, i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FILTER (WHERE retry_count = 0), count(*) FILTER (WHERE retry_count > 0), \
             count(*) FILTER (WHERE retry_count > 0 AND status = 'completed'), \
@@ -107,6 +111,119 @@ pub async fn retries(
         alerts: RetryAlerts {
             high_retry_rate: retry_rate.is_some_and(|r| r > ALERT_RETRY_RATE_PERCENT),
             low_retry_success_rate: retry_success_rate.is_some_and(|r| r < ALERT_RETRY_SUCCESS_PERCENT),
+        },
+    }))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SeriesQuery {
+    /// How far back to look, in seconds (default 3600, at most 30 days).
+    pub window_secs: Option<i64>,
+    /// How many equal buckets to cut the window into (default 30, 1 to 240).
+    pub buckets: Option<i64>,
+}
+
+/// The retry numbers of the executions created in one bucket `[start, start + bucket_secs)`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RetryBucket {
+    pub start: DateTime<Utc>,
+    pub original_executions: i64,
+    pub retry_executions: i64,
+    /// Retries per 100 original executions in this bucket (none without originals).
+    pub retry_rate: Option<f64>,
+    /// Percent of this bucket's finished retries that completed (none without finished retries).
+    pub retry_success_rate: Option<f64>,
+    /// Retries created in this bucket by reason (`retry_reason`, `unknown` when missing).
+    #[schema(value_type = Object)]
+    pub reasons: BTreeMap<String, i64>,
+}
+
+/// The quick reference's alert thresholds, so charts mark them where they are defined.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RetryThresholds {
+    /// Alert when the retry rate is above this (percent).
+    pub retry_rate_percent: f64,
+    /// Alert when the retry success rate is below this (percent).
+    pub retry_success_percent: f64,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RetrySeries {
+    pub window_secs: i64,
+    pub bucket_secs: f64,
+    /// Oldest first; every bucket of the window is present, empty ones with zero counts.
+    pub buckets: Vec<RetryBucket>,
+    pub thresholds: RetryThresholds,
+}
+
+#[utoipa::path(get, path = "/stats/retries/series", tag = "stats", params(SeriesQuery),
+    responses((status = 200, body = RetrySeries),
+        (status = 422, description = "`window_secs` or `buckets` out of range", body = crate::openapi::ErrorBody),))]
+pub async fn retry_series(
+    State(state): State<crate::State>,
+    query: Result<Query<SeriesQuery>, QueryRejection>,
+) -> Result<Json<RetrySeries>, ApiError> {
+    let Query(query) = query?;
+    let window_secs = query.window_secs.unwrap_or(3600);
+    if !(1..=30 * 86400).contains(&window_secs) {
+        return Err(ApiError::invalid("window_secs", "'window_secs' must be between 1 and 2592000 (30 days)"));
+    }
+    let count = query.buckets.unwrap_or(30);
+    if !(1..=240).contains(&count) {
+        return Err(ApiError::invalid("buckets", "'buckets' must be between 1 and 240"));
+    }
+    let bucket_secs = window_secs as f64 / count as f64;
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&state.db).await?;
+    let start = now - chrono::Duration::milliseconds(window_secs * 1000);
+    // one row per (bucket, reason); reason is NULL for the original executions
+    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT LEAST(floor(extract(epoch FROM created - $1) / $2)::bigint, $3 - 1), \
+            CASE WHEN retry_count > 0 THEN COALESCE(retry_reason, 'unknown') END, count(*), \
+            count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status IN {TERMINAL}) \
+         FROM execution WHERE created >= $1 AND created <= $4 GROUP BY 1, 2"
+    )))
+    .bind(start)
+    .bind(bucket_secs)
+    .bind(count)
+    .bind(now)
+    .fetch_all(&state.db)
+    .await?;
+    let mut buckets: Vec<RetryBucket> = (0..count)
+        .map(|n| RetryBucket {
+            start: start + chrono::Duration::milliseconds((n as f64 * bucket_secs * 1000.0) as i64),
+            original_executions: 0,
+            retry_executions: 0,
+            retry_rate: None,
+            retry_success_rate: None,
+            reasons: BTreeMap::new(),
+        })
+        .collect();
+    let mut finished = vec![(0i64, 0i64); buckets.len()];
+    for (n, reason, total, completed, terminal) in rows {
+        let Some(bucket) = usize::try_from(n).ok().and_then(|n| buckets.get_mut(n)) else { continue };
+        match reason {
+            None => bucket.original_executions += total,
+            Some(reason) => {
+                bucket.retry_executions += total;
+                *bucket.reasons.entry(reason).or_default() += total;
+                finished[n as usize].0 += completed;
+                finished[n as usize].1 += terminal;
+            }
+        }
+    }
+    for (bucket, (completed, terminal)) in buckets.iter_mut().zip(finished) {
+        bucket.retry_rate = percent(bucket.retry_executions, bucket.original_executions);
+        bucket.retry_success_rate = percent(completed, terminal);
+    }
+    Ok(Json(RetrySeries {
+        window_secs,
+        bucket_secs,
+        buckets,
+        thresholds: RetryThresholds {
+            retry_rate_percent: ALERT_RETRY_RATE_PERCENT,
+            retry_success_percent: ALERT_RETRY_SUCCESS_PERCENT,
         },
     }))
 }

@@ -1,0 +1,305 @@
+//! The SRE dashboard (`/ui`) in a real headless chromium, against a running system with real
+//! executions and retries: the login form and a refused token, the workers page with health
+//! classes and live refresh, the executions list and its status filter, an automatic retry chain
+//! with its reasons and backoff gaps, a delayed retry's "next attempt at", Retry and Cancel
+//! clicked on the page, and the retry charts with their alert thresholds.
+//!
+//! With `ATTUNE_SCREENSHOTS_DIR` set, it writes a PNG of each page there (the README's pictures
+//! come from `ATTUNE_SCREENSHOTS_DIR=docs/screenshots`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use attune_testkit::browser::Browser;
+use attune_testkit::system::repo_root;
+use attune_testkit::{System, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+async fn screenshot(browser: &Browser, name: &str) {
+    let Ok(dir) = std::env::var("ATTUNE_SCREENSHOTS_DIR") else { return };
+    let dir = PathBuf::from(dir);
+    let dir = if dir.is_absolute() { dir } else { repo_root().join(dir) };
+    browser.screenshot(&dir.join(format!("{name}.png"))).await;
+}
+
+/// The rows of the executions table as (id, status), in page order.
+async fn listed(browser: &Browser) -> Vec<(i64, String)> {
+    let rows = browser
+        .eval(
+            "return Array.from(document.querySelectorAll('#executions tbody tr'))
+                .map(r => [Number(r.dataset.execution), r.querySelector('[data-badge]').textContent])",
+        )
+        .await;
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r[0].as_i64().unwrap(), r[1].as_str().unwrap().to_string()))
+        .collect()
+}
+
+async fn ids_where(system: &System, condition: &str) -> Vec<i64> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT id FROM execution WHERE {condition} ORDER BY id DESC")))
+        .fetch_all(&system.db.pool)
+        .await
+        .unwrap()
+}
+
+/// What the timeline shows for each attempt: (execution id, status, reason, gap, worker) texts.
+async fn timeline(browser: &Browser) -> Vec<[String; 5]> {
+    let attempts = browser
+        .eval(
+            "return Array.from(document.querySelectorAll('#chain li')).map(li => [li.dataset.execution,
+                li.querySelector('[data-badge]').textContent, li.querySelector('[data-field=reason]').textContent,
+                li.querySelector('[data-field=gap]').textContent, li.querySelector('[data-field=worker]').textContent])",
+        )
+        .await;
+    attempts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| std::array::from_fn(|i| a[i].as_str().unwrap().to_string()))
+        .collect()
+}
+
+async fn wait_status(system: &System, id: i64, status: &str) {
+    wait_for(&format!("execution {id} to be {status}"), DEADLINE, || async move {
+        let (_, body) = system.get(&format!("/api/v1/executions/{id}")).await;
+        (body["status"] == status).then_some(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts_through_the_api() {
+    let system = System::builder()
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.5")
+        .worker("worker-a", &[])
+        .worker("worker-b", &[])
+        .pack(repo_root().join("testkit/packs/e2e"))
+        .start()
+        .await;
+    let ui = format!("{}/ui", system.api_url);
+
+    // The pages are static and need no token; they carry a strict CSP and none of the data.
+    let page = system.http.get(format!("{ui}/workers")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
+    assert!(!page.text().await.unwrap().contains("worker-a"), "the shell carries no data");
+
+    // Real executions: completed ones, a permanent failure, an automatic retry chain.
+    let mut completed = Vec::new();
+    for message in ["hello", "from", "the dashboard test"] {
+        completed.push(system.submit("core.echo", json!({"message": message})).await);
+    }
+    completed.push(system.submit("core.python_echo", json!({"message": "hi", "repeat": 2})).await);
+    let failed = system.submit("core.fail", json!({"exit_code": 3, "message": "disk full"})).await;
+    let flaky = system.submit("core.flaky", json!({"fail_times": 2})).await;
+    for execution in &completed {
+        assert_eq!(system.wait_terminal(id(execution), DEADLINE).await["status"], "completed");
+    }
+    let failed = system.wait_terminal(id(&failed), DEADLINE).await;
+    assert_eq!((failed["status"].as_str(), failed["failure_kind"].as_str()), (Some("failed"), Some("action_failed")));
+    let chain = system.wait_chain(id(&flaky), DEADLINE).await;
+    let statuses: Vec<&str> = chain.iter().map(|a| a["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["failed", "failed", "completed"], "{chain:#?}");
+    let (_, workers) = system.get("/api/v1/workers").await;
+    let worker_name = |worker: &Value| {
+        workers.as_array().unwrap().iter().find(|w| w["id"] == *worker).unwrap()["name"].as_str().unwrap().to_string()
+    };
+
+    // worker-b reports enough consecutive failures to be degraded
+    system.force_health("worker-b", Some(json!({"consecutive_failures": 4})));
+    system.wait_worker_health("worker-b", "degraded").await;
+
+    let browser = Browser::start().await;
+
+    // A wrong token: the login form shows the API's refusal and the browser keeps no data.
+    browser.goto(&format!("{ui}/login")).await;
+    browser.type_into("#token", "not-a-real-token").await;
+    browser.click("#login-submit").await;
+    let refusal = browser.text("#login-message .error").await;
+    assert!(refusal.contains("unknown or revoked token"), "{refusal}");
+    assert!(browser.url().await.contains("/ui/login"));
+    assert_eq!(browser.eval("return sessionStorage.getItem('attune.token')").await, Value::Null);
+    screenshot(&browser, "login-refused").await;
+    // ... and a page opened with a token the API refuses goes back to the login form, showing why
+    browser.eval("sessionStorage.setItem('attune.token', 'revoked-or-wrong'); return null").await;
+    browser.goto(&format!("{ui}/workers")).await;
+    browser.wait("the login form after a refused token", "return location.pathname === '/ui/login'").await;
+    let refusal = browser.text("#login-message .error").await;
+    assert!(refusal.contains("The API refused the token: unknown or revoked token"), "{refusal}");
+    let shown = browser.page_text().await;
+    assert!(!shown.contains("worker-a") && !shown.contains("healthy"), "no data after a refusal: {shown}");
+
+    // Log in with the real token: back to the page that was asked for.
+    browser.type_into("#token", &system.token).await;
+    browser.click("#login-submit").await;
+    browser.wait("the workers page", "return location.pathname === '/ui/workers'").await;
+
+    // Workers: both, with their class as text and colour, counts by class.
+    let health = |name: &str| format!("return document.querySelector('[data-worker=\"{name}\"] [data-health]')?.textContent");
+    assert_eq!(browser.wait("worker-a's health", &health("worker-a")).await, "healthy");
+    assert_eq!(browser.wait("worker-b's health", &health("worker-b")).await, "degraded");
+    let count = |class: &str| format!("return document.querySelector('[data-count=\"{class}\"] .card-value')?.textContent");
+    assert_eq!(browser.wait("the healthy count", &count("healthy")).await, "1");
+    assert_eq!(browser.wait("the degraded count", &count("degraded")).await, "1");
+    assert_eq!(browser.wait("the unhealthy count", &count("unhealthy")).await, "0");
+    let row = browser.text("[data-worker=\"worker-b\"]").await;
+    assert!(row.contains("shell, python, builtin"), "runtimes: {row}");
+    let consecutive = browser.text("[data-worker=\"worker-b\"] [data-field=consecutive_failures]").await;
+    assert_eq!(consecutive, "4");
+    let colour = browser
+        .eval("return getComputedStyle(document.querySelector('[data-worker=\"worker-b\"] [data-health]')).color")
+        .await;
+    assert_eq!(colour, "rgb(154, 103, 0)", "degraded is amber");
+    screenshot(&browser, "workers").await;
+    // it refreshes live: worker-b recovers and the open page shows it without a reload
+    browser.eval("document.body.dataset.marker = 'not reloaded'; return null").await;
+    system.force_health("worker-b", None);
+    browser.wait("worker-b to turn healthy on the open page", &format!("{} === 'healthy'", health("worker-b"))).await;
+    assert_eq!(browser.wait("the healthy count", &count("healthy")).await, "2");
+    assert_eq!(browser.eval("return document.body.dataset.marker").await, "not reloaded");
+
+    // Executions: every execution, newest first; the status filter shows only failed ones.
+    browser.goto(&format!("{ui}/executions")).await;
+    browser.wait("the executions table", "return document.querySelector('#executions tbody tr') !== null").await;
+    let all = ids_where(&system, "true").await;
+    let rows = listed(&browser).await;
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), all, "{rows:?}");
+    assert!(browser.text("#page-range").await.ends_with(&format!("of {}", all.len())));
+    screenshot(&browser, "executions").await;
+    browser.click("#filter-status option[value=\"failed\"]").await;
+    browser.click("#filter-apply").await;
+    browser.wait("the filtered list", "return location.search.includes('status=failed') && document.querySelector('#executions') !== null").await;
+    let rows = listed(&browser).await;
+    let failed_ids = ids_where(&system, "status = 'failed'").await;
+    assert_eq!(failed_ids.len(), 3, "two failed flaky attempts and core.fail");
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), failed_ids, "{rows:?}");
+    assert!(rows.iter().all(|(_, status)| status == "failed"), "{rows:?}");
+    browser.goto(&format!("{ui}/executions?action_ref=core.echo&window=900")).await;
+    browser.wait("the core.echo list", "return document.querySelector('#executions tbody tr') !== null").await;
+    assert_eq!(listed(&browser).await.len(), 3);
+
+    // The automatic retry chain: every attempt with its worker, reason and backoff gap.
+    let last = id(chain.last().unwrap());
+    browser.goto(&format!("{ui}/executions/{last}")).await;
+    browser.wait("the chain", "return document.querySelectorAll('#chain li').length === 3").await;
+    let shown = timeline(&browser).await;
+    for (attempt, (shown, expected)) in shown.iter().zip(&chain).enumerate() {
+        assert_eq!(shown[0], id(expected).to_string());
+        assert_eq!(shown[1], expected["status"].as_str().unwrap());
+        assert_eq!(shown[4], format!("worker: {}", worker_name(&expected["worker"])));
+        if attempt == 0 {
+            assert_eq!((shown[2].as_str(), shown[3].as_str()), ("reason: —", "first attempt"));
+        } else {
+            assert_eq!(shown[2], "reason: transient_error");
+            let backoff = expected["backoff_secs"].as_f64().unwrap();
+            let gap = expected["gap_secs"].as_f64().unwrap();
+            assert_eq!(shown[3], format!("backoff {backoff:.2} s · waited {gap:.2} s before starting"));
+        }
+    }
+    assert_eq!(browser.text("#stdout").await.trim(), "attempt 2: done");
+    assert_eq!(browser.text("[data-fact=\"retry reason\"]").await, "transient_error");
+    // finished and not retried yet: an operator may retry it; it cannot be canceled
+    assert_eq!(browser.eval("return document.querySelector('#retry').disabled").await, false);
+    assert_eq!(browser.eval("return document.querySelector('#cancel').disabled").await, true);
+    screenshot(&browser, "execution").await;
+
+    // A retry waiting out its backoff shows when the next attempt runs, then runs.
+    let waiting = system.submit("e2e.flaky_fixed", json!({"fail_times": 1})).await;
+    browser.goto(&format!("{ui}/executions/{}", id(&waiting))).await;
+    let next = browser
+        .wait("the delayed retry", "return document.querySelector('#chain [data-field=next]')?.textContent")
+        .await;
+    let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&waiting))).await;
+    let next_at = view["next_attempt_at"].as_str().expect("the API shows the next attempt");
+    let expected = format!("next attempt at {}", next_at[..19].replace('T', " "));
+    assert_eq!(next, expected);
+    assert_eq!(browser.text("[data-fact=\"next attempt at\"]").await, next_at[..19].replace('T', " "));
+    screenshot(&browser, "execution-delayed").await;
+    browser
+        .wait(
+            "the retry to complete on the open page",
+            "return document.querySelector('#chain li:last-child [data-badge]')?.textContent === 'completed'",
+        )
+        .await;
+
+    // Retry on the permanent failure: the new attempt appears in the chain on the page.
+    let failed_id = id(&failed);
+    browser.goto(&format!("{ui}/executions/{failed_id}")).await;
+    browser.wait("one attempt", "return document.querySelectorAll('#chain li').length === 1").await;
+    assert_eq!(browser.eval("return document.querySelector('#retry').disabled").await, false);
+    browser.click("#retry").await;
+    browser.wait("the manual retry in the chain", "return document.querySelectorAll('#chain li').length === 2").await;
+    let (retry_id, reason): (i64, Option<String>) =
+        sqlx::query_as("SELECT id, retry_reason FROM execution WHERE original_execution = $1")
+            .bind(failed_id)
+            .fetch_one(&system.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(reason.as_deref(), Some("manual_retry"));
+    let shown = timeline(&browser).await;
+    assert_eq!(shown[1][0], retry_id.to_string());
+    assert_eq!(shown[1][2], "reason: manual_retry");
+    assert!(browser.text("[data-notice=retry]").await.contains(&format!("execution #{retry_id}")));
+    browser
+        .wait("the retry to fail again on the page", "return document.querySelector('#chain li:last-child [data-badge]')?.textContent === 'failed'")
+        .await;
+    assert_eq!(browser.eval("return document.querySelector('#retry').disabled").await, true, "already retried");
+    let retries: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE original_execution = $1")
+        .bind(failed_id)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(retries, 1);
+
+    // Cancel a running execution from its page (two clicks: arm, confirm).
+    let sleeper = system.submit("core.sleep", json!({"seconds": 45})).await;
+    wait_status(&system, id(&sleeper), "running").await;
+    browser.goto(&format!("{ui}/executions/{}", id(&sleeper))).await;
+    browser.wait("the running execution", "return document.querySelector('.title [data-badge]')?.textContent === 'running'").await;
+    browser.click("#cancel").await;
+    assert_eq!(browser.text("#cancel").await, "Confirm cancel");
+    browser.click("#cancel").await;
+    browser.wait("the page to show it canceled", "return document.querySelector('.title [data-badge]')?.textContent === 'canceled'").await;
+    let status: String = sqlx::query_scalar("SELECT status::text FROM execution WHERE id = $1")
+        .bind(id(&sleeper))
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "canceled");
+    assert_eq!(browser.eval("return document.querySelector('#cancel').disabled").await, true);
+
+    // Retries: the numbers and three charts, with the quick reference's thresholds marked.
+    let (_, stats) = system.get("/api/v1/stats/retries?window_secs=300").await;
+    browser.goto(&format!("{ui}/retries?window=300")).await;
+    for chart in ["retry-rate", "retry-success", "retry-reasons"] {
+        browser.wait(&format!("the {chart} chart"), &format!("return document.querySelector('svg[data-chart=\"{chart}\"]') !== null")).await;
+    }
+    let threshold =
+        |chart: &str| format!("return document.querySelector('svg[data-chart=\"{chart}\"] line.threshold')?.dataset.threshold");
+    assert_eq!(browser.wait("the retry rate threshold", &threshold("retry-rate")).await, "20");
+    assert_eq!(browser.wait("the success threshold", &threshold("retry-success")).await, "70");
+    let bars = |reason: &str| {
+        format!("return document.querySelectorAll('svg[data-chart=\"retry-reasons\"] rect.bar[data-reason=\"{reason}\"]').length")
+    };
+    assert!(browser.eval(&bars("transient_error")).await.as_i64().unwrap() >= 1);
+    assert!(browser.eval(&bars("manual_retry")).await.as_i64().unwrap() >= 1);
+    assert_eq!(browser.eval(&bars("worker_unavailable")).await, 0);
+    let rate = browser.text("[data-stat=retry_rate] .card-value").await;
+    assert_eq!(rate, format!("{:.1} %", stats["retry_rate"].as_f64().unwrap()));
+    assert_eq!(browser.text("[data-stat=retry_executions] .card-value").await, stats["retry_executions"].to_string());
+    let reasons = browser.text("#reasons").await;
+    assert!(reasons.contains("transient_error") && reasons.contains("manual_retry"), "{reasons}");
+    screenshot(&browser, "retries").await;
+
+    drop(browser);
+    system.stop().await;
+}
