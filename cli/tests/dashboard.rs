@@ -36,11 +36,7 @@ async fn listed(browser: &Browser) -> Vec<(i64, String)> {
                 .map(r => [Number(r.dataset.execution), r.querySelector('[data-badge]').textContent])",
         )
         .await;
-    rows.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (r[0].as_i64().unwrap(), r[1].as_str().unwrap().to_string()))
-        .collect()
+    rows.as_array().unwrap().iter().map(|r| (r[0].as_i64().unwrap(), r[1].as_str().unwrap().to_string())).collect()
 }
 
 async fn ids_where(system: &System, condition: &str) -> Vec<i64> {
@@ -59,12 +55,7 @@ async fn timeline(browser: &Browser) -> Vec<[String; 5]> {
                 li.querySelector('[data-field=gap]').textContent, li.querySelector('[data-field=worker]').textContent])",
         )
         .await;
-    attempts
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| std::array::from_fn(|i| a[i].as_str().unwrap().to_string()))
-        .collect()
+    attempts.as_array().unwrap().iter().map(|a| std::array::from_fn(|i| a[i].as_str().unwrap().to_string())).collect()
 }
 
 async fn wait_status(system: &System, id: i64, status: &str) {
@@ -138,16 +129,22 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let shown = browser.page_text().await;
     assert!(!shown.contains("worker-a") && !shown.contains("healthy"), "no data after a refusal: {shown}");
 
+    // the refused requests are in the console as errors; from here on there must be none
+    let refused = browser.console_errors().await;
+    assert!(!refused.is_empty() && refused.iter().all(|e| e.contains("401")), "{refused:#?}");
+
     // Log in with the real token: back to the page that was asked for.
     browser.type_into("#token", &system.token).await;
     browser.click("#login-submit").await;
     browser.wait("the workers page", "return location.pathname === '/ui/workers'").await;
 
     // Workers: both, with their class as text and colour, counts by class.
-    let health = |name: &str| format!("return document.querySelector('[data-worker=\"{name}\"] [data-health]')?.textContent");
+    let health =
+        |name: &str| format!("return document.querySelector('[data-worker=\"{name}\"] [data-health]')?.textContent");
     assert_eq!(browser.wait("worker-a's health", &health("worker-a")).await, "healthy");
     assert_eq!(browser.wait("worker-b's health", &health("worker-b")).await, "degraded");
-    let count = |class: &str| format!("return document.querySelector('[data-count=\"{class}\"] .card-value')?.textContent");
+    let count =
+        |class: &str| format!("return document.querySelector('[data-count=\"{class}\"] .card-value')?.textContent");
     assert_eq!(browser.wait("the healthy count", &count("healthy")).await, "1");
     assert_eq!(browser.wait("the degraded count", &count("degraded")).await, "1");
     assert_eq!(browser.wait("the unhealthy count", &count("unhealthy")).await, "0");
@@ -177,7 +174,12 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     screenshot(&browser, "executions").await;
     browser.click("#filter-status option[value=\"failed\"]").await;
     browser.click("#filter-apply").await;
-    browser.wait("the filtered list", "return location.search.includes('status=failed') && document.querySelector('#executions') !== null").await;
+    browser
+        .wait(
+            "the filtered list",
+            "return location.search.includes('status=failed') && document.querySelector('#executions') !== null",
+        )
+        .await;
     let rows = listed(&browser).await;
     let failed_ids = ids_where(&system, "status = 'failed'").await;
     assert_eq!(failed_ids.len(), 3, "two failed flaky attempts and core.fail");
@@ -250,7 +252,10 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     assert_eq!(shown[1][2], "reason: manual_retry");
     assert!(browser.text("[data-notice=retry]").await.contains(&format!("execution #{retry_id}")));
     browser
-        .wait("the retry to fail again on the page", "return document.querySelector('#chain li:last-child [data-badge]')?.textContent === 'failed'")
+        .wait(
+            "the retry to fail again on the page",
+            "return document.querySelector('#chain li:last-child [data-badge]')?.textContent === 'failed'",
+        )
         .await;
     assert_eq!(browser.eval("return document.querySelector('#retry').disabled").await, true, "already retried");
     let retries: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE original_execution = $1")
@@ -264,11 +269,21 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let sleeper = system.submit("core.sleep", json!({"seconds": 45})).await;
     wait_status(&system, id(&sleeper), "running").await;
     browser.goto(&format!("{ui}/executions/{}", id(&sleeper))).await;
-    browser.wait("the running execution", "return document.querySelector('.title [data-badge]')?.textContent === 'running'").await;
+    browser
+        .wait(
+            "the running execution",
+            "return document.querySelector('.title [data-badge]')?.textContent === 'running'",
+        )
+        .await;
     browser.click("#cancel").await;
     assert_eq!(browser.text("#cancel").await, "Confirm cancel");
     browser.click("#cancel").await;
-    browser.wait("the page to show it canceled", "return document.querySelector('.title [data-badge]')?.textContent === 'canceled'").await;
+    browser
+        .wait(
+            "the page to show it canceled",
+            "return document.querySelector('.title [data-badge]')?.textContent === 'canceled'",
+        )
+        .await;
     let status: String = sqlx::query_scalar("SELECT status::text FROM execution WHERE id = $1")
         .bind(id(&sleeper))
         .fetch_one(&system.db.pool)
@@ -281,14 +296,22 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let (_, stats) = system.get("/api/v1/stats/retries?window_secs=300").await;
     browser.goto(&format!("{ui}/retries?window=300")).await;
     for chart in ["retry-rate", "retry-success", "retry-reasons"] {
-        browser.wait(&format!("the {chart} chart"), &format!("return document.querySelector('svg[data-chart=\"{chart}\"]') !== null")).await;
+        browser
+            .wait(
+                &format!("the {chart} chart"),
+                &format!("return document.querySelector('svg[data-chart=\"{chart}\"]') !== null"),
+            )
+            .await;
     }
-    let threshold =
-        |chart: &str| format!("return document.querySelector('svg[data-chart=\"{chart}\"] line.threshold')?.dataset.threshold");
+    let threshold = |chart: &str| {
+        format!("return document.querySelector('svg[data-chart=\"{chart}\"] line.threshold')?.dataset.threshold")
+    };
     assert_eq!(browser.wait("the retry rate threshold", &threshold("retry-rate")).await, "20");
     assert_eq!(browser.wait("the success threshold", &threshold("retry-success")).await, "70");
     let bars = |reason: &str| {
-        format!("return document.querySelectorAll('svg[data-chart=\"retry-reasons\"] rect.bar[data-reason=\"{reason}\"]').length")
+        format!(
+            "return document.querySelectorAll('svg[data-chart=\"retry-reasons\"] rect.bar[data-reason=\"{reason}\"]').length"
+        )
     };
     assert!(browser.eval(&bars("transient_error")).await.as_i64().unwrap() >= 1);
     assert!(browser.eval(&bars("manual_retry")).await.as_i64().unwrap() >= 1);
@@ -299,6 +322,10 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let reasons = browser.text("#reasons").await;
     assert!(reasons.contains("transient_error") && reasons.contains("manual_retry"), "{reasons}");
     screenshot(&browser, "retries").await;
+
+    // no script error, CSP violation or failed request on any page
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "the browser console shows errors: {errors:#?}");
 
     drop(browser);
     system.stop().await;

@@ -85,6 +85,7 @@ impl Browser {
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {"binary": chromium, "args": args},
+            "goog:loggingPrefs": {"browser": "ALL"},
         }}});
         let created = browser.call(reqwest::Method::POST, &format!("{base}/session"), Some(capabilities)).await;
         let id = created["sessionId"].as_str().unwrap_or_else(|| panic!("no session id in {created}"));
@@ -161,7 +162,11 @@ impl Browser {
             }
             if started.elapsed() > WAIT {
                 let page = self.eval("return document.body ? document.body.innerText : ''").await;
-                panic!("timed out after {WAIT:?} waiting for {what} on {}; the page shows:\n{}", self.url().await, text(&page));
+                panic!(
+                    "timed out after {WAIT:?} waiting for {what} on {}; the page shows:\n{}",
+                    self.url().await,
+                    text(&page)
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -207,17 +212,33 @@ impl Browser {
         text(&self.eval("return document.body.innerText").await)
     }
 
+    /// The browser console's errors (script exceptions, CSP violations, failed requests) since
+    /// the last call, as text lines.
+    pub async fn console_errors(&self) -> Vec<String> {
+        let entries = self.command(reqwest::Method::POST, "/se/log", Some(json!({"type": "browser"}))).await;
+        entries
+            .as_array()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .filter(|e| e["level"] == "SEVERE")
+                    .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Writes a PNG of the whole page (the window grown to the page's height, then restored).
     pub async fn screenshot(&self, path: &Path) {
         // the window's height includes what is not the page (outer minus inner height)
-        let size = self
-            .eval("return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]")
-            .await;
+        let size =
+            self.eval("return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]").await;
         let height = (size[0].as_i64().unwrap_or(1000) + size[1].as_i64().unwrap_or(0)).clamp(600, 4000);
         self.command(reqwest::Method::POST, "/window/rect", Some(json!({"width": 1400, "height": height}))).await;
         let png = self.command(reqwest::Method::GET, "/screenshot", None).await;
         self.command(reqwest::Method::POST, "/window/rect", Some(json!({"width": 1400, "height": 1000}))).await;
-        let bytes = decode_base64(png.as_str().expect("screenshot is base64 text")).expect("screenshot is valid base64");
+        let bytes =
+            decode_base64(png.as_str().expect("screenshot is base64 text")).expect("screenshot is valid base64");
         assert!(bytes.starts_with(b"\x89PNG"), "the screenshot is not a PNG");
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).unwrap();

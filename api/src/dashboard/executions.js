@@ -1,0 +1,232 @@
+// attune dashboard: the executions list (status, action and time filters, pagination) and one
+// execution's page: its details, parameters, result and output, its whole retry chain as a
+// timeline, and the Retry and Cancel buttons, which call the API and show what it answers.
+
+import { STATUSES, between, el, fill, formatSeconds, formatTime, isTerminal, render, select, statusBadge } from './dom.js';
+import { LeftPage, api, errorBox, poll } from './api.js';
+
+const EXECUTION_POLL_MS = 2000;
+
+const PAGE_SIZE = 25;
+
+const WINDOWS = [['', 'any time'], ['900', 'last 15 minutes'], ['3600', 'last hour'], ['21600', 'last 6 hours'],
+  ['86400', 'last 24 hours'], ['604800', 'last 7 days']];
+
+export async function executionsPage() {
+  const params = new URLSearchParams(location.search);
+  const status = params.get('status') || '';
+  const action = params.get('action_ref') || '';
+  const since = params.get('window') || '';
+  const offset = Math.max(0, parseInt(params.get('offset') || '0', 10) || 0);
+  const form = el('form', { class: 'filters', id: 'filters', method: 'get', action: '/ui/executions' },
+    el('label', {}, 'status ', select('status', [['', 'any']].concat(STATUSES.map((s) => [s, s])), status)),
+    el('label', {}, 'action ', el('input', { name: 'action_ref', id: 'filter-action_ref', value: action,
+      placeholder: 'pack.action', list: 'actions' })),
+    el('datalist', { id: 'actions' }),
+    el('label', {}, 'created ', select('window', WINDOWS, since)),
+    el('button', { type: 'submit', id: 'filter-apply' }, 'Apply'),
+    el('a', { href: '/ui/executions', class: 'button secondary' }, 'Clear'));
+  const results = el('section', { id: 'execution-results' }, el('p', { class: 'muted' }, 'loading…'));
+  render(el('div', { class: 'title' }, el('h1', {}, 'Executions')), form, results);
+
+  const query = new URLSearchParams({ limit: String(PAGE_SIZE), offset: String(offset) });
+  if (status) query.set('status', status);
+  if (action) query.set('action_ref', action);
+  if (since) query.set('created_after', new Date(Date.now() - 1000 * Number(since)).toISOString());
+  try {
+    const [page, workers, actions] = await Promise.all([api('GET', `/api/v1/executions?${query}`),
+      workerNames(), api('GET', '/api/v1/actions')]);
+    document.getElementById('actions').replaceChildren(
+      ...actions.map((a) => el('option', { value: a.ref })));
+    fill(results, executionTable(page, workers), pager(page, params));
+  } catch (error) {
+    if (error instanceof LeftPage) return;
+    results.replaceChildren(errorBox(error));
+  }
+}
+
+async function workerNames() {
+  const workers = await api('GET', '/api/v1/workers');
+  return new Map(workers.map((w) => [w.id, w.name]));
+}
+
+function workerLabel(names, id) {
+  if (id === null || id === undefined) return '—';
+  return names.get(id) || `#${id}`;
+}
+
+function executionLink(id, text) {
+  return el('a', { href: `/ui/executions/${encodeURIComponent(id)}` }, text || `#${id}`);
+}
+
+function executionTable(page, names) {
+  if (page.items.length === 0) return el('p', { class: 'empty', id: 'no-executions' }, 'No execution matches these filters.');
+  const rows = page.items.map((e) => el('tr', { 'data-execution': e.id, 'data-status': e.status },
+    el('td', { class: 'num' }, executionLink(e.id)),
+    el('td', {}, e.action_ref),
+    el('td', {}, statusBadge(e.status)),
+    el('td', {}, e.failure_kind || ''),
+    el('td', { class: 'num' }, `${e.retry_count} / ${e.max_retries ?? 0}`),
+    el('td', {}, e.retry_reason || ''),
+    el('td', {}, workerLabel(names, e.worker)),
+    el('td', {}, formatTime(e.created)),
+    el('td', { class: 'num' }, formatSeconds(between(e.started, e.finished)))));
+  return el('table', { class: 'grid', id: 'executions' },
+    el('thead', {}, el('tr', {}, ['id', 'action', 'status', 'failure', 'attempt / max retries', 'retry reason',
+      'worker', 'created', 'duration'].map((h) => el('th', {}, h)))),
+    el('tbody', {}, rows));
+}
+
+function pager(page, params) {
+  const link = (offset, text, id) => {
+    const next = new URLSearchParams(params);
+    next.set('offset', String(offset));
+    return el('a', { href: `/ui/executions?${next}`, class: 'button secondary', id }, text);
+  };
+  const first = page.total === 0 ? 0 : page.offset + 1;
+  const last = page.offset + page.items.length;
+  return el('div', { class: 'pager' },
+    page.offset > 0 ? link(Math.max(0, page.offset - page.limit), '← newer', 'page-prev') : null,
+    el('span', { id: 'page-range' }, `${first}–${last} of ${page.total}`),
+    last < page.total ? link(page.offset + page.limit, 'older →', 'page-next') : null);
+}
+
+export function executionPage(id) {
+  const notice = el('div', { id: 'notice' });
+  const body = el('div', { id: 'execution' }, el('p', { class: 'muted' }, 'loading…'));
+  render(notice, body);
+  let polling = false;
+  let shown = null;
+  // survives re-rendering: a cancel armed by a first click is confirmed by the second
+  const ui = { cancelArmed: false, cancelTimer: null };
+  const load = async () => {
+    const [execution, chain, names] = await Promise.all([api('GET', `/api/v1/executions/${id}`),
+      api('GET', `/api/v1/executions/${id}/chain`), workerNames()]);
+    // re-render only what changed, so a button is not replaced under the user's pointer
+    const key = JSON.stringify([execution, chain, [...names]]);
+    if (key !== shown) {
+      shown = key;
+      fill(body, executionView(execution, chain, names, { retry, cancel, ui }));
+    }
+    return chain.attempts.every((a) => isTerminal(a.status)) && isTerminal(execution.status);
+  };
+  // refreshes while anything in the chain is still moving, and stops once all of it is finished
+  const follow = () => {
+    if (polling) return;
+    polling = true;
+    poll(EXECUTION_POLL_MS, async () => {
+      if (await load()) {
+        polling = false;
+        throw new LeftPage();
+      }
+    });
+  };
+  const act = async (what, path) => {
+    notice.replaceChildren(el('p', { class: 'muted' }, `${what}…`));
+    try {
+      const result = await api('POST', path, {});
+      notice.replaceChildren(el('div', { class: 'ok', 'data-notice': what },
+        what === 'retry' ? ['Retry requested as ', executionLink(result.id, `execution #${result.id}`),
+          ` (${result.retry_reason}).`] : `Execution #${result.id} is ${result.status}.`));
+    } catch (error) {
+      if (error instanceof LeftPage) return;
+      notice.replaceChildren(errorBox(error));
+    }
+    shown = null; // render afresh, also to re-enable a button whose action the API refused
+    follow();
+    if (polling) await load().catch(() => {});
+  };
+  const retry = () => act('retry', `/api/v1/executions/${id}/retry`);
+  const cancel = () => act('cancel', `/api/v1/executions/${id}/cancel`);
+  follow();
+}
+
+function fact(label, ...value) {
+  return [el('dt', {}, label), el('dd', { 'data-fact': label }, ...value)];
+}
+
+function executionView(e, chain, names, actions) {
+  const retryButton = el('button', { type: 'button', id: 'retry', disabled: !isTerminal(e.status) || e.retried_by !== null,
+    title: e.retried_by !== null ? `already retried by #${e.retried_by}` : 'run it again as a manual retry' }, 'Retry');
+  retryButton.addEventListener('click', () => {
+    retryButton.disabled = true;
+    actions.retry();
+  });
+  const ui = actions.ui;
+  const cancelButton = el('button', { type: 'button', id: 'cancel', class: 'danger', disabled: isTerminal(e.status) },
+    ui.cancelArmed ? 'Confirm cancel' : 'Cancel');
+  // a cancel kills a running process: it takes a second click (within 5 s) to confirm
+  cancelButton.addEventListener('click', () => {
+    if (!ui.cancelArmed) {
+      ui.cancelArmed = true;
+      cancelButton.textContent = 'Confirm cancel';
+      ui.cancelTimer = setTimeout(() => {
+        ui.cancelArmed = false;
+        const current = document.getElementById('cancel');
+        if (current) current.textContent = 'Cancel';
+      }, 5000);
+      return;
+    }
+    clearTimeout(ui.cancelTimer);
+    ui.cancelArmed = false;
+    cancelButton.disabled = true;
+    actions.cancel();
+  });
+  const facts = el('dl', { class: 'facts' },
+    fact('status', statusBadge(e.status)),
+    fact('failure kind', e.failure_kind || '—'),
+    fact('error', e.error || '—'),
+    fact('exit code', e.exit_code === null ? '—' : String(e.exit_code)),
+    fact('worker', workerLabel(names, e.worker)),
+    fact('attempt', `${e.retry_count} (max retries ${e.max_retries ?? 0})`),
+    fact('retry reason', e.retry_reason || '—'),
+    fact('retry of', e.original_execution !== null ? ['#', executionLink(e.original_execution, String(e.original_execution))] : '—'),
+    fact('retried by', e.retried_by !== null ? ['#', executionLink(e.retried_by, String(e.retried_by))] : '—'),
+    fact('created', formatTime(e.created)),
+    fact('started', formatTime(e.started)),
+    fact('finished', formatTime(e.finished)),
+    fact('duration', formatSeconds(between(e.started, e.finished))),
+    e.next_attempt_at ? fact('next attempt at', formatTime(e.next_attempt_at)) : null);
+  return [
+    el('div', { class: 'title' },
+      el('h1', {}, `Execution #${e.id}`, el('span', { class: 'muted' }, ` ${e.action_ref}`)),
+      statusBadge(e.status), el('span', { class: 'spacer' }), retryButton, cancelButton),
+    el('div', { class: 'columns' },
+      el('section', {}, el('h2', {}, 'Details'), facts),
+      el('section', {}, el('h2', {}, `Retry chain (${chain.attempts.length} attempt${chain.attempts.length === 1 ? '' : 's'})`),
+        timeline(chain.attempts, e.id, names))),
+    block('Parameters', 'parameters', JSON.stringify(e.parameters, null, 2)),
+    block('Result', 'result', e.result === null ? null : JSON.stringify(e.result, null, 2)),
+    block('stdout', 'stdout', e.stdout),
+    block('stderr', 'stderr', e.stderr),
+  ];
+}
+
+function block(title, id, text) {
+  return el('section', {}, el('h2', {}, title),
+    text ? el('pre', { id }, text) : el('p', { class: 'muted', id }, 'none'));
+}
+
+function timeline(attempts, current, names) {
+  return el('ol', { class: 'timeline', id: 'chain' }, attempts.map((a) => {
+    const gap = a.retry_count === 0 && a.original_execution === null
+      ? el('div', { class: 'gap', 'data-field': 'gap' }, 'first attempt')
+      : el('div', { class: 'gap', 'data-field': 'gap' },
+        `backoff ${formatSeconds(a.backoff_secs)}`,
+        a.gap_secs !== null ? ` · waited ${formatSeconds(a.gap_secs)} before starting` : '');
+    const when = a.status === 'delayed'
+      ? el('div', { class: 'next', 'data-field': 'next' }, `next attempt at ${formatTime(a.not_before)}`)
+      : el('div', { class: 'muted' }, `${formatTime(a.started)} → ${formatTime(a.finished)}`);
+    return el('li', { class: `attempt status-${a.status}${a.id === current ? ' current' : ''}`,
+      'data-execution': a.id, 'data-attempt': a.retry_count },
+    el('div', { class: 'attempt-head' },
+      el('strong', {}, `attempt ${a.retry_count}`), ' ', executionLink(a.id), ' ', statusBadge(a.status),
+      a.id === current ? el('span', { class: 'muted' }, ' (this page)') : null),
+    el('div', { 'data-field': 'reason' }, a.retry_reason ? `reason: ${a.retry_reason}` : 'reason: —'),
+    gap,
+    el('div', { 'data-field': 'worker' }, `worker: ${workerLabel(names, a.worker)}`),
+    a.failure_kind ? el('div', { 'data-field': 'failure' },
+      `failed: ${a.failure_kind}${a.exit_code !== null ? ` (exit ${a.exit_code})` : ''}`) : null,
+    when);
+  }));
+}

@@ -1,0 +1,43 @@
+// attune dashboard: the entry point. Picks the page for the current /ui path; every page other
+// than the login form needs a token in the browser session.
+
+import { TOKEN_KEY, toLogin } from './api.js';
+import { loginPage } from './login.js';
+import { workersPage } from './workers.js';
+import { executionPage, executionsPage } from './executions.js';
+import { retriesPage } from './retries.js';
+
+function route() {
+  const path = location.pathname.replace(/\/+$/, '');
+  if (path === '/ui/login') {
+    loginPage();
+    return;
+  }
+  if (!sessionStorage.getItem(TOKEN_KEY)) {
+    toLogin(null);
+    return;
+  }
+  document.getElementById('top').hidden = false;
+  document.getElementById('logout').addEventListener('click', () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    location.assign('/ui/login');
+  });
+  const section = path.split('/')[2] || 'workers';
+  document.querySelector(`[data-nav="${section}"]`)?.classList.add('active');
+  const execution = path.match(/^\/ui\/executions\/(\d+)$/);
+  if (execution) {
+    document.title = `attune · execution #${execution[1]}`;
+    executionPage(execution[1]);
+  } else if (section === 'executions') {
+    document.title = 'attune · executions';
+    executionsPage();
+  } else if (section === 'retries') {
+    document.title = 'attune · retries';
+    retriesPage();
+  } else {
+    document.title = 'attune · workers';
+    workersPage();
+  }
+}
+
+route();

@@ -1,0 +1,68 @@
+// attune dashboard: the workers page. Every worker with its health class (colour and text),
+// queue depth, failure rate, consecutive failures, heartbeat age and runtimes, and the counts by
+// class with the quick reference's alerts; polled every few seconds.
+
+import { card, el, fill, formatClock, formatPercent, formatSeconds, healthBadge, render } from './dom.js';
+import { api, poll } from './api.js';
+
+const WORKERS_POLL_MS = 3000;
+
+export function workersPage() {
+  const updated = el('span', { class: 'muted', id: 'updated' });
+  const summary = el('section', { id: 'worker-summary' });
+  const table = el('section', { id: 'worker-table' });
+  render(el('div', { class: 'title' }, el('h1', {}, 'Workers'), updated), summary, table);
+  poll(WORKERS_POLL_MS, async () => {
+    const [workers, stats] = await Promise.all([api('GET', '/api/v1/workers'), api('GET', '/api/v1/stats/workers')]);
+    fill(summary, workerSummary(stats));
+    fill(table, workerTable(workers));
+    updated.textContent = `updated ${formatClock(new Date())} · refreshes every ${WORKERS_POLL_MS / 1000} s`;
+  });
+}
+
+function workerSummary(stats) {
+  const alerts = [];
+  if (stats.alerts.unhealthy_over_half) {
+    alerts.push(el('div', { class: 'alert', 'data-alert': 'unhealthy_over_half' },
+      'Alert: more than half of the active workers are unhealthy (threshold 50 %)'));
+  }
+  if (stats.alerts.high_average_queue_depth) {
+    alerts.push(el('div', { class: 'alert', 'data-alert': 'high_average_queue_depth' },
+      'Alert: average queue depth is above 20'));
+  }
+  const rate = stats.average_failure_rate === null ? '—' : formatPercent(100 * stats.average_failure_rate);
+  return [
+    el('div', { class: 'cards' },
+      card('healthy', String(stats.healthy), { class: 'card class-healthy', 'data-count': 'healthy' }),
+      card('degraded', String(stats.degraded), { class: 'card class-degraded', 'data-count': 'degraded' }),
+      card('unhealthy', String(stats.unhealthy), { class: 'card class-unhealthy', 'data-count': 'unhealthy' }),
+      card('active workers', String(stats.active_workers), { 'data-count': 'active' }),
+      card('average queue depth', stats.average_queue_depth === null ? '—' : stats.average_queue_depth.toFixed(1),
+        { class: stats.alerts.high_average_queue_depth ? 'card alerting' : 'card' }, 'alert above 20'),
+      card('average failure rate', rate, {}, 'active workers that ran anything')),
+    alerts,
+  ];
+}
+
+function workerTable(workers) {
+  if (workers.length === 0) return el('p', { class: 'empty' }, 'No worker has registered yet.');
+  const rows = workers.map((worker) => {
+    const health = (worker.capabilities && worker.capabilities.health) || {};
+    const total = health.total_executions || 0;
+    const failed = health.failed_executions || 0;
+    const failureRate = total > 0 ? `${((100 * failed) / total).toFixed(1)} % (${failed}/${total})` : `— (0 runs)`;
+    return el('tr', { 'data-worker': worker.name },
+      el('td', { class: 'name' }, worker.name, el('span', { class: 'muted' }, ` #${worker.id}`)),
+      el('td', {}, worker.status),
+      el('td', {}, healthBadge(worker.health)),
+      el('td', { class: 'num', 'data-field': 'queue_depth' }, String(worker.queue_depth)),
+      el('td', { class: 'num', 'data-field': 'failure_rate' }, failureRate),
+      el('td', { class: 'num', 'data-field': 'consecutive_failures' }, String(health.consecutive_failures ?? 0)),
+      el('td', { class: 'num', 'data-field': 'heartbeat_age' }, formatSeconds(worker.heartbeat_age_secs)),
+      el('td', { 'data-field': 'runtimes' }, (worker.runtimes || []).join(', ')));
+  });
+  return el('table', { class: 'grid' },
+    el('thead', {}, el('tr', {}, ['worker', 'status', 'health', 'queue depth', 'failure rate',
+      'consecutive failures', 'heartbeat age', 'runtimes'].map((h) => el('th', {}, h)))),
+    el('tbody', {}, rows));
+}
