@@ -36,6 +36,9 @@ pub struct Settings {
     pub worker_queue_ttl: Duration,
     /// `ATTUNE_TOKEN_CACHE_SECS` (10): how long a verified token is trusted without a database read.
     pub token_cache_ttl: Duration,
+    /// `ATTUNE_ACTION_CACHE_SECS` (5; 0: never): how long an action read for a submission is reused.
+    /// A pack registered through this API is seen at once; one registered elsewhere within this time.
+    pub action_cache_ttl: Duration,
 }
 
 impl Settings {
@@ -46,6 +49,7 @@ impl Settings {
             addr: env_or("ATTUNE_API_ADDR", SocketAddr::from(([0, 0, 0, 0], 8080)))?,
             worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
             token_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_TOKEN_CACHE_SECS", auth::CACHE_TTL.as_secs_f64())?),
+            action_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_ACTION_CACHE_SECS", 5.0)?),
         })
     }
 }
@@ -54,6 +58,8 @@ pub struct AppState {
     pub db: PgPool,
     /// Token hashes verified recently, with when to check them again (see `auth`).
     pub verified_tokens: std::sync::Mutex<std::collections::HashMap<Vec<u8>, std::time::Instant>>,
+    /// Actions read recently, for submissions.
+    pub actions: db::action::ActionCache,
     pub publisher: Publisher,
     pub settings: Settings,
 }
@@ -92,7 +98,8 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
     if let Err(e) = publisher.ping().await {
         tracing::warn!(error = %e, "broker not reachable yet; requests will be re-published once it is");
     }
-    Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), publisher, settings }))
+    let actions = db::action::ActionCache::new(settings.action_cache_ttl);
+    Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), actions, publisher, settings }))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -235,6 +235,11 @@ pub fn death(headers: &Option<FieldTable>) -> Option<Death> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionRequest {
     pub execution_id: i64,
+    /// The execution's action, when the sender knows it: the scheduler then picks a worker before
+    /// touching the row, and claims and assigns it in one write. Absent in requests from earlier
+    /// versions, which the scheduler claims first and reads the action from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_id: Option<i64>,
 }
 
 /// Executor → worker: run this execution.

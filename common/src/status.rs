@@ -61,7 +61,9 @@ impl ExecutionStatus {
             Requested => &[Delayed, Scheduling],
             // a redelivered request may find its own earlier claim
             Scheduling => &[Requested, Scheduling],
-            Scheduled => &[Scheduling],
+            // an executor that finds a worker with capacity at once claims and assigns in one
+            // write; one that must wait for capacity claims first (`scheduling`)
+            Scheduled => &[Requested, Scheduling],
             Running => &[Scheduled],
             Completed => &[Running],
             // the executor fails what it cannot schedule, the DLQ handler what expired in a

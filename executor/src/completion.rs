@@ -39,13 +39,16 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
         &[("status", status)],
         result.duration_ms as f64 / 1000.0,
     );
-    let recorded = match result.status {
+    // the status and failure kind recorded, if the result was not stale
+    let recorded: Option<(ExecutionStatus, Option<String>)> = match result.status {
         ResultStatus::Completed => {
             let transition = Transition::to(ExecutionStatus::Completed)
                 .from(&[ExecutionStatus::Running])
                 .owned_by(result.worker_id)
                 .outcome(&outcome);
-            db::execution::transition(&context.db, result.execution_id, &transition).await?
+            db::execution::transition_brief(&context.db, result.execution_id, &transition)
+                .await?
+                .map(|changed| (changed.status, None))
         }
         ResultStatus::Failed | ResultStatus::Timeout => {
             let reported =
@@ -55,23 +58,25 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
                     .retry_manager
                     .record_failure(&current, reported, &[ExecutionStatus::Running], Some(result.worker_id), &outcome)
                     .await?
-                    .map(|recorded| recorded.execution),
+                    .map(|recorded| (recorded.execution.status, recorded.execution.failure_kind)),
                 None => None,
             }
         }
     };
-    if recorded.is_some() {
-        context.capacity.notify_waiters();
-    }
     match recorded {
-        Some(execution) => tracing::info!(
-            execution_id = execution.id,
-            worker_id = result.worker_id,
-            status = %execution.status,
-            failure_kind = execution.failure_kind.as_deref().unwrap_or(""),
-            duration_ms = result.duration_ms,
-            "execution finished"
-        ),
+        Some((status, failure_kind)) => {
+            // one finished execution frees room for one more: wake one waiting scheduler, not
+            // all of them (each would read and rank the fleet to find it taken)
+            context.capacity.notify_one();
+            tracing::info!(
+                execution_id = result.execution_id,
+                worker_id = result.worker_id,
+                status = %status,
+                failure_kind = failure_kind.as_deref().unwrap_or(""),
+                duration_ms = result.duration_ms,
+                "execution finished"
+            )
+        }
         None => tracing::debug!(execution_id = result.execution_id, "result is stale or a duplicate"),
     }
     Ok(())

@@ -10,9 +10,14 @@
 //! counted twice for a moment, which errs on the safe side.
 //!
 //! The fleet (who is active, offering what, reporting what) is read at most every
-//! `ATTUNE_WORKER_CACHE_MS` (500 ms); the in-flight counts are read for every decision. The cost of
-//! a decision so follows the work in flight, not the number of registered workers. A worker's
-//! report is at most one heartbeat old anyway; the cache adds at most its own age to that.
+//! `ATTUNE_WORKER_CACHE_MS` (500 ms). The in-flight counts are read at most every
+//! `ATTUNE_INFLIGHT_CACHE_MS` (20 ms), one read at a time, shared by the decisions made meanwhile:
+//! under load many decisions share one read, and because every reservation released after a
+//! read began still counts for the decisions that use that read, this executor's own choices are
+//! never missed; other executors' choices and finished executions are seen up to that much later
+//! (finished ones counted too long errs on the safe side). The cost of a decision so follows the
+//! work in flight, not the number of registered workers. A worker's report is at most one
+//! heartbeat old anyway; the fleet cache adds at most its own age to that.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,11 +28,33 @@ use attune_common::health::HealthProbeConfig;
 use attune_common::selection::{self, Candidate, Ranked};
 use sqlx::PgPool;
 
+/// This executor's reservations: the ones held (decided, not yet committed) and, in the order
+/// they were released, the recently released ones. A decision counts every held one and the
+/// released ones newer than its read, walking back from the newest only as far as that read.
 #[derive(Default)]
 struct Slots {
     next_id: u64,
-    /// reservation id → (worker, when it was released)
-    slots: HashMap<u64, (i64, Option<Instant>)>,
+    /// reservation id → worker
+    held: HashMap<u64, i64>,
+    /// (when, worker), oldest first
+    released: std::collections::VecDeque<(Instant, i64)>,
+}
+
+impl Slots {
+    /// Reservations per worker that a read begun at `read_started` cannot have seen.
+    fn pending(&mut self, read_started: Instant, now: Instant, kept: Duration) -> HashMap<i64, i64> {
+        while self.released.front().is_some_and(|(at, _)| now.duration_since(*at) >= kept) {
+            self.released.pop_front();
+        }
+        let mut pending: HashMap<i64, i64> = HashMap::new();
+        for worker in self.held.values() {
+            *pending.entry(*worker).or_default() += 1;
+        }
+        for (_, worker) in self.released.iter().rev().take_while(|(at, _)| *at > read_started) {
+            *pending.entry(*worker).or_default() += 1;
+        }
+        pending
+    }
 }
 
 pub struct WorkerHealthProbe {
@@ -36,6 +63,18 @@ pub struct WorkerHealthProbe {
     slots: Arc<Mutex<Slots>>,
     fleet_ttl: Duration,
     fleet: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Candidate>>)>>,
+    inflight_ttl: Duration,
+    inflight: tokio::sync::Mutex<Option<InflightRead>>,
+}
+
+/// One read of the executions in flight per worker.
+#[derive(Clone)]
+struct InflightRead {
+    /// When the read began: reservations released after this still count.
+    started: Instant,
+    counts: Arc<HashMap<i64, i64>>,
+    /// The database's clock at the read.
+    now: chrono::DateTime<chrono::Utc>,
 }
 
 /// A decision not yet visible in the database; dropping it marks it released.
@@ -47,23 +86,59 @@ pub struct Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         let mut slots = self.slots.lock().expect("reservations poisoned");
-        if let Some(slot) = slots.slots.get_mut(&self.id) {
-            slot.1 = Some(Instant::now());
+        if let Some(worker) = slots.held.remove(&self.id) {
+            slots.released.push_back((Instant::now(), worker));
         }
     }
 }
 
-/// Released reservations older than this are forgotten (far longer than any database read).
+/// Released reservations older than this (plus the in-flight cache's age) are forgotten: far
+/// longer than any database read.
 const RELEASED_KEPT: Duration = Duration::from_secs(5);
 
 impl WorkerHealthProbe {
+    /// A probe that reads the fleet and the in-flight counts for every decision.
     pub fn new(pool: PgPool, config: HealthProbeConfig) -> Self {
-        Self::with_fleet_cache(pool, config, Duration::ZERO)
+        WorkerHealthProbe {
+            pool,
+            config,
+            slots: Arc::default(),
+            fleet_ttl: Duration::ZERO,
+            fleet: Default::default(),
+            inflight_ttl: Duration::ZERO,
+            inflight: Default::default(),
+        }
     }
 
-    /// With the fleet read at most every `fleet_ttl` (zero: for every decision).
-    pub fn with_fleet_cache(pool: PgPool, config: HealthProbeConfig, fleet_ttl: Duration) -> Self {
-        WorkerHealthProbe { pool, config, slots: Arc::default(), fleet_ttl, fleet: Default::default() }
+    /// Reads the fleet at most every `ttl`.
+    pub fn with_fleet_cache(mut self, ttl: Duration) -> Self {
+        self.fleet_ttl = ttl;
+        self
+    }
+
+    /// Reads the in-flight counts at most every `ttl`, one read at a time.
+    pub fn with_inflight_cache(mut self, ttl: Duration) -> Self {
+        self.inflight_ttl = ttl;
+        self
+    }
+
+    async fn inflight(&self) -> Result<InflightRead, sqlx::Error> {
+        let read = || async {
+            let started = Instant::now();
+            let (counts, now) = db::worker::inflight(&self.pool).await?;
+            Ok::<_, sqlx::Error>(InflightRead { started, counts: Arc::new(counts), now })
+        };
+        if self.inflight_ttl.is_zero() {
+            return read().await;
+        }
+        // held across the read: decisions arriving meanwhile wait for it and share it
+        let mut cached = self.inflight.lock().await;
+        if let Some(fresh) = cached.as_ref().filter(|r| r.started.elapsed() < self.inflight_ttl) {
+            return Ok(fresh.clone());
+        }
+        let fresh = read().await?;
+        *cached = Some(fresh.clone());
+        Ok(fresh)
     }
 
     async fn fleet(&self) -> Result<Arc<Vec<Candidate>>, sqlx::Error> {
@@ -86,20 +161,16 @@ impl WorkerHealthProbe {
     /// is eligible.
     pub async fn select_worker(&self, runtime: &str) -> Result<Option<(Ranked, Reservation)>, sqlx::Error> {
         let fleet = self.fleet().await?;
-        let read_started = Instant::now();
-        let (inflight, now) = db::worker::inflight(&self.pool).await?;
+        let inflight = self.inflight().await?;
+        let read_started = inflight.started;
+        let now = inflight.now + inflight.started.elapsed();
         // only the workers offering the runtime are candidates: copy those alone
         let mut candidates: Vec<Candidate> =
             fleet.iter().filter(|c| c.runtimes.iter().any(|r| r == runtime)).cloned().collect();
-        db::worker::add_inflight(&mut candidates, &inflight);
+        db::worker::add_inflight(&mut candidates, &inflight.counts);
         let mut slots = self.slots.lock().expect("reservations poisoned");
-        slots.slots.retain(|_, (_, released)| released.is_none_or(|at| at.elapsed() < RELEASED_KEPT));
-        let mut pending: HashMap<i64, i64> = HashMap::new();
-        for (worker, released) in slots.slots.values() {
-            if released.is_none_or(|at| at > read_started) {
-                *pending.entry(*worker).or_default() += 1;
-            }
-        }
+        // kept longer than any read in use can be old
+        let pending = slots.pending(read_started, Instant::now(), RELEASED_KEPT + self.inflight_ttl);
         for candidate in &mut candidates {
             candidate.signals.queue_depth += pending.get(&candidate.worker_id).copied().unwrap_or(0);
         }
@@ -108,7 +179,7 @@ impl WorkerHealthProbe {
         };
         slots.next_id += 1;
         let id = slots.next_id;
-        slots.slots.insert(id, (chosen.worker_id, None));
+        slots.held.insert(id, chosen.worker_id);
         Ok(Some((chosen, Reservation { id, slots: self.slots.clone() })))
     }
 }

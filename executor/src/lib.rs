@@ -47,6 +47,9 @@ pub struct Settings {
     pub worker_wait: Duration,
     /// How long the scheduler reuses its read of the fleet (`ATTUNE_WORKER_CACHE_MS`, 500).
     pub worker_cache: Duration,
+    /// How long the scheduler reuses its read of the executions in flight per worker
+    /// (`ATTUNE_INFLIGHT_CACHE_MS`, 20; see `health_probe`).
+    pub inflight_cache: Duration,
     /// How long an action read from the database is reused (`ATTUNE_ACTION_CACHE_SECS`, 5; 0: never).
     pub action_cache_ttl: Duration,
     /// How often the timeout monitor sweeps (`ATTUNE_MONITOR_INTERVAL_SECS`, 5).
@@ -70,6 +73,7 @@ impl Settings {
             requeue_after: Duration::from_secs_f64(env_or("ATTUNE_REQUEUE_AFTER_SECS", 30.0)?),
             worker_wait: Duration::from_secs_f64(env_or("ATTUNE_WORKER_WAIT_SECS", 30.0)?),
             worker_cache: Duration::from_millis(env_or("ATTUNE_WORKER_CACHE_MS", 500)?),
+            inflight_cache: Duration::from_millis(env_or("ATTUNE_INFLIGHT_CACHE_MS", 20)?),
             action_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_ACTION_CACHE_SECS", 5.0)?),
             monitor_interval: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_INTERVAL_SECS", 5.0)?),
             scheduling_timeout: Duration::from_secs_f64(env_or("ATTUNE_SCHEDULING_TIMEOUT_SECS", 30.0)?),
@@ -85,9 +89,8 @@ pub struct Context {
     pub retry_manager: retry_manager::RetryManager,
     /// Woken whenever an execution finishes: schedulers waiting for a worker look again.
     pub capacity: tokio::sync::Notify,
-    /// Actions read recently (see `scheduler::action`).
-    pub actions:
-        std::sync::Mutex<std::collections::HashMap<i64, (std::time::Instant, Arc<attune_common::db::action::Action>)>>,
+    /// Actions read recently (one read fewer per execution under steady traffic).
+    pub actions: db::action::ActionCache,
     pub publisher: Publisher,
     pub settings: Settings,
 }
@@ -99,14 +102,15 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     db::worker::store_health_config(&pool, &settings.health).await?;
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
-    let health_probe =
-        health_probe::WorkerHealthProbe::with_fleet_cache(pool.clone(), settings.health.clone(), settings.worker_cache);
+    let health_probe = health_probe::WorkerHealthProbe::new(pool.clone(), settings.health.clone())
+        .with_fleet_cache(settings.worker_cache)
+        .with_inflight_cache(settings.inflight_cache);
     let retry_manager = retry_manager::RetryManager::new(pool.clone(), settings.retry.clone());
     let context = Arc::new(Context {
         db: pool,
         health_probe,
         retry_manager,
-        actions: Default::default(),
+        actions: db::action::ActionCache::new(settings.action_cache_ttl),
         capacity: tokio::sync::Notify::new(),
         publisher,
         settings: settings.clone(),

@@ -62,11 +62,12 @@ pub async fn tick(context: &Context, judge_heartbeats: bool) -> Result<bool, cra
 /// not stop the recoveries that need only the database); database errors end it.
 async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::Error> {
     let settings = &context.settings;
-    for execution_id in db::execution::stale_requested(&context.db, settings.requeue_after.as_secs_f64(), BATCH).await?
+    for (execution_id, action_id) in
+        db::execution::stale_requested(&context.db, settings.requeue_after.as_secs_f64(), BATCH).await?
     {
         tracing::warn!(execution_id, "execution stuck in requested, re-publishing its request");
         attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", "requeued")], 1);
-        if let Err(e) = context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id }).await {
+        if let Err(e) = context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id, action_id }).await {
             tracing::warn!(execution_id, error = %e, "re-publish failed; the next pass tries again");
             break;
         }

@@ -35,10 +35,9 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
 /// One pass: promote what is due and publish it.
 pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
     let due = db::execution::promote_due_retries(&context.db, BATCH).await?;
-    for execution_id in &due {
+    for &(execution_id, action_id) in &due {
         tracing::debug!(execution_id, "retry due, requesting it");
-        if let Err(e) = context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id: *execution_id }).await
-        {
+        if let Err(e) = context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id, action_id }).await {
             tracing::warn!(execution_id, error = %e, "could not publish a due retry; the monitor will re-send it");
         }
     }

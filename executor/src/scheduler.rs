@@ -1,8 +1,7 @@
-//! Scheduling: requested → scheduling → scheduled, and the dispatch to the chosen worker.
+//! Scheduling: requested → scheduled (through scheduling when it must wait for a worker with
+//! capacity), and the dispatch to the chosen worker.
 
-use std::sync::Arc;
-
-use attune_common::db::{self, action::Action, execution::Execution, execution::Outcome, execution::Transition};
+use attune_common::db::{self, execution::Execution, execution::Outcome, execution::Transition};
 use attune_common::metrics;
 use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, Topology};
 use attune_common::pack::RetryPolicy;
@@ -15,8 +14,7 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
         Ok(request) => request,
         Err(disposition) => return disposition,
     };
-    let execution_id = request.execution_id;
-    match db::retry_while_unavailable("scheduling", || schedule(context, execution_id)).await {
+    match db::retry_while_unavailable("scheduling", || schedule(context, &request)).await {
         Ok(()) => Disposition::Ack,
         Err(e) => {
             tracing::warn!(execution_id = request.execution_id, error = %e, "scheduling failed, will be redelivered");
@@ -25,36 +23,62 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
     }
 }
 
-async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Error> {
+/// requested → scheduled in one guarded write when a worker has capacity now (the common case);
+/// otherwise requested → scheduling (the claim: this executor holds it while it waits for
+/// capacity) and later scheduling → scheduled. A request without its action (from an earlier
+/// version) is claimed first, to read the action from the row.
+async fn schedule(context: &Context, request: &ExecutionRequest) -> Result<(), crate::Error> {
     let db = &context.db;
-    let claim =
-        Transition::to(ExecutionStatus::Scheduling).from(&[ExecutionStatus::Requested, ExecutionStatus::Scheduling]);
-    let Some(execution) = db::execution::transition(db, execution_id, &claim).await? else {
-        tracing::debug!(execution_id, "request is stale or a duplicate");
-        return Ok(());
+    let execution_id = request.execution_id;
+    let mut claimed = None;
+    let action_id = match request.action_id {
+        Some(action_id) => Some(action_id),
+        None => {
+            let Some(execution) = claim(context, execution_id).await? else { return Ok(()) };
+            let action_id = execution.action;
+            claimed = Some(execution);
+            action_id
+        }
     };
-    let action = match execution.action {
-        Some(action_id) => action(context, action_id).await?,
+    let action = match action_id {
+        Some(action_id) => context.actions.get(db, action_id).await?,
         None => None,
     };
     let Some(action) = action else {
+        let Some(execution) = held(context, execution_id, claimed).await? else { return Ok(()) };
         let reason = format!("action '{}' no longer exists", execution.action_ref);
         return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::ActionNotFound, reason).await;
     };
-    let Some((chosen, reservation)) = wait_for_worker(context, &action.runtime).await? else {
-        metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", &action.runtime)], 1);
-        let reason = format!(
-            "no healthy or degraded active worker offered runtime '{}' within {:?}",
-            action.runtime, context.settings.worker_wait
-        );
-        return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::WorkerUnavailable, reason).await;
+    let chosen = match context.health_probe.select_worker(&action.runtime).await? {
+        Some(chosen) => chosen,
+        None => {
+            // every worker is busy: hold the execution while waiting for capacity
+            let Some(execution) = held(context, execution_id, claimed.take()).await? else { return Ok(()) };
+            let Some(chosen) = wait_for_worker(context, &action.runtime).await? else {
+                metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", &action.runtime)], 1);
+                let reason = format!(
+                    "no healthy or degraded active worker offered runtime '{}' within {:?}",
+                    action.runtime, context.settings.worker_wait
+                );
+                let kind = FailureKind::WorkerUnavailable;
+                return fail(context, &execution, ExecutionStatus::Scheduling, kind, reason).await;
+            };
+            claimed = Some(execution);
+            chosen
+        }
     };
-    let assign =
-        Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Scheduling]).assign_worker(chosen.worker_id);
+    let (chosen, reservation) = chosen;
+    let from: &[ExecutionStatus] = match claimed {
+        Some(_) => &[ExecutionStatus::Scheduling],
+        // a redelivered request may find an earlier claim of its own
+        None => &[ExecutionStatus::Requested, ExecutionStatus::Scheduling],
+    };
+    let assign = Transition::to(ExecutionStatus::Scheduled).from(from).assign_worker(chosen.worker_id);
     let assigned = db::execution::transition(db, execution_id, &assign).await;
     // committed (or not): the database counts it from here on
     drop(reservation);
     let Some(execution) = assigned? else {
+        tracing::debug!(execution_id, "request is stale or a duplicate");
         return Ok(());
     };
     let transient_exit_codes = action
@@ -93,6 +117,30 @@ async fn schedule(context: &Context, execution_id: i64) -> Result<(), crate::Err
     Ok(())
 }
 
+/// requested → scheduling: this executor holds the execution. `None`: the request is stale or a
+/// duplicate.
+async fn claim(context: &Context, execution_id: i64) -> Result<Option<Execution>, crate::Error> {
+    let claim =
+        Transition::to(ExecutionStatus::Scheduling).from(&[ExecutionStatus::Requested, ExecutionStatus::Scheduling]);
+    let claimed = db::execution::transition(&context.db, execution_id, &claim).await?;
+    if claimed.is_none() {
+        tracing::debug!(execution_id, "request is stale or a duplicate");
+    }
+    Ok(claimed)
+}
+
+/// The claimed execution: `claimed` if it is already, else claimed now.
+async fn held(
+    context: &Context,
+    execution_id: i64,
+    claimed: Option<Execution>,
+) -> Result<Option<Execution>, crate::Error> {
+    match claimed {
+        Some(execution) => Ok(Some(execution)),
+        None => claim(context, execution_id).await,
+    }
+}
+
 /// Backpressure: while every worker for the runtime is busy (unhealthy by queue depth) or none is
 /// there yet, the request waits here, unacknowledged (so a crash loses nothing), for up to
 /// `worker_wait`, woken whenever an execution finishes. The requests behind it stay in the queue.
@@ -119,25 +167,6 @@ async fn wait_for_worker(
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }
-}
-
-/// The action, from a short-lived cache (one read fewer per execution under steady traffic); a
-/// pack update reaches scheduling within `action_cache_ttl`.
-async fn action(context: &Context, action_id: i64) -> Result<Option<Arc<Action>>, crate::Error> {
-    let now = std::time::Instant::now();
-    if let Some((read_at, action)) = context.actions.lock().expect("action cache poisoned").get(&action_id)
-        && now.duration_since(*read_at) < context.settings.action_cache_ttl
-    {
-        return Ok(Some(action.clone()));
-    }
-    let Some(action) = db::action::get(&context.db, action_id).await? else { return Ok(None) };
-    let action = Arc::new(action);
-    let mut cache = context.actions.lock().expect("action cache poisoned");
-    if cache.len() > 10_000 {
-        cache.clear();
-    }
-    cache.insert(action_id, (now, action.clone()));
-    Ok(Some(action))
 }
 
 /// Fails an execution the executor could not get to a worker, through the RetryManager (so a

@@ -227,11 +227,8 @@ async fn a_cached_fleet_still_sees_fresh_in_flight_counts() {
     let test = TestDb::new().await;
     let pool = test.pool.clone();
     let (a, b) = (active_worker(&pool, "a").await, active_worker(&pool, "b").await);
-    let probe = WorkerHealthProbe::with_fleet_cache(
-        pool.clone(),
-        HealthProbeConfig::default(),
-        std::time::Duration::from_secs(60),
-    );
+    let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default())
+        .with_fleet_cache(std::time::Duration::from_secs(60));
     drop(probe.select_worker("shell").await.unwrap().unwrap()); // reads and caches the fleet
     // a gets three executions in flight: the next decisions go to b although the fleet is cached
     let action = action(&pool, "busy", None).await;
@@ -252,5 +249,35 @@ async fn a_cached_fleet_still_sees_fresh_in_flight_counts() {
     let fresh = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
     let (chosen, _reservation) = fresh.select_worker("shell").await.unwrap().unwrap();
     assert_eq!(chosen.worker_id, c, "an uncached probe sees the new, idle worker");
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_shared_in_flight_read_still_counts_every_choice_of_this_executor() {
+    use attune_common::health::HealthProbeConfig;
+    use attune_executor::health_probe::WorkerHealthProbe;
+    let test = TestDb::new().await;
+    let pool = test.pool.clone();
+    let (a, b) = (active_worker(&pool, "a").await, active_worker(&pool, "b").await);
+    let action = action(&pool, "busy", None).await;
+    for _ in 0..5 {
+        running_on(&pool, action, b).await;
+    }
+    let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default())
+        .with_inflight_cache(std::time::Duration::from_secs(60));
+    let (first, reservation) = probe.select_worker("shell").await.unwrap().unwrap();
+    assert_eq!((first.worker_id, first.queue_depth), (a, 0));
+    // the choice commits and its reservation is released; another executor's choice of a commits
+    running_on(&pool, action, a).await;
+    drop(reservation);
+    running_on(&pool, action, a).await;
+    // the kept read (a 0) predates both: the released reservation still counts, the other
+    // executor's choice is not seen yet
+    let (second, _held) = probe.select_worker("shell").await.unwrap().unwrap();
+    assert_eq!((second.worker_id, second.queue_depth), (a, 1));
+    // a probe that reads afresh sees both
+    let fresh = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
+    let (chosen, _reservation) = fresh.select_worker("shell").await.unwrap().unwrap();
+    assert_eq!((chosen.worker_id, chosen.queue_depth), (a, 2));
     test.drop_database().await;
 }

@@ -267,7 +267,7 @@ impl Worker {
         let _in_flight = self.health.start();
         let claim = Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(self.id);
         let claimed = db::retry_while_unavailable("claiming an execution", || {
-            db::execution::transition(&self.db, dispatch.execution_id, &claim)
+            db::execution::transition_brief(&self.db, dispatch.execution_id, &claim)
         })
         .await;
         match claimed {

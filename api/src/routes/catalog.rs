@@ -70,6 +70,7 @@ pub async fn register_pack(
             )
         })?;
     let registered = db::pack::register(&state.db, &pack).await?;
+    state.actions.clear();
     tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
     Ok((StatusCode::CREATED, Json(registered)))
 }

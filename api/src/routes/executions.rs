@@ -61,7 +61,9 @@ pub async fn create(
         let request = ManualRetry { parent, action_ref: Some(body.action_ref), parameters, config };
         return manual_retry(&state, request).await.map(|e| (StatusCode::CREATED, Json(e)));
     }
-    let action = db::action::get_by_ref(&state.db, &body.action_ref)
+    let action = state
+        .actions
+        .get_by_ref(&state.db, &body.action_ref)
         .await?
         .ok_or_else(|| ApiError::not_found("action", format!("action '{}' does not exist", body.action_ref)))?;
     let specs: params::ParamSpecs = serde_json::from_value(action.parameters.clone())
@@ -82,7 +84,7 @@ pub async fn create(
         not_before: None,
     };
     let execution = db::execution::insert(&state.db, &new).await?;
-    publish_request(&state, execution.id).await;
+    publish_request(&state, &execution).await;
     Ok((StatusCode::CREATED, Json(execution)))
 }
 
@@ -276,7 +278,7 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
     };
     tracing::info!(execution_id = execution.id, retried = parent.id, "manual retry requested");
     attune_common::metrics::increment(&attune_common::metrics::RETRIES_CREATED, &[("reason", "manual_retry")], 1);
-    publish_request(state, execution.id).await;
+    publish_request(state, &execution).await;
     Ok(execution)
 }
 
@@ -339,8 +341,9 @@ fn already_retried(parent: i64, existing: i64) -> ApiError {
 
 /// The row is the record; if this publish fails the executors' monitor re-publishes it.
 /// Waits at most 2 s for the broker: a client's submission is answered either way.
-async fn publish_request(state: &crate::AppState, execution_id: i64) {
-    let request = ExecutionRequest { execution_id };
+async fn publish_request(state: &crate::AppState, execution: &Execution) {
+    let execution_id = execution.id;
+    let request = ExecutionRequest { execution_id, action_id: execution.action };
     let publish = state.publisher.publish(REQUEST_KEY, &request);
     match tokio::time::timeout(std::time::Duration::from_secs(2), publish).await {
         Ok(Ok(())) => {}

@@ -47,3 +47,72 @@ pub async fn list(db: &PgPool, pack_ref: Option<&str>) -> Result<Vec<Action>, sq
         .fetch_all(db)
         .await
 }
+
+/// Actions read recently, by id and by ref, each reused for `ttl` (0: always read): the API's
+/// submissions and the scheduler's decisions then cost no action read under steady traffic. A pack
+/// update reaches them within `ttl`.
+pub struct ActionCache {
+    ttl: std::time::Duration,
+    entries: std::sync::Mutex<CacheEntries>,
+}
+
+#[derive(Default)]
+struct CacheEntries {
+    by_id: std::collections::HashMap<i64, (std::time::Instant, std::sync::Arc<Action>)>,
+    by_ref: std::collections::HashMap<String, (std::time::Instant, std::sync::Arc<Action>)>,
+}
+
+/// Entries kept at most (beyond it the cache starts over; real deployments have far fewer actions).
+const CACHE_CAPACITY: usize = 10_000;
+
+impl ActionCache {
+    pub fn new(ttl: std::time::Duration) -> Self {
+        ActionCache { ttl, entries: Default::default() }
+    }
+
+    pub async fn get(&self, db: &PgPool, id: i64) -> Result<Option<std::sync::Arc<Action>>, sqlx::Error> {
+        if let Some(action) = self.fresh(|entries| entries.by_id.get(&id)) {
+            return Ok(Some(action));
+        }
+        Ok(get(db, id).await?.map(|action| self.remember(action)))
+    }
+
+    pub async fn get_by_ref(
+        &self,
+        db: &PgPool,
+        action_ref: &str,
+    ) -> Result<Option<std::sync::Arc<Action>>, sqlx::Error> {
+        if let Some(action) = self.fresh(|entries| entries.by_ref.get(action_ref)) {
+            return Ok(Some(action));
+        }
+        Ok(get_by_ref(db, action_ref).await?.map(|action| self.remember(action)))
+    }
+
+    /// Forgets every action (after a pack registration, which may have changed any of them).
+    pub fn clear(&self) {
+        *self.entries.lock().expect("action cache poisoned") = CacheEntries::default();
+    }
+
+    fn fresh(
+        &self,
+        find: impl FnOnce(&CacheEntries) -> Option<&(std::time::Instant, std::sync::Arc<Action>)>,
+    ) -> Option<std::sync::Arc<Action>> {
+        let entries = self.entries.lock().expect("action cache poisoned");
+        find(&entries).filter(|(read_at, _)| read_at.elapsed() < self.ttl).map(|(_, action)| action.clone())
+    }
+
+    fn remember(&self, action: Action) -> std::sync::Arc<Action> {
+        let action = std::sync::Arc::new(action);
+        if self.ttl.is_zero() {
+            return action;
+        }
+        let now = std::time::Instant::now();
+        let mut entries = self.entries.lock().expect("action cache poisoned");
+        if entries.by_id.len() >= CACHE_CAPACITY {
+            *entries = CacheEntries::default();
+        }
+        entries.by_id.insert(action.id, (now, action.clone()));
+        entries.by_ref.insert(action.action_ref.clone(), (now, action.clone()));
+        action
+    }
+}

@@ -250,14 +250,62 @@ impl<'a> Transition<'a> {
     }
 }
 
+/// What a transition on a hot path returns instead of the whole row: enough to count it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Changed {
+    pub id: i64,
+    pub status: ExecutionStatus,
+    pub action_ref: String,
+    pub retry_count: i32,
+    pub worker: Option<i64>,
+}
+
+/// The rows a transition can return, with the columns each reads.
+pub trait TransitionRow: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin {
+    const COLUMNS: &'static str;
+    fn changed(&self) -> (ExecutionStatus, &str, i32);
+}
+
+impl TransitionRow for Execution {
+    const COLUMNS: &'static str = COLUMNS;
+    fn changed(&self) -> (ExecutionStatus, &str, i32) {
+        (self.status, &self.action_ref, self.retry_count)
+    }
+}
+
+impl TransitionRow for Changed {
+    const COLUMNS: &'static str = "id, status, action_ref, retry_count, worker";
+    fn changed(&self) -> (ExecutionStatus, &str, i32) {
+        (self.status, &self.action_ref, self.retry_count)
+    }
+}
+
 /// The only code that writes `execution.status`: one UPDATE guarded by the allowed source states
 /// (and the owning worker). `Ok(None)` means nothing matched: the message that asked for it was a
-/// duplicate or is stale, and the caller acks and drops it.
+/// duplicate or is stale, and the caller acks and drops it. Returns the whole row.
 pub async fn transition(
     db: impl PgExecutor<'_>,
     execution_id: i64,
     transition: &Transition<'_>,
 ) -> Result<Option<Execution>, sqlx::Error> {
+    transition_as(db, execution_id, transition).await
+}
+
+/// `transition`, returning only `Changed` (no parameters, output or timestamps to send and decode):
+/// for the worker's claim and the recording of a result, once per execution each.
+pub async fn transition_brief(
+    db: impl PgExecutor<'_>,
+    execution_id: i64,
+    transition: &Transition<'_>,
+) -> Result<Option<Changed>, sqlx::Error> {
+    transition_as(db, execution_id, transition).await
+}
+
+async fn transition_as<R: TransitionRow>(
+    db: impl PgExecutor<'_>,
+    execution_id: i64,
+    transition: &Transition<'_>,
+) -> Result<Option<R>, sqlx::Error> {
     for from in transition.from {
         assert!(
             ExecutionStatus::can_transition(*from, transition.to),
@@ -283,9 +331,10 @@ pub async fn transition(
             error = COALESCE($8, error), exit_code = COALESCE($9, exit_code), \
             stdout = COALESCE($10, stdout), stderr = COALESCE($11, stderr) \
          WHERE id = $1 AND status = ANY($3) AND ($5::bigint IS NULL OR worker = $5) \
-         RETURNING {COLUMNS}"
+         RETURNING {}",
+        R::COLUMNS
     );
-    let applied: Option<Execution> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let applied: Option<R> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(execution_id)
         .bind(transition.to)
         .bind(transition.from)
@@ -299,13 +348,14 @@ pub async fn transition(
         .bind(&outcome.stderr)
         .fetch_optional(db)
         .await?;
-    if let Some(execution) = &applied
-        && execution.status.is_terminal()
+    if let Some(row) = &applied
+        && let (status, action_ref, retry_count) = row.changed()
+        && status.is_terminal()
     {
         use crate::metrics::{EXECUTIONS_FINISHED, RETRIES_FINISHED, increment};
-        increment(&EXECUTIONS_FINISHED, &[("status", execution.status.as_str()), ("action", &execution.action_ref)], 1);
-        if execution.retry_count > 0 {
-            let result = if execution.status == ExecutionStatus::Completed { "succeeded" } else { "failed" };
+        increment(&EXECUTIONS_FINISHED, &[("status", status.as_str()), ("action", action_ref)], 1);
+        if retry_count > 0 {
+            let result = if status == ExecutionStatus::Completed { "succeeded" } else { "failed" };
             increment(&RETRIES_FINISHED, &[("result", result)], 1);
         }
     }
@@ -314,13 +364,14 @@ pub async fn transition(
 
 /// The batch form of `transition` for the retry timer: due `delayed` retries become `requested`.
 /// `SKIP LOCKED` lets several executors run it at once without handing out a retry twice.
-pub async fn promote_due_retries(db: &PgPool, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
+/// Returns each promoted execution's id and action.
+pub async fn promote_due_retries(db: &PgPool, limit: i64) -> Result<Vec<(i64, Option<i64>)>, sqlx::Error> {
     debug_assert!(ExecutionStatus::can_transition(ExecutionStatus::Delayed, ExecutionStatus::Requested));
-    sqlx::query_scalar(
+    sqlx::query_as(
         "UPDATE execution SET status = 'requested', updated = now() WHERE id IN ( \
             SELECT id FROM execution WHERE status = 'delayed' AND not_before <= now() \
             ORDER BY not_before LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         AND status = 'delayed' RETURNING id",
+         AND status = 'delayed' RETURNING id, action",
     )
     .bind(limit)
     .fetch_all(db)
@@ -356,13 +407,14 @@ pub async fn chain(db: &PgPool, execution_id: i64) -> Result<Vec<Execution>, sql
 
 /// Executions in `requested` older than `age`: rows whose request message may never have been
 /// published (the API crashed between commit and publish, or the broker was down). Their
-/// `updated` is touched, so each is re-published once per `age`, not on every pass.
-pub async fn stale_requested(db: &PgPool, age_secs: f64, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
-    sqlx::query_scalar(
+/// `updated` is touched, so each is re-published once per `age`, not on every pass. Returns each
+/// one's id and action.
+pub async fn stale_requested(db: &PgPool, age_secs: f64, limit: i64) -> Result<Vec<(i64, Option<i64>)>, sqlx::Error> {
+    sqlx::query_as(
         "UPDATE execution SET updated = now() WHERE id IN ( \
             SELECT id FROM execution WHERE status = 'requested' AND updated < now() - make_interval(secs => $1) \
             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-         AND status = 'requested' RETURNING id",
+         AND status = 'requested' RETURNING id, action",
     )
     .bind(age_secs)
     .bind(limit)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The full benchmark in one command (`make bench`): a release build, a fresh database
+# (`attune_bench`, dropped and recreated) and broker namespace, `attune up --workers 2` on a free
+# port, a token, then `attune bench` with any arguments given here (default: every workload). It
+# prints the table, writes docs/bench/results.json and docs/bench/latency-vs-load.svg (unless
+# --json/--plot are given), and reports the CPU time attune, PostgreSQL and RabbitMQ used per
+# completed execution over the whole run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+ensure_rust
+ensure_services
+log "building (release)"
+cargo build --release -p attune-cli --bin attune --quiet
+
+bench_db=${ATTUNE_BENCH_DB:-attune_bench}
+psql_admin -c "DROP DATABASE IF EXISTS $bench_db WITH (FORCE)" -c "CREATE DATABASE $bench_db OWNER $ATTUNE_DB_USER"
+export DATABASE_URL=postgres://$ATTUNE_DB_USER:$ATTUNE_DB_PASSWORD@$PGHOST_ADDR:$PGPORT/$bench_db
+export ATTUNE_MQ_NAMESPACE=bench$$
+export ATTUNE_PACKS_DIR=$PWD/packs
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export ATTUNE_API_ADDR=127.0.0.1:$port ATTUNE_API_URL=http://127.0.0.1:$port
+export RUST_LOG=${RUST_LOG:-info}
+
+mkdir -p target/bench
+log "starting attune (log: target/bench/up.log)"
+target/release/attune up --workers 2 >target/bench/up.log 2>&1 &
+up=$!
+cleanup() {
+    kill "$up" 2>/dev/null || true
+    wait "$up" 2>/dev/null || true
+    # the namespace's queues go with a fresh namespace next time; remove this run's
+    if command -v rabbitmqctl >/dev/null && [ "$(id -u)" = 0 ]; then
+        rabbitmqctl list_queues -q name 2>/dev/null | grep "^$ATTUNE_MQ_NAMESPACE\." |
+            while read -r q; do rabbitmqctl delete_queue "$q" >/dev/null 2>&1 || true; done
+    fi
+}
+trap cleanup EXIT
+for _ in $(seq 1 300); do
+    curl -sf "$ATTUNE_API_URL/readyz" >/dev/null 2>&1 && break
+    kill -0 "$up" 2>/dev/null || { tail -n 30 target/bench/up.log >&2; die "attune up exited"; }
+    sleep 0.2
+done
+export ATTUNE_TOKEN=$(target/release/attune token create --name bench)
+
+# CPU seconds (user + system) of every process whose command line matches, from /proc.
+cpu_of() {
+    local pattern=$1 total=0 pid ticks
+    for pid in $(pgrep -f "$pattern"); do
+        ticks=$(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
+        total=$((total + ticks))
+    done
+    echo "$total"
+}
+completed() { psql "$DATABASE_URL" -tAc "SELECT count(*) FROM execution WHERE status = 'completed'"; }
+snapshot() { echo "$(cpu_of 'attune up') $(cpu_of 'postgres') $(cpu_of 'beam.smp') $(completed)"; }
+
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(--json docs/bench/results.json --plot docs/bench/latency-vs-load.svg)
+read -r a0 p0 r0 n0 <<<"$(snapshot)"
+target/release/attune bench "${args[@]}"
+read -r a1 p1 r1 n1 <<<"$(snapshot)"
+hz=$(getconf CLK_TCK)
+awk -v a="$((a1 - a0))" -v p="$((p1 - p0))" -v r="$((r1 - r0))" -v n="$((n1 - n0))" -v hz="$hz" 'BEGIN {
+    if (n == 0) exit
+    printf "\nCPU per completed execution over the run (%d executions): attune %.2f ms, PostgreSQL %.2f ms, RabbitMQ %.2f ms, total %.2f ms\n",
+        n, 1000 * a / hz / n, 1000 * p / hz / n, 1000 * r / hz / n, 1000 * (a + p + r) / hz / n }'
