@@ -17,6 +17,12 @@ cargo build --release -p attune-cli --bin attune --quiet
 bench_db=${ATTUNE_BENCH_DB:-attune_bench}
 psql_admin -c "DROP DATABASE IF EXISTS $bench_db WITH (FORCE)" -c "CREATE DATABASE $bench_db OWNER $ATTUNE_DB_USER"
 export DATABASE_URL=postgres://$ATTUNE_DB_USER:$ATTUNE_DB_PASSWORD@$PGHOST_ADDR:$PGPORT/$bench_db
+# a broker vhost of its own (removed at the end with everything in it), where rabbitmqctl allows
+if command -v rabbitmqctl >/dev/null && [ "$(id -u)" = 0 ] && rabbitmqctl -q add_vhost "attune-bench-$$" >/dev/null 2>&1; then
+    bench_vhost=attune-bench-$$
+    rabbitmqctl -q set_permissions -p "$bench_vhost" guest '.*' '.*' '.*' >/dev/null
+    export AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/$bench_vhost
+fi
 export ATTUNE_MQ_NAMESPACE=bench$$
 export ATTUNE_PACKS_DIR=$PWD/packs
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -30,11 +36,7 @@ up=$!
 cleanup() {
     kill "$up" 2>/dev/null || true
     wait "$up" 2>/dev/null || true
-    # the namespace's queues go with a fresh namespace next time; remove this run's
-    if command -v rabbitmqctl >/dev/null && [ "$(id -u)" = 0 ]; then
-        rabbitmqctl list_queues -q name 2>/dev/null | grep "^$ATTUNE_MQ_NAMESPACE\." |
-            while read -r q; do rabbitmqctl delete_queue "$q" >/dev/null 2>&1 || true; done
-    fi
+    if [ -n "${bench_vhost:-}" ]; then rabbitmqctl -q delete_vhost "$bench_vhost" >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 for _ in $(seq 1 300); do
