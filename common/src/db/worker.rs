@@ -126,9 +126,7 @@ pub fn add_inflight(candidates: &mut [Candidate], inflight: &std::collections::H
 /// read whose cost follows the work in flight, not the size of the fleet.
 pub async fn inflight(db: &PgPool) -> Result<(std::collections::HashMap<i64, i64>, DateTime<Utc>), sqlx::Error> {
     let (now, counts): (DateTime<Utc>, Value) = sqlx::query_as(
-        "SELECT now(), COALESCE(jsonb_object_agg(worker, n), '{}') FROM \
-            (SELECT worker, count(*) AS n FROM execution \
-             WHERE status IN ('scheduled', 'running') AND worker IS NOT NULL GROUP BY worker) q",
+        "SELECT now(), COALESCE(jsonb_object_agg(worker, inflight), '{}') FROM worker_inflight_counts()",
     )
     .fetch_one(db)
     .await?;
