@@ -185,9 +185,47 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     assert_eq!(failed_ids.len(), 3, "two failed flaky attempts and core.fail");
     assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), failed_ids, "{rows:?}");
     assert!(rows.iter().all(|(_, status)| status == "failed"), "{rows:?}");
-    browser.goto(&format!("{ui}/executions?action_ref=core.echo&window=900")).await;
+    // The time window: a core.echo run moved two hours back is outside the last hour only.
+    let echoes = ids_where(&system, "action_ref = 'core.echo'").await;
+    assert_eq!(echoes.len(), 3);
+    sqlx::query("UPDATE execution SET created = now() - interval '2 hours' WHERE id = $1")
+        .bind(id(&completed[0]))
+        .execute(&system.db.pool)
+        .await
+        .unwrap();
+    let recent: Vec<i64> = echoes.iter().copied().filter(|e| *e != id(&completed[0])).collect();
+    browser.goto(&format!("{ui}/executions?action_ref=core.echo&window=3600")).await;
     browser.wait("the core.echo list", "return document.querySelector('#executions tbody tr') !== null").await;
-    assert_eq!(listed(&browser).await.len(), 3);
+    assert_eq!(listed(&browser).await.iter().map(|r| r.0).collect::<Vec<_>>(), recent);
+    browser.goto(&format!("{ui}/executions?action_ref=core.echo")).await;
+    browser.wait("the core.echo list", "return document.querySelectorAll('#executions tbody tr').length === 3").await;
+    assert_eq!(listed(&browser).await.iter().map(|r| r.0).collect::<Vec<_>>(), echoes);
+    // a window the page does not offer is ignored, not an error
+    browser.goto(&format!("{ui}/executions?action_ref=core.echo&window=abc")).await;
+    browser.wait("the core.echo list", "return document.querySelectorAll('#executions tbody tr').length === 3").await;
+
+    // Pagination: 25 a page, newest first; "older →" and "← newer" move through pages pinned to
+    // the first load, so an execution submitted meanwhile does not shift them.
+    for _ in 0..20 {
+        system.submit("core.noop", json!({})).await;
+    }
+    let all = ids_where(&system, "true").await;
+    assert!(all.len() > 25 && all.len() <= 50, "{}", all.len());
+    browser.goto(&format!("{ui}/executions")).await;
+    let first_row =
+        |id: i64| format!("return document.querySelector('#executions tbody tr')?.dataset.execution === '{id}'");
+    browser.wait("page 1", &first_row(all[0])).await;
+    assert_eq!(listed(&browser).await.iter().map(|r| r.0).collect::<Vec<_>>(), all[..25]);
+    assert_eq!(browser.text("#page-range").await, format!("1–25 of {}", all.len()));
+    system.submit("core.noop", json!({})).await;
+    browser.click("#page-next").await;
+    browser.wait("page 2", &first_row(all[25])).await;
+    assert_eq!(listed(&browser).await.iter().map(|r| r.0).collect::<Vec<_>>(), all[25..]);
+    assert_eq!(browser.text("#page-range").await, format!("26–{} of {}", all.len(), all.len()));
+    assert_eq!(browser.eval("return document.querySelector('#page-next')").await, Value::Null, "the last page");
+    browser.click("#page-prev").await;
+    browser.wait("page 1 again", &first_row(all[0])).await;
+    assert_eq!(listed(&browser).await.len(), 25);
 
     // The automatic retry chain: every attempt with its worker, reason and backoff gap.
     let last = id(chain.last().unwrap());
@@ -204,7 +242,18 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
             assert_eq!(shown[2], "reason: transient_error");
             let backoff = expected["backoff_secs"].as_f64().unwrap();
             let gap = expected["gap_secs"].as_f64().unwrap();
-            assert_eq!(shown[3], format!("backoff {backoff:.2} s · waited {gap:.2} s before starting"));
+            // "backoff 0.52 s · waited 0.61 s before starting", as the API gives them (rounded)
+            let numbers: Vec<f64> = shown[3]
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .filter(|n| !n.is_empty())
+                .map(|n| n.parse().unwrap())
+                .collect();
+            assert!(shown[3].starts_with("backoff ") && shown[3].ends_with(" s before starting"), "{}", shown[3]);
+            assert_eq!(numbers.len(), 2, "{}", shown[3]);
+            assert!((numbers[0] - backoff).abs() < 0.051 && (numbers[1] - gap).abs() < 0.051, "{}", shown[3]);
+            // the policy: 0.5 s, then 1 s, each ±20 %
+            let nominal = 0.5 * 2f64.powi(attempt as i32 - 1);
+            assert!((nominal * 0.8 - 0.01..=nominal * 1.2 + 0.01).contains(&backoff), "attempt {attempt}: {backoff}");
         }
     }
     assert_eq!(browser.text("#stdout").await.trim(), "attempt 2: done");
@@ -292,8 +341,23 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     assert_eq!(status, "canceled");
     assert_eq!(browser.eval("return document.querySelector('#cancel').disabled").await, true);
 
-    // Retries: the numbers and three charts, with the quick reference's thresholds marked.
+    // The series behind the charts: out-of-range parameters are named; its buckets add up to the
+    // window's totals.
+    for (query, parameter) in [("buckets=0", "buckets"), ("buckets=241", "buckets"), ("window_secs=0", "window_secs")] {
+        let (status, body) = system.get(&format!("/api/v1/stats/retries/series?{query}")).await;
+        assert_eq!(status, 422, "{query}: {body}");
+        assert_eq!(body["error"]["parameter"], parameter, "{query}: {body}");
+    }
     let (_, stats) = system.get("/api/v1/stats/retries?window_secs=300").await;
+    let (status, series) = system.get("/api/v1/stats/retries/series?window_secs=300&buckets=7").await;
+    assert_eq!(status, 200, "{series}");
+    let buckets = series["buckets"].as_array().unwrap();
+    assert_eq!(buckets.len(), 7);
+    let sum = |field: &str| buckets.iter().map(|b| b[field].as_i64().unwrap()).sum::<i64>();
+    assert_eq!(sum("retry_executions"), stats["retry_executions"].as_i64().unwrap(), "{series}");
+    assert_eq!(sum("original_executions"), stats["original_executions"].as_i64().unwrap(), "{series}");
+
+    // Retries: the numbers and three charts, with the quick reference's thresholds marked.
     browser.goto(&format!("{ui}/retries?window=300")).await;
     for chart in ["retry-rate", "retry-success", "retry-reasons"] {
         browser

@@ -7,6 +7,7 @@
 //! out; nothing sleeps to synchronise. A missing browser is a test failure that names the binary
 //! (there is no silent skip): `scripts/test.sh` installs `chromium` and `chromium-driver`.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -47,7 +48,9 @@ impl Browser {
             std::env::temp_dir().join(format!("attune-chromium-{}-{:x}", std::process::id(), rand::random::<u32>()));
         std::fs::create_dir_all(&profile).unwrap();
         let log = std::fs::File::create(profile.with_extension("driver.log")).unwrap();
+        // its own process group, so that chromium, its child, goes with it (see Drop)
         let driver = Command::new(&chromedriver)
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -179,6 +182,7 @@ impl Browser {
         let present = format!("return document.querySelector({selector}) !== null");
         let started = Instant::now();
         loop {
+            assert!(started.elapsed() < WAIT, "no element matching {css} could be acted on within {WAIT:?}");
             self.wait(&format!("an element matching {css}"), &present).await;
             if let Some(element) = self.find(css).await {
                 let url = format!("{}/element/{element}{suffix}", self.session);
@@ -264,10 +268,17 @@ impl Drop for Browser {
             })
             .join();
         }
+        // the whole group: chromium too, should the session not have ended in time
+        let _ = Command::new("kill").args(["-KILL", &format!("-{}", self.driver.id())]).status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
-        let _ = std::fs::remove_file(self.profile.with_extension("driver.log"));
+        let log = self.profile.with_extension("driver.log");
+        if std::thread::panicking() {
+            eprintln!("chromedriver's log is kept in {}", log.display());
+        } else {
+            let _ = std::fs::remove_file(log);
+        }
     }
 }
 

@@ -16,7 +16,13 @@ export async function executionsPage() {
   const params = new URLSearchParams(location.search);
   const status = params.get('status') || '';
   const action = params.get('action_ref') || '';
-  const since = params.get('window') || '';
+  // only the windows offered; pages after the first keep the first page's bounds (`after`, and
+  // `before` just past its newest row, by the server's clock), so rows arriving meanwhile do not
+  // shift them
+  const since = WINDOWS.some(([value]) => value && value === params.get('window')) ? params.get('window') : '';
+  const pinned = (name) => (Number.isNaN(Date.parse(params.get(name) || '')) ? null : params.get(name));
+  const before = pinned('before');
+  const after = since ? (pinned('after') || new Date(Date.now() - 1000 * Number(since)).toISOString()) : null;
   const offset = Math.max(0, parseInt(params.get('offset') || '0', 10) || 0);
   const form = el('form', { class: 'filters', id: 'filters', method: 'get', action: '/ui/executions' },
     el('label', {}, 'status ', select('status', [['', 'any']].concat(STATUSES.map((s) => [s, s])), status)),
@@ -32,13 +38,15 @@ export async function executionsPage() {
   const query = new URLSearchParams({ limit: String(PAGE_SIZE), offset: String(offset) });
   if (status) query.set('status', status);
   if (action) query.set('action_ref', action);
-  if (since) query.set('created_after', new Date(Date.now() - 1000 * Number(since)).toISOString());
+  if (before) query.set('created_before', before);
+  if (after) query.set('created_after', after);
   try {
     const [page, workers, actions] = await Promise.all([api('GET', `/api/v1/executions?${query}`),
       workerNames(), api('GET', '/api/v1/actions')]);
     document.getElementById('actions').replaceChildren(
       ...actions.map((a) => el('option', { value: a.ref })));
-    fill(results, executionTable(page, workers), pager(page, params));
+    const newest = page.items.length ? new Date(Date.parse(page.items[0].created) + 1).toISOString() : null;
+    fill(results, executionTable(page, workers), pager(page, params, { before: before || newest, after }));
   } catch (error) {
     if (error instanceof LeftPage) return;
     results.replaceChildren(errorBox(error));
@@ -77,10 +85,12 @@ function executionTable(page, names) {
     el('tbody', {}, rows));
 }
 
-function pager(page, params) {
+function pager(page, params, bounds) {
   const link = (offset, text, id) => {
     const next = new URLSearchParams(params);
     next.set('offset', String(offset));
+    if (bounds.before) next.set('before', bounds.before);
+    if (bounds.after) next.set('after', bounds.after);
     return el('a', { href: `/ui/executions?${next}`, class: 'button secondary', id }, text);
   };
   const first = page.total === 0 ? 0 : page.offset + 1;
