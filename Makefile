@@ -1,5 +1,5 @@
 # attune: the two commands that matter are `make quickstart` and `make test`.
-.PHONY: quickstart test test-chaos down build fmt lint
+.PHONY: quickstart test test-chaos bench down build fmt lint
 
 quickstart: ## set everything up, start attune, run an action through the API
 	scripts/quickstart.sh
@@ -11,6 +11,9 @@ test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, datab
 	cargo build --workspace --bins
 	cargo test -p attune-cli --test defense
 	cargo test -p attune-cli --test chaos_broker -- --ignored --test-threads=1
+
+bench: ## the full benchmark on a fresh database (a few minutes); writes docs/bench/ (ARGS=... passes options)
+	scripts/bench.sh $(ARGS)
 
 down: ## stop the attune started by quickstart
 	@if [ -f .attune/up.pid ] && kill -0 $$(cat .attune/up.pid) 2>/dev/null; then \

@@ -268,8 +268,11 @@ impl Drop for Browser {
             })
             .join();
         }
-        // the whole group: chromium too, should the session not have ended in time
-        let _ = Command::new("kill").args(["-KILL", &format!("-{}", self.driver.id())]).status();
+        // the whole group: chromium too, should the session not have ended in time. pkill -g,
+        // not `kill -KILL -<pgid>`: procps-ng 4.0.2's kill parses that as every process (signal 0
+        // to a group that does not exist succeeds), and as root it stopped PostgreSQL, RabbitMQ
+        // and everything else
+        let _ = Command::new("pkill").args(["-KILL", "-g", &self.driver.id().to_string()]).status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
