@@ -119,10 +119,11 @@ async fn a_poison_message_is_dead_lettered_after_its_delivery_limit() {
         .worker("w1", &[("ATTUNE_METRICS_ADDR", "")])
         .start()
         .await;
-    // Every claim of this one execution fails inside the database, as a bug would.
+    // Every scheduling write of this one execution (the claim, or the claim and assignment in
+    // one) fails inside the database, as a bug would.
     sqlx::raw_sql(
         "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF NEW.status = 'scheduling' AND NEW.parameters->>'message' = 'poison' THEN \
+           IF NEW.status IN ('scheduling', 'scheduled') AND NEW.parameters->>'message' = 'poison' THEN \
              RAISE EXCEPTION 'this execution cannot be scheduled'; END IF; RETURN NEW; END $$; \
          CREATE TRIGGER poison BEFORE UPDATE ON execution FOR EACH ROW EXECUTE FUNCTION poison();",
     )
