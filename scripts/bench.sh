@@ -61,10 +61,17 @@ snapshot() { echo "$(cpu_of 'attune up') $(cpu_of 'postgres') $(cpu_of 'beam.smp
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--json docs/bench/results.json --plot docs/bench/latency-vs-load.svg)
 read -r a0 p0 r0 n0 <<<"$(snapshot)"
+# the benchmark client shares the machine: its own CPU seconds (user and system) too, from the
+# shell's accounting of its finished children
+# (`times` in this shell itself: in a subshell it would count the subshell's children)
+children_cpu() { tail -n 1 "$1" | awk '{ gsub(/[ms]/, " "); print 60 * $1 + $2 + 60 * $3 + $4 }'; }
+times >target/bench/times.before
 target/release/attune bench "${args[@]}"
+times >target/bench/times.after
+client=$(awk -v a="$(children_cpu target/bench/times.before)" -v b="$(children_cpu target/bench/times.after)" 'BEGIN { print b - a }')
 read -r a1 p1 r1 n1 <<<"$(snapshot)"
 hz=$(getconf CLK_TCK)
-awk -v a="$((a1 - a0))" -v p="$((p1 - p0))" -v r="$((r1 - r0))" -v n="$((n1 - n0))" -v hz="$hz" 'BEGIN {
+awk -v a="$((a1 - a0))" -v p="$((p1 - p0))" -v r="$((r1 - r0))" -v n="$((n1 - n0))" -v hz="$hz" -v client="$client" 'BEGIN {
     if (n == 0) exit
-    printf "\nCPU per completed execution over the run (%d executions): attune %.2f ms, PostgreSQL %.2f ms, RabbitMQ %.2f ms, total %.2f ms\n",
-        n, 1000 * a / hz / n, 1000 * p / hz / n, 1000 * r / hz / n, 1000 * (a + p + r) / hz / n }'
+    printf "\nCPU per completed execution over the run (%d executions): attune %.2f ms, PostgreSQL %.2f ms, RabbitMQ %.2f ms, total %.2f ms; the benchmark client %.2f ms\n",
+        n, 1000 * a / hz / n, 1000 * p / hz / n, 1000 * r / hz / n, 1000 * (a + p + r) / hz / n, 1000 * client / n }'
