@@ -3,7 +3,8 @@
 //!
 //! Topology, with `ns` the namespace (`ATTUNE_MQ_NAMESPACE`, default `attune`):
 //! - `ns` (direct): `execution.request` → queue `ns.execution.requests` (API and retry timer to
-//!   executors), `execution.result` → `ns.execution.results` (workers to executors),
+//!   executors), `execution.result` → `ns.execution.results` (workers to executors: failures
+//!   and timeouts, for the RetryManager; workers record successes themselves),
 //!   `worker.<id>` → `ns.worker.<id>` (executor to one worker).
 //! - `ns.dlx` (topic) bound with `#` to `ns.dlq`: dead letters keep their original routing key,
 //!   which a direct exchange could not match with `#`. The executors' DLQ handler consumes it;
@@ -280,6 +281,29 @@ pub struct ExecutionResult {
     pub stdout: String,
     pub stderr: String,
     pub duration_ms: u64,
+}
+
+impl ExecutionResult {
+    /// What recording this result writes alongside the new status.
+    pub fn outcome(&self) -> crate::db::execution::Outcome {
+        crate::db::execution::Outcome {
+            result: self.result.clone(),
+            failure_kind: self.failure_kind.map(|k| k.to_string()),
+            error: self.error.clone(),
+            exit_code: self.exit_code,
+            stdout: Some(self.stdout.clone()),
+            stderr: Some(self.stderr.clone()),
+        }
+    }
+
+    /// `completed`, `failed` or `timeout`, as metrics label it.
+    pub fn status_label(&self) -> &'static str {
+        match self.status {
+            ResultStatus::Completed => "completed",
+            ResultStatus::Failed => "failed",
+            ResultStatus::Timeout => "timeout",
+        }
+    }
 }
 
 pub async fn connect(url: &str, name: &str) -> Result<Connection, MqError> {

@@ -1,7 +1,9 @@
-//! Completion: a worker's result becomes the execution's terminal state.
+//! Completion: a worker's result becomes the execution's terminal state. Workers record their
+//! successes themselves (see `attune_worker`); what arrives here are failures and timeouts, for the
+//! RetryManager, and whatever a worker could not record.
 
 use attune_common::ExecutionStatus;
-use attune_common::db::{self, execution::Outcome, execution::Transition};
+use attune_common::db;
 use attune_common::mq::{Disposition, ExecutionResult, Incoming, ResultStatus};
 
 use crate::Context;
@@ -21,32 +23,16 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 }
 
 pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), crate::Error> {
-    let outcome = Outcome {
-        result: result.result.clone(),
-        failure_kind: result.failure_kind.map(|k| k.to_string()),
-        error: result.error.clone(),
-        exit_code: result.exit_code,
-        stdout: Some(result.stdout.clone()),
-        stderr: Some(result.stderr.clone()),
-    };
-    let status = match result.status {
-        ResultStatus::Completed => "completed",
-        ResultStatus::Failed => "failed",
-        ResultStatus::Timeout => "timeout",
-    };
+    let outcome = result.outcome();
     attune_common::metrics::observe(
         &attune_common::metrics::EXECUTION_DURATION,
-        &[("status", status)],
+        &[("status", result.status_label())],
         result.duration_ms as f64 / 1000.0,
     );
     // the status and failure kind recorded, if the result was not stale
     let recorded: Option<(ExecutionStatus, Option<String>)> = match result.status {
         ResultStatus::Completed => {
-            let transition = Transition::to(ExecutionStatus::Completed)
-                .from(&[ExecutionStatus::Running])
-                .owned_by(result.worker_id)
-                .outcome(&outcome);
-            db::execution::transition_brief(&context.db, result.execution_id, &transition)
+            db::execution::complete(&context.db, result.execution_id, result.worker_id, &outcome)
                 .await?
                 .map(|changed| (changed.status, None))
         }

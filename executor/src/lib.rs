@@ -3,7 +3,8 @@
 //!
 //! - `scheduler`: claims a requested execution, ranks the workers (`common::selection`) and
 //!   dispatches to the best one's queue.
-//! - `completion`: records a worker's result with a guarded transition.
+//! - `completion`: records a worker's failure (or a success it could not record) with a guarded
+//!   transition.
 //! - `retry_manager`: records failures and creates their retries (delayed, linked).
 //! - `retry_timer`: requests delayed retries when they are due.
 //! - `dead_letters`: the DLQ handler (expired dispatches, poison messages, parking).

@@ -141,10 +141,16 @@ async fn held(
     }
 }
 
+/// How often a request waiting for capacity looks again. Workers record successes themselves, so
+/// only failures recorded by this executor can wake it sooner. A look costs no database read
+/// while the health probe's reads are fresh (`ATTUNE_INFLIGHT_CACHE_MS`, `ATTUNE_WORKER_CACHE_MS`).
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Backpressure: while every worker for the runtime is busy (unhealthy by queue depth) or none is
 /// there yet, the request waits here, unacknowledged (so a crash loses nothing), for up to
-/// `worker_wait`, woken whenever an execution finishes. The requests behind it stay in the queue.
-/// Only then is it the retriable failure `worker_unavailable`.
+/// `worker_wait`, looking again every `WAIT_POLL` and whenever this executor records a finished
+/// execution. The requests behind it stay in the queue. Only then is it the retriable failure
+/// `worker_unavailable`.
 async fn wait_for_worker(
     context: &Context,
     runtime: &str,
@@ -163,7 +169,7 @@ async fn wait_for_worker(
         }
         tokio::select! {
             _ = capacity => {}
-            _ = tokio::time::sleep(std::time::Duration::from_millis(250)) => {}
+            _ = tokio::time::sleep(WAIT_POLL) => {}
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }

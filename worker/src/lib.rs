@@ -307,16 +307,6 @@ impl Worker {
         let worker_failed =
             matches!(outcome.failure_kind, Some(FailureKind::ActionNotFound | FailureKind::WorkerUnavailable));
         self.health.finish(worker_failed, duration_ms);
-        let status = match outcome.status {
-            ResultStatus::Completed => "completed",
-            ResultStatus::Failed => "failed",
-            ResultStatus::Timeout => "timeout",
-        };
-        attune_common::metrics::increment(
-            &attune_common::metrics::ACTIONS_RUN,
-            &[("runtime", &dispatch.runtime), ("status", status)],
-            1,
-        );
         let result = ExecutionResult {
             execution_id: dispatch.execution_id,
             worker_id: self.id,
@@ -329,8 +319,56 @@ impl Worker {
             stderr: finished.stderr,
             duration_ms,
         };
+        attune_common::metrics::increment(
+            &attune_common::metrics::ACTIONS_RUN,
+            &[("runtime", &dispatch.runtime), ("status", result.status_label())],
+            1,
+        );
+        if result.status == ResultStatus::Completed && self.record_success(&result).await {
+            return Disposition::Ack;
+        }
         self.report(&result).await;
         Disposition::Ack
+    }
+
+    /// Records a success here, with the guarded transition an executor would use (running →
+    /// completed, fenced by this worker): one message, one delivery and one executor round trip
+    /// fewer per execution. Failures go to the executors as results, for the RetryManager. Waits
+    /// out a database outage; `false` (after logging) if the database refused the write for
+    /// another reason, in which case the result goes to the executors as well.
+    async fn record_success(&self, result: &ExecutionResult) -> bool {
+        let outcome = result.outcome();
+        let recorded = db::retry_while_unavailable("recording a success", || {
+            db::execution::complete(&self.db, result.execution_id, self.id, &outcome)
+        })
+        .await;
+        match recorded {
+            Ok(Some(_)) => {
+                attune_common::metrics::observe(
+                    &attune_common::metrics::EXECUTION_DURATION,
+                    &[("status", result.status_label())],
+                    result.duration_ms as f64 / 1000.0,
+                );
+                tracing::info!(
+                    execution_id = result.execution_id,
+                    worker_id = self.id,
+                    duration_ms = result.duration_ms,
+                    "execution completed"
+                );
+                true
+            }
+            Ok(None) => {
+                tracing::debug!(
+                    execution_id = result.execution_id,
+                    "execution no longer running here (canceled or taken over)"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::warn!(execution_id = result.execution_id, error = %e, "could not record the success; reporting it to the executors");
+                false
+            }
+        }
     }
 
     /// A cancel notice: stop the execution if it runs here.

@@ -362,6 +362,21 @@ async fn transition_as<R: TransitionRow>(
     Ok(applied)
 }
 
+/// running → completed for the worker that ran it, with its outcome: how a success is recorded,
+/// by that worker itself (or by an executor, for a result a worker could not record).
+pub async fn complete(
+    db: impl PgExecutor<'_>,
+    execution_id: i64,
+    worker_id: i64,
+    outcome: &Outcome,
+) -> Result<Option<Changed>, sqlx::Error> {
+    let transition = Transition::to(ExecutionStatus::Completed)
+        .from(&[ExecutionStatus::Running])
+        .owned_by(worker_id)
+        .outcome(outcome);
+    transition_brief(db, execution_id, &transition).await
+}
+
 /// The batch form of `transition` for the retry timer: due `delayed` retries become `requested`.
 /// `SKIP LOCKED` lets several executors run it at once without handing out a retry twice.
 /// Returns each promoted execution's id and action.
