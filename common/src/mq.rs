@@ -268,6 +268,17 @@ pub enum ResultStatus {
     Timeout,
 }
 
+impl ResultStatus {
+    /// `completed`, `failed` or `timeout`, as serialized and as metrics label it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResultStatus::Completed => "completed",
+            ResultStatus::Failed => "failed",
+            ResultStatus::Timeout => "timeout",
+        }
+    }
+}
+
 /// Worker → executor: how an execution ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionResult {
@@ -296,13 +307,14 @@ impl ExecutionResult {
         }
     }
 
-    /// `completed`, `failed` or `timeout`, as metrics label it.
-    pub fn status_label(&self) -> &'static str {
-        match self.status {
-            ResultStatus::Completed => "completed",
-            ResultStatus::Failed => "failed",
-            ResultStatus::Timeout => "timeout",
-        }
+    /// Counts the run time in `attune_execution_duration_seconds`, once, where the result is
+    /// recorded (by the worker for a success, by an executor otherwise).
+    pub fn observe_duration(&self) {
+        crate::metrics::observe(
+            &crate::metrics::EXECUTION_DURATION,
+            &[("status", self.status.as_str())],
+            self.duration_ms as f64 / 1000.0,
+        );
     }
 }
 
@@ -572,4 +584,16 @@ where
         let _ = connection.close(200, "shutdown".into()).await;
     }
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_status_names_match_their_serialized_form() {
+        for status in [ResultStatus::Completed, ResultStatus::Failed, ResultStatus::Timeout] {
+            assert_eq!(serde_json::to_string(&status).unwrap(), format!("\"{}\"", status.as_str()));
+        }
+    }
 }

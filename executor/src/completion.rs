@@ -24,11 +24,7 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 
 pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), crate::Error> {
     let outcome = result.outcome();
-    attune_common::metrics::observe(
-        &attune_common::metrics::EXECUTION_DURATION,
-        &[("status", result.status_label())],
-        result.duration_ms as f64 / 1000.0,
-    );
+    result.observe_duration();
     // the status and failure kind recorded, if the result was not stale
     let recorded: Option<(ExecutionStatus, Option<String>)> = match result.status {
         ResultStatus::Completed => {

@@ -321,7 +321,7 @@ impl Worker {
         };
         attune_common::metrics::increment(
             &attune_common::metrics::ACTIONS_RUN,
-            &[("runtime", &dispatch.runtime), ("status", result.status_label())],
+            &[("runtime", &dispatch.runtime), ("status", result.status.as_str())],
             1,
         );
         if result.status == ResultStatus::Completed && self.record_success(&result).await {
@@ -344,11 +344,7 @@ impl Worker {
         .await;
         match recorded {
             Ok(Some(_)) => {
-                attune_common::metrics::observe(
-                    &attune_common::metrics::EXECUTION_DURATION,
-                    &[("status", result.status_label())],
-                    result.duration_ms as f64 / 1000.0,
-                );
+                result.observe_duration();
                 tracing::info!(
                     execution_id = result.execution_id,
                     worker_id = self.id,
