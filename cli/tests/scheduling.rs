@@ -128,14 +128,26 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
     let submissions = (0..30).map(|_| system.submit("core.sleep", json!({"seconds": 0.2})));
     let ids: Vec<i64> =
         futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()).collect();
-    let mut most_in_flight = 0;
+    let (mut most_in_flight, mut most_waiting) = (0, 0);
     for id in &ids {
         let in_flight = system.count_on(w1, &["scheduled", "running"]).await;
         most_in_flight = most_in_flight.max(in_flight);
+        // a request waiting for capacity writes nothing: its execution stays `requested`
+        let (waiting, claimed): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'requested'), count(*) FILTER (WHERE status = 'scheduling') \
+             FROM execution WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(claimed, 0, "a waiting request was claimed (a commit per execution under backlog)");
+        most_waiting = most_waiting.max(waiting);
         let execution = system.wait_terminal(*id, DEADLINE).await;
         assert_eq!(execution["status"], "completed", "{execution}");
     }
     // (without backpressure: most of the 30)
     assert!(most_in_flight <= 5, "no more than the unhealthy threshold in flight: {most_in_flight}");
+    assert!(most_waiting >= 10, "most of the burst had to wait: {most_waiting}");
     system.stop().await;
 }

@@ -23,10 +23,11 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
     }
 }
 
-/// requested → scheduled in one guarded write when a worker has capacity now (the common case);
-/// otherwise requested → scheduling (the claim: this executor holds it while it waits for
-/// capacity) and later scheduling → scheduled. A request without its action (from an earlier
-/// version) is claimed first, to read the action from the row.
+/// requested → scheduled in one guarded write, as soon as a worker has capacity: at once in the
+/// common case, otherwise after waiting for capacity with the request unacknowledged (nothing is
+/// written while it waits, so a backlog costs no commits). The claim (requested → scheduling) is
+/// written only when the execution is about to fail here, and for a request without its action
+/// (from an earlier version), to read the action from the row.
 async fn schedule(context: &Context, request: &ExecutionRequest) -> Result<(), crate::Error> {
     let db = &context.db;
     let execution_id = request.execution_id;
@@ -51,10 +52,11 @@ async fn schedule(context: &Context, request: &ExecutionRequest) -> Result<(), c
     };
     let chosen = match context.health_probe.select_worker(&action.runtime).await? {
         Some(chosen) => chosen,
-        None => {
-            // every worker is busy: hold the execution while waiting for capacity
-            let Some(execution) = held(context, execution_id, claimed.take()).await? else { return Ok(()) };
-            let Some(chosen) = wait_for_worker(context, &action.runtime).await? else {
+        // every worker is busy: wait for capacity, holding the request (not the row)
+        None => match wait_for_worker(context, &action.runtime).await? {
+            Some(chosen) => chosen,
+            None => {
+                let Some(execution) = held(context, execution_id, claimed).await? else { return Ok(()) };
                 metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", &action.runtime)], 1);
                 let reason = format!(
                     "no healthy or degraded active worker offered runtime '{}' within {:?}",
@@ -62,15 +64,13 @@ async fn schedule(context: &Context, request: &ExecutionRequest) -> Result<(), c
                 );
                 let kind = FailureKind::WorkerUnavailable;
                 return fail(context, &execution, ExecutionStatus::Scheduling, kind, reason).await;
-            };
-            claimed = Some(execution);
-            chosen
-        }
+            }
+        },
     };
     let (chosen, reservation) = chosen;
     let from: &[ExecutionStatus] = match claimed {
         Some(_) => &[ExecutionStatus::Scheduling],
-        // a redelivered request may find an earlier claim of its own
+        // a request redelivered after an executor died may find that executor's claim
         None => &[ExecutionStatus::Requested, ExecutionStatus::Scheduling],
     };
     let assign = Transition::to(ExecutionStatus::Scheduled).from(from).assign_worker(chosen.worker_id);
@@ -147,9 +147,10 @@ async fn held(
 const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Backpressure: while every worker for the runtime is busy (unhealthy by queue depth) or none is
-/// there yet, the request waits here, unacknowledged (so a crash loses nothing), for up to
-/// `worker_wait`, looking again every `WAIT_POLL` and whenever this executor records a finished
-/// execution. The requests behind it stay in the queue. Only then is it the retriable failure
+/// there yet, the request waits here, unacknowledged (so a crash loses nothing: the broker
+/// delivers it again), for up to `worker_wait`, looking again every `WAIT_POLL` and whenever this
+/// executor records a finished execution. The execution stays `requested` meanwhile, and the
+/// requests behind it stay in the queue. Only then is it the retriable failure
 /// `worker_unavailable`.
 async fn wait_for_worker(
     context: &Context,
