@@ -398,8 +398,9 @@ async fn retry_mix(bench: &Arc<Bench>, count: usize, concurrency: usize) -> anyh
     Ok(measured)
 }
 
-/// Scheduling with few and with many registered workers: idle workers that heartbeat but offer a
-/// runtime nothing uses, so every scheduling decision reads and ranks them all.
+/// Scheduling with few and with many registered workers: idle workers that heartbeat, offer the
+/// workload's runtime and report a full queue (unhealthy by queue depth), so every scheduling
+/// decision ranks them all and none is ever chosen.
 async fn fleet_workload(
     bench: &Arc<Bench>,
     fleet: usize,
@@ -410,7 +411,7 @@ async fn fleet_workload(
     let few = bench.closed_loop("scheduling with the real workers only", count, concurrency, &noop).await?;
     sqlx::query(
         "INSERT INTO worker (name, status, capabilities, last_heartbeat) \
-         SELECT 'bench-idle-' || n, 'active', '{\"runtimes\": [\"bench-none\"], \"health\": {\"consecutive_failures\": 0}}', now() \
+         SELECT 'bench-idle-' || n, 'active', '{\"runtimes\": [\"builtin\"], \"health\": {\"consecutive_failures\": 0, \"queue_depth\": 1000}}', now() \
          FROM generate_series(1, $1) n ON CONFLICT (name) DO UPDATE SET status = 'active', last_heartbeat = now()",
     )
     .bind(fleet as i64)

@@ -99,7 +99,7 @@ impl HealthProbeConfig {
 }
 
 /// What the classification looks at for one worker.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HealthSignals {
     pub last_heartbeat: Option<DateTime<Utc>>,
     pub consecutive_failures: i64,

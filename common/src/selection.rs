@@ -26,6 +26,18 @@ pub struct Ranked {
     pub queue_depth: i64,
 }
 
+/// The worker as a ranked candidate, or `None` if it must not get work (unhealthy).
+fn eligible(config: &HealthProbeConfig, worker_id: i64, signals: &HealthSignals, now: DateTime<Utc>) -> Option<Ranked> {
+    let class = classify(config, signals, now);
+    (class != HealthClass::Unhealthy).then_some(Ranked { worker_id, class, queue_depth: signals.queue_depth })
+}
+
+/// The order of eligible workers: healthy before degraded, then by queue depth, then the
+/// random tie-break.
+fn order_key(ranked: &Ranked, tie: u64) -> (HealthClass, i64, u64) {
+    (ranked.class, ranked.queue_depth, tie)
+}
+
 /// Every eligible worker for `runtime`, best first. `tie_break` gives each worker id a random
 /// key so that equally good workers are chosen in varying order.
 pub fn rank(
@@ -38,17 +50,17 @@ pub fn rank(
     let mut ranked: Vec<(Ranked, u64)> = candidates
         .iter()
         .filter(|c| c.runtimes.iter().any(|r| r == runtime))
-        .map(|c| {
-            let class = classify(config, &c.signals, now);
-            (Ranked { worker_id: c.worker_id, class, queue_depth: c.signals.queue_depth }, tie_break(c.worker_id))
+        .filter_map(|c| eligible(config, c.worker_id, &c.signals, now))
+        .map(|r| {
+            let tie = tie_break(r.worker_id);
+            (r, tie)
         })
-        .filter(|(r, _)| r.class != HealthClass::Unhealthy)
         .collect();
-    ranked.sort_by_key(|(r, key)| (r.class, r.queue_depth, *key));
+    ranked.sort_by_key(|(r, tie)| order_key(r, *tie));
     ranked.into_iter().map(|(r, _)| r).collect()
 }
 
-/// The best worker, or `None` (the retriable failure `worker_unavailable`).
+/// The best worker for `runtime`, or `None` (the retriable failure `worker_unavailable`).
 pub fn select(
     config: &HealthProbeConfig,
     candidates: &[Candidate],
@@ -56,7 +68,27 @@ pub fn select(
     now: DateTime<Utc>,
     tie_break: impl FnMut(i64) -> u64,
 ) -> Option<Ranked> {
-    rank(config, candidates, runtime, now, tie_break).into_iter().next()
+    let offering = candidates.iter().filter(|c| c.runtimes.iter().any(|r| r == runtime));
+    best(config, offering.map(|c| (c.worker_id, c.signals)), now, tie_break)
+}
+
+/// The best of `workers` (each already known to offer the runtime), in the order `rank` gives,
+/// without sorting or copying the rest: one pass.
+pub fn best(
+    config: &HealthProbeConfig,
+    workers: impl IntoIterator<Item = (i64, HealthSignals)>,
+    now: DateTime<Utc>,
+    mut tie_break: impl FnMut(i64) -> u64,
+) -> Option<Ranked> {
+    workers
+        .into_iter()
+        .filter_map(|(worker_id, signals)| eligible(config, worker_id, &signals, now))
+        .map(|r| {
+            let tie = tie_break(r.worker_id);
+            (r, tie)
+        })
+        .min_by_key(|(r, tie)| order_key(r, *tie))
+        .map(|(r, _)| r)
 }
 
 #[cfg(test)]
@@ -114,4 +146,53 @@ mod tests {
         let first = select(&config, &workers, "shell", now(), |id| if id == 1 { 0 } else { 1 });
         assert_eq!(first.unwrap().worker_id, 1);
     }
+
+    /// A small deterministic generator, so that the property tests below are repeatable.
+    fn lcg(state: &mut u64) -> u64 {
+        *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *state >> 33
+    }
+
+    fn random_worker(id: i64, state: &mut u64) -> Candidate {
+        let runtimes: &[&str] = match lcg(state) % 3 {
+            0 => &["shell"],
+            1 => &["python"],
+            _ => &["shell", "python"],
+        };
+        let mut w = worker(id, (lcg(state) % 12) as i64, (lcg(state) % 120) as i64, runtimes);
+        w.signals.last_heartbeat = Some(now() - Duration::seconds((lcg(state) % 40) as i64));
+        w.signals.total_executions = (lcg(state) % 20) as i64;
+        w.signals.failed_executions = (lcg(state) % 20) as i64 % (w.signals.total_executions + 1);
+        w
+    }
+
+    #[test]
+    fn the_one_pass_choice_is_the_first_of_the_ranking() {
+        let config = HealthProbeConfig::default();
+        let mut state = 7;
+        for round in 0..500 {
+            let workers: Vec<Candidate> = (0..(round % 12)).map(|id| random_worker(id, &mut state)).collect();
+            let salt = lcg(&mut state);
+            let tie = |id: i64| (id as u64).wrapping_mul(salt) % 5;
+            for runtime in ["shell", "python", "ruby"] {
+                let ranked = rank(&config, &workers, runtime, now(), tie);
+                assert_eq!(select(&config, &workers, runtime, now(), tie), ranked.first().cloned(), "{workers:?}");
+            }
+        }
+    }
+
+    /// The executor's shortlist leaves out workers that its reads alone make unhealthy: that is
+    /// sound only because more queue depth and a later clock never make a worker's class better.
+    #[test]
+    fn more_queue_depth_and_a_later_clock_never_improve_a_class() {
+        let config = HealthProbeConfig::default();
+        let mut state = 11;
+        for _ in 0..2000 {
+            let base = random_worker(1, &mut state).signals;
+            let later = HealthSignals { queue_depth: base.queue_depth + (lcg(&mut state) % 60) as i64, ..base };
+            let then = now() + Duration::seconds((lcg(&mut state) % 40) as i64);
+            assert!(classify(&config, &later, then) >= classify(&config, &base, now()), "{base:?} → {later:?}");
+        }
+    }
 }
+

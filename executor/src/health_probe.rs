@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use attune_common::db;
-use attune_common::health::HealthProbeConfig;
+use attune_common::health::{HealthClass, HealthProbeConfig, HealthSignals, classify};
 use attune_common::selection::{self, Candidate, Ranked};
 use sqlx::PgPool;
 
@@ -65,6 +65,19 @@ pub struct WorkerHealthProbe {
     fleet: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Candidate>>)>>,
     inflight_ttl: Duration,
     inflight: tokio::sync::Mutex<Option<InflightRead>>,
+    shortlists: Mutex<Shortlists>,
+}
+
+/// Per runtime, the workers that may get work by the current fleet and in-flight reads: those
+/// offering the runtime that these reads alone do not make unhealthy. A decision adds only its
+/// pending reservations and the time passed since the reads, which can make a worker worse, never
+/// better; so it need look at these alone, and the cost of a decision follows the workers that
+/// can take work, not the size of the fleet. Rebuilt whenever either read is renewed.
+#[derive(Default)]
+struct Shortlists {
+    fleet: Option<Arc<Vec<Candidate>>>,
+    read_started: Option<Instant>,
+    by_runtime: HashMap<String, Arc<Vec<(i64, HealthSignals)>>>,
 }
 
 /// One read of the executions in flight per worker.
@@ -107,6 +120,7 @@ impl WorkerHealthProbe {
             fleet: Default::default(),
             inflight_ttl: Duration::ZERO,
             inflight: Default::default(),
+            shortlists: Default::default(),
         }
     }
 
@@ -163,23 +177,54 @@ impl WorkerHealthProbe {
         let fleet = self.fleet().await?;
         let inflight = self.inflight().await?;
         let read_started = inflight.started;
+        let shortlist = self.shortlist(runtime, &fleet, &inflight);
         let now = inflight.now + inflight.started.elapsed();
-        // only the workers offering the runtime are candidates: copy those alone
-        let mut candidates: Vec<Candidate> =
-            fleet.iter().filter(|c| c.runtimes.iter().any(|r| r == runtime)).cloned().collect();
-        db::worker::add_inflight(&mut candidates, &inflight.counts);
         let mut slots = self.slots.lock().expect("reservations poisoned");
         // kept longer than any read in use can be old
         let pending = slots.pending(read_started, Instant::now(), RELEASED_KEPT + self.inflight_ttl);
-        for candidate in &mut candidates {
-            candidate.signals.queue_depth += pending.get(&candidate.worker_id).copied().unwrap_or(0);
-        }
-        let Some(chosen) = selection::select(&self.config, &candidates, runtime, now, |_| rand::random()) else {
+        let workers = shortlist.iter().map(|(worker_id, signals)| {
+            let queue_depth = signals.queue_depth + pending.get(worker_id).copied().unwrap_or(0);
+            (*worker_id, HealthSignals { queue_depth, ..*signals })
+        });
+        let Some(chosen) = selection::best(&self.config, workers, now, |_| rand::random()) else {
             return Ok(None);
         };
         slots.next_id += 1;
         let id = slots.next_id;
         slots.held.insert(id, chosen.worker_id);
         Ok(Some((chosen, Reservation { id, slots: self.slots.clone() })))
+    }
+
+    /// The workers offering `runtime` that these reads do not make unhealthy, with their
+    /// in-flight counts (see `Shortlists`).
+    fn shortlist(
+        &self,
+        runtime: &str,
+        fleet: &Arc<Vec<Candidate>>,
+        inflight: &InflightRead,
+    ) -> Arc<Vec<(i64, HealthSignals)>> {
+        let mut shortlists = self.shortlists.lock().expect("shortlists poisoned");
+        let current = shortlists.fleet.as_ref().is_some_and(|f| Arc::ptr_eq(f, fleet))
+            && shortlists.read_started == Some(inflight.started);
+        if !current {
+            *shortlists = Shortlists {
+                fleet: Some(fleet.clone()),
+                read_started: Some(inflight.started),
+                by_runtime: HashMap::new(),
+            };
+        }
+        if let Some(shortlist) = shortlists.by_runtime.get(runtime) {
+            return shortlist.clone();
+        }
+        let shortlist: Arc<Vec<(i64, HealthSignals)>> = Arc::new(
+            fleet
+                .iter()
+                .filter(|c| c.runtimes.iter().any(|r| r == runtime))
+                .map(|c| (c.worker_id, db::worker::with_inflight(c, &inflight.counts)))
+                .filter(|(_, signals)| classify(&self.config, signals, inflight.now) != HealthClass::Unhealthy)
+                .collect(),
+        );
+        shortlists.by_runtime.insert(runtime.to_string(), shortlist.clone());
+        shortlist
     }
 }

@@ -117,9 +117,14 @@ pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
 /// finished, or what it reported if that is more.
 pub fn add_inflight(candidates: &mut [Candidate], inflight: &std::collections::HashMap<i64, i64>) {
     for candidate in candidates {
-        let dispatched = inflight.get(&candidate.worker_id).copied().unwrap_or(0);
-        candidate.signals.queue_depth = candidate.signals.queue_depth.max(dispatched);
+        candidate.signals = with_inflight(candidate, inflight);
     }
+}
+
+/// One candidate's signals with its in-flight count merged in (see `add_inflight`).
+pub fn with_inflight(candidate: &Candidate, inflight: &std::collections::HashMap<i64, i64>) -> HealthSignals {
+    let dispatched = inflight.get(&candidate.worker_id).copied().unwrap_or(0);
+    HealthSignals { queue_depth: candidate.signals.queue_depth.max(dispatched), ..candidate.signals }
 }
 
 /// Executions dispatched and not finished, per worker, with the database's clock: one indexed
