@@ -399,8 +399,8 @@ async fn retry_mix(bench: &Arc<Bench>, count: usize, concurrency: usize) -> anyh
 }
 
 /// Scheduling with few and with many registered workers: idle workers that heartbeat, offer the
-/// workload's runtime and report a full queue (unhealthy by queue depth), so every scheduling
-/// decision ranks them all and none is ever chosen.
+/// workload's runtime and report a full queue (unhealthy by queue depth), so the scheduler must
+/// weigh them all (once per in-flight read, when it builds its shortlist) and never chooses one.
 async fn fleet_workload(
     bench: &Arc<Bench>,
     fleet: usize,

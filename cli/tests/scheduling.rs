@@ -118,9 +118,12 @@ async fn a_burst_spreads_evenly_and_an_unhealthy_worker_gets_nothing_until_it_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
     // a worker with 5 executions in flight is unhealthy: the rest of the burst must wait for it
+    // (about 3 s), far longer than a `requested` row may sit before the monitor re-publishes it
     let system = System::builder()
         .env("ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED", "3")
         .env("ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY", "5")
+        .env("ATTUNE_REQUEUE_AFTER_SECS", "1.5")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.2")
         .worker("w1", &[("ATTUNE_WORKER_CONCURRENCY", "2")])
         .start()
         .await;
@@ -149,5 +152,8 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
     // (without backpressure: most of the 30)
     assert!(most_in_flight <= 5, "no more than the unhealthy threshold in flight: {most_in_flight}");
     assert!(most_waiting >= 10, "most of the burst had to wait: {most_waiting}");
+    // held requests are marked as such, so the monitor re-published none of them
+    let republished = system.log("executor").matches("re-publishing its request").count();
+    assert_eq!(republished, 0, "the monitor re-published {republished} requests that were only waiting");
     system.stop().await;
 }

@@ -53,7 +53,7 @@ async fn schedule(context: &Context, request: &ExecutionRequest) -> Result<(), c
     let chosen = match context.health_probe.select_worker(&action.runtime).await? {
         Some(chosen) => chosen,
         // every worker is busy: wait for capacity, holding the request (not the row)
-        None => match wait_for_worker(context, &action.runtime).await? {
+        None => match wait_for_worker(context, execution_id, &action.runtime).await? {
             Some(chosen) => chosen,
             None => {
                 let Some(execution) = held(context, execution_id, claimed).await? else { return Ok(()) };
@@ -151,13 +151,22 @@ const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 /// delivers it again), for up to `worker_wait`, looking again every `WAIT_POLL` and whenever this
 /// executor records a finished execution. The execution stays `requested` meanwhile, and the
 /// requests behind it stay in the queue. Only then is it the retriable failure
-/// `worker_unavailable`.
+/// `worker_unavailable`. A wait longer than a third of `requeue_after` marks the row as held
+/// every such third, so the monitor does not re-publish a request that is only waiting.
 async fn wait_for_worker(
     context: &Context,
+    execution_id: i64,
     runtime: &str,
 ) -> Result<Option<(attune_common::selection::Ranked, crate::health_probe::Reservation)>, crate::Error> {
-    let deadline = tokio::time::Instant::now() + context.settings.worker_wait;
+    let started = tokio::time::Instant::now();
+    let deadline = started + context.settings.worker_wait;
+    let keep_every = (context.settings.requeue_after / 3).max(WAIT_POLL);
+    let mut next_keep = started + keep_every;
     loop {
+        if tokio::time::Instant::now() >= next_keep {
+            db::execution::keep_requested(&context.db, execution_id).await?;
+            next_keep += keep_every;
+        }
         // registered before the check, so a completion between the two is not missed
         let capacity = context.capacity.notified();
         tokio::pin!(capacity);

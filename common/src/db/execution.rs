@@ -377,6 +377,16 @@ pub async fn complete(
     transition_brief(db, execution_id, &transition).await
 }
 
+/// Marks a `requested` execution as still held (its `updated` set to now), so that the monitor
+/// does not take it for a request whose publish was lost. No status changes.
+pub async fn keep_requested(db: &PgPool, execution_id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE execution SET updated = now() WHERE id = $1 AND status = 'requested'")
+        .bind(execution_id)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
 /// The batch form of `transition` for the retry timer: due `delayed` retries become `requested`.
 /// `SKIP LOCKED` lets several executors run it at once without handing out a retry twice.
 /// Returns each promoted execution's id and action.
