@@ -24,8 +24,8 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 }
 
 /// requested → scheduled in one guarded write, as soon as a worker has capacity: at once in the
-/// common case, otherwise after waiting for capacity with the request unacknowledged (nothing is
-/// written while it waits, so a backlog costs no commits). The claim (requested → scheduling) is
+/// common case, otherwise after waiting for capacity with the request unacknowledged (a wait
+/// writes nothing unless it is long, so a backlog costs no commits). The claim (requested → scheduling) is
 /// written only when the execution is about to fail here, and for a request without its action
 /// (from an earlier version), to read the action from the row.
 async fn schedule(context: &Context, request: &ExecutionRequest) -> Result<(), crate::Error> {
