@@ -65,12 +65,22 @@ pub const PARKED_MESSAGES: Metric = Metric {
 };
 pub const MONITOR_RECOVERIES: Metric = Metric {
     name: "attune_monitor_recoveries_total",
-    help: "Executions the timeout monitor failed or re-published, by failure kind (requeued for re-published requests).",
+    help: "Executions the timeout monitor failed or handed back to waiting, by failure kind (handed_back for lost dispatches).",
     kind: Kind::Counter,
 };
 pub const WORKER_UNAVAILABLE: Metric = Metric {
     name: "attune_scheduling_no_worker_total",
     help: "Scheduling attempts that found no eligible worker, by runtime.",
+    kind: Kind::Counter,
+};
+pub const DISPATCHES: Metric = Metric {
+    name: "attune_dispatches_total",
+    help: "Dispatches an executor published to a worker (more than one per execution only when work went back to waiting).",
+    kind: Kind::Counter,
+};
+pub const HANDED_BACK: Metric = Metric {
+    name: "attune_handed_back_total",
+    help: "Executions that went back to waiting without having started, with no retry spent, by who handed them back (executor: the dispatch could not be sent; worker: it was stopping; monitor: the dispatch was lost).",
     kind: Kind::Counter,
 };
 
@@ -134,7 +144,7 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 13] = [
+const ALL: [&Metric; 15] = [
     &EXECUTIONS_FINISHED,
     &RETRIES_CREATED,
     &RETRIES_FINISHED,
@@ -145,6 +155,8 @@ const ALL: [&Metric; 13] = [
     &PARKED_MESSAGES,
     &MONITOR_RECOVERIES,
     &WORKER_UNAVAILABLE,
+    &DISPATCHES,
+    &HANDED_BACK,
     &ACTIONS_RUN,
     &BROKER_PUBLISHES,
     &BROKER_DELIVERIES,

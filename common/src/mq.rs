@@ -13,10 +13,14 @@
 //!
 //! Every queue is a durable quorum queue with `x-delivery-limit`, so a message that keeps failing
 //! is dead-lettered instead of redelivered forever. Worker queues also carry a message TTL: work
-//! stranded on a dead worker expires into the dead-letter queue. A worker queue's name carries its
-//! TTL (`ns.worker.<id>.ttl<secs>`): RabbitMQ refuses to redeclare a queue with other arguments,
-//! so a changed `ATTUNE_WORKER_QUEUE_TTL_SECS` makes a new queue, and the worker unbinds the old
-//! one (whose messages still expire into the dead-letter queue) and deletes it once empty.
+//! stranded on a dead worker expires into the dead-letter queue. A worker queue also expires
+//! itself (`x-expires`, twice the TTL plus a minute, so that every message in it has expired into
+//! the dead-letter queue first) once nothing has consumed from it that long: restarted workers
+//! under new names leak no queues. A worker that stops gracefully deletes its queue itself. A
+//! worker queue's name carries its TTL (`ns.worker.<id>.ttl<secs>.q2`): RabbitMQ refuses to
+//! redeclare a queue with other arguments, so a changed `ATTUNE_WORKER_QUEUE_TTL_SECS` (or an
+//! earlier version's queue, without expiry) makes a new queue, and the worker unbinds the old one
+//! (whose messages still expire into the dead-letter queue) and deletes it once empty.
 
 use std::future::Future;
 use std::time::Duration;
@@ -84,7 +88,12 @@ impl Topology {
         format!("{}.dlq", self.namespace)
     }
     pub fn worker_queue(&self, worker_id: i64) -> String {
-        format!("{}.worker.{worker_id}.ttl{}", self.namespace, self.worker_queue_ttl.as_secs())
+        format!("{}.worker.{worker_id}.ttl{}.q2", self.namespace, self.worker_queue_ttl.as_secs())
+    }
+    /// How long a worker queue nobody consumes from lives on: long enough for every message in it
+    /// to have expired into the dead-letter queue (see the module's documentation).
+    pub fn worker_queue_expiry(&self) -> Duration {
+        self.worker_queue_ttl * 2 + Duration::from_secs(60)
     }
     pub fn parked_queue(&self) -> String {
         format!("{}.parked", self.namespace)
@@ -195,9 +204,10 @@ impl Topology {
         Ok(true)
     }
 
-    /// Declares one worker's queue, with the message TTL.
+    /// Declares one worker's queue, with the message TTL and the queue's own expiry.
     pub async fn declare_worker_queue(&self, channel: &Channel, worker_id: i64) -> Result<(), MqError> {
-        let args = self.quorum_args(Some(self.worker_queue_ttl));
+        let mut args = self.quorum_args(Some(self.worker_queue_ttl));
+        args.insert("x-expires".into(), AMQPValue::LongLongInt(self.worker_queue_expiry().as_millis() as i64));
         self.declare_queue(channel, &self.worker_queue(worker_id), &Self::worker_key(worker_id), args).await
     }
 }
@@ -430,6 +440,32 @@ impl Publisher {
         result
     }
 
+    /// Unbinds a worker's queue from the exchange: a dispatch published to the worker from now on
+    /// is unroutable (its sender puts the execution back to waiting), while what the queue holds
+    /// is still delivered. A stopping worker does this first.
+    pub async fn unbind_worker_queue(&self, worker_id: i64) -> Result<(), MqError> {
+        let channel = self.channel().await?;
+        channel
+            .queue_unbind(
+                self.topology.worker_queue(worker_id).as_str().into(),
+                self.topology.exchange().as_str().into(),
+                Topology::worker_key(worker_id).as_str().into(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// How many messages wait in `queue` (not counting those delivered and unsettled).
+    pub async fn queue_length(&self, queue: &str) -> Result<u32, MqError> {
+        let connection = connect(&self.url, &format!("{}-inspect", self.name)).await?;
+        let channel = connection.create_channel().await?;
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        let result = channel.queue_declare(queue.into(), passive, FieldTable::default()).await;
+        let _ = connection.close(200, "done".into()).await;
+        Ok(result?.message_count())
+    }
+
     /// Declares a worker's queue through the publisher's channel.
     pub async fn declare_worker_queue(&self, worker_id: i64) -> Result<(), MqError> {
         let channel = self.channel().await?;
@@ -455,6 +491,10 @@ pub struct Incoming {
     pub redelivered: bool,
     pub routing_key: String,
     pub headers: Option<FieldTable>,
+    /// Fires when the channel this delivery came on is lost: it can no longer be settled, and the
+    /// broker delivers it again on a new channel, so a handler that has not started the work
+    /// stops.
+    pub channel_lost: CancellationToken,
 }
 
 impl Incoming {
@@ -481,6 +521,8 @@ pub struct ConsumerSpec {
     pub fanout: Option<String>,
     /// How long in-flight handlers may run on after shutdown is requested.
     pub drain: Duration,
+    /// Told whether the consumer is up (true once it consumes, false when its channel is lost).
+    pub consuming: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 /// Consumes `spec.queue` until `shutdown` fires, running `handler` for up to `prefetch`
@@ -542,6 +584,10 @@ where
         )
         .await?;
     tracing::info!(queue = %spec.queue, "consuming");
+    if let Some(consuming) = &spec.consuming {
+        consuming.send_replace(true);
+    }
+    let channel_lost = CancellationToken::new();
     let tracker = TaskTracker::new();
     let outcome = loop {
         let delivery = tokio::select! {
@@ -554,12 +600,14 @@ where
             None => break Err(MqError::ConsumerEnded),
         };
         let handler = handler.clone();
+        let channel_lost = channel_lost.clone();
         tracker.spawn(async move {
             let incoming = Incoming {
                 data: delivery.data.clone(),
                 redelivered: delivery.redelivered,
                 routing_key: delivery.routing_key.to_string(),
                 headers: delivery.properties.headers().clone(),
+                channel_lost,
             };
             let result = match handler(incoming).await {
                 Disposition::Ack => delivery.acker.ack(BasicAckOptions::default()).await,
@@ -576,6 +624,12 @@ where
     };
     // Stop taking work, then let in-flight handlers finish (and settle) before the channel closes.
     tracker.close();
+    if let Some(consuming) = &spec.consuming {
+        consuming.send_replace(false);
+    }
+    if outcome.is_err() {
+        channel_lost.cancel();
+    }
     if outcome.is_ok() {
         let _ = channel.basic_cancel(spec.name.as_str().into(), lapin::options::BasicCancelOptions::default()).await;
         if tokio::time::timeout(spec.drain, tracker.wait()).await.is_err() {

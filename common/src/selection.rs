@@ -6,6 +6,11 @@
 //! burst. The queue depth counts what this system dispatched to the worker and has not seen
 //! finish (or the worker's own report, if higher), so a burst between two heartbeats spreads out
 //! instead of piling onto one worker.
+//!
+//! Capacity is not health: a worker gets work only while it has a free slot (its concurrency
+//! plus a small look-ahead, minus what was dispatched to it and has not finished). Among the
+//! workers with a free slot the order above applies; `plan` places a batch of waiting
+//! executions one slot at a time in that order.
 
 use chrono::{DateTime, Utc};
 
@@ -17,6 +22,15 @@ pub struct Candidate {
     pub name: String,
     pub runtimes: Vec<String>,
     pub signals: HealthSignals,
+    /// How many executions it takes at once, started or not (`None`: it does not say, and only
+    /// its health bounds it).
+    pub slots: Option<i64>,
+}
+
+impl Candidate {
+    pub fn offers(&self, runtime: &str) -> bool {
+        self.runtimes.iter().any(|r| r == runtime)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +105,53 @@ pub fn best(
         .map(|(r, _)| r)
 }
 
+/// Whether a worker would take work if it had room: healthy or degraded by every signal but how
+/// busy it is. A request waits (rather than fails) while a worker offering its runtime could.
+pub fn could_take_work(config: &HealthProbeConfig, signals: &HealthSignals, now: DateTime<Utc>) -> bool {
+    classify(config, &HealthSignals { queue_depth: 0, ..*signals }, now) != HealthClass::Unhealthy
+}
+
+/// A worker offering the runtime, with its signals and how many more executions it has room for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Room {
+    pub worker_id: i64,
+    pub signals: HealthSignals,
+    pub free: i64,
+}
+
+/// Places up to `limit` executions, one at a time, each on the best worker (in `rank`'s order)
+/// that still has a free slot, counting what this plan already gave it in its queue depth.
+/// Returns the chosen worker of each placement, in order; shorter than `limit` when the room
+/// runs out.
+pub fn plan(
+    config: &HealthProbeConfig,
+    mut rooms: Vec<Room>,
+    limit: usize,
+    now: DateTime<Utc>,
+    mut tie_break: impl FnMut(i64) -> u64,
+) -> Vec<i64> {
+    let mut placed = Vec::new();
+    while placed.len() < limit {
+        let best = rooms
+            .iter()
+            .enumerate()
+            .filter(|(_, room)| room.free > 0)
+            .filter_map(|(i, room)| eligible(config, room.worker_id, &room.signals, now).map(|r| (i, r)))
+            .map(|(i, r)| {
+                let tie = tie_break(r.worker_id);
+                (i, r, tie)
+            })
+            .min_by_key(|(_, r, tie)| order_key(r, *tie))
+            .map(|(i, _, _)| i);
+        let Some(i) = best else { break };
+        let room = &mut rooms[i];
+        room.free -= 1;
+        room.signals.queue_depth += 1;
+        placed.push(room.worker_id);
+    }
+    placed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +173,7 @@ mod tests {
                 failed_executions: 0,
                 queue_depth,
             },
+            slots: None,
         }
     }
 
@@ -193,5 +255,43 @@ mod tests {
             let then = now() + Duration::seconds((lcg(&mut state) % 40) as i64);
             assert!(classify(&config, &later, then) >= classify(&config, &base, now()), "{base:?} → {later:?}");
         }
+    }
+
+    fn room(id: i64, consecutive_failures: i64, queue_depth: i64, free: i64) -> Room {
+        Room { worker_id: id, signals: worker(id, consecutive_failures, queue_depth, &["shell"]).signals, free }
+    }
+
+    #[test]
+    fn a_plan_fills_free_slots_only_and_never_more() {
+        let config = HealthProbeConfig::default();
+        // worker 1 is full, 2 has two slots, 3 has one
+        let rooms = vec![room(1, 0, 4, 0), room(2, 0, 2, 2), room(3, 0, 3, 1)];
+        let placed = plan(&config, rooms.clone(), 10, now(), |_| 0);
+        let count = |id| placed.iter().filter(|w| **w == id).count();
+        assert_eq!((placed.len(), count(1), count(2), count(3)), (3, 0, 2, 1), "{placed:?}");
+        assert_eq!(plan(&config, rooms, 2, now(), |_| 0).len(), 2, "the limit bounds the plan");
+    }
+
+    #[test]
+    fn a_plan_keeps_the_seed_order_among_workers_with_room() {
+        let config = HealthProbeConfig::default();
+        // healthy by queue depth, then degraded; unhealthy never, room or not
+        let rooms = vec![room(4, 10, 0, 5), room(3, 3, 0, 5), room(2, 0, 20, 1), room(1, 0, 5, 1)];
+        assert_eq!(plan(&config, rooms, 10, now(), |_| 0), vec![1, 2, 3, 3, 3, 3, 3]);
+    }
+
+    #[test]
+    fn a_plan_spreads_a_batch_by_queue_depth() {
+        let config = HealthProbeConfig::default();
+        let rooms = vec![room(1, 0, 0, 8), room(2, 0, 0, 8)];
+        let placed = plan(&config, rooms, 8, now(), |id| id as u64);
+        assert_eq!(placed.iter().filter(|w| **w == 1).count(), 4, "{placed:?}");
+    }
+
+    #[test]
+    fn a_busy_worker_could_take_work_and_a_failing_one_could_not() {
+        let config = HealthProbeConfig::default();
+        assert!(could_take_work(&config, &worker(1, 0, 500, &["shell"]).signals, now()));
+        assert!(!could_take_work(&config, &worker(1, 10, 0, &["shell"]).signals, now()));
     }
 }

@@ -57,12 +57,14 @@ impl ExecutionStatus {
     pub fn allowed_from(self) -> &'static [ExecutionStatus] {
         match self {
             // the retry timer promotes a due delayed retry; the timeout monitor re-requests a
-            // claim that an executor abandoned mid-way
-            Requested => &[Delayed, Scheduling],
+            // claim that an executor abandoned mid-way; work that never started goes back to
+            // waiting (a dispatch that could not be sent, a stopping worker's hand-back, a
+            // dispatch lost with its queue), without spending a retry
+            Requested => &[Delayed, Scheduling, Scheduled],
             // a redelivered request may find its own earlier claim
             Scheduling => &[Requested, Scheduling],
-            // an executor that finds a worker with capacity at once claims and assigns in one
-            // write; one that must wait for capacity claims first (`scheduling`)
+            // an executor claims waiting requests for the workers with free slots (one write);
+            // a `scheduling` claim left by an earlier version is assigned the same way
             Scheduled => &[Requested, Scheduling],
             Running => &[Scheduled],
             Completed => &[Running],

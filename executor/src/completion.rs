@@ -47,9 +47,8 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
     };
     match recorded {
         Some((status, failure_kind)) => {
-            // one finished execution frees room for one more: wake one waiting scheduler, not
-            // all of them (each would read and rank the fleet to find it taken)
-            context.capacity.notify_one();
+            // one finished execution frees a slot: the scheduler looks again
+            context.waiting.wake();
             tracing::info!(
                 execution_id = result.execution_id,
                 worker_id = result.worker_id,

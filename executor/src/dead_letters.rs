@@ -2,8 +2,9 @@
 //!
 //! - A dispatch that **expired** in a worker queue (the worker did not take it within the queue's
 //!   TTL) fails its execution as `queue_timeout` — only if it is still `scheduled` on that worker
-//!   — and the RetryManager decides about a retry. The worker is marked inactive: expired work is
-//!   evidence it is not consuming (a live worker re-activates itself with its next heartbeat).
+//!   — and the RetryManager decides about a retry. The worker is marked inactive only if its
+//!   heartbeat is stale too: a worker that heartbeats keeps its place (its heartbeat says whether
+//!   its consumer is up, and the scheduler skips it while it is not).
 //! - A request or dispatch dead-lettered after its **delivery limit** (it failed processing every
 //!   time) fails its execution as `poison_message`, with the reason; it is not retried.
 //! - A result dead-lettered after its delivery limit is parked and its execution failed as
@@ -78,9 +79,7 @@ async fn expired_dispatch(context: &Context, dispatch: &Dispatch, worker_id: i64
         tracing::debug!(execution_id, worker_id, status = %current.status, "expired dispatch is stale");
         return Ok(());
     }
-    sqlx::query("UPDATE worker SET status = 'inactive', updated = now() WHERE id = $1 AND status = 'active'")
-        .bind(worker_id)
-        .execute(&context.db)
+    db::worker::deactivate_if_silent(&context.db, worker_id, context.settings.health.heartbeat_max_age_secs as f64)
         .await?;
     let outcome = Outcome {
         failure_kind: Some(FailureKind::QueueTimeout.to_string()),

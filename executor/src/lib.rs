@@ -1,8 +1,8 @@
 //! attune-executor: turns execution requests into dispatches to workers, and worker results into
 //! recorded outcomes.
 //!
-//! - `scheduler`: claims a requested execution, ranks the workers (`common::selection`) and
-//!   dispatches to the best one's queue.
+//! - `scheduler`: places waiting requests on workers with a free slot (`common::selection`),
+//!   per runtime, oldest first, and dispatches them to those workers' queues.
 //! - `completion`: records a worker's failure (or a success it could not record) with a guarded
 //!   transition.
 //! - `retry_manager`: records failures and creates their retries (delayed, linked).
@@ -38,18 +38,18 @@ pub struct Settings {
     pub retry: RetryConfig,
     /// How often the retry timer looks for due retries (`ATTUNE_RETRY_POLL_MS`, 100).
     pub retry_poll: Duration,
-    /// Requests handled concurrently by one executor (`ATTUNE_EXECUTOR_PREFETCH`, 64).
+    /// Messages handled concurrently by each of the executor's consumers
+    /// (`ATTUNE_EXECUTOR_PREFETCH`, 64).
     pub prefetch: u16,
     pub worker_queue_ttl: Duration,
-    /// A `requested` execution this old is re-published (`ATTUNE_REQUEUE_AFTER_SECS`, 30).
-    pub requeue_after: Duration,
-    /// How long a request waits for a worker with capacity before it fails as `worker_unavailable`
-    /// (`ATTUNE_WORKER_WAIT_SECS`, 30).
+    /// A request fails as `worker_unavailable` only when no active worker that could take work
+    /// has offered its runtime for this long (`ATTUNE_WORKER_WAIT_SECS`, 30). While one does, a
+    /// request waits as long as it takes.
     pub worker_wait: Duration,
     /// How long the scheduler reuses its read of the fleet (`ATTUNE_WORKER_CACHE_MS`, 500).
     pub worker_cache: Duration,
-    /// How long the scheduler reuses its read of the executions in flight per worker
-    /// (`ATTUNE_INFLIGHT_CACHE_MS`, 20; see `health_probe`).
+    /// How often the scheduler looks again, re-reading the executions in flight per worker,
+    /// while requests wait for room (`ATTUNE_INFLIGHT_CACHE_MS`, 10; at least 5).
     pub inflight_cache: Duration,
     /// How long an action read from the database is reused (`ATTUNE_ACTION_CACHE_SECS`, 5; 0: never).
     pub action_cache_ttl: Duration,
@@ -71,10 +71,9 @@ impl Settings {
             retry_poll: Duration::from_millis(env_or("ATTUNE_RETRY_POLL_MS", 100)?),
             prefetch: env_or("ATTUNE_EXECUTOR_PREFETCH", 64)?,
             worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
-            requeue_after: Duration::from_secs_f64(env_or("ATTUNE_REQUEUE_AFTER_SECS", 30.0)?),
             worker_wait: Duration::from_secs_f64(env_or("ATTUNE_WORKER_WAIT_SECS", 30.0)?),
             worker_cache: Duration::from_millis(env_or("ATTUNE_WORKER_CACHE_MS", 500)?),
-            inflight_cache: Duration::from_millis(env_or("ATTUNE_INFLIGHT_CACHE_MS", 20)?),
+            inflight_cache: Duration::from_millis(env_or::<u64>("ATTUNE_INFLIGHT_CACHE_MS", 10)?.max(5)),
             action_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_ACTION_CACHE_SECS", 5.0)?),
             monitor_interval: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_INTERVAL_SECS", 5.0)?),
             scheduling_timeout: Duration::from_secs_f64(env_or("ATTUNE_SCHEDULING_TIMEOUT_SECS", 30.0)?),
@@ -88,8 +87,8 @@ pub struct Context {
     pub db: PgPool,
     pub health_probe: health_probe::WorkerHealthProbe,
     pub retry_manager: retry_manager::RetryManager,
-    /// Woken whenever an execution finishes: schedulers waiting for a worker look again.
-    pub capacity: tokio::sync::Notify,
+    /// The runtimes that may have waiting requests, and the scheduler's wake-up.
+    pub waiting: scheduler::Waiting,
     /// Actions read recently (one read fewer per execution under steady traffic).
     pub actions: db::action::ActionCache,
     pub publisher: Publisher,
@@ -104,15 +103,14 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
     let health_probe = health_probe::WorkerHealthProbe::new(pool.clone(), settings.health.clone())
-        .with_fleet_cache(settings.worker_cache)
-        .with_inflight_cache(settings.inflight_cache);
+        .with_fleet_cache(settings.worker_cache);
     let retry_manager = retry_manager::RetryManager::new(pool.clone(), settings.retry.clone());
     let context = Arc::new(Context {
         db: pool,
         health_probe,
         retry_manager,
         actions: db::action::ActionCache::new(settings.action_cache_ttl),
-        capacity: tokio::sync::Notify::new(),
+        waiting: Default::default(),
         publisher,
         settings: settings.clone(),
     });
@@ -128,6 +126,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         worker_queue: None,
         fanout: None,
         drain: Duration::from_secs(10),
+        consuming: None,
     };
     let scheduler = {
         let context = context.clone();
@@ -150,9 +149,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             async move { dead_letters::handle(&context, incoming).await }
         })
     };
+    let dispatcher = scheduler::run(context.clone(), shutdown.clone());
     let monitor = monitor::run(context.clone(), shutdown.clone());
     let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
-    tokio::join!(scheduler, completion, dead_letters, monitor, retry_timer);
+    tokio::join!(scheduler, dispatcher, completion, dead_letters, monitor, retry_timer);
     tracing::info!("executor stopped");
     Ok(())
 }

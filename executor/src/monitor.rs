@@ -2,9 +2,13 @@
 //! by a PostgreSQL advisory lock, that finds what the message flow lost and puts it right.
 //!
 //! Each pass:
-//! - re-publishes executions left in `requested` (a publish that never happened);
-//! - fails executions stuck in `scheduling` (as `worker_unavailable`) or `scheduled` (as
-//!   `queue_timeout`, after the queue TTL plus a grace period);
+//! - fails executions stuck in `scheduling` (a claim by an earlier version) as
+//!   `worker_unavailable`;
+//! - hands back to waiting the executions left `scheduled` past the queue TTL plus a grace
+//!   period that no worker holds (workers keep what they hold marked): their dispatch was lost
+//!   (an executor died between its claim and the publish), they never started, so no retry is
+//!   spent. Waiting `requested` executions need nothing from the monitor: every scheduler sweeps
+//!   them (see `scheduler`), so nothing is re-published;
 //! - finds active workers whose heartbeat is stale: marks them inactive, hands their `scheduled`
 //!   executions on at once (`worker_unavailable`, never started) and fails their `running` ones as
 //!   `worker_heartbeat_stale` (then retried, or `abandoned` for non-idempotent actions);
@@ -16,7 +20,6 @@
 use std::sync::Arc;
 
 use attune_common::db::{self, execution::Outcome};
-use attune_common::mq::{ExecutionRequest, REQUEST_KEY};
 use attune_common::{ExecutionStatus, FailureKind};
 use tokio_util::sync::CancellationToken;
 
@@ -62,17 +65,6 @@ pub async fn tick(context: &Context, judge_heartbeats: bool) -> Result<bool, cra
 /// not stop the recoveries that need only the database); database errors end it.
 async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::Error> {
     let settings = &context.settings;
-    for (execution_id, action_id) in
-        db::execution::stale_requested(&context.db, settings.requeue_after.as_secs_f64(), BATCH).await?
-    {
-        tracing::warn!(execution_id, "execution stuck in requested, re-publishing its request");
-        attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", "requeued")], 1);
-        if let Err(e) = context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id, action_id }).await {
-            tracing::warn!(execution_id, error = %e, "re-publish failed; the next pass tries again");
-            break;
-        }
-    }
-
     let stuck = |status: &str, secs: f64| {
         sqlx::query_scalar::<_, i64>(
             "SELECT id FROM execution WHERE status = $1::execution_status \
@@ -88,7 +80,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
     }
     let scheduled_limit = (settings.worker_queue_ttl + settings.running_grace).as_secs_f64();
     for id in stuck("scheduled", scheduled_limit).await? {
-        fail(context, id, ExecutionStatus::Scheduled, FailureKind::QueueTimeout, "never taken by its worker").await?;
+        hand_back(context, id).await?;
     }
 
     if judge_heartbeats {
@@ -117,7 +109,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
 async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
     let settings = &context.settings;
     let dead_workers: Vec<i64> = sqlx::query_scalar(
-        "UPDATE worker SET status = 'inactive', updated = now() WHERE status = 'active' \
+        "UPDATE worker SET status = 'inactive', updated = now() WHERE status <> 'inactive' \
          AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $1)) RETURNING id",
     )
     .bind(settings.health.heartbeat_max_age_secs as f64)
@@ -158,6 +150,23 @@ async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
                 )
                 .await?
             }
+        }
+    }
+    Ok(())
+}
+
+/// A `scheduled` execution that no worker holds and whose dispatch would long have expired: it
+/// never started, so it waits again, with no retry spent.
+async fn hand_back(context: &Context, execution_id: i64) -> Result<(), crate::Error> {
+    let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
+    let Some(worker_id) = current.worker else { return Ok(()) };
+    if db::execution::hand_back(&context.db, execution_id, worker_id).await?.is_some() {
+        attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", "handed_back")], 1);
+        attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "monitor")], 1);
+        tracing::warn!(execution_id, worker_id, "monitor: dispatch lost before it started; the execution waits again");
+        match current.runtime.as_deref() {
+            Some(runtime) => context.waiting.mark(runtime),
+            None => context.waiting.mark_all(),
         }
     }
     Ok(())

@@ -1,12 +1,12 @@
-//! The retry timer: turns `delayed` retries whose `not_before` has come into `requested` and
-//! publishes their requests. Safe with several executors (`FOR UPDATE SKIP LOCKED` plus the
-//! guarded status), and nothing waits in memory: a restarted executor finds every pending retry
-//! in the database. A publish that fails after the promotion is re-sent by the monitor.
+//! The retry timer: turns `delayed` retries whose `not_before` has come into `requested`, where
+//! they wait for a worker like any request (oldest `not_before` first), and tells this
+//! executor's scheduler. Safe with several executors (`FOR UPDATE SKIP LOCKED` plus the guarded
+//! status), and nothing waits in memory: a restarted executor finds every pending retry in the
+//! database, and every scheduler sweeps the waiting requests anyway.
 
 use std::sync::Arc;
 
 use attune_common::db;
-use attune_common::mq::{ExecutionRequest, REQUEST_KEY};
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
@@ -32,13 +32,14 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
-/// One pass: promote what is due and publish it.
+/// One pass: promote what is due and wake the scheduler for its runtimes.
 pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
     let due = db::execution::promote_due_retries(&context.db, BATCH).await?;
-    for &(execution_id, action_id) in &due {
+    for (execution_id, runtime) in &due {
         tracing::debug!(execution_id, "retry due, requesting it");
-        if let Err(e) = context.publisher.publish(REQUEST_KEY, &ExecutionRequest { execution_id, action_id }).await {
-            tracing::warn!(execution_id, error = %e, "could not publish a due retry; the monitor will re-send it");
+        match runtime {
+            Some(runtime) => context.waiting.mark(runtime),
+            None => context.waiting.mark_all(),
         }
     }
     Ok(due.len())

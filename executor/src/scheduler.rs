@@ -1,85 +1,251 @@
-//! Scheduling: requested → scheduled (through scheduling when it must wait for a worker with
-//! capacity), and the dispatch to the chosen worker.
+//! Scheduling: waiting requests become dispatches to workers with a free slot.
+//!
+//! A request waits as its `requested` row (docs/adr/0001-requests-wait-as-rows.md). The
+//! `execution.request` message is only a hint that a runtime has new work: it is acknowledged at
+//! once, so nothing is held unacknowledged while it waits, and a lost hint costs at most one
+//! `SWEEP` of delay. One loop per executor (`run`) looks at the runtimes with waiting work:
+//! for each, it plans as many placements as the workers offering it have free slots
+//! (`selection::plan`: healthy by queue depth, then degraded, never unhealthy) and claims that
+//! many of the oldest waiting rows in one statement (`db::execution::claim_waiting`). Then it
+//! publishes their dispatches. A runtime with no room costs nothing per waiting request: the loop
+//! looks again every `ATTUNE_INFLIGHT_CACHE_MS` (one read of the in-flight counts) and whenever
+//! this executor records a finished execution.
+//!
+//! A request fails, as the retriable `worker_unavailable`, only when no active worker that could
+//! take work has offered its runtime for `ATTUNE_WORKER_WAIT_SECS`. A dispatch that cannot be
+//! published is tried again with backoff and, failing that, goes back to waiting
+//! (scheduled → requested, fenced by the worker): transport trouble never spends a retry.
 
-use attune_common::db::{self, execution::Execution, execution::Outcome, execution::Transition};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use attune_common::db::{self, execution::Claimed, execution::Execution, execution::Outcome};
 use attune_common::metrics;
-use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, Topology};
+use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, MqError, Topology};
 use attune_common::pack::RetryPolicy;
-use attune_common::{ExecutionStatus, FailureKind};
+use attune_common::{ExecutionStatus, FailureKind, selection};
+use tokio_util::sync::CancellationToken;
 
 use crate::Context;
 
+/// Every runtime with waiting work is looked at at least this often, hint or not.
+const SWEEP: Duration = Duration::from_secs(1);
+/// Most executions claimed for one runtime in one statement.
+const BATCH: usize = 256;
+/// How long a runtime that no worker offers is left before it is looked at again.
+const NO_WORKER_RECHECK: Duration = Duration::from_millis(250);
+/// How long a dispatch is tried before its execution goes back to waiting.
+const DISPATCH_PATIENCE: Duration = Duration::from_secs(5);
+
+/// The runtimes that may have waiting work, marked by hints and by this executor's own events,
+/// and the wake-up of the loop.
+#[derive(Default)]
+pub struct Waiting {
+    marked: Mutex<Marked>,
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Marked {
+    runtimes: BTreeSet<String>,
+    /// A hint without a known runtime: look at every runtime with waiting work.
+    all: bool,
+}
+
+impl Waiting {
+    /// `runtime` may have new waiting work.
+    pub fn mark(&self, runtime: &str) {
+        let mut marked = self.marked.lock().expect("waiting marks poisoned");
+        if !marked.runtimes.contains(runtime) {
+            marked.runtimes.insert(runtime.to_string());
+        }
+        drop(marked);
+        self.wake.notify_one();
+    }
+
+    /// Some runtime may have new waiting work.
+    pub fn mark_all(&self) {
+        self.marked.lock().expect("waiting marks poisoned").all = true;
+        self.wake.notify_one();
+    }
+
+    /// Room may have come free (this executor recorded a finished execution).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    fn take(&self) -> Marked {
+        std::mem::take(&mut *self.marked.lock().expect("waiting marks poisoned"))
+    }
+}
+
+/// An execution request: a hint that its runtime has waiting work. Acknowledged at once; the row
+/// is the request.
 pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
     let request: ExecutionRequest = match incoming.parse("execution request") {
         Ok(request) => request,
         Err(disposition) => return disposition,
     };
-    match db::retry_while_unavailable("scheduling", || schedule(context, &request)).await {
-        Ok(()) => Disposition::Ack,
-        Err(e) => {
-            tracing::warn!(execution_id = request.execution_id, error = %e, "scheduling failed, will be redelivered");
-            Disposition::Retry
+    let action = match request.action_id {
+        Some(action_id) => context.actions.get(&context.db, action_id).await.ok().flatten(),
+        None => None,
+    };
+    match action {
+        Some(action) => context.waiting.mark(&action.runtime),
+        None => context.waiting.mark_all(),
+    }
+    Disposition::Ack
+}
+
+/// What the loop remembers between looks.
+struct Loop {
+    last_sweep: Option<Instant>,
+    /// When an active worker that could take work last offered each runtime.
+    offered: HashMap<String, Instant>,
+    started: Instant,
+    /// Runtimes to look at again, and when.
+    again: HashMap<String, Instant>,
+    /// Taken in turn, so that one runtime's backlog does not always go first.
+    turn: usize,
+}
+
+/// The scheduling loop, until `shutdown` fires.
+pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
+    let mut state =
+        Loop { last_sweep: None, offered: HashMap::new(), started: Instant::now(), again: HashMap::new(), turn: 0 };
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let next = state.again.values().min().copied();
+        let sweep_at = state.last_sweep.map_or_else(Instant::now, |at| at + SWEEP);
+        let until = next.map_or(sweep_at, |n| n.min(sweep_at));
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = context.waiting.wake.notified() => {}
+            _ = tokio::time::sleep_until(until.into()) => {}
+        }
+        match look(&context, &mut state).await {
+            Ok(()) => backoff = Duration::from_millis(100),
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "scheduling pass failed");
+                context.waiting.mark_all();
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
         }
     }
 }
 
-/// requested → scheduled in one guarded write, as soon as a worker has capacity: at once in the
-/// common case, otherwise after waiting for capacity with the request unacknowledged (a wait
-/// writes nothing unless it is long, so a backlog costs no commits). The claim (requested → scheduling) is
-/// written only when the execution is about to fail here, and for a request without its action
-/// (from an earlier version), to read the action from the row.
-async fn schedule(context: &Context, request: &ExecutionRequest) -> Result<(), crate::Error> {
-    let db = &context.db;
-    let execution_id = request.execution_id;
-    let mut claimed = None;
-    let action_id = match request.action_id {
-        Some(action_id) => Some(action_id),
-        None => {
-            let Some(execution) = claim(context, execution_id).await? else { return Ok(()) };
-            let action_id = execution.action;
-            claimed = Some(execution);
-            action_id
+/// One look at every runtime that may have waiting work.
+async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Error> {
+    let now = Instant::now();
+    let marked = context.waiting.take();
+    let mut runtimes = marked.runtimes;
+    let due: Vec<String> = state.again.iter().filter(|(_, at)| **at <= now).map(|(r, _)| r.clone()).collect();
+    for runtime in due {
+        state.again.remove(&runtime);
+        runtimes.insert(runtime);
+    }
+    if marked.all || state.last_sweep.is_none_or(|at| now.duration_since(at) >= SWEEP) {
+        state.last_sweep = Some(now);
+        runtimes.extend(db::execution::waiting_runtimes(&context.db).await?);
+        for execution in db::execution::waiting_without_runtime(&context.db, BATCH as i64).await? {
+            let reason = format!("action '{}' did not exist when it was submitted", execution.action_ref);
+            fail(context, &execution, FailureKind::ActionNotFound, reason).await?;
         }
-    };
-    let action = match action_id {
-        Some(action_id) => context.actions.get(db, action_id).await?,
-        None => None,
-    };
-    let Some(action) = action else {
-        let Some(execution) = held(context, execution_id, claimed).await? else { return Ok(()) };
-        let reason = format!("action '{}' no longer exists", execution.action_ref);
-        return fail(context, &execution, ExecutionStatus::Scheduling, FailureKind::ActionNotFound, reason).await;
-    };
-    let chosen = match context.health_probe.select_worker(&action.runtime).await? {
-        Some(chosen) => chosen,
-        // every worker is busy: wait for capacity, holding the request (not the row)
-        None => match wait_for_worker(context, execution_id, &action.runtime).await? {
-            Some(chosen) => chosen,
-            None => {
-                let Some(execution) = held(context, execution_id, claimed).await? else { return Ok(()) };
-                metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", &action.runtime)], 1);
-                let reason = format!(
-                    "no healthy or degraded active worker offered runtime '{}' within {:?}",
-                    action.runtime, context.settings.worker_wait
-                );
-                let kind = FailureKind::WorkerUnavailable;
-                return fail(context, &execution, ExecutionStatus::Scheduling, kind, reason).await;
-            }
-        },
-    };
-    let (chosen, reservation) = chosen;
-    let from: &[ExecutionStatus] = match claimed {
-        Some(_) => &[ExecutionStatus::Scheduling],
-        // a request redelivered after an executor died may find that executor's claim
-        None => &[ExecutionStatus::Requested, ExecutionStatus::Scheduling],
-    };
-    let assign = Transition::to(ExecutionStatus::Scheduled).from(from).assign_worker(chosen.worker_id);
-    let assigned = db::execution::transition(db, execution_id, &assign).await;
-    // committed (or not): the database counts it from here on
-    drop(reservation);
-    let Some(execution) = assigned? else {
-        tracing::debug!(execution_id, "request is stale or a duplicate");
+    }
+    if runtimes.is_empty() {
         return Ok(());
+    }
+    // no claim while dispatches could not be sent: the requests wait where they are
+    if let Err(e) = context.publisher.ping().await {
+        for runtime in runtimes {
+            state.again.insert(runtime, now + NO_WORKER_RECHECK);
+        }
+        return Err(e.into());
+    }
+    let mut picture = context.health_probe.picture().await?;
+    let config = context.health_probe.config().clone();
+    let runtimes: Vec<String> = runtimes.into_iter().collect();
+    state.turn = state.turn.wrapping_add(1);
+    let start = state.turn % runtimes.len();
+    for runtime in runtimes[start..].iter().chain(&runtimes[..start]) {
+        if picture.could_run(&config, runtime) {
+            state.offered.insert(runtime.clone(), now);
+        }
+        let rooms = picture.rooms(runtime);
+        let limit = rooms.iter().map(|r| r.free).sum::<i64>().clamp(0, BATCH as i64) as usize;
+        let plan = selection::plan(&config, rooms, limit, picture.now(), |_| rand::random());
+        if plan.is_empty() {
+            let offered = state.offered.get(runtime).copied().unwrap_or(state.started);
+            if picture.could_run(&config, runtime) {
+                // every worker is busy: look again when room may have come free
+                state.again.insert(runtime.clone(), now + context.settings.inflight_cache);
+            } else if now.duration_since(offered) >= context.settings.worker_wait {
+                let failed = fail_unplaceable(context, runtime).await?;
+                let recheck = if failed == BATCH { now } else { now + NO_WORKER_RECHECK };
+                state.again.insert(runtime.clone(), recheck);
+            } else {
+                state.again.insert(runtime.clone(), now + NO_WORKER_RECHECK);
+            }
+            continue;
+        }
+        let claimed = db::execution::claim_waiting(&context.db, runtime, &plan).await?;
+        for execution in &claimed {
+            picture.add(execution.worker, 1);
+        }
+        if claimed.len() == plan.len() {
+            // the room is used up, or more is waiting: look again at once
+            state.again.insert(runtime.clone(), now);
+        }
+        for execution in claimed {
+            let context = context.clone();
+            tokio::spawn(async move { dispatch(&context, execution).await });
+        }
+    }
+    Ok(())
+}
+
+/// Fails the requests for `runtime` that no worker could take for `ATTUNE_WORKER_WAIT_SECS`, as
+/// `worker_unavailable` (retriable). Returns how many.
+async fn fail_unplaceable(context: &Context, runtime: &str) -> Result<usize, crate::Error> {
+    let wait = context.settings.worker_wait;
+    let stranded = db::execution::waiting_longer_than(&context.db, runtime, wait.as_secs_f64(), BATCH as i64).await?;
+    for execution in &stranded {
+        metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", runtime)], 1);
+        let reason = format!("no healthy or degraded active worker offered runtime '{runtime}' for {wait:?}");
+        fail(context, execution, FailureKind::WorkerUnavailable, reason).await?;
+    }
+    Ok(stranded.len())
+}
+
+/// Publishes a claimed execution's dispatch to its worker. A publish that fails is tried again
+/// with backoff for `DISPATCH_PATIENCE` (at once given up if the worker's queue is gone); then
+/// the execution goes back to waiting, with no retry spent.
+async fn dispatch(context: &Context, claimed: Claimed) {
+    let execution_id = claimed.id;
+    let worker_id = claimed.worker;
+    let action = match claimed.action {
+        Some(action_id) => db::retry_while_unavailable("reading an action", || context.actions.get(&context.db, action_id)).await,
+        None => Ok(None),
+    };
+    let action = match action {
+        Ok(Some(action)) => action,
+        Ok(None) => {
+            let reason = format!("action '{}' no longer exists", claimed.action_ref);
+            if let Err(e) = fail_claimed(context, &claimed, FailureKind::ActionNotFound, reason).await {
+                tracing::warn!(execution_id, error = %e, "could not fail an execution whose action is gone");
+            }
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(execution_id, error = %e, "could not read the action; the execution waits again");
+            give_back(context, &claimed, None).await;
+            return;
+        }
     };
     let transient_exit_codes = action
         .retry_policy
@@ -87,107 +253,82 @@ async fn schedule(context: &Context, request: &ExecutionRequest) -> Result<(), c
         .and_then(|p| serde_json::from_value::<RetryPolicy>(p.clone()).ok())
         .and_then(|p| p.exit_codes)
         .unwrap_or_default();
-    let dispatch = Dispatch {
+    let message = Dispatch {
         execution_id,
-        worker_id: chosen.worker_id,
+        worker_id,
         action_ref: action.action_ref.clone(),
         runtime: action.runtime.clone(),
         entrypoint: action.entrypoint.clone(),
         pack_path: action.pack_path.clone().unwrap_or_default(),
-        parameters: execution.parameters.clone(),
-        timeout_seconds: execution.timeout_seconds.unwrap_or(context.settings.common.default_timeout_secs),
-        retry_count: execution.retry_count,
+        parameters: claimed.parameters.clone(),
+        timeout_seconds: claimed.timeout_seconds.unwrap_or(context.settings.common.default_timeout_secs),
+        retry_count: claimed.retry_count,
         transient_exit_codes,
     };
-    if let Err(e) = context.publisher.publish(&Topology::worker_key(chosen.worker_id), &dispatch).await {
-        tracing::warn!(execution_id, worker_id = chosen.worker_id, error = %e, "dispatch failed");
-        let reason = format!("could not dispatch to worker {}: {e}", chosen.worker_id);
-        return fail(context, &execution, ExecutionStatus::Scheduled, FailureKind::WorkerUnavailable, reason).await;
-    }
-    let requested_at = execution.not_before.unwrap_or(execution.created);
-    let latency = (chrono::Utc::now() - requested_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
-    metrics::observe(&metrics::DISPATCH_LATENCY, &[], latency);
-    tracing::debug!(
-        execution_id,
-        worker_id = chosen.worker_id,
-        class = chosen.class.as_str(),
-        queue_depth = chosen.queue_depth,
-        "dispatched"
-    );
-    Ok(())
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(100);
+    let error = loop {
+        match context.publisher.publish(&Topology::worker_key(worker_id), &message).await {
+            Ok(()) => {
+                let requested_at = claimed.not_before.unwrap_or(claimed.created);
+                let latency =
+                    (chrono::Utc::now() - requested_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
+                metrics::observe(&metrics::DISPATCH_LATENCY, &[], latency);
+                metrics::increment(&metrics::DISPATCHES, &[], 1);
+                tracing::debug!(execution_id, worker_id, "dispatched");
+                return;
+            }
+            // the worker's queue is gone or unbound (it is stopping): no point in trying again
+            Err(e @ MqError::Unroutable(_)) => break e,
+            Err(e) if started.elapsed() + delay >= DISPATCH_PATIENCE => break e,
+            Err(e) => {
+                tracing::debug!(execution_id, worker_id, error = %e, "dispatch failed, trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    };
+    tracing::warn!(execution_id, worker_id, error = %error, "could not dispatch; the execution waits again");
+    give_back(context, &claimed, Some(&action.runtime)).await;
 }
 
-/// requested → scheduling: this executor holds the execution. `None`: the request is stale or a
-/// duplicate.
-async fn claim(context: &Context, execution_id: i64) -> Result<Option<Execution>, crate::Error> {
-    let claim =
-        Transition::to(ExecutionStatus::Scheduling).from(&[ExecutionStatus::Requested, ExecutionStatus::Scheduling]);
-    let claimed = db::execution::transition(&context.db, execution_id, &claim).await?;
-    if claimed.is_none() {
-        tracing::debug!(execution_id, "request is stale or a duplicate");
+/// scheduled → requested for a dispatch that was not sent: the execution waits again, its retry
+/// budget untouched. Waits out a database outage.
+async fn give_back(context: &Context, claimed: &Claimed, runtime: Option<&str>) {
+    let handed_back =
+        db::retry_while_unavailable("handing back a dispatch", || db::execution::hand_back(&context.db, claimed.id, claimed.worker))
+            .await;
+    match handed_back {
+        Ok(_) => {
+            metrics::increment(&metrics::HANDED_BACK, &[("by", "executor")], 1);
+            match runtime {
+                Some(runtime) => context.waiting.mark(runtime),
+                None => context.waiting.mark_all(),
+            }
+        }
+        // left `scheduled`: the monitor hands it back once it is old enough
+        Err(e) => tracing::error!(execution_id = claimed.id, error = %e, "could not hand back an unsent dispatch"),
     }
-    Ok(claimed)
 }
 
-/// The claimed execution: `claimed` if it is already, else claimed now.
-async fn held(
+/// Fails a claimed execution that cannot be dispatched at all (its action is gone).
+async fn fail_claimed(
     context: &Context,
-    execution_id: i64,
-    claimed: Option<Execution>,
-) -> Result<Option<Execution>, crate::Error> {
-    match claimed {
-        Some(execution) => Ok(Some(execution)),
-        None => claim(context, execution_id).await,
-    }
+    claimed: &Claimed,
+    kind: FailureKind,
+    reason: String,
+) -> Result<(), crate::Error> {
+    let Some(execution) = db::execution::get(&context.db, claimed.id).await? else { return Ok(()) };
+    record(context, &execution, ExecutionStatus::Scheduled, kind, reason).await
 }
 
-/// How often a request waiting for capacity looks again. Workers record successes themselves, so
-/// only failures recorded by this executor can wake it sooner. A look costs no database read
-/// while the health probe's reads are fresh (`ATTUNE_INFLIGHT_CACHE_MS`, `ATTUNE_WORKER_CACHE_MS`).
-const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Backpressure: while every worker for the runtime is busy (unhealthy by queue depth) or none is
-/// there yet, the request waits here, unacknowledged (so a crash loses nothing: the broker
-/// delivers it again), for up to `worker_wait`, looking again every `WAIT_POLL` and whenever this
-/// executor records a finished execution. The execution stays `requested` meanwhile, and the
-/// requests behind it stay in the queue. Only then is it the retriable failure
-/// `worker_unavailable`. A wait longer than a third of `requeue_after` marks the row as held
-/// every such third, so the monitor does not re-publish a request that is only waiting.
-async fn wait_for_worker(
-    context: &Context,
-    execution_id: i64,
-    runtime: &str,
-) -> Result<Option<(attune_common::selection::Ranked, crate::health_probe::Reservation)>, crate::Error> {
-    let started = tokio::time::Instant::now();
-    let deadline = started + context.settings.worker_wait;
-    let keep_every = (context.settings.requeue_after / 3).max(WAIT_POLL);
-    let mut next_keep = started + keep_every;
-    loop {
-        if tokio::time::Instant::now() >= next_keep {
-            db::execution::keep_requested(&context.db, execution_id).await?;
-            next_keep += keep_every;
-        }
-        // registered before the check, so a completion between the two is not missed
-        let capacity = context.capacity.notified();
-        tokio::pin!(capacity);
-        capacity.as_mut().enable();
-        if let Some(chosen) = context.health_probe.select_worker(runtime).await? {
-            return Ok(Some(chosen));
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Ok(None);
-        }
-        tokio::select! {
-            _ = capacity => {}
-            _ = tokio::time::sleep(WAIT_POLL) => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-        }
-    }
+/// Fails a waiting execution through the RetryManager (so a retriable failure such as
+/// `worker_unavailable` is retried with backoff).
+async fn fail(context: &Context, execution: &Execution, kind: FailureKind, reason: String) -> Result<(), crate::Error> {
+    record(context, execution, ExecutionStatus::Requested, kind, reason).await
 }
 
-/// Fails an execution the executor could not get to a worker, through the RetryManager (so a
-/// retriable failure such as `worker_unavailable` is retried with backoff).
-async fn fail(
+async fn record(
     context: &Context,
     execution: &Execution,
     from: ExecutionStatus,

@@ -47,14 +47,6 @@ fn new(action: i64, retry_count: i32, max_retries: i32) -> NewExecution {
     }
 }
 
-/// A registered, heartbeating worker offering the shell runtime.
-async fn active_worker(pool: &PgPool, name: &str) -> i64 {
-    let capabilities = json!({"runtimes": ["shell"], "health": {"consecutive_failures": 0}});
-    let id = db::worker::register(pool, name, &capabilities).await.unwrap();
-    db::worker::heartbeat(pool, id, &capabilities).await.unwrap();
-    id
-}
-
 /// An execution of `action` running on `worker`.
 async fn running_on(pool: &PgPool, action: i64, worker: i64) -> i64 {
     let execution = db::execution::insert(pool, &new(action, 0, 0)).await.unwrap();
@@ -195,89 +187,87 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
     test.drop_database().await;
 }
 
+/// A worker offering the shell runtime with `slots` slots, `consuming` or not.
+async fn worker_with_slots(pool: &PgPool, name: &str, slots: i64, consuming: bool) -> i64 {
+    let capabilities = json!({"runtimes": ["shell"], "slots": slots, "consuming": consuming, "health": {}});
+    let id = db::worker::register(pool, name, &capabilities).await.unwrap();
+    db::worker::heartbeat(pool, id, &capabilities).await.unwrap();
+    id
+}
+
 #[tokio::test]
-async fn concurrent_decisions_spread_before_the_database_can_count_them() {
+async fn the_picture_gives_room_by_free_slots_and_skips_workers_that_cannot_consume_or_are_draining() {
     use attune_common::health::HealthProbeConfig;
     use attune_executor::health_probe::WorkerHealthProbe;
     let test = TestDb::new().await;
     let pool = test.pool.clone();
-    let (a, b) = (active_worker(&pool, "a").await, active_worker(&pool, "b").await);
-    // b has one execution in flight; a none
+    let a = worker_with_slots(&pool, "a", 3, true).await;
+    let b = worker_with_slots(&pool, "b", 2, true).await;
+    let _c = worker_with_slots(&pool, "c", 8, false).await;
+    let d = worker_with_slots(&pool, "d", 8, true).await;
+    db::worker::drain(&pool, d).await.unwrap();
+    db::worker::heartbeat(&pool, d, &json!({"runtimes": ["shell"], "slots": 8, "health": {}})).await.unwrap();
     let action = action(&pool, "busy", None).await;
+    running_on(&pool, action, a).await;
+    running_on(&pool, action, a).await;
+    running_on(&pool, action, b).await;
     running_on(&pool, action, b).await;
     let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
-    // 41 decisions made before any of them is committed (as under a burst)
-    let mut held = Vec::new();
-    for _ in 0..41 {
-        held.push(probe.select_worker("shell").await.unwrap().unwrap());
-    }
-    let to_a = held.iter().filter(|(r, _)| r.worker_id == a).count();
-    assert_eq!((to_a, 41 - to_a), (21, 20), "depths equalise: a 0 + 21, b 1 + 20");
-    drop(held);
-    // released: the next decision sees the database alone again (a is emptier)
-    let (next, _reservation) = probe.select_worker("shell").await.unwrap().unwrap();
-    assert_eq!(next.worker_id, a);
+    let mut picture = probe.picture().await.unwrap();
+    let rooms: Vec<(i64, i64)> = picture.rooms("shell").iter().map(|r| (r.worker_id, r.free)).collect();
+    assert_eq!(rooms, vec![(a, 1)], "b is full; c does not consume; d is draining (and stays so)");
+    assert!(picture.rooms("python").is_empty());
+    picture.add(a, 1);
+    assert!(picture.rooms("shell").is_empty(), "a claim counts at once");
+    assert!(picture.could_run(probe.config(), "shell"), "busy workers could still take work");
+    assert!(!picture.could_run(probe.config(), "python"));
+    assert_eq!(probe.select_worker("shell").await.unwrap().map(|r| r.worker_id), Some(a));
     test.drop_database().await;
 }
 
 #[tokio::test]
-async fn a_cached_fleet_still_sees_fresh_in_flight_counts() {
-    use attune_common::health::HealthProbeConfig;
-    use attune_executor::health_probe::WorkerHealthProbe;
+async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_handed_back_fenced() {
     let test = TestDb::new().await;
     let pool = test.pool.clone();
-    let (a, b) = (active_worker(&pool, "a").await, active_worker(&pool, "b").await);
-    let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default())
-        .with_fleet_cache(std::time::Duration::from_secs(60));
-    drop(probe.select_worker("shell").await.unwrap().unwrap()); // reads and caches the fleet
-    // a gets three executions in flight: the next decisions go to b although the fleet is cached
-    let action = action(&pool, "busy", None).await;
-    for _ in 0..3 {
-        running_on(&pool, action, a).await;
-    }
-    for _ in 0..3 {
-        let (chosen, _reservation) = probe.select_worker("shell").await.unwrap().unwrap();
-        assert_eq!(chosen.worker_id, b);
-    }
-    // a worker registered after the fleet was cached is not seen until the cache expires
-    for _ in 0..3 {
-        running_on(&pool, action, b).await;
-    }
-    let c = active_worker(&pool, "c").await;
-    let (chosen, _reservation) = probe.select_worker("shell").await.unwrap().unwrap();
-    assert_ne!(chosen.worker_id, c);
-    let fresh = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
-    let (chosen, _reservation) = fresh.select_worker("shell").await.unwrap().unwrap();
-    assert_eq!(chosen.worker_id, c, "an uncached probe sees the new, idle worker");
-    test.drop_database().await;
-}
-
-#[tokio::test]
-async fn a_shared_in_flight_read_still_counts_every_choice_of_this_executor() {
-    use attune_common::health::HealthProbeConfig;
-    use attune_executor::health_probe::WorkerHealthProbe;
-    let test = TestDb::new().await;
-    let pool = test.pool.clone();
-    let (a, b) = (active_worker(&pool, "a").await, active_worker(&pool, "b").await);
-    let action = action(&pool, "busy", None).await;
+    let (a, b) = (worker_with_slots(&pool, "a", 4, true).await, worker_with_slots(&pool, "b", 4, true).await);
+    let shell = action(&pool, "sh", None).await;
+    let python = action(&pool, "py", None).await;
+    sqlx::query("UPDATE action SET runtime = 'python' WHERE id = $1").bind(python).execute(&pool).await.unwrap();
+    let mut shell_ids = Vec::new();
     for _ in 0..5 {
-        running_on(&pool, action, b).await;
+        shell_ids.push(db::execution::insert(&pool, &new(shell, 0, 0)).await.unwrap().id);
+        db::execution::insert(&pool, &new(python, 0, 0)).await.unwrap();
     }
-    let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default())
-        .with_inflight_cache(std::time::Duration::from_secs(60));
-    let (first, reservation) = probe.select_worker("shell").await.unwrap().unwrap();
-    assert_eq!((first.worker_id, first.queue_depth), (a, 0));
-    // the choice commits and its reservation is released; another executor's choice of a commits
-    running_on(&pool, action, a).await;
-    drop(reservation);
-    running_on(&pool, action, a).await;
-    // the kept read (a 0) predates both: the released reservation still counts, the other
-    // executor's choice is not seen yet
-    let (second, _held) = probe.select_worker("shell").await.unwrap().unwrap();
-    assert_eq!((second.worker_id, second.queue_depth), (a, 1));
-    // a probe that reads afresh sees both
-    let fresh = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
-    let (chosen, _reservation) = fresh.select_worker("shell").await.unwrap().unwrap();
-    assert_eq!((chosen.worker_id, chosen.queue_depth), (a, 2));
+    // a retry whose backoff began before them all goes first: it waits by its not_before
+    let early = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let retry = db::execution::insert(&pool, &NewExecution { not_before: Some(early), ..new(shell, 1, 3) }).await.unwrap();
+    assert_eq!(retry.runtime.as_deref(), Some("shell"), "the runtime is copied from the action on insert");
+    assert_eq!(db::execution::waiting_runtimes(&pool).await.unwrap(), vec!["python".to_string(), "shell".to_string()]);
+
+    // another executor holds the oldest plain request: it is skipped, not waited for
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM execution WHERE id = $1 FOR UPDATE").bind(shell_ids[0]).execute(&mut *other).await.unwrap();
+    let claimed = db::execution::claim_waiting(&pool, "shell", &[a, b, a]).await.unwrap();
+    other.rollback().await.unwrap();
+    let mut got: Vec<(i64, i64)> = claimed.iter().map(|c| (c.id, c.worker)).collect();
+    got.sort();
+    let mut expected = vec![(retry.id, a), (shell_ids[1], b), (shell_ids[2], a)];
+    expected.sort();
+    assert_eq!(got, expected, "oldest first (the retry by its not_before), in the plan's order, locked rows skipped");
+    let status: Vec<ExecutionStatus> =
+        sqlx::query_scalar("SELECT status FROM execution WHERE runtime = 'python'").fetch_all(&pool).await.unwrap();
+    assert!(status.iter().all(|s| *s == ExecutionStatus::Requested), "another runtime's requests are untouched");
+
+    // fewer waiting than the plan: what is there, no more
+    let rest = db::execution::claim_waiting(&pool, "shell", &[a, b, a, b, a]).await.unwrap();
+    assert_eq!(rest.len(), 3);
+
+    // the hand-back is fenced by the worker and clears the assignment
+    let on_b = rest.iter().find(|c| c.worker == b).unwrap().id;
+    assert!(db::execution::hand_back(&pool, on_b, a).await.unwrap().is_none(), "only its worker hands it back");
+    assert!(db::execution::hand_back(&pool, on_b, b).await.unwrap().is_some());
+    let back = db::execution::get(&pool, on_b).await.unwrap().unwrap();
+    assert_eq!((back.status, back.worker, back.retry_count), (ExecutionStatus::Requested, None, 0));
+    assert_eq!(db::execution::claim_waiting(&pool, "shell", &[b]).await.unwrap()[0].id, on_b);
     test.drop_database().await;
 }

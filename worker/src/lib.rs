@@ -1,5 +1,18 @@
 //! attune-worker: registers itself, heartbeats its capabilities and health, consumes its own
 //! queue, runs each action as a child process and reports the result to the executors.
+//!
+//! Capacity: the worker runs `ATTUNE_WORKER_CONCURRENCY` actions at once and takes up to
+//! `ATTUNE_WORKER_PREFETCH` more dispatches ahead (delivered, held, not started: a message
+//! delivered to a consumer does not expire). It reports the sum as its `slots`, and executors
+//! dispatch to it only while fewer executions than that are dispatched to it and unfinished, so
+//! its queue stays short and a healthy worker's dispatches never expire. It keeps what it holds
+//! marked in the database with every heartbeat, and reports whether its consumer is up.
+//!
+//! Stopping (SIGTERM): the worker marks itself `draining` (no executor picks it from its next read
+//! of the fleet on), unbinds its queue (a dispatch still sent to it is unroutable, and its sender
+//! puts the execution back to waiting), hands back every dispatch it had not started
+//! (scheduled → requested: no retry spent), keeps heartbeating while its running actions finish
+//! (up to `ATTUNE_WORKER_DRAIN_SECS`), then deletes its queue and marks itself inactive.
 
 pub mod health;
 pub mod runner;
@@ -35,6 +48,9 @@ pub struct Settings {
     pub runtimes: Vec<String>,
     /// `ATTUNE_WORKER_CONCURRENCY`: actions run at once (default 4).
     pub concurrency: u16,
+    /// `ATTUNE_WORKER_PREFETCH`: dispatches taken ahead of the running ones, delivered and held
+    /// until a run slot is free (default 4). The worker's slots are concurrency plus this.
+    pub prefetch: u16,
     /// `ATTUNE_HEARTBEAT_INTERVAL_SECS` (default 10, well under the 30 s staleness limit).
     pub heartbeat_interval: Duration,
     /// `ATTUNE_WORKER_QUEUE_TTL_SECS` (default 300).
@@ -62,7 +78,8 @@ impl Settings {
             health: HealthProbeConfig::from_env()?,
             name: env_or("ATTUNE_WORKER_NAME", default_name)?,
             runtimes: runtimes.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
-            concurrency: env_or("ATTUNE_WORKER_CONCURRENCY", 4)?,
+            concurrency: env_or::<u16>("ATTUNE_WORKER_CONCURRENCY", 4)?.max(1),
+            prefetch: env_or("ATTUNE_WORKER_PREFETCH", 4)?,
             heartbeat_interval: Duration::from_secs_f64(env_or("ATTUNE_HEARTBEAT_INTERVAL_SECS", 10.0)?),
             queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
             drain: Duration::from_secs(env_or("ATTUNE_WORKER_DRAIN_SECS", 30)?),
@@ -74,11 +91,26 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// Executions this worker takes at once, started or not.
+    pub fn slots(&self) -> u16 {
+        self.concurrency.saturating_add(self.prefetch)
+    }
+}
+
 struct Worker {
     id: i64,
     queue: String,
     /// Executions running now, each with the token that stops it when a cancel notice comes.
     running: std::sync::Mutex<Running>,
+    /// Run slots: `concurrency` permits.
+    run_slots: tokio::sync::Semaphore,
+    /// Dispatches delivered and not yet started.
+    held: std::sync::Mutex<std::collections::HashSet<i64>>,
+    /// Executions between delivery and the end of their handling (held or running).
+    busy: std::sync::atomic::AtomicUsize,
+    /// Whether the consumer of the worker's queue is up.
+    consuming: tokio::sync::watch::Sender<bool>,
     settings: Settings,
     db: PgPool,
     publisher: Publisher,
@@ -132,7 +164,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             }
         }
     }
-    let capabilities = capabilities(&settings, &queue, &runtimes, &health);
+    let capabilities = capabilities(&settings, &queue, &runtimes, &health, true);
     db::worker::heartbeat(&pool, worker_id, &capabilities).await?;
     tracing::info!(worker_id, name = %settings.name, runtimes = ?runtimes.offered(), "worker registered");
     attune_common::metrics::serve_from_env(shutdown.clone());
@@ -141,6 +173,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         id: worker_id,
         queue: queue.clone(),
         running: Default::default(),
+        run_slots: tokio::sync::Semaphore::new(settings.concurrency as usize),
+        held: Default::default(),
+        busy: Default::default(),
+        consuming: tokio::sync::watch::Sender::new(false),
         settings: settings.clone(),
         db: pool,
         publisher,
@@ -150,7 +186,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     });
     worker.recover_previous_run().await?;
 
-    let heartbeat = tokio::spawn(worker.clone().heartbeat_loop(shutdown.clone()));
+    // Stopping has its own order (see the module's documentation): the consumer runs on until
+    // the worker has handed back or finished everything and its queue is empty.
+    let stop_consuming = CancellationToken::new();
+    let stop_heartbeats = CancellationToken::new();
+    let heartbeat = tokio::spawn(worker.clone().heartbeat_loop(stop_heartbeats.clone()));
     let abort_after_drain = {
         let (abort, drain, shutdown) = (worker.abort.clone(), settings.drain, shutdown.clone());
         tokio::spawn(async move {
@@ -159,15 +199,17 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             abort.cancel();
         })
     };
+    let draining = tokio::spawn(worker.clone().drain_when_asked(shutdown.clone(), stop_consuming.clone()));
     let spec = ConsumerSpec {
         url: settings.common.amqp_url.clone(),
         name: format!("attune-worker-{}", settings.name),
         queue,
-        prefetch: settings.concurrency,
+        prefetch: settings.slots(),
         topology: topology.clone(),
         worker_queue: Some(worker_id),
         fanout: None,
         drain: settings.drain + Duration::from_secs(5),
+        consuming: Some(worker.consuming.clone()),
     };
     let control = ConsumerSpec {
         url: settings.common.amqp_url.clone(),
@@ -178,10 +220,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         topology,
         worker_queue: None,
         drain: Duration::from_secs(1),
+        consuming: None,
     };
     let control = tokio::spawn({
         let worker = worker.clone();
-        run_consumer(control, shutdown.clone(), move |incoming| {
+        run_consumer(control, stop_consuming.clone(), move |incoming| {
             let worker = worker.clone();
             async move { worker.handle_control(incoming) }
         })
@@ -189,15 +232,20 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     {
         let worker = worker.clone();
         let shutdown = shutdown.clone();
-        run_consumer(spec, shutdown.clone(), move |incoming| {
+        run_consumer(spec, stop_consuming.clone(), move |incoming| {
             let (worker, shutdown) = (worker.clone(), shutdown.clone());
             async move { worker.handle(incoming, shutdown).await }
         })
         .await;
     }
     let _ = control.await;
+    let _ = draining.await;
     abort_after_drain.abort();
-    heartbeat.abort();
+    stop_heartbeats.cancel();
+    let _ = heartbeat.await;
+    if shutdown.is_cancelled() {
+        worker.remove_queue().await;
+    }
     if let Err(e) = db::worker::deactivate(&worker.db, worker_id).await {
         tracing::warn!(error = %e, "could not mark the worker inactive");
     }
@@ -205,10 +253,19 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     Ok(())
 }
 
-fn capabilities(settings: &Settings, queue: &str, runtimes: &Runtimes, health: &HealthState) -> serde_json::Value {
+fn capabilities(
+    settings: &Settings,
+    queue: &str,
+    runtimes: &Runtimes,
+    health: &HealthState,
+    consuming: bool,
+) -> serde_json::Value {
     json!({
         "runtimes": runtimes.offered(),
         "concurrency": settings.concurrency,
+        "prefetch": settings.prefetch,
+        "slots": settings.slots(),
+        "consuming": consuming,
         "queue": queue,
         "health": health.report(),
     })
@@ -235,16 +292,24 @@ impl Worker {
         Ok(())
     }
 
-    /// Heartbeats every interval; after a failed one (the database away) it tries again every
-    /// second, so the worker is not taken for dead once the database is back.
-    async fn heartbeat_loop(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Heartbeats every interval, and at once when its consumer goes up or down; after a failed
+    /// one (the database away) it tries again every second, so the worker is not taken for dead
+    /// once the database is back. Each heartbeat also marks the dispatches it holds as held.
+    async fn heartbeat_loop(self: Arc<Self>, stop: CancellationToken) {
         let mut delay = self.settings.heartbeat_interval;
+        let mut consuming = self.consuming.subscribe();
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
+                changed = consuming.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
             }
-            let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health);
+            let up = *consuming.borrow_and_update();
+            let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, up);
             delay = match db::worker::heartbeat(&self.db, self.id, &capabilities).await {
                 Ok(()) => self.settings.heartbeat_interval,
                 Err(e) => {
@@ -252,6 +317,78 @@ impl Worker {
                     self.settings.heartbeat_interval.min(Duration::from_secs(1))
                 }
             };
+            let held: Vec<i64> = self.held.lock().expect("held set poisoned").iter().copied().collect();
+            if !held.is_empty()
+                && let Err(e) = db::execution::keep_held(&self.db, self.id, &held).await
+            {
+                tracing::warn!(error = %e, "could not mark held dispatches");
+            }
+        }
+    }
+
+    /// On a shutdown request: stop receiving new work, hand back what has not started, let what
+    /// runs finish, then stop the consumers once the queue is empty (see the module's
+    /// documentation).
+    async fn drain_when_asked(self: Arc<Self>, shutdown: CancellationToken, stop_consuming: CancellationToken) {
+        shutdown.cancelled().await;
+        tracing::info!(worker_id = self.id, "stopping: draining");
+        if let Err(e) = db::retry_while_unavailable("marking the worker draining", || db::worker::drain(&self.db, self.id)).await {
+            tracing::warn!(error = %e, "could not mark the worker draining");
+        }
+        if let Err(e) = self.publisher.unbind_worker_queue(self.id).await {
+            tracing::warn!(error = %e, "could not unbind the worker queue");
+        }
+        // everything delivered is handed back or finished (the abort after the drain deadline
+        // ends the runs), and nothing waits in the queue; checked every 100 ms
+        let mut pause = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            pause.tick().await;
+            if self.busy.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                continue;
+            }
+            match self.publisher.queue_length(&self.queue).await {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the worker queue's length; stopping anyway");
+                    break;
+                }
+            }
+        }
+        stop_consuming.cancel();
+    }
+
+    /// Deletes the worker's queue (empty by now; the delete is refused otherwise).
+    async fn remove_queue(&self) {
+        match self.publisher.retire_worker_queue(&self.queue, self.id).await {
+            Ok(true) => tracing::info!(queue = %self.queue, "worker queue deleted"),
+            Ok(false) => tracing::warn!(queue = %self.queue, "worker queue not empty; left to expire"),
+            Err(e) => tracing::warn!(queue = %self.queue, error = %e, "could not delete the worker queue; left to expire"),
+        }
+    }
+
+    /// A dispatch this worker will not start goes back to waiting (scheduled → requested, fenced
+    /// by this worker): no retry is spent. The executors are told at once.
+    async fn hand_back(&self, execution_id: i64) -> Disposition {
+        let handed_back = db::retry_while_unavailable("handing back a dispatch", || {
+            db::execution::hand_back(&self.db, execution_id, self.id)
+        })
+        .await;
+        match handed_back {
+            Ok(Some(_)) => {
+                tracing::info!(execution_id, "stopping: dispatch handed back");
+                attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "worker")], 1);
+                let hint = attune_common::mq::ExecutionRequest { execution_id, action_id: None };
+                if let Err(e) = self.publisher.publish(attune_common::mq::REQUEST_KEY, &hint).await {
+                    tracing::debug!(execution_id, error = %e, "no hint for the handed-back execution; the executors' sweep finds it");
+                }
+                Disposition::Ack
+            }
+            Ok(None) => Disposition::Ack,
+            Err(e) => {
+                tracing::warn!(execution_id, error = %e, "could not hand back a dispatch");
+                Disposition::Retry
+            }
         }
     }
 
@@ -260,11 +397,24 @@ impl Worker {
             Ok(dispatch) => dispatch,
             Err(disposition) => return disposition,
         };
-        if shutdown.is_cancelled() {
-            // Not started: hand it back untouched.
+        let _busy = Busy::new(&self.busy);
+        let _in_flight = self.health.start();
+        let execution_id = dispatch.execution_id;
+        // held until a run slot is free; a shutdown hands it back, a lost channel drops it (the
+        // broker delivers it again)
+        self.held.lock().expect("held set poisoned").insert(execution_id);
+        let permit = tokio::select! {
+            permit = self.run_slots.acquire() => permit.ok(),
+            _ = shutdown.cancelled() => None,
+            _ = incoming.channel_lost.cancelled() => None,
+        };
+        self.held.lock().expect("held set poisoned").remove(&execution_id);
+        if incoming.channel_lost.is_cancelled() {
             return Disposition::Retry;
         }
-        let _in_flight = self.health.start();
+        let Some(_permit) = permit.filter(|_| !shutdown.is_cancelled()) else {
+            return self.hand_back(execution_id).await;
+        };
         let claim = Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(self.id);
         let claimed = db::retry_while_unavailable("claiming an execution", || {
             db::execution::transition_brief(&self.db, dispatch.execution_id, &claim)
@@ -394,6 +544,22 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// Counts a delivery as being handled until dropped.
+struct Busy<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Busy<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Busy(count)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -13,6 +13,8 @@ pub struct Execution {
     pub id: i64,
     pub action: Option<i64>,
     pub action_ref: String,
+    /// The runtime of its action when it was submitted: requests wait for a worker per runtime.
+    pub runtime: Option<String>,
     #[schema(value_type = Object)]
     pub parameters: Value,
     #[schema(value_type = Object)]
@@ -39,7 +41,7 @@ pub struct Execution {
     pub updated: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, action, action_ref, parameters, config, status, worker, result, failure_kind, \
+const COLUMNS: &str = "id, action, action_ref, runtime, parameters, config, status, worker, result, failure_kind, \
     error, exit_code, stdout, stderr, retry_count, max_retries, retry_reason, original_execution, \
     not_before, timeout_seconds, started, finished, created, updated";
 
@@ -324,7 +326,7 @@ async fn transition_as<R: TransitionRow>(
     };
     let sql = format!(
         "UPDATE execution SET status = $2, updated = now(), \
-            worker = COALESCE($4, worker), \
+            worker = CASE WHEN $2 = 'requested' THEN NULL ELSE COALESCE($4, worker) END, \
             started = CASE WHEN $2 = 'running' THEN now() ELSE started END, \
             finished = CASE WHEN $2 IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned') THEN now() ELSE finished END, \
             result = COALESCE($6, result), failure_kind = COALESCE($7, failure_kind), \
@@ -377,11 +379,106 @@ pub async fn complete(
     transition_brief(db, execution_id, &transition).await
 }
 
-/// Marks a `requested` execution as still held (its `updated` set to now), so that the monitor
-/// does not take it for a request whose publish was lost. No status changes.
-pub async fn keep_requested(db: &PgPool, execution_id: i64) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE execution SET updated = now() WHERE id = $1 AND status = 'requested'")
-        .bind(execution_id)
+/// A waiting request claimed for a worker: what its dispatch carries.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Claimed {
+    pub id: i64,
+    pub worker: i64,
+    pub action: Option<i64>,
+    pub action_ref: String,
+    pub parameters: Value,
+    pub timeout_seconds: Option<i32>,
+    pub retry_count: i32,
+    pub not_before: Option<DateTime<Utc>>,
+    pub created: DateTime<Utc>,
+}
+
+/// The batch form of `transition` for the scheduler: requested → scheduled for the oldest
+/// waiting executions of `runtime` (a retry by its `not_before`), the first to `plan[0]`, the
+/// next to `plan[1]`, and so on: one statement for as many executions as the plan has slots.
+/// `SKIP LOCKED` lets several executors claim at once without taking a row twice; fewer rows
+/// than slots means fewer were waiting.
+pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<Vec<Claimed>, sqlx::Error> {
+    debug_assert!(ExecutionStatus::can_transition(ExecutionStatus::Requested, ExecutionStatus::Scheduled));
+    sqlx::query_as(
+        "WITH picked AS ( \
+            SELECT id, COALESCE(not_before, created) AS since FROM execution \
+            WHERE status = 'requested' AND runtime = $1 \
+            ORDER BY COALESCE(not_before, created), id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+         numbered AS (SELECT id, row_number() OVER (ORDER BY since, id) AS n FROM picked), \
+         plan AS (SELECT worker, n FROM unnest($2::bigint[]) WITH ORDINALITY AS p(worker, n)) \
+         UPDATE execution e SET status = 'scheduled', worker = plan.worker, updated = now() \
+         FROM numbered JOIN plan USING (n) \
+         WHERE e.id = numbered.id AND e.status = 'requested' \
+         RETURNING e.id, e.worker, e.action, e.action_ref, e.parameters, e.timeout_seconds, e.retry_count, \
+            e.not_before, e.created",
+    )
+    .bind(runtime)
+    .bind(plan)
+    .bind(plan.len() as i64)
+    .fetch_all(db)
+    .await
+}
+
+/// The runtimes that have waiting (`requested`) executions: one index probe per runtime (a
+/// loose index scan), whatever the number of waiting rows.
+pub async fn waiting_runtimes(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH RECURSIVE r(runtime) AS ( \
+            SELECT min(runtime) FROM execution WHERE status = 'requested' \
+            UNION ALL \
+            SELECT (SELECT min(runtime) FROM execution WHERE status = 'requested' AND runtime > r.runtime) \
+            FROM r WHERE r.runtime IS NOT NULL) \
+         SELECT runtime FROM r WHERE runtime IS NOT NULL",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Executions of `runtime` that have waited (`requested`) longer than `secs`, oldest first.
+pub async fn waiting_longer_than(
+    db: &PgPool,
+    runtime: &str,
+    secs: f64,
+    limit: i64,
+) -> Result<Vec<Execution>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM execution WHERE status = 'requested' AND runtime = $1 \
+         AND COALESCE(not_before, created) < now() - make_interval(secs => $2) \
+         ORDER BY COALESCE(not_before, created), id LIMIT $3"
+    )))
+    .bind(runtime)
+    .bind(secs)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Waiting executions whose action was gone when they were submitted: nothing can run them.
+pub async fn waiting_without_runtime(db: &PgPool, limit: i64) -> Result<Vec<Execution>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM execution WHERE status = 'requested' AND runtime IS NULL ORDER BY id LIMIT $1"
+    )))
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// scheduled → requested, fenced by the worker it was assigned to: work that never started goes
+/// back to waiting without spending a retry (a dispatch that could not be sent, a stopping
+/// worker's hand-back, a dispatch lost with its queue). `None`: it had moved on.
+pub async fn hand_back(db: impl PgExecutor<'_>, execution_id: i64, worker_id: i64) -> Result<Option<Changed>, sqlx::Error> {
+    let transition =
+        Transition::to(ExecutionStatus::Requested).from(&[ExecutionStatus::Scheduled]).owned_by(worker_id);
+    transition_brief(db, execution_id, &transition).await
+}
+
+/// A worker's dispatches that it holds, delivered and not yet started, marked as still held
+/// (`updated` set to now; no status changes), so that the monitor does not take them for lost.
+pub async fn keep_held(db: &PgPool, worker_id: i64, execution_ids: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE execution SET updated = now() WHERE id = ANY($2) AND worker = $1 AND status = 'scheduled'")
+        .bind(worker_id)
+        .bind(execution_ids)
         .execute(db)
         .await?;
     Ok(())
@@ -389,14 +486,14 @@ pub async fn keep_requested(db: &PgPool, execution_id: i64) -> Result<(), sqlx::
 
 /// The batch form of `transition` for the retry timer: due `delayed` retries become `requested`.
 /// `SKIP LOCKED` lets several executors run it at once without handing out a retry twice.
-/// Returns each promoted execution's id and action.
-pub async fn promote_due_retries(db: &PgPool, limit: i64) -> Result<Vec<(i64, Option<i64>)>, sqlx::Error> {
+/// Returns each promoted execution's id and runtime.
+pub async fn promote_due_retries(db: &PgPool, limit: i64) -> Result<Vec<(i64, Option<String>)>, sqlx::Error> {
     debug_assert!(ExecutionStatus::can_transition(ExecutionStatus::Delayed, ExecutionStatus::Requested));
     sqlx::query_as(
         "UPDATE execution SET status = 'requested', updated = now() WHERE id IN ( \
             SELECT id FROM execution WHERE status = 'delayed' AND not_before <= now() \
             ORDER BY not_before LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         AND status = 'delayed' RETURNING id, action",
+         AND status = 'delayed' RETURNING id, runtime",
     )
     .bind(limit)
     .fetch_all(db)
@@ -428,21 +525,4 @@ pub async fn chain(db: &PgPool, execution_id: i64) -> Result<Vec<Execution>, sql
          SELECT {COLUMNS} FROM execution WHERE id IN (SELECT id FROM down) ORDER BY retry_count, id"
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(execution_id).fetch_all(db).await
-}
-
-/// Executions in `requested` older than `age`: rows whose request message may never have been
-/// published (the API crashed between commit and publish, or the broker was down). Their
-/// `updated` is touched, so each is re-published once per `age`, not on every pass. Returns each
-/// one's id and action.
-pub async fn stale_requested(db: &PgPool, age_secs: f64, limit: i64) -> Result<Vec<(i64, Option<i64>)>, sqlx::Error> {
-    sqlx::query_as(
-        "UPDATE execution SET updated = now() WHERE id IN ( \
-            SELECT id FROM execution WHERE status = 'requested' AND updated < now() - make_interval(secs => $1) \
-            ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-         AND status = 'requested' RETURNING id, action",
-    )
-    .bind(age_secs)
-    .bind(limit)
-    .fetch_all(db)
-    .await
 }

@@ -23,9 +23,12 @@ pub async fn register(db: &PgPool, name: &str, capabilities: &Value) -> Result<i
     .await
 }
 
+/// Records a heartbeat: the worker is `active` from its first one on, except that a `draining`
+/// worker stays draining until it stops.
 pub async fn heartbeat(db: &PgPool, worker_id: i64, capabilities: &Value) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE worker SET capabilities = $2, last_heartbeat = now(), status = 'active', updated = now() \
+        "UPDATE worker SET capabilities = $2, last_heartbeat = now(), updated = now(), \
+            status = CASE WHEN status = 'draining' THEN 'draining' ELSE 'active' END \
          WHERE id = $1",
     )
     .bind(worker_id)
@@ -35,12 +38,35 @@ pub async fn heartbeat(db: &PgPool, worker_id: i64, capabilities: &Value) -> Res
     .map(|_| ())
 }
 
+/// The worker is stopping: no executor dispatches to it from its next read of the fleet on.
+pub async fn drain(db: &PgPool, worker_id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE worker SET status = 'draining', updated = now() WHERE id = $1")
+        .bind(worker_id)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
 pub async fn deactivate(db: &PgPool, worker_id: i64) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE worker SET status = 'inactive', updated = now() WHERE id = $1")
         .bind(worker_id)
         .execute(db)
         .await
         .map(|_| ())
+}
+
+/// Marks the worker inactive if its heartbeat is older than `max_age_secs` (or it never sent
+/// one): evidence that it is gone, where expired work alone is not.
+pub async fn deactivate_if_silent(db: &PgPool, worker_id: i64, max_age_secs: f64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE worker SET status = 'inactive', updated = now() WHERE id = $1 AND status <> 'inactive' \
+         AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $2))",
+    )
+    .bind(worker_id)
+    .bind(max_age_secs)
+    .execute(db)
+    .await
+    .map(|_| ())
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -77,6 +103,17 @@ impl WorkerRow {
         }
     }
 
+    /// How many executions the worker takes at once, started or not (its concurrency plus its
+    /// look-ahead); `None` for a worker that does not say (an earlier version).
+    fn slots(&self) -> Option<i64> {
+        self.capabilities["slots"].as_i64()
+    }
+
+    /// Whether the worker's consumer is up; a worker that does not say is taken to be consuming.
+    fn consuming(&self) -> bool {
+        self.capabilities["consuming"].as_bool().unwrap_or(true)
+    }
+
     fn runtimes(&self) -> Vec<String> {
         self.capabilities["runtimes"]
             .as_array()
@@ -93,8 +130,9 @@ pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), 
     Ok((candidates, now))
 }
 
-/// Active workers with what they reported (queue depth: their own report only), without the
-/// in-flight counts: the part of the scheduling picture that may be cached briefly.
+/// Active workers whose consumer is up, with what they reported (queue depth: their own report
+/// only), without the in-flight counts: the part of the scheduling picture that may be cached
+/// briefly. Draining and inactive workers are not candidates.
 pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
     let rows: Vec<WorkerRow> = sqlx::query_as(
         "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, 0::bigint AS inflight, now() AS now \
@@ -104,11 +142,13 @@ pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
     .await?;
     Ok(rows
         .iter()
+        .filter(|row| row.consuming())
         .map(|row| Candidate {
             worker_id: row.id,
             name: row.name.clone(),
             runtimes: row.runtimes(),
             signals: row.signals(),
+            slots: row.slots(),
         })
         .collect())
 }
