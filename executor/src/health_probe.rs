@@ -50,15 +50,19 @@ impl Picture {
         *self.inflight.entry(worker_id).or_default() += count;
     }
 
-    /// The workers offering `runtime` that have a free slot, with their signals (queue depth:
-    /// what is in flight on them, or what they reported if that is more).
+    /// The workers offering `runtime` that have a free slot (fewer executions dispatched to them
+    /// and unfinished than their slots), with their signals (queue depth: what is in flight on
+    /// them, or what they reported if that is more).
     pub fn rooms(&self, runtime: &str) -> Vec<Room> {
         self.fleet
             .iter()
             .filter(|c| c.offers(runtime))
             .filter_map(|c| {
                 let signals = db::worker::with_inflight(c, &self.inflight);
-                let free = c.slots.map_or(i64::MAX, |slots| slots - signals.queue_depth);
+                // capacity counts what was dispatched and has not finished; the reported queue
+                // depth (which may be higher) weighs in the health class only
+                let dispatched = self.inflight.get(&c.worker_id).copied().unwrap_or(0);
+                let free = c.slots.map_or(i64::MAX, |slots| slots - dispatched);
                 (free > 0).then_some(Room { worker_id: c.worker_id, signals, free })
             })
             .collect()

@@ -229,7 +229,9 @@ async fn dispatch(context: &Context, claimed: Claimed) {
     let execution_id = claimed.id;
     let worker_id = claimed.worker;
     let action = match claimed.action {
-        Some(action_id) => db::retry_while_unavailable("reading an action", || context.actions.get(&context.db, action_id)).await,
+        Some(action_id) => {
+            db::retry_while_unavailable("reading an action", || context.actions.get(&context.db, action_id)).await
+        }
         None => Ok(None),
     };
     let action = match action {
@@ -271,8 +273,7 @@ async fn dispatch(context: &Context, claimed: Claimed) {
         match context.publisher.publish(&Topology::worker_key(worker_id), &message).await {
             Ok(()) => {
                 let requested_at = claimed.not_before.unwrap_or(claimed.created);
-                let latency =
-                    (chrono::Utc::now() - requested_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
+                let latency = (chrono::Utc::now() - requested_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
                 metrics::observe(&metrics::DISPATCH_LATENCY, &[], latency);
                 metrics::increment(&metrics::DISPATCHES, &[], 1);
                 tracing::debug!(execution_id, worker_id, "dispatched");
@@ -295,9 +296,10 @@ async fn dispatch(context: &Context, claimed: Claimed) {
 /// scheduled → requested for a dispatch that was not sent: the execution waits again, its retry
 /// budget untouched. Waits out a database outage.
 async fn give_back(context: &Context, claimed: &Claimed, runtime: Option<&str>) {
-    let handed_back =
-        db::retry_while_unavailable("handing back a dispatch", || db::execution::hand_back(&context.db, claimed.id, claimed.worker))
-            .await;
+    let handed_back = db::retry_while_unavailable("handing back a dispatch", || {
+        db::execution::hand_back(&context.db, claimed.id, claimed.worker)
+    })
+    .await;
     match handed_back {
         Ok(_) => {
             metrics::increment(&metrics::HANDED_BACK, &[("by", "executor")], 1);

@@ -240,13 +240,18 @@ async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_h
     }
     // a retry whose backoff began before them all goes first: it waits by its not_before
     let early = chrono::Utc::now() - chrono::Duration::minutes(5);
-    let retry = db::execution::insert(&pool, &NewExecution { not_before: Some(early), ..new(shell, 1, 3) }).await.unwrap();
+    let retry =
+        db::execution::insert(&pool, &NewExecution { not_before: Some(early), ..new(shell, 1, 3) }).await.unwrap();
     assert_eq!(retry.runtime.as_deref(), Some("shell"), "the runtime is copied from the action on insert");
     assert_eq!(db::execution::waiting_runtimes(&pool).await.unwrap(), vec!["python".to_string(), "shell".to_string()]);
 
     // another executor holds the oldest plain request: it is skipped, not waited for
     let mut other = pool.begin().await.unwrap();
-    sqlx::query("SELECT id FROM execution WHERE id = $1 FOR UPDATE").bind(shell_ids[0]).execute(&mut *other).await.unwrap();
+    sqlx::query("SELECT id FROM execution WHERE id = $1 FOR UPDATE")
+        .bind(shell_ids[0])
+        .execute(&mut *other)
+        .await
+        .unwrap();
     let claimed = db::execution::claim_waiting(&pool, "shell", &[a, b, a]).await.unwrap();
     other.rollback().await.unwrap();
     let mut got: Vec<(i64, i64)> = claimed.iter().map(|c| (c.id, c.worker)).collect();

@@ -70,7 +70,8 @@ impl SystemBuilder {
         system.spawn("executor", "attune-executor", &BTreeMap::new());
         for (name, env) in &self.workers {
             let mut env = env.clone();
-            env.insert("ATTUNE_WORKER_NAME".into(), name.clone());
+            // (an empty ATTUNE_WORKER_NAME given here leaves the worker its default name)
+            env.entry("ATTUNE_WORKER_NAME".into()).or_insert_with(|| name.clone());
             env.entry("ATTUNE_WORKER_HEALTH_OVERRIDE_FILE".into())
                 .or_insert_with(|| system.health_override_file(name).display().to_string());
             system.spawn(name, "attune-worker", &env);

@@ -42,7 +42,8 @@ pub use attune_common::ServiceError as Error;
 pub struct Settings {
     pub common: CommonSettings,
     pub health: HealthProbeConfig,
-    /// `ATTUNE_WORKER_NAME`; unique per worker (default: host name and process id).
+    /// `ATTUNE_WORKER_NAME`; unique per worker (default, also when empty: host name and process
+    /// id).
     pub name: String,
     /// `ATTUNE_WORKER_RUNTIMES`, comma separated (default `shell,python,builtin`).
     pub runtimes: Vec<String>,
@@ -76,7 +77,9 @@ impl Settings {
         Ok(Settings {
             common: CommonSettings::from_env()?,
             health: HealthProbeConfig::from_env()?,
-            name: env_or("ATTUNE_WORKER_NAME", default_name)?,
+            name: Some(env_or("ATTUNE_WORKER_NAME", String::new())?)
+                .filter(|name| !name.trim().is_empty())
+                .unwrap_or(default_name),
             runtimes: runtimes.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
             concurrency: env_or::<u16>("ATTUNE_WORKER_CONCURRENCY", 4)?.max(1),
             prefetch: env_or("ATTUNE_WORKER_PREFETCH", 4)?,
@@ -332,7 +335,9 @@ impl Worker {
     async fn drain_when_asked(self: Arc<Self>, shutdown: CancellationToken, stop_consuming: CancellationToken) {
         shutdown.cancelled().await;
         tracing::info!(worker_id = self.id, "stopping: draining");
-        if let Err(e) = db::retry_while_unavailable("marking the worker draining", || db::worker::drain(&self.db, self.id)).await {
+        if let Err(e) =
+            db::retry_while_unavailable("marking the worker draining", || db::worker::drain(&self.db, self.id)).await
+        {
             tracing::warn!(error = %e, "could not mark the worker draining");
         }
         if let Err(e) = self.publisher.unbind_worker_queue(self.id).await {
@@ -363,7 +368,9 @@ impl Worker {
         match self.publisher.retire_worker_queue(&self.queue, self.id).await {
             Ok(true) => tracing::info!(queue = %self.queue, "worker queue deleted"),
             Ok(false) => tracing::warn!(queue = %self.queue, "worker queue not empty; left to expire"),
-            Err(e) => tracing::warn!(queue = %self.queue, error = %e, "could not delete the worker queue; left to expire"),
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, "could not delete the worker queue; left to expire")
+            }
         }
     }
 

@@ -467,9 +467,12 @@ pub async fn waiting_without_runtime(db: &PgPool, limit: i64) -> Result<Vec<Exec
 /// scheduled → requested, fenced by the worker it was assigned to: work that never started goes
 /// back to waiting without spending a retry (a dispatch that could not be sent, a stopping
 /// worker's hand-back, a dispatch lost with its queue). `None`: it had moved on.
-pub async fn hand_back(db: impl PgExecutor<'_>, execution_id: i64, worker_id: i64) -> Result<Option<Changed>, sqlx::Error> {
-    let transition =
-        Transition::to(ExecutionStatus::Requested).from(&[ExecutionStatus::Scheduled]).owned_by(worker_id);
+pub async fn hand_back(
+    db: impl PgExecutor<'_>,
+    execution_id: i64,
+    worker_id: i64,
+) -> Result<Option<Changed>, sqlx::Error> {
+    let transition = Transition::to(ExecutionStatus::Requested).from(&[ExecutionStatus::Scheduled]).owned_by(worker_id);
     transition_brief(db, execution_id, &transition).await
 }
 

@@ -1,0 +1,3 @@
+#!/bin/sh
+echo "$ATTUNE_EXECUTION_ID" >> "$ATTUNE_PARAM_LOG"
+sleep "$ATTUNE_PARAM_SECONDS"
