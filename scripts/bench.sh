@@ -28,6 +28,8 @@ export ATTUNE_PACKS_DIR=$PWD/packs
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export ATTUNE_API_ADDR=127.0.0.1:$port ATTUNE_API_URL=http://127.0.0.1:$port
 export RUST_LOG=${RUST_LOG:-info}
+# the backlog workload's setting (200 × 1 s on 2 workers of concurrency 4, far past a 30 s TTL)
+export ATTUNE_WORKER_CONCURRENCY=${ATTUNE_WORKER_CONCURRENCY:-4} ATTUNE_WORKER_QUEUE_TTL_SECS=${ATTUNE_WORKER_QUEUE_TTL_SECS:-30}
 
 mkdir -p target/bench
 log "starting attune (log: target/bench/up.log)"

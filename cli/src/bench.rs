@@ -20,7 +20,7 @@ const WAIT_BATCH: usize = 500;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Workloads to run (default: all): noop, rate, echo, retry, fleet, load
+    /// Workloads to run (default: all): noop, rate, echo, retry, fleet, backlog, load
     #[arg(long, value_delimiter = ',')]
     pub workload: Vec<String>,
     /// Executions per closed-loop workload
@@ -317,7 +317,7 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
         metrics_urls,
         own_statements: Default::default(),
     });
-    let all = ["noop", "rate", "echo", "retry", "fleet", "load"];
+    let all = ["noop", "rate", "echo", "retry", "fleet", "backlog", "load"];
     let chosen: Vec<String> =
         if args.workload.is_empty() { all.iter().map(|s| s.to_string()).collect() } else { args.workload.clone() };
     let q = args.quick;
@@ -348,6 +348,7 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
             ],
             "retry" => vec![retry_mix(&bench, if q { 20 } else { count / 4 }, args.concurrency).await?],
             "fleet" => fleet_workload(&bench, fleet, if q { 100 } else { count / 2 }, args.concurrency).await?,
+            "backlog" => vec![backlog(&bench, if q { 16 } else { 200 }, args.concurrency).await?],
             "load" => {
                 let rates: Vec<f64> =
                     if q { vec![25.0, 50.0] } else { vec![50.0, 100.0, 200.0, 400.0, 500.0, 600.0, 800.0] };
@@ -394,6 +395,33 @@ async fn retry_mix(bench: &Arc<Bench>, count: usize, concurrency: usize) -> anyh
         "mean_backoff_ms": (mean(&gaps.iter().map(|g| g.0 * 1000.0).collect::<Vec<_>>()) * 10.0).round() / 10.0,
         "mean_gap_over_backoff_ms": (mean(&late) * 10.0).round() / 10.0,
         "max_gap_over_backoff_ms": (late.iter().cloned().fold(0.0, f64::max) * 10.0).round() / 10.0,
+    });
+    Ok(measured)
+}
+
+/// A backlog far longer than the worker queues' TTL (`make bench` runs the workers with
+/// concurrency 4 and a 30 s queue TTL): `count` actions of 1 s submitted at once. Every one must
+/// complete, and the whole must take about `count` × 1 s / the run slots of the workers that offer
+/// the shell runtime: capacity, not the TTL, decides when each runs.
+async fn backlog(bench: &Arc<Bench>, count: usize, concurrency: usize) -> anyhow::Result<Measured> {
+    let run_slots: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum((capabilities->>'concurrency')::bigint), 0)::bigint FROM worker \
+         WHERE status = 'active' AND capabilities->'runtimes' ? 'shell'",
+    )
+    .fetch_one(&bench.db)
+    .await?;
+    if run_slots == 0 {
+        bail!("the backlog workload needs an active worker offering the shell runtime");
+    }
+    let sleep = [(1.0, "core.sleep", json!({"seconds": 1}))];
+    let name = format!("backlog: {count} × 1 s on {run_slots} run slots");
+    let mut measured = bench.closed_loop(&name, count, concurrency, &sleep).await?;
+    let ideal = count as f64 / run_slots as f64;
+    measured.extra = json!({
+        "run_slots": run_slots,
+        "ideal_secs": ideal,
+        "makespan_secs": (measured.elapsed * 100.0).round() / 100.0,
+        "makespan_over_ideal": (measured.elapsed / ideal * 1000.0).round() / 1000.0,
     });
     Ok(measured)
 }

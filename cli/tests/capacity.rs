@@ -157,12 +157,36 @@ async fn a_stopping_worker_with_the_default_name_hands_back_and_removes_its_queu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_thousand_at_once_all_complete_without_amplification() {
     let system = System::builder().worker("w1", &[]).worker("w2", &[]).start().await;
+    // the most executions dispatched to one worker and unfinished, sampled while the burst runs
+    let sampler = {
+        let pool = system.db.pool.clone();
+        tokio::spawn(async move {
+            let mut most = 0i64;
+            loop {
+                let sample: Option<i64> = sqlx::query_scalar(
+                    "SELECT max(n) FROM (SELECT count(*) AS n FROM execution \
+                     WHERE status IN ('scheduled', 'running') GROUP BY worker) per_worker",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap_or(None);
+                most = most.max(sample.unwrap_or(0));
+                let open: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE finished IS NULL")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap_or(1);
+                if open == 0 && most > 0 {
+                    return most;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     let started = Instant::now();
     let mut ids = Vec::new();
-    for chunk in 0..100 {
+    for _ in 0..100 {
         let submissions = (0..50).map(|_| system.submit("core.noop", json!({})));
         ids.extend(futures_util::future::join_all(submissions).await.iter().map(id));
-        let _ = chunk;
     }
     wait_for("5,000 executions to finish", Duration::from_secs(300), || async {
         let open: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE finished IS NULL")
@@ -188,6 +212,10 @@ async fn five_thousand_at_once_all_complete_without_amplification() {
     assert_eq!(dispatches, 5000 + handed_back, "one dispatch per execution");
     assert!(handed_back <= 50, "handed back: {handed_back}");
     assert_eq!(ids.len(), 5000);
+    let most_dispatched = sampler.await.unwrap();
+    eprintln!("at most {most_dispatched} executions dispatched and unfinished on one worker");
+    // the default slots: concurrency 4 + look-ahead 4 (one executor: its picture is exact)
+    assert!(most_dispatched <= 8, "a worker got more than its slots: {most_dispatched}");
     system.stop().await;
 }
 

@@ -84,3 +84,51 @@ async fn executions_survive_connection_loss_and_a_broker_restart() {
     eprintln!("500 executions through a connection loss and a broker restart; {retried} retries");
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts the broker: run alone (make test runs it after the other tests)"]
+async fn requests_waiting_for_capacity_survive_a_broker_restart_without_failing_or_running_twice() {
+    let dir = std::env::temp_dir().join(format!("attune-chaos-{}-{:x}", std::process::id(), rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("runs.log");
+    let system = System::builder()
+        .pack(attune_testkit::system::repo_root().join("testkit/packs/e2e"))
+        .worker("busy", &[("ATTUNE_WORKER_CONCURRENCY", "2")])
+        .start()
+        .await;
+    // 2 running, 4 held ahead by the worker, 40 waiting for its capacity
+    let parameters = json!({"log": log.display().to_string(), "seconds": 0.5});
+    let mut ids = Vec::new();
+    for _ in 0..46 {
+        ids.push(system.submit("e2e.record", parameters.clone()).await["id"].as_i64().unwrap());
+    }
+    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE status = 'requested'")
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert!(waiting >= 30, "most requests wait for capacity when the broker goes: {waiting}");
+    rabbitmqctl(&["stop_app"]);
+    tokio::time::sleep(Duration::from_secs(3)).await; // the outage itself, not a synchronisation
+    rabbitmqctl(&["start_app"]);
+    rabbitmqctl(&["await_startup"]);
+    for id in &ids {
+        let execution = system.wait_terminal(*id, Duration::from_secs(180)).await;
+        assert_eq!(execution["status"], "completed", "{execution}");
+    }
+    let (count, retries, failed): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE retry_count > 0), count(*) FILTER (WHERE status <> 'completed') \
+         FROM execution",
+    )
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    assert_eq!((count, retries, failed), (46, 0, 0), "every execution completed at its first attempt");
+    let mut runs = std::collections::BTreeMap::<i64, usize>::new();
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        *runs.entry(line.trim().parse().unwrap()).or_default() += 1;
+    }
+    assert_eq!(runs.len(), 46, "every execution ran");
+    assert!(runs.values().all(|n| *n == 1), "an execution ran twice: {runs:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+    system.stop().await;
+}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attune_common::db;
-use attune_common::health::HealthProbeConfig;
+use attune_common::health::{HealthClass, HealthProbeConfig, classify};
 use attune_common::selection::{self, Candidate, Ranked, Room};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -53,7 +53,11 @@ impl Picture {
     /// The workers offering `runtime` that have a free slot (fewer executions dispatched to them
     /// and unfinished than their slots), with their signals (queue depth: what is in flight on
     /// them, or what they reported if that is more).
-    pub fn rooms(&self, runtime: &str) -> Vec<Room> {
+    /// Workers these reads already make unhealthy are left out: more work and a later clock
+    /// never make a class better, so a plan could never choose them (and the cost of planning
+    /// follows the workers that can take work, not the size of the fleet).
+    pub fn rooms(&self, config: &HealthProbeConfig, runtime: &str) -> Vec<Room> {
+        let now = self.now();
         self.fleet
             .iter()
             .filter(|c| c.offers(runtime))
@@ -63,7 +67,8 @@ impl Picture {
                 // depth (which may be higher) weighs in the health class only
                 let dispatched = self.inflight.get(&c.worker_id).copied().unwrap_or(0);
                 let free = c.slots.map_or(i64::MAX, |slots| slots - dispatched);
-                (free > 0).then_some(Room { worker_id: c.worker_id, signals, free })
+                let eligible = classify(config, &signals, now) != HealthClass::Unhealthy;
+                (free > 0 && eligible).then_some(Room { worker_id: c.worker_id, signals, free })
             })
             .collect()
     }
@@ -116,13 +121,13 @@ impl WorkerHealthProbe {
     pub async fn select_worker(&self, runtime: &str) -> Result<Option<Ranked>, sqlx::Error> {
         let picture = self.picture().await?;
         let now = picture.now();
-        let placed = selection::plan(&self.config, picture.rooms(runtime), 1, now, |_| rand::random());
+        let rooms = picture.rooms(&self.config, runtime);
+        let placed = selection::plan(&self.config, rooms.clone(), 1, now, |_| rand::random());
         let Some(worker_id) = placed.first() else { return Ok(None) };
-        let rooms = picture.rooms(runtime);
         let room = rooms.iter().find(|r| r.worker_id == *worker_id).expect("a planned worker has room");
         Ok(Some(Ranked {
             worker_id: *worker_id,
-            class: attune_common::health::classify(&self.config, &room.signals, now),
+            class: classify(&self.config, &room.signals, now),
             queue_depth: room.signals.queue_depth,
         }))
     }

@@ -176,7 +176,7 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
         if picture.could_run(&config, runtime) {
             state.offered.insert(runtime.clone(), now);
         }
-        let rooms = picture.rooms(runtime);
+        let rooms = picture.rooms(&config, runtime);
         let limit = rooms.iter().map(|r| r.free).sum::<i64>().clamp(0, BATCH as i64) as usize;
         let plan = selection::plan(&config, rooms, limit, picture.now(), |_| rand::random());
         if plan.is_empty() {

@@ -214,11 +214,11 @@ async fn the_picture_gives_room_by_free_slots_and_skips_workers_that_cannot_cons
     running_on(&pool, action, b).await;
     let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
     let mut picture = probe.picture().await.unwrap();
-    let rooms: Vec<(i64, i64)> = picture.rooms("shell").iter().map(|r| (r.worker_id, r.free)).collect();
+    let rooms: Vec<(i64, i64)> = picture.rooms(probe.config(), "shell").iter().map(|r| (r.worker_id, r.free)).collect();
     assert_eq!(rooms, vec![(a, 1)], "b is full; c does not consume; d is draining (and stays so)");
-    assert!(picture.rooms("python").is_empty());
+    assert!(picture.rooms(probe.config(), "python").is_empty());
     picture.add(a, 1);
-    assert!(picture.rooms("shell").is_empty(), "a claim counts at once");
+    assert!(picture.rooms(probe.config(), "shell").is_empty(), "a claim counts at once");
     assert!(picture.could_run(probe.config(), "shell"), "busy workers could still take work");
     assert!(!picture.could_run(probe.config(), "python"));
     assert_eq!(probe.select_worker("shell").await.unwrap().map(|r| r.worker_id), Some(a));
