@@ -37,7 +37,9 @@ async fn the_quick_benchmark_runs_every_workload() {
     assert!(table.starts_with("WORKLOAD") && table.contains("EXEC/S"), "{table}");
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
-    assert_eq!(results.len(), 8, "noop, rate, echo, retry, fleet x2, load x2: {report:#}");
+    assert_eq!(results.len(), 9, "noop, rate, echo, retry, fleet x2, backlog, load x2: {report:#}");
+    let backlog = results.iter().find(|r| r["workload"].as_str().unwrap().starts_with("backlog")).unwrap();
+    assert_eq!(backlog["not_completed"], 0, "{backlog}");
     for result in results {
         assert!(result["executions_per_second"].as_f64().unwrap() > 0.0, "{result}");
         assert!(result["latency_ms"]["p99"].as_f64().unwrap() >= result["latency_ms"]["p50"].as_f64().unwrap());

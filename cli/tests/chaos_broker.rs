@@ -42,7 +42,6 @@ fn close_attune_connections(namespace_processes: &str) -> usize {
 #[ignore = "restarts the broker: run alone (make test runs it after the other tests)"]
 async fn executions_survive_connection_loss_and_a_broker_restart() {
     let system = System::builder()
-        .env("ATTUNE_REQUEUE_AFTER_SECS", "2")
         .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
         .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.2")
         .worker("w1", &[])

@@ -122,7 +122,6 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
     let system = System::builder()
         .env("ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED", "3")
         .env("ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY", "5")
-        .env("ATTUNE_REQUEUE_AFTER_SECS", "1.5")
         .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.2")
         .worker("w1", &[("ATTUNE_WORKER_CONCURRENCY", "2")])
         .start()

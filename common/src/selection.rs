@@ -25,6 +25,9 @@ pub struct Candidate {
     /// How many executions it takes at once, started or not (`None`: it does not say, and only
     /// its health bounds it).
     pub slots: Option<i64>,
+    /// Whether its consumer is up: a worker that cannot consume gets no work, but its runtimes
+    /// still count as offered (it is alive and reconnecting).
+    pub consuming: bool,
 }
 
 impl Candidate {
@@ -174,6 +177,7 @@ mod tests {
                 queue_depth,
             },
             slots: None,
+            consuming: true,
         }
     }
 

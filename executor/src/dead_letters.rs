@@ -5,8 +5,10 @@
 //!   — and the RetryManager decides about a retry. The worker is marked inactive only if its
 //!   heartbeat is stale too: a worker that heartbeats keeps its place (its heartbeat says whether
 //!   its consumer is up, and the scheduler skips it while it is not).
-//! - A request or dispatch dead-lettered after its **delivery limit** (it failed processing every
-//!   time) fails its execution as `poison_message`, with the reason; it is not retried.
+//! - A dispatch dead-lettered after its **delivery limit** whose execution had not started
+//!   (a worker held it through reconnects) is handed back to waiting; one that was running fails
+//!   as `poison_message`, with the reason (not retried). A request hint dead-lettered so is
+//!   dropped: the waiting row is the request, and the schedulers sweep it.
 //! - A result dead-lettered after its delivery limit is parked and its execution failed as
 //!   `poison_message`.
 //! - Anything else (an unparseable message, say) is logged with
@@ -48,18 +50,28 @@ async fn act(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), 
     {
         return match why.reason.as_str() {
             "expired" => expired_dispatch(context, &dispatch, worker_id).await,
-            _ => {
-                poison(context, dispatch.execution_id, why, &[ExecutionStatus::Scheduled, ExecutionStatus::Running])
-                    .await
-            }
+            // returned to the queue on every reconnect while the worker held it: never started,
+            // so it waits again; one that was running is poison
+            _ => match db::execution::hand_back(&context.db, dispatch.execution_id, worker_id).await? {
+                Some(_) => {
+                    tracing::warn!(execution_id = dispatch.execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had not started; the execution waits again");
+                    metrics::increment(&metrics::HANDED_BACK, &[("by", "executor")], 1);
+                    context.waiting.mark_all();
+                    Ok(())
+                }
+                None => poison(context, dispatch.execution_id, why, &[ExecutionStatus::Running]).await,
+            },
         };
     }
     if key == REQUEST_KEY
         && why.reason != "rejected"
         && let Ok(request) = serde_json::from_slice::<ExecutionRequest>(&incoming.data)
     {
-        return poison(context, request.execution_id, why, &[ExecutionStatus::Requested, ExecutionStatus::Scheduling])
-            .await;
+        // a request message is only a hint: the waiting row is the request, and the schedulers'
+        // sweep finds it
+        tracing::warn!(execution_id = request.execution_id, reason = %why.reason, "dead-lettered request hint dropped");
+        context.waiting.mark_all();
+        return Ok(());
     }
     if key == RESULT_KEY
         && why.reason == "delivery_limit"

@@ -60,7 +60,7 @@ impl Picture {
         let now = self.now();
         self.fleet
             .iter()
-            .filter(|c| c.offers(runtime))
+            .filter(|c| c.offers(runtime) && c.consuming)
             .filter_map(|c| {
                 let signals = db::worker::with_inflight(c, &self.inflight);
                 // capacity counts what was dispatched and has not finished; the reported queue

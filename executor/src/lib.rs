@@ -89,6 +89,9 @@ pub struct Context {
     pub retry_manager: retry_manager::RetryManager,
     /// The runtimes that may have waiting requests, and the scheduler's wake-up.
     pub waiting: scheduler::Waiting,
+    /// Dispatches being published: waited for (a few seconds at most) when the executor stops,
+    /// so that a claimed execution is not left `scheduled` without its dispatch.
+    pub dispatches: tokio_util::task::TaskTracker,
     /// Actions read recently (one read fewer per execution under steady traffic).
     pub actions: db::action::ActionCache,
     pub publisher: Publisher,
@@ -111,6 +114,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         retry_manager,
         actions: db::action::ActionCache::new(settings.action_cache_ttl),
         waiting: Default::default(),
+        dispatches: tokio_util::task::TaskTracker::new(),
         publisher,
         settings: settings.clone(),
     });
@@ -153,6 +157,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let monitor = monitor::run(context.clone(), shutdown.clone());
     let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
     tokio::join!(scheduler, dispatcher, completion, dead_letters, monitor, retry_timer);
+    context.dispatches.close();
+    if tokio::time::timeout(Duration::from_secs(20), context.dispatches.wait()).await.is_err() {
+        tracing::warn!("dispatches still being published at shutdown; the monitor hands their executions back");
+    }
     tracing::info!("executor stopped");
     Ok(())
 }

@@ -10,7 +10,7 @@
 //!   spent. Waiting `requested` executions need nothing from the monitor: every scheduler sweeps
 //!   them (see `scheduler`), so nothing is re-published;
 //! - finds active workers whose heartbeat is stale: marks them inactive, hands their `scheduled`
-//!   executions on at once (`worker_unavailable`, never started) and fails their `running` ones as
+//!   executions back to waiting at once (never started: no retry spent) and fails their `running` ones as
 //!   `worker_heartbeat_stale` (then retried, or `abandoned` for non-idempotent actions);
 //! - fails `running` executions well past their deadline as `timeout`.
 //!
@@ -103,8 +103,8 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
     Ok(())
 }
 
-/// Workers whose heartbeat is stale: marked inactive; their dispatched work is handed on at once
-/// (never started: `worker_unavailable`) and their running work failed as
+/// Workers whose heartbeat is stale: marked inactive; their dispatched work is handed back to
+/// waiting at once (never started: no retry spent) and their running work failed as
 /// `worker_heartbeat_stale` (retried, or `abandoned` for non-idempotent actions).
 async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
     let settings = &context.settings;
@@ -130,16 +130,8 @@ async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
     .await?;
     for (id, status) in orphaned {
         match status {
-            ExecutionStatus::Scheduled => {
-                fail(
-                    context,
-                    id,
-                    status,
-                    FailureKind::WorkerUnavailable,
-                    "its worker stopped heartbeating before it started",
-                )
-                .await?
-            }
+            // never started: it waits again for a worker, with no retry spent
+            ExecutionStatus::Scheduled => hand_back(context, id).await?,
             _ => {
                 fail(
                     context,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use attune_common::db::{self, execution::Claimed, execution::Execution, execution::Outcome};
 use attune_common::metrics;
-use attune_common::mq::{Dispatch, Disposition, ExecutionRequest, Incoming, MqError, Topology};
+use attune_common::mq::{DELIVERY_LIMIT, Dispatch, Disposition, ExecutionRequest, Incoming, MqError, Topology};
 use attune_common::pack::RetryPolicy;
 use attune_common::{ExecutionStatus, FailureKind, selection};
 use tokio_util::sync::CancellationToken;
@@ -108,12 +108,20 @@ struct Loop {
     again: HashMap<String, Instant>,
     /// Taken in turn, so that one runtime's backlog does not always go first.
     turn: usize,
+    /// Executions whose claim the database refused, and how many times.
+    refused: HashMap<i64, i64>,
 }
 
 /// The scheduling loop, until `shutdown` fires.
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
-    let mut state =
-        Loop { last_sweep: None, offered: HashMap::new(), started: Instant::now(), again: HashMap::new(), turn: 0 };
+    let mut state = Loop {
+        last_sweep: None,
+        offered: HashMap::new(),
+        started: Instant::now(),
+        again: HashMap::new(),
+        turn: 0,
+        refused: HashMap::new(),
+    };
     let mut backoff = Duration::from_millis(100);
     loop {
         let next = state.again.values().min().copied();
@@ -162,7 +170,9 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
     }
     // no claim while dispatches could not be sent: the requests wait where they are
     if let Err(e) = context.publisher.ping().await {
+        // nobody can be judged unavailable while the broker is away: the wait starts afresh
         for runtime in runtimes {
+            state.offered.insert(runtime.clone(), now);
             state.again.insert(runtime, now + NO_WORKER_RECHECK);
         }
         return Err(e.into());
@@ -177,7 +187,8 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             state.offered.insert(runtime.clone(), now);
         }
         let rooms = picture.rooms(&config, runtime);
-        let limit = rooms.iter().map(|r| r.free).sum::<i64>().clamp(0, BATCH as i64) as usize;
+        let free = rooms.iter().fold(0i64, |sum, room| sum.saturating_add(room.free));
+        let limit = free.clamp(0, BATCH as i64) as usize;
         let plan = selection::plan(&config, rooms, limit, picture.now(), |_| rand::random());
         if plan.is_empty() {
             let offered = state.offered.get(runtime).copied().unwrap_or(state.started);
@@ -193,7 +204,15 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             }
             continue;
         }
-        let claimed = db::execution::claim_waiting(&context.db, runtime, &plan).await?;
+        let claimed = match db::execution::claim_waiting(&context.db, runtime, &plan).await {
+            Ok(claimed) => claimed,
+            Err(e) if db::is_transient(&e) => return Err(e.into()),
+            // the database refused the batch: claim one by one, to find the row it refuses
+            Err(e) => {
+                tracing::warn!(runtime = %runtime, error = %e, "batch claim refused; claiming one at a time");
+                claim_one_by_one(context, state, runtime, &plan).await?
+            }
+        };
         for execution in &claimed {
             picture.add(execution.worker, 1);
         }
@@ -202,11 +221,62 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             state.again.insert(runtime.clone(), now);
         }
         for execution in claimed {
-            let context = context.clone();
-            tokio::spawn(async move { dispatch(&context, execution).await });
+            let task = context.clone();
+            context.dispatches.spawn(async move { dispatch(&task, execution).await });
         }
     }
     Ok(())
+}
+
+/// The claim of `plan.len()` waiting executions one at a time, after the database refused the
+/// batch (a bug or a constraint on one row): the others go on, and an execution whose claim is
+/// refused `DELIVERY_LIMIT` times fails as `poison_message` (not retried), as a message that
+/// keeps failing would be dead-lettered.
+async fn claim_one_by_one(
+    context: &Context,
+    state: &mut Loop,
+    runtime: &str,
+    plan: &[i64],
+) -> Result<Vec<Claimed>, crate::Error> {
+    use attune_common::db::execution::Transition;
+    let waiting = db::execution::waiting_longer_than(&context.db, runtime, 0.0, plan.len() as i64).await?;
+    let mut claimed = Vec::new();
+    let mut workers = plan.iter();
+    for execution in waiting {
+        let Some(&worker_id) = workers.next() else { break };
+        let assign =
+            Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).assign_worker(worker_id);
+        match db::execution::transition(&context.db, execution.id, &assign).await {
+            Ok(Some(row)) => claimed.push(Claimed {
+                id: row.id,
+                worker: worker_id,
+                action: row.action,
+                action_ref: row.action_ref,
+                parameters: row.parameters,
+                timeout_seconds: row.timeout_seconds,
+                retry_count: row.retry_count,
+                not_before: row.not_before,
+                created: row.created,
+            }),
+            Ok(None) => {}
+            Err(e) if db::is_transient(&e) => return Err(e.into()),
+            Err(e) => {
+                let refusals = state.refused.entry(execution.id).or_default();
+                *refusals += 1;
+                tracing::warn!(execution_id = execution.id, refusals = *refusals, error = %e, "the database refused to schedule this execution");
+                if *refusals >= DELIVERY_LIMIT {
+                    state.refused.remove(&execution.id);
+                    metrics::increment(&metrics::POISON_MESSAGES, &[], 1);
+                    let reason = format!("its scheduling write failed {DELIVERY_LIMIT} times: {e}");
+                    fail(context, &execution, FailureKind::PoisonMessage, reason).await?;
+                }
+            }
+        }
+    }
+    if state.refused.len() > 10_000 {
+        state.refused.clear();
+    }
+    Ok(claimed)
 }
 
 /// Fails the requests for `runtime` that no worker could take for `ATTUNE_WORKER_WAIT_SECS`, as

@@ -94,6 +94,9 @@ impl Settings {
     }
 }
 
+/// Deliveries the worker accepts beyond its slots (see `run`).
+const PREFETCH_MARGIN: u16 = 2;
+
 impl Settings {
     /// Executions this worker takes at once, started or not.
     pub fn slots(&self) -> u16 {
@@ -114,6 +117,8 @@ struct Worker {
     busy: std::sync::atomic::AtomicUsize,
     /// Whether the consumer of the worker's queue is up.
     consuming: tokio::sync::watch::Sender<bool>,
+    /// Set once the worker is stopping: its heartbeats say so, and it stays `draining`.
+    draining: std::sync::atomic::AtomicBool,
     settings: Settings,
     db: PgPool,
     publisher: Publisher,
@@ -167,7 +172,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             }
         }
     }
-    let capabilities = capabilities(&settings, &queue, &runtimes, &health, true);
+    // not consuming yet: the heartbeat sent when the consumer is up makes it eligible
+    let capabilities = capabilities(&settings, &queue, &runtimes, &health, false, false);
     db::worker::heartbeat(&pool, worker_id, &capabilities).await?;
     tracing::info!(worker_id, name = %settings.name, runtimes = ?runtimes.offered(), "worker registered");
     attune_common::metrics::serve_from_env(shutdown.clone());
@@ -180,6 +186,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         held: Default::default(),
         busy: Default::default(),
         consuming: tokio::sync::watch::Sender::new(false),
+        draining: Default::default(),
         settings: settings.clone(),
         db: pool,
         publisher,
@@ -207,7 +214,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         url: settings.common.amqp_url.clone(),
         name: format!("attune-worker-{}", settings.name),
         queue,
-        prefetch: settings.slots(),
+        // a margin over the slots: a dispatch beyond them (several executors filling the same
+        // slot) waits delivered, where it cannot expire, not in the queue
+        prefetch: settings.slots().saturating_add(PREFETCH_MARGIN),
         topology: topology.clone(),
         worker_queue: Some(worker_id),
         fanout: None,
@@ -247,6 +256,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     stop_heartbeats.cancel();
     let _ = heartbeat.await;
     if shutdown.is_cancelled() {
+        // whatever is still dispatched here and not started (its message lost with a channel,
+        // say) waits again; a late message for it is stale
+        worker.hand_back_unstarted().await;
         worker.remove_queue().await;
     }
     if let Err(e) = db::worker::deactivate(&worker.db, worker_id).await {
@@ -262,8 +274,10 @@ fn capabilities(
     runtimes: &Runtimes,
     health: &HealthState,
     consuming: bool,
+    draining: bool,
 ) -> serde_json::Value {
     json!({
+        "draining": draining,
         "runtimes": runtimes.offered(),
         "concurrency": settings.concurrency,
         "prefetch": settings.prefetch,
@@ -275,9 +289,28 @@ fn capabilities(
 }
 
 impl Worker {
+    /// Hands back every execution dispatched to this worker that has not started.
+    async fn hand_back_unstarted(&self) {
+        match db::retry_while_unavailable("reading unstarted dispatches", || {
+            db::execution::scheduled_on(&self.db, self.id)
+        })
+        .await
+        {
+            Ok(ids) => {
+                for execution_id in ids {
+                    let _ = self.hand_back(execution_id).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read unstarted dispatches; the monitor hands them back"),
+        }
+    }
+
     /// Executions this worker's previous process left `running` died with it: report them as
-    /// `worker_heartbeat_stale` so the executors record (and retry) them.
+    /// `worker_heartbeat_stale` so the executors record (and retry) them. What it left dispatched
+    /// and unstarted (in a queue this process may no longer read, after an upgrade or a TTL change)
+    /// goes back to waiting.
     async fn recover_previous_run(&self) -> Result<(), Error> {
+        self.hand_back_unstarted().await;
         let orphans: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1 AND status = 'running'")
             .bind(self.id)
             .fetch_all(&self.db)
@@ -312,7 +345,8 @@ impl Worker {
                 }
             }
             let up = *consuming.borrow_and_update();
-            let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, up);
+            let draining = self.draining.load(std::sync::atomic::Ordering::SeqCst);
+            let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, up, draining);
             delay = match db::worker::heartbeat(&self.db, self.id, &capabilities).await {
                 Ok(()) => self.settings.heartbeat_interval,
                 Err(e) => {
@@ -335,6 +369,7 @@ impl Worker {
     async fn drain_when_asked(self: Arc<Self>, shutdown: CancellationToken, stop_consuming: CancellationToken) {
         shutdown.cancelled().await;
         tracing::info!(worker_id = self.id, "stopping: draining");
+        self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Err(e) =
             db::retry_while_unavailable("marking the worker draining", || db::worker::drain(&self.db, self.id)).await
         {
@@ -409,11 +444,28 @@ impl Worker {
         let execution_id = dispatch.execution_id;
         // held until a run slot is free; a shutdown hands it back, a lost channel drops it (the
         // broker delivers it again)
+        // a dispatch that must wait for a run slot is checked first: a stale one (canceled,
+        // handed back, taken elsewhere) must not hold a slot that executors count as free
+        let immediate = self.run_slots.try_acquire().ok();
+        if immediate.is_none() {
+            match db::execution::still_dispatched(&self.db, execution_id, self.id).await {
+                Ok(false) => {
+                    tracing::debug!(execution_id, "dispatch is stale or a duplicate");
+                    return Disposition::Ack;
+                }
+                Ok(true) => {}
+                // (checked again by the claim)
+                Err(e) => tracing::debug!(execution_id, error = %e, "could not check a held dispatch"),
+            }
+        }
         self.held.lock().expect("held set poisoned").insert(execution_id);
-        let permit = tokio::select! {
-            permit = self.run_slots.acquire() => permit.ok(),
-            _ = shutdown.cancelled() => None,
-            _ = incoming.channel_lost.cancelled() => None,
+        let permit = match immediate {
+            Some(permit) => Some(permit),
+            None => tokio::select! {
+                permit = self.run_slots.acquire() => permit.ok(),
+                _ = shutdown.cancelled() => None,
+                _ = incoming.channel_lost.cancelled() => None,
+            },
         };
         self.held.lock().expect("held set poisoned").remove(&execution_id);
         if incoming.channel_lost.is_cancelled() {

@@ -476,6 +476,24 @@ pub async fn hand_back(
     transition_brief(db, execution_id, &transition).await
 }
 
+/// Whether the execution is still dispatched to this worker and not started (a dispatch that is
+/// not is stale: canceled, handed back or taken elsewhere).
+pub async fn still_dispatched(db: &PgPool, execution_id: i64, worker_id: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM execution WHERE id = $1 AND worker = $2 AND status = 'scheduled')")
+        .bind(execution_id)
+        .bind(worker_id)
+        .fetch_one(db)
+        .await
+}
+
+/// The executions dispatched to a worker and not started.
+pub async fn scheduled_on(db: &PgPool, worker_id: i64) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1 AND status = 'scheduled' ORDER BY id")
+        .bind(worker_id)
+        .fetch_all(db)
+        .await
+}
+
 /// A worker's dispatches that it holds, delivered and not yet started, marked as still held
 /// (`updated` set to now; no status changes), so that the monitor does not take them for lost.
 pub async fn keep_held(db: &PgPool, worker_id: i64, execution_ids: &[i64]) -> Result<(), sqlx::Error> {

@@ -23,12 +23,12 @@ pub async fn register(db: &PgPool, name: &str, capabilities: &Value) -> Result<i
     .await
 }
 
-/// Records a heartbeat: the worker is `active` from its first one on, except that a `draining`
-/// worker stays draining until it stops.
+/// Records a heartbeat: the worker is `active` from its first one on, except that a worker that
+/// is stopping (`capabilities.draining`, or already `draining`) stays draining until it stops.
 pub async fn heartbeat(db: &PgPool, worker_id: i64, capabilities: &Value) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE worker SET capabilities = $2, last_heartbeat = now(), updated = now(), \
-            status = CASE WHEN status = 'draining' THEN 'draining' ELSE 'active' END \
+            status = CASE WHEN status = 'draining' OR ($2->>'draining')::boolean THEN 'draining' ELSE 'active' END \
          WHERE id = $1",
     )
     .bind(worker_id)
@@ -130,9 +130,9 @@ pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), 
     Ok((candidates, now))
 }
 
-/// Active workers whose consumer is up, with what they reported (queue depth: their own report
-/// only), without the in-flight counts: the part of the scheduling picture that may be cached
-/// briefly. Draining and inactive workers are not candidates.
+/// Active workers with what they reported (queue depth: their own report only; whether their
+/// consumer is up), without the in-flight counts: the part of the scheduling picture that may be
+/// cached briefly. Draining and inactive workers are not candidates.
 pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
     let rows: Vec<WorkerRow> = sqlx::query_as(
         "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, 0::bigint AS inflight, now() AS now \
@@ -142,13 +142,13 @@ pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
     .await?;
     Ok(rows
         .iter()
-        .filter(|row| row.consuming())
         .map(|row| Candidate {
             worker_id: row.id,
             name: row.name.clone(),
             runtimes: row.runtimes(),
             signals: row.signals(),
             slots: row.slots(),
+            consuming: row.consuming(),
         })
         .collect())
 }
