@@ -77,11 +77,12 @@ async fn a_killed_workers_executions_are_retried_on_another_worker() {
 async fn work_expiring_in_an_unreachable_workers_queue_flows_through_the_dead_letter_queue() {
     // The worker is frozen and its broker connection closed: it heartbeated a moment ago, so the
     // executor still dispatches to it, but nothing consumes its queue. The dispatches expire
-    // after 3 s and come back through the dead-letter queue (the seed's Phase 2), until its
-    // heartbeat is stale and the work goes to another worker.
+    // after 3 s and come back through the dead-letter queue (the seed's Phase 2); the expiry
+    // marks the worker as not consuming (not inactive: its heartbeat is fresh), so the retries
+    // go to another worker.
     let mut system = fast_recovery()
         .env("ATTUNE_WORKER_QUEUE_TTL_SECS", "3")
-        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "10")
         .worker("dlq-unreachable", &[("ATTUNE_WORKER_CONCURRENCY", "1")])
         .start()
         .await;

@@ -3,8 +3,9 @@
 //! - A dispatch that **expired** in a worker queue (the worker did not take it within the queue's
 //!   TTL) fails its execution as `queue_timeout` — only if it is still `scheduled` on that worker
 //!   — and the RetryManager decides about a retry. The worker is marked inactive only if its
-//!   heartbeat is stale too: a worker that heartbeats keeps its place (its heartbeat says whether
-//!   its consumer is up, and the scheduler skips it while it is not).
+//!   heartbeat is stale too; otherwise it is marked as not consuming (expired work is evidence
+//!   that nothing takes from its queue), which keeps new work away from it until its next
+//!   heartbeat says whether its consumer is up.
 //! - A dispatch dead-lettered after its **delivery limit** whose execution had not started
 //!   (a worker held it through reconnects) is handed back to waiting; one that was running fails
 //!   as `poison_message`, with the reason (not retried). A request hint dead-lettered so is
@@ -93,6 +94,7 @@ async fn expired_dispatch(context: &Context, dispatch: &Dispatch, worker_id: i64
     }
     db::worker::deactivate_if_silent(&context.db, worker_id, context.settings.health.heartbeat_max_age_secs as f64)
         .await?;
+    db::worker::mark_not_consuming(&context.db, worker_id).await?;
     let outcome = Outcome {
         failure_kind: Some(FailureKind::QueueTimeout.to_string()),
         error: Some(format!("not taken by worker {worker_id} within its queue TTL")),

@@ -86,13 +86,15 @@ impl SystemBuilder {
         .await;
         let expected = self.workers.len() as i64;
         let pool = system.db.pool.clone();
-        wait_for("the workers to register", Duration::from_secs(60), || {
+        wait_for("the workers to register and consume", Duration::from_secs(60), || {
             let pool = pool.clone();
             async move {
-                let count: i64 = sqlx::query_scalar("SELECT count(*) FROM worker WHERE status = 'active'")
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
+                let count: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM worker WHERE status = 'active' AND capabilities->>'consuming' = 'true'",
+                )
+                .fetch_one(&pool)
+                .await
+                .ok()?;
                 (count >= expected).then_some(())
             }
         })

@@ -69,6 +69,19 @@ pub async fn deactivate_if_silent(db: &PgPool, worker_id: i64, max_age_secs: f64
     .map(|_| ())
 }
 
+/// Records that the worker is not consuming (a dispatch expired in its queue): no executor
+/// dispatches to it until its next heartbeat says otherwise. Its status is left alone.
+pub async fn mark_not_consuming(db: &PgPool, worker_id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE worker SET capabilities = jsonb_set(capabilities, '{consuming}', 'false'), updated = now() \
+         WHERE id = $1",
+    )
+    .bind(worker_id)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 struct WorkerRow {
     id: i64,
