@@ -17,6 +17,7 @@ fn new_execution(action: &db::action::Action) -> NewExecution {
     NewExecution {
         action: Some(action.id),
         action_ref: action.action_ref.clone(),
+        runtime: None,
         parameters: json!({"message": "hi"}),
         config: json!({}),
         status: Requested,

@@ -35,6 +35,7 @@ fn new(action: i64, retry_count: i32, max_retries: i32) -> NewExecution {
     NewExecution {
         action: Some(action),
         action_ref: "t.a".into(),
+        runtime: None,
         parameters: json!({}),
         config: json!({}),
         status: ExecutionStatus::Requested,

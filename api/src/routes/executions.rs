@@ -73,6 +73,7 @@ pub async fn create(
     let new = NewExecution {
         action: Some(action.id),
         action_ref: action.action_ref.clone(),
+        runtime: Some(action.runtime.clone()),
         parameters: Value::Object(resolved),
         config: Value::Object(config),
         status: ExecutionStatus::Requested,

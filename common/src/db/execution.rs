@@ -49,6 +49,8 @@ const COLUMNS: &str = "id, action, action_ref, runtime, parameters, config, stat
 pub struct NewExecution {
     pub action: Option<i64>,
     pub action_ref: String,
+    /// The action's runtime (`None`: the insert reads it from the action, at some cost).
+    pub runtime: Option<String>,
     pub parameters: Value,
     pub config: Value,
     pub status: ExecutionStatus,
@@ -77,6 +79,7 @@ impl NewExecution {
         NewExecution {
             action: parent.action,
             action_ref: parent.action_ref.clone(),
+            runtime: parent.runtime.clone(),
             parameters: parameters.unwrap_or_else(|| parent.parameters.clone()),
             config,
             status,
@@ -93,8 +96,8 @@ impl NewExecution {
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
     let sql = format!(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
-         timeout_seconds, retry_count, retry_reason, original_execution, not_before) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {COLUMNS}"
+         timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {COLUMNS}"
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(new.action)
@@ -108,6 +111,7 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execu
         .bind(&new.retry_reason)
         .bind(new.original_execution)
         .bind(new.not_before)
+        .bind(&new.runtime)
         .fetch_one(db)
         .await
 }
