@@ -155,9 +155,56 @@ pub fn plan(
     placed
 }
 
+/// The share of its queue TTL that a dispatch may expect to wait at a worker before it starts.
+pub const LOOKAHEAD_WAIT_SHARE: f64 = 0.25;
+
+/// How many dispatches a worker takes ahead of the ones it runs (its slots are `concurrency`
+/// plus this). Enough to keep it busy while the next dispatch travels (up to `max`,
+/// `ATTUNE_WORKER_PREFETCH`), but never so many that, at its recent execution time, the last of
+/// them would expect to wait longer than a quarter of the queue TTL: a dispatch held ahead waits
+/// `lookahead × duration / concurrency`. Until the worker has timed an execution, as many as it
+/// runs at once.
+pub fn lookahead(concurrency: u16, max: u16, recent_duration_ms: Option<f64>, queue_ttl: std::time::Duration) -> u16 {
+    let Some(duration_ms) = recent_duration_ms.filter(|d| d.is_finite() && *d >= 0.0) else {
+        return concurrency.min(max);
+    };
+    let budget_ms = queue_ttl.as_secs_f64() * 1000.0 * LOOKAHEAD_WAIT_SHARE;
+    let fits = f64::from(concurrency) * budget_ms / duration_ms.max(1.0);
+    fits.floor().clamp(0.0, f64::from(max)) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lookahead_keeps_held_work_well_inside_the_ttl() {
+        let ttl = |secs| std::time::Duration::from_secs(secs);
+        // (concurrency, max, recent duration ms, ttl, look-ahead)
+        let table = [
+            (4, 16, None, ttl(300), 4),         // nothing timed yet: as many as it runs
+            (4, 2, None, ttl(300), 2),          // ... but never past the maximum
+            (4, 16, Some(1.0), ttl(300), 16),   // fast actions: the whole maximum
+            (4, 16, Some(0.0), ttl(300), 16),   // under a millisecond counts as one
+            (2, 16, Some(5000.0), ttl(15), 1),  // 5 s actions, 2 at once, 15 s TTL: 3.75 s of waiting
+            (4, 16, Some(1000.0), ttl(30), 16), // 1 s actions, 4 at once, 30 s TTL: 30 would fit
+            (4, 16, Some(60_000.0), ttl(300), 5),
+            (4, 16, Some(600_000.0), ttl(300), 0), // longer than the budget: nothing held ahead
+            (4, 0, Some(1.0), ttl(300), 0),        // ATTUNE_WORKER_PREFETCH=0: never
+            (4, 16, Some(f64::NAN), ttl(300), 4),
+        ];
+        for (concurrency, max, recent, queue_ttl, expected) in table {
+            assert_eq!(
+                lookahead(concurrency, max, recent, queue_ttl),
+                expected,
+                "{concurrency} {max} {recent:?} {queue_ttl:?}"
+            );
+            if let Some(d) = recent.filter(|d| *d >= 1.0) {
+                let wait_ms = f64::from(expected) * d / f64::from(concurrency);
+                assert!(wait_ms <= queue_ttl.as_secs_f64() * 1000.0 * LOOKAHEAD_WAIT_SHARE, "{wait_ms}");
+            }
+        }
+    }
     use chrono::Duration;
 
     fn now() -> DateTime<Utc> {

@@ -26,7 +26,12 @@ struct Counters {
     total_executions: i64,
     failed_executions: i64,
     total_duration_ms: u64,
+    /// Recent execution time: an exponentially weighted average (weight `RECENT_WEIGHT`).
+    recent_duration_ms: Option<f64>,
 }
+
+/// The weight of the newest execution in `recent_duration_ms`.
+const RECENT_WEIGHT: f64 = 0.2;
 
 pub struct HealthState {
     config: HealthProbeConfig,
@@ -71,12 +76,20 @@ impl HealthState {
         let mut c = self.counters.lock().expect("health counters poisoned");
         c.total_executions += 1;
         c.total_duration_ms += duration_ms;
+        let newest = duration_ms as f64;
+        c.recent_duration_ms =
+            Some(c.recent_duration_ms.map_or(newest, |recent| recent + RECENT_WEIGHT * (newest - recent)));
         if worker_failed {
             c.consecutive_failures += 1;
             c.failed_executions += 1;
         } else {
             c.consecutive_failures = 0;
         }
+    }
+
+    /// The recent execution time (ms), once the worker has run anything.
+    pub fn recent_duration_ms(&self) -> Option<f64> {
+        self.counters.lock().expect("health counters poisoned").recent_duration_ms
     }
 
     pub fn report(&self) -> HealthReport {

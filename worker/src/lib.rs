@@ -1,9 +1,11 @@
 //! attune-worker: registers itself, heartbeats its capabilities and health, consumes its own
 //! queue, runs each action as a child process and reports the result to the executors.
 //!
-//! Capacity: the worker runs `ATTUNE_WORKER_CONCURRENCY` actions at once and takes up to
-//! `ATTUNE_WORKER_PREFETCH` more dispatches ahead (delivered, held, not started: a message
-//! delivered to a consumer does not expire). It reports the sum as its `slots`, and executors
+//! Capacity: the worker runs `ATTUNE_WORKER_CONCURRENCY` actions at once and takes a few more
+//! dispatches ahead (delivered, held, not started: a message delivered to a consumer does not
+//! expire): up to `ATTUNE_WORKER_PREFETCH`, fewer when its recent execution time says they would
+//! wait longer than a quarter of the queue TTL (`selection::lookahead`). It reports the sum as
+//! its `slots` with every heartbeat, and executors
 //! dispatch to it only while fewer executions than that are dispatched to it and unfinished, so
 //! its queue stays short and a healthy worker's dispatches never expire. It keeps what it holds
 //! marked in the database with every heartbeat, and reports whether its consumer is up.
@@ -28,7 +30,7 @@ use attune_common::mq::{
     ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
     run_consumer,
 };
-use attune_common::{ExecutionStatus, FailureKind};
+use attune_common::{ExecutionStatus, FailureKind, selection};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -49,8 +51,9 @@ pub struct Settings {
     pub runtimes: Vec<String>,
     /// `ATTUNE_WORKER_CONCURRENCY`: actions run at once (default 4).
     pub concurrency: u16,
-    /// `ATTUNE_WORKER_PREFETCH`: dispatches taken ahead of the running ones, delivered and held
-    /// until a run slot is free (default 4). The worker's slots are concurrency plus this.
+    /// `ATTUNE_WORKER_PREFETCH`: the most dispatches taken ahead of the running ones, delivered
+    /// and held until a run slot is free (default 16; fewer for slow actions, see
+    /// `selection::lookahead`). The worker's slots are concurrency plus the look-ahead.
     pub prefetch: u16,
     /// `ATTUNE_HEARTBEAT_INTERVAL_SECS` (default 10, well under the 30 s staleness limit).
     pub heartbeat_interval: Duration,
@@ -82,7 +85,7 @@ impl Settings {
                 .unwrap_or(default_name),
             runtimes: runtimes.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
             concurrency: env_or::<u16>("ATTUNE_WORKER_CONCURRENCY", 4)?.max(1),
-            prefetch: env_or("ATTUNE_WORKER_PREFETCH", 4)?,
+            prefetch: env_or("ATTUNE_WORKER_PREFETCH", 16)?,
             heartbeat_interval: Duration::from_secs_f64(env_or("ATTUNE_HEARTBEAT_INTERVAL_SECS", 10.0)?),
             queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
             drain: Duration::from_secs(env_or("ATTUNE_WORKER_DRAIN_SECS", 30)?),
@@ -98,9 +101,14 @@ impl Settings {
 const PREFETCH_MARGIN: u16 = 2;
 
 impl Settings {
-    /// Executions this worker takes at once, started or not.
-    pub fn slots(&self) -> u16 {
+    /// The most executions this worker takes at once, started or not.
+    pub fn max_slots(&self) -> u16 {
         self.concurrency.saturating_add(self.prefetch)
+    }
+
+    /// Dispatches taken ahead now, given the recent execution time.
+    pub fn lookahead(&self, recent_duration_ms: Option<f64>) -> u16 {
+        selection::lookahead(self.concurrency, self.prefetch, recent_duration_ms, self.queue_ttl)
     }
 }
 
@@ -119,6 +127,8 @@ struct Worker {
     consuming: tokio::sync::watch::Sender<bool>,
     /// Set once the worker is stopping: its heartbeats say so, and it stays `draining`.
     draining: std::sync::atomic::AtomicBool,
+    /// The look-ahead its last heartbeat reported; a different one sends a heartbeat early.
+    lookahead: tokio::sync::watch::Sender<u16>,
     settings: Settings,
     db: PgPool,
     publisher: Publisher,
@@ -187,6 +197,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         busy: Default::default(),
         consuming: tokio::sync::watch::Sender::new(false),
         draining: Default::default(),
+        lookahead: tokio::sync::watch::Sender::new(settings.lookahead(None)),
         settings: settings.clone(),
         db: pool,
         publisher,
@@ -216,7 +227,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         queue,
         // a margin over the slots: a dispatch beyond them (several executors filling the same
         // slot) waits delivered, where it cannot expire, not in the queue
-        prefetch: settings.slots().saturating_add(PREFETCH_MARGIN),
+        prefetch: settings.max_slots().saturating_add(PREFETCH_MARGIN),
         topology: topology.clone(),
         worker_queue: Some(worker_id),
         fanout: None,
@@ -276,12 +287,13 @@ fn capabilities(
     consuming: bool,
     draining: bool,
 ) -> serde_json::Value {
+    let lookahead = settings.lookahead(health.recent_duration_ms());
     json!({
         "draining": draining,
         "runtimes": runtimes.offered(),
         "concurrency": settings.concurrency,
-        "prefetch": settings.prefetch,
-        "slots": settings.slots(),
+        "prefetch": lookahead,
+        "slots": settings.concurrency.saturating_add(lookahead),
         "consuming": consuming,
         "queue": queue,
         "health": health.report(),
@@ -328,12 +340,16 @@ impl Worker {
         Ok(())
     }
 
-    /// Heartbeats every interval, and at once when its consumer goes up or down; after a failed
-    /// one (the database away) it tries again every second, so the worker is not taken for dead
-    /// once the database is back. Each heartbeat also marks the dispatches it holds as held.
+    /// Heartbeats every interval, at once when its consumer goes up or down, and early (at most
+    /// once a second) when its look-ahead changed; after a failed one (the database away) it
+    /// tries again every second, so the worker is not taken for dead once the database is back.
+    /// Each heartbeat also marks the dispatches it holds as held.
     async fn heartbeat_loop(self: Arc<Self>, stop: CancellationToken) {
+        const EARLIEST: Duration = Duration::from_secs(1);
         let mut delay = self.settings.heartbeat_interval;
         let mut consuming = self.consuming.subscribe();
+        let mut lookahead = self.lookahead.subscribe();
+        let mut last_beat = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -343,7 +359,18 @@ impl Worker {
                         return;
                     }
                 }
+                changed = lookahead.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    lookahead.mark_unchanged();
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep_until(last_beat + EARLIEST) => {}
+                    }
+                }
             }
+            last_beat = tokio::time::Instant::now();
             let up = *consuming.borrow_and_update();
             let draining = self.draining.load(std::sync::atomic::Ordering::SeqCst);
             let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, up, draining);
@@ -516,6 +543,11 @@ impl Worker {
         let worker_failed =
             matches!(outcome.failure_kind, Some(FailureKind::ActionNotFound | FailureKind::WorkerUnavailable));
         self.health.finish(worker_failed, duration_ms);
+        // executors dispatch by the slots of the last heartbeat: a new look-ahead is sent early
+        self.lookahead.send_if_modified(|reported| {
+            let now = self.settings.lookahead(self.health.recent_duration_ms());
+            std::mem::replace(reported, now) != now
+        });
         let result = ExecutionResult {
             execution_id: dispatch.execution_id,
             worker_id: self.id,
