@@ -83,7 +83,8 @@ async fn work_expiring_in_an_unreachable_workers_queue_flows_through_the_dead_le
     let mut system = fast_recovery()
         .env("ATTUNE_WORKER_QUEUE_TTL_SECS", "3")
         .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "10")
-        .worker("dlq-unreachable", &[("ATTUNE_WORKER_CONCURRENCY", "1")])
+        // concurrency 4: its slots (4 + a look-ahead of 4 before anything is timed) take all four
+        .worker("dlq-unreachable", &[("ATTUNE_WORKER_CONCURRENCY", "4")])
         .start()
         .await;
     let unreachable = system.worker_id("dlq-unreachable").await;
