@@ -1,5 +1,5 @@
 # attune: the two commands that matter are `make quickstart` and `make test`.
-.PHONY: quickstart test test-chaos bench down build fmt lint
+.PHONY: quickstart test test-fast test-chaos bench down build fmt lint
 
 quickstart: ## set everything up, start attune, run an action through the API
 	scripts/quickstart.sh
@@ -7,10 +7,13 @@ quickstart: ## set everything up, start attune, run an action through the API
 test: ## the whole test suite (what CI runs)
 	scripts/test.sh
 
+test-fast: ## everything but the system tests: unit, repository and adapter tests (PostgreSQL and RabbitMQ must run)
+	cargo test --workspace --exclude attune-system-tests
+
 test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, database and broker loss)
 	cargo build --workspace --bins
-	cargo test -p attune-cli --test defense
-	cargo test -p attune-cli --test chaos_broker -- --ignored --test-threads=1
+	cargo test -p attune-system-tests --test defense
+	cargo test -p attune-system-tests --test chaos_broker -- --ignored --test-threads=1
 
 bench: ## the full benchmark on a fresh database (a few minutes); writes docs/bench/ (ARGS=... passes options)
 	scripts/bench.sh $(ARGS)

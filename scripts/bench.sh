@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full benchmark in one command (`make bench`): a release build, a fresh database
 # (`attune_bench`, dropped and recreated) and broker namespace, `attune up --workers 2` on a free
-# port, a token, then `attune bench` with any arguments given here (default: every workload). It
+# port, a token, then `attune-bench` with any arguments given here (default: every workload). It
 # prints the table, writes docs/bench/results.json and docs/bench/latency-vs-load.svg (unless
 # --json/--plot are given), and reports the CPU time attune, PostgreSQL and RabbitMQ used per
 # completed execution over the whole run.
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 ensure_rust
 ensure_services
 log "building (release)"
-cargo build --release -p attune-cli --bin attune --quiet
+cargo build --release -p attune-cli --bin attune -p attune-bench --bin attune-bench --quiet
 
 bench_db=${ATTUNE_BENCH_DB:-attune_bench}
 psql_admin -c "DROP DATABASE IF EXISTS $bench_db WITH (FORCE)" -c "CREATE DATABASE $bench_db OWNER $ATTUNE_DB_USER"
@@ -68,7 +68,7 @@ read -r a0 p0 r0 n0 <<<"$(snapshot)"
 # (`times` in this shell itself: in a subshell it would count the subshell's children)
 children_cpu() { tail -n 1 "$1" | awk '{ gsub(/[ms]/, " "); print 60 * $1 + $2 + 60 * $3 + $4 }'; }
 times >target/bench/times.before
-target/release/attune bench "${args[@]}"
+target/release/attune-bench "${args[@]}"
 times >target/bench/times.after
 client=$(awk -v a="$(children_cpu target/bench/times.before)" -v b="$(children_cpu target/bench/times.after)" 'BEGIN { print b - a }')
 read -r a1 p1 r1 n1 <<<"$(snapshot)"

@@ -21,7 +21,7 @@ cargo test --workspace --all-targets --no-fail-fast "$@" 2>&1 | tee target/test-
 # The broker-restart test disturbs every user of RabbitMQ: it runs alone, after the others.
 if [ "$status" = 0 ] && [ -z "${ATTUNE_SKIP_BROKER_CHAOS:-}" ]; then
     log "broker chaos test (alone)"
-    cargo test -p attune-cli --test chaos_broker -- --ignored --test-threads=1 2>&1 | tee -a target/test-output.log || status=$?
+    cargo test -p attune-system-tests --test chaos_broker -- --ignored --test-threads=1 2>&1 | tee -a target/test-output.log || status=$?
 fi
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) s += $(i-1) } }

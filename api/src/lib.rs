@@ -14,10 +14,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use attune_common::config::{CommonSettings, ConfigError, env_or};
+use attune_common::config::{CommonSettings, ConfigError, FromEnv, env_or};
 use attune_common::db;
-use attune_common::health::HealthProbeConfig;
 use attune_common::mq::{Publisher, Topology};
+use attune_core::health::HealthProbeConfig;
 use axum::Router;
 use sqlx::PgPool;
 use tokio::net::TcpListener;

@@ -25,11 +25,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let client = Client::new(&api_url, token.clone());
     let out = cli.output;
     match cli.command {
-        Command::Bench(args) => {
-            let report = crate::bench::run(&api_url, token, args).await?;
-            print(out, &report, crate::bench::table);
-            Ok(0)
-        }
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
         Command::Token(TokenCommand::Create { name }) => {
             let url = attune_common::config::CommonSettings::from_env()?.database_url;

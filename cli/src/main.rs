@@ -1,10 +1,9 @@
 //! `attune`: the command line for API clients and operators.
 
-mod bench;
-mod client;
 mod commands;
-mod output;
 mod up;
+
+use attune_cli::{client, output};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -86,8 +85,6 @@ pub enum Command {
     /// Read executions
     #[command(subcommand)]
     Execution(ExecutionCommand),
-    /// Measure throughput and latency through the API of a running system (see docs/benchmarks.md)
-    Bench(bench::BenchArgs),
     /// Read workers
     #[command(subcommand)]
     Worker(WorkerCommand),

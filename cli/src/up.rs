@@ -17,7 +17,7 @@ pub async fn run(workers: u16) -> anyhow::Result<()> {
         .context("cannot connect to the database (DATABASE_URL)")?;
     db::migrate(&pool).await.context("applying migrations")?;
     attune_api::register_packs(&pool, &api.common.packs_dir).await?;
-    let startup_time: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;
+    let startup_time = db::now(&pool).await?;
 
     let base_name = std::env::var("ATTUNE_WORKER_NAME").unwrap_or_else(|_| "local".into());
     let mut tasks = tokio::task::JoinSet::new();
@@ -34,13 +34,7 @@ pub async fn run(workers: u16) -> anyhow::Result<()> {
     let names: Vec<String> = (1..=workers).map(|i| format!("{base_name}-{i}")).collect();
     let started = std::time::Instant::now();
     while started.elapsed() < Duration::from_secs(30) && !tasks.is_empty() {
-        let registered: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM worker WHERE name = ANY($1) AND status = 'active' AND updated >= $2",
-        )
-        .bind(&names)
-        .bind(startup_time)
-        .fetch_one(&pool)
-        .await?;
+        let registered = db::worker::active_since(&pool, &names, startup_time).await?;
         if registered >= i64::from(workers) {
             break;
         }

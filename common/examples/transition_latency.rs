@@ -1,6 +1,6 @@
 //! Latency of the guarded transition itself (diagnostic).
-use attune_common::ExecutionStatus;
 use attune_common::db::{self, execution::Transition};
+use attune_core::ExecutionStatus;
 use std::time::Instant;
 
 #[tokio::main]

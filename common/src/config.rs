@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use attune_core::health::HealthProbeConfig;
+use attune_core::retry::RetryConfig;
+
 #[derive(Debug, thiserror::Error)]
 #[error("invalid value {value:?} for {name}: {reason}")]
 pub struct ConfigError {
@@ -50,6 +53,55 @@ impl CommonSettings {
             packs_dir: env_or("ATTUNE_PACKS_DIR", PathBuf::from("./packs"))?,
             default_timeout_secs: env_or("ATTUNE_DEFAULT_TIMEOUT_SECS", 300)?,
         })
+    }
+}
+
+/// Settings of `attune-core` types read from the environment (the core crate reads nothing).
+pub trait FromEnv: Sized {
+    fn from_env() -> Result<Self, ConfigError>;
+}
+
+impl FromEnv for HealthProbeConfig {
+    /// Reads `ATTUNE_HEALTH_<FIELD>` (and `ATTUNE_HEARTBEAT_MAX_AGE_SECS`) over the defaults.
+    fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::default();
+        Ok(HealthProbeConfig {
+            enabled: env_or("ATTUNE_HEALTH_ENABLED", d.enabled)?,
+            heartbeat_max_age_secs: env_or(
+                "ATTUNE_HEARTBEAT_MAX_AGE_SECS",
+                env_or("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", d.heartbeat_max_age_secs)?,
+            )?,
+            degraded_threshold: env_or("ATTUNE_HEALTH_DEGRADED_THRESHOLD", d.degraded_threshold)?,
+            unhealthy_threshold: env_or("ATTUNE_HEALTH_UNHEALTHY_THRESHOLD", d.unhealthy_threshold)?,
+            queue_depth_degraded: env_or("ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED", d.queue_depth_degraded)?,
+            queue_depth_unhealthy: env_or("ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY", d.queue_depth_unhealthy)?,
+            failure_rate_degraded: env_or("ATTUNE_HEALTH_FAILURE_RATE_DEGRADED", d.failure_rate_degraded)?,
+            failure_rate_unhealthy: env_or("ATTUNE_HEALTH_FAILURE_RATE_UNHEALTHY", d.failure_rate_unhealthy)?,
+            failure_rate_min_executions: env_or(
+                "ATTUNE_HEALTH_FAILURE_RATE_MIN_EXECUTIONS",
+                d.failure_rate_min_executions,
+            )?,
+        })
+    }
+}
+
+impl FromEnv for RetryConfig {
+    /// Reads `ATTUNE_RETRY_<FIELD>` over the defaults and checks the result.
+    fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let config = RetryConfig {
+            enabled: env_or("ATTUNE_RETRY_ENABLED", d.enabled)?,
+            base_backoff_secs: env_or("ATTUNE_RETRY_BASE_BACKOFF_SECS", d.base_backoff_secs)?,
+            max_backoff_secs: env_or("ATTUNE_RETRY_MAX_BACKOFF_SECS", d.max_backoff_secs)?,
+            backoff_multiplier: env_or("ATTUNE_RETRY_BACKOFF_MULTIPLIER", d.backoff_multiplier)?,
+            jitter_factor: env_or("ATTUNE_RETRY_JITTER_FACTOR", d.jitter_factor)?,
+        };
+        config.validate().map_err(|e| ConfigError {
+            name: e.name.to_string(),
+            value: e.value,
+            reason: e.reason.to_string(),
+        })?;
+        Ok(config)
     }
 }
 

@@ -287,6 +287,23 @@ impl ResultStatus {
             ResultStatus::Timeout => "timeout",
         }
     }
+
+    /// How a failure of `kind` is reported (`timeout` or `failed`, by `FailureKind::reported_status`).
+    pub fn of_failure(kind: attune_core::FailureKind) -> Self {
+        match kind.reported_status() {
+            attune_core::ExecutionStatus::Timeout => ResultStatus::Timeout,
+            _ => ResultStatus::Failed,
+        }
+    }
+
+    /// The execution status this result records.
+    pub fn recorded(self) -> attune_core::ExecutionStatus {
+        match self {
+            ResultStatus::Completed => attune_core::ExecutionStatus::Completed,
+            ResultStatus::Failed => attune_core::ExecutionStatus::Failed,
+            ResultStatus::Timeout => attune_core::ExecutionStatus::Timeout,
+        }
+    }
 }
 
 /// Worker → executor: how an execution ended.
@@ -296,7 +313,7 @@ pub struct ExecutionResult {
     pub worker_id: i64,
     pub status: ResultStatus,
     pub result: Option<Value>,
-    pub failure_kind: Option<crate::failure::FailureKind>,
+    pub failure_kind: Option<attune_core::failure::FailureKind>,
     pub error: Option<String>,
     pub exit_code: Option<i32>,
     pub stdout: String,

@@ -3,7 +3,7 @@
 //! states, drawn mostly near the thresholds, under the default and a random configuration.
 
 use attune_common::db;
-use attune_common::health::{HealthProbeConfig, classify};
+use attune_core::health::{HealthProbeConfig, classify};
 use attune_testkit::TestDb;
 use chrono::{DateTime, Duration, Utc};
 use rand::rngs::StdRng;
@@ -103,7 +103,7 @@ async fn sql_and_rust_classify_workers_alike() {
     db::worker::store_health_config(&test.pool, &config).await.unwrap();
     let mut expected: Vec<String> = candidates
         .iter()
-        .filter(|c| classify(&config, &c.signals, now) != attune_common::health::HealthClass::Unhealthy)
+        .filter(|c| classify(&config, &c.signals, now) != attune_core::health::HealthClass::Unhealthy)
         .map(|c| c.name.clone())
         .collect();
     expected.sort();

@@ -1,8 +1,8 @@
 //! Repository tests on the real PostgreSQL, a fresh database per test.
 
-use attune_common::ExecutionStatus::{self, *};
 use attune_common::db::{self, execution::NewExecution, execution::Outcome, execution::Transition};
 use attune_common::pack::load_pack;
+use attune_core::ExecutionStatus::{self, *};
 use attune_testkit::TestDb;
 use serde_json::json;
 use sqlx::PgPool;

@@ -2,9 +2,9 @@
 //! successes themselves (see `attune_worker`); what arrives here are failures and timeouts, for the
 //! RetryManager, and whatever a worker could not record.
 
-use attune_common::ExecutionStatus;
 use attune_common::db;
 use attune_common::mq::{Disposition, ExecutionResult, Incoming, ResultStatus};
+use attune_core::ExecutionStatus;
 
 use crate::Context;
 
@@ -33,8 +33,7 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
                 .map(|changed| (changed.status, None))
         }
         ResultStatus::Failed | ResultStatus::Timeout => {
-            let reported =
-                if result.status == ResultStatus::Timeout { ExecutionStatus::Timeout } else { ExecutionStatus::Failed };
+            let reported = result.status.recorded();
             match db::execution::get(&context.db, result.execution_id).await? {
                 Some(current) => context
                     .retry_manager

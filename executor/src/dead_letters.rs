@@ -22,7 +22,7 @@ use attune_common::mq::{DELIVERY_LIMIT, Disposition};
 use attune_common::mq::{
     Death, Dispatch, ExecutionRequest, ExecutionResult, Incoming, PARKED_KEY, REQUEST_KEY, RESULT_KEY, Topology, death,
 };
-use attune_common::{ExecutionStatus, FailureKind};
+use attune_core::{ExecutionStatus, FailureKind};
 
 use crate::Context;
 

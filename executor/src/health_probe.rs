@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attune_common::db;
-use attune_common::health::{HealthClass, HealthProbeConfig, classify};
-use attune_common::selection::{self, Candidate, Ranked, Room};
+use attune_core::health::{HealthClass, HealthProbeConfig, classify};
+use attune_core::selection::{self, Candidate, Ranked, Room};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 

@@ -21,11 +21,11 @@ pub mod scheduler;
 use std::sync::Arc;
 use std::time::Duration;
 
-use attune_common::config::{CommonSettings, ConfigError, env_or};
+use attune_common::config::{CommonSettings, ConfigError, FromEnv, env_or};
 use attune_common::db;
-use attune_common::health::HealthProbeConfig;
 use attune_common::mq::{ConsumerSpec, Publisher, Topology, run_consumer};
-use attune_common::retry::RetryConfig;
+use attune_core::health::HealthProbeConfig;
+use attune_core::retry::RetryConfig;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 

@@ -14,13 +14,16 @@
 //!   `worker_heartbeat_stale` (then retried, or `abandoned` for non-idempotent actions);
 //! - fails `running` executions well past their deadline as `timeout`.
 //!
-//! Every failure goes through the RetryManager with a guarded transition, so a late message from
+//! The rules (what counts as stuck after how long, and what is done with it) are
+//! `attune_core::recovery`; this module finds the rows and carries the decisions out. Every
+//! failure goes through the RetryManager with a guarded transition, so a late message from
 //! a worker that comes back changes nothing.
 
 use std::sync::Arc;
 
 use attune_common::db::{self, execution::Outcome};
-use attune_common::{ExecutionStatus, FailureKind};
+use attune_core::recovery::{self, MonitorLimits, Recovery};
+use attune_core::{ExecutionStatus, FailureKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
@@ -51,100 +54,69 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
 /// connection, so it is taken and released on one pooled connection).
 pub async fn tick(context: &Context, judge_heartbeats: bool) -> Result<bool, crate::Error> {
     let mut connection = context.db.acquire().await?;
-    let locked: bool =
-        sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(MONITOR_LOCK).fetch_one(&mut *connection).await?;
-    if !locked {
+    if !db::try_advisory_lock(&mut connection, MONITOR_LOCK).await? {
         return Ok(false);
     }
     let result = sweep(context, judge_heartbeats).await;
-    sqlx::query("SELECT pg_advisory_unlock($1)").bind(MONITOR_LOCK).execute(&mut *connection).await?;
+    db::advisory_unlock(&mut connection, MONITOR_LOCK).await?;
     result.map(|()| true)
+}
+
+/// The monitor's limits from the executor's settings.
+fn limits(context: &Context) -> MonitorLimits {
+    let settings = &context.settings;
+    MonitorLimits {
+        scheduling_timeout: settings.scheduling_timeout,
+        queue_ttl: settings.worker_queue_ttl,
+        grace: settings.running_grace,
+    }
 }
 
 /// One sweep. A failure on one execution is logged and the sweep goes on (a broker outage must
 /// not stop the recoveries that need only the database); database errors end it.
 async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::Error> {
-    let settings = &context.settings;
-    let stuck = |status: &str, secs: f64| {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT id FROM execution WHERE status = $1::execution_status \
-             AND updated < now() - make_interval(secs => $2) ORDER BY id LIMIT $3",
-        )
-        .bind(status.to_string())
-        .bind(secs)
-        .bind(BATCH)
-        .fetch_all(&context.db)
-    };
-    for id in stuck("scheduling", settings.scheduling_timeout.as_secs_f64()).await? {
-        fail(context, id, ExecutionStatus::Scheduling, FailureKind::WorkerUnavailable, "stuck in scheduling").await?;
-    }
-    let scheduled_limit = (settings.worker_queue_ttl + settings.running_grace).as_secs_f64();
-    for id in stuck("scheduled", scheduled_limit).await? {
-        hand_back(context, id).await?;
+    let limits = limits(context);
+    for status in recovery::STUCK_STATUSES {
+        let Some((after, recovery)) = limits.stuck(status) else { continue };
+        for id in db::execution::unchanged_for(&context.db, status, after, BATCH).await? {
+            recover(context, id, status, recovery).await?;
+        }
     }
 
     if judge_heartbeats {
         dead_workers(context).await?;
     }
 
-    let overdue: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM execution WHERE status = 'running' \
-         AND started + make_interval(secs => COALESCE(timeout_seconds, $1) + $2) < now() ORDER BY id LIMIT $3",
-    )
-    .bind(settings.common.default_timeout_secs as f64)
-    .bind(settings.running_grace.as_secs_f64())
-    .bind(BATCH)
-    .fetch_all(&context.db)
-    .await?;
-    for id in overdue {
-        fail(context, id, ExecutionStatus::Running, FailureKind::Timeout, "still running well past its timeout")
-            .await?;
+    let default_timeout = context.settings.common.default_timeout_secs;
+    for id in db::execution::overdue(&context.db, default_timeout, limits.grace, BATCH).await? {
+        recover(context, id, ExecutionStatus::Running, recovery::OVERDUE).await?;
     }
     Ok(())
 }
 
-/// Workers whose heartbeat is stale: marked inactive; their dispatched work is handed back to
-/// waiting at once (never started: no retry spent) and their running work failed as
-/// `worker_heartbeat_stale` (retried, or `abandoned` for non-idempotent actions).
+/// Workers whose heartbeat is stale: marked inactive; what they held is recovered by
+/// `recovery::orphaned` (dispatched work handed back, running work failed as
+/// `worker_heartbeat_stale`).
 async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
-    let settings = &context.settings;
-    let dead_workers: Vec<i64> = sqlx::query_scalar(
-        "UPDATE worker SET status = 'inactive', updated = now() WHERE status <> 'inactive' \
-         AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $1)) RETURNING id",
-    )
-    .bind(settings.health.heartbeat_max_age_secs as f64)
-    .fetch_all(&context.db)
-    .await?;
-    for worker_id in &dead_workers {
+    let max_age = std::time::Duration::from_secs(context.settings.health.heartbeat_max_age_secs.max(0) as u64);
+    for worker_id in db::worker::deactivate_silent(&context.db, max_age).await? {
         tracing::warn!(worker_id, "worker heartbeat is stale: marked inactive");
     }
-    let orphaned: Vec<(i64, ExecutionStatus)> = sqlx::query_as(
-        "SELECT e.id, e.status FROM execution e JOIN worker w ON w.id = e.worker \
-         WHERE e.status IN ('scheduled', 'running') \
-           AND (w.last_heartbeat IS NULL OR w.last_heartbeat < now() - make_interval(secs => $1)) \
-         ORDER BY e.id LIMIT $2",
-    )
-    .bind(settings.health.heartbeat_max_age_secs as f64)
-    .bind(BATCH)
-    .fetch_all(&context.db)
-    .await?;
+    let orphaned =
+        db::execution::held_by_silent_workers(&context.db, &recovery::HELD_BY_WORKER, max_age, BATCH).await?;
     for (id, status) in orphaned {
-        match status {
-            // never started: it waits again for a worker, with no retry spent
-            ExecutionStatus::Scheduled => hand_back(context, id).await?,
-            _ => {
-                fail(
-                    context,
-                    id,
-                    status,
-                    FailureKind::WorkerHeartbeatStale,
-                    "its worker stopped heartbeating while it ran",
-                )
-                .await?
-            }
+        if let Some(recovery) = recovery::orphaned(status) {
+            recover(context, id, status, recovery).await?;
         }
     }
     Ok(())
+}
+
+async fn recover(context: &Context, id: i64, status: ExecutionStatus, recovery: Recovery) -> Result<(), crate::Error> {
+    match recovery {
+        Recovery::HandBack => hand_back(context, id).await,
+        Recovery::Fail { kind, reason } => fail(context, id, status, kind, reason).await,
+    }
 }
 
 /// A `scheduled` execution that no worker holds and whose dispatch would long have expired: it
@@ -172,7 +144,7 @@ async fn fail(
     reason: &str,
 ) -> Result<(), crate::Error> {
     let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
-    let reported = if kind == FailureKind::Timeout { ExecutionStatus::Timeout } else { ExecutionStatus::Failed };
+    let reported = kind.reported_status();
     let outcome =
         Outcome { failure_kind: Some(kind.to_string()), error: Some(reason.to_string()), ..Default::default() };
     if let Some(recorded) = context.retry_manager.record_failure(&current, reported, &[from], None, &outcome).await? {

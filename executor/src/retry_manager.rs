@@ -8,8 +8,8 @@ use attune_common::db::{
 };
 use attune_common::metrics;
 use attune_common::pack::RetryPolicy;
-use attune_common::retry::{self, EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision};
-use attune_common::{ExecutionStatus, FailureKind};
+use attune_core::retry::{self, EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision};
+use attune_core::{ExecutionStatus, FailureKind};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -38,11 +38,7 @@ impl RetryManager {
     /// The effective policy of the execution's action.
     async fn policy(&self, current: &Execution) -> Result<EffectivePolicy, sqlx::Error> {
         let stored: Option<Value> = match current.action {
-            Some(action) => sqlx::query_scalar("SELECT retry_policy FROM action WHERE id = $1")
-                .bind(action)
-                .fetch_optional(&self.pool)
-                .await?
-                .flatten(),
+            Some(action) => db::action::retry_policy(&self.pool, action).await?,
             None => None,
         };
         let policy: Option<RetryPolicy> = stored.and_then(|v| serde_json::from_value(v).ok());
@@ -63,7 +59,7 @@ impl RetryManager {
         let failure = outcome.failure_kind.as_deref().and_then(FailureKind::parse).unwrap_or(FailureKind::ActionFailed);
         let policy = self.policy(current).await?;
         let mut tx = self.pool.begin().await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        let now: DateTime<Utc> = db::now(&mut *tx).await?;
         let attempt = FailedAttempt {
             failure,
             retry_count: current.retry_count,

@@ -24,7 +24,7 @@ use attune_common::db::{self, execution::Claimed, execution::Execution, executio
 use attune_common::metrics;
 use attune_common::mq::{DELIVERY_LIMIT, Dispatch, Disposition, ExecutionRequest, Incoming, MqError, Topology};
 use attune_common::pack::RetryPolicy;
-use attune_common::{ExecutionStatus, FailureKind, selection};
+use attune_core::{ExecutionStatus, FailureKind, selection};
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;

@@ -2,8 +2,8 @@
 //! `is_execution_retriable` (SQL) agreeing with `retry::decide` (Rust) on random executions.
 
 use attune_common::db::{self, execution::NewExecution, execution::Outcome};
-use attune_common::retry::{EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision, decide};
-use attune_common::{ExecutionStatus, FailureKind};
+use attune_core::retry::{EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision, decide};
+use attune_core::{ExecutionStatus, FailureKind};
 use attune_executor::retry_manager::RetryManager;
 use attune_testkit::TestDb;
 use rand::rngs::StdRng;
@@ -198,7 +198,7 @@ async fn worker_with_slots(pool: &PgPool, name: &str, slots: i64, consuming: boo
 
 #[tokio::test]
 async fn the_picture_gives_room_by_free_slots_and_skips_workers_that_cannot_consume_or_are_draining() {
-    use attune_common::health::HealthProbeConfig;
+    use attune_core::health::HealthProbeConfig;
     use attune_executor::health_probe::WorkerHealthProbe;
     let test = TestDb::new().await;
     let pool = test.pool.clone();

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use attune_common::config::{DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL};
 use sqlx::PgPool;
 
-pub use system::{System, SystemBuilder};
+pub use system::{System, SystemBuilder, workspace_binary};
 
 pub fn admin_database_url() -> String {
     std::env::var("ATTUNE_TEST_DATABASE_URL")

@@ -194,18 +194,25 @@ fn binaries_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
+/// The path of one of the workspace's binaries (`attune`, `attune-api`, `attune-bench`, ...),
+/// built by `cargo build --workspace --bins` (`make test` does); panics, saying so, if missing.
+pub fn workspace_binary(binary: &str) -> PathBuf {
+    let path = binaries_dir().join(binary);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the binaries first (`cargo build --workspace --bins`; `make test` does)",
+        path.display()
+    );
+    path
+}
+
 impl System {
     pub fn builder() -> SystemBuilder {
         SystemBuilder { workers: Vec::new(), env: BTreeMap::new(), packs: Vec::new() }
     }
 
     fn spawn(&mut self, name: &str, binary: &str, extra_env: &BTreeMap<String, String>) {
-        let path = binaries_dir().join(binary);
-        assert!(
-            path.is_file(),
-            "{} is missing: build the binaries first (`cargo build --workspace --bins`; `make test` does)",
-            path.display()
-        );
+        let path = workspace_binary(binary);
         let log = std::fs::File::create(self.logs.join(format!("{name}.log"))).unwrap();
         let child = Command::new(&path)
             .envs(&self.env)

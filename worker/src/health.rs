@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use attune_common::health::{HealthProbeConfig, HealthReport, HealthSignals, classify};
+use attune_core::health::{HealthProbeConfig, HealthReport, HealthSignals, classify};
 use chrono::Utc;
 
 #[derive(Default)]
@@ -125,7 +125,7 @@ impl HealthState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use attune_common::health::HealthClass;
+    use attune_core::health::HealthClass;
 
     #[test]
     fn counters_follow_outcomes() {
@@ -150,7 +150,7 @@ mod tests {
 #[cfg(test)]
 mod override_tests {
     use super::*;
-    use attune_common::health::HealthClass;
+    use attune_core::health::HealthClass;
 
     #[test]
     fn the_override_file_replaces_counted_fields_and_can_be_removed() {

@@ -23,14 +23,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use attune_common::config::{CommonSettings, ConfigError, env_or};
+use attune_common::config::{CommonSettings, ConfigError, FromEnv, env_or};
 use attune_common::db::{self, execution::Transition};
-use attune_common::health::HealthProbeConfig;
 use attune_common::mq::{
     ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
     run_consumer,
 };
-use attune_common::{ExecutionStatus, FailureKind, selection};
+use attune_core::health::HealthProbeConfig;
+use attune_core::{ExecutionStatus, FailureKind, selection};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -161,12 +161,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let publisher =
         Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());
     let health = HealthState::new(settings.health.clone(), settings.health_override_file.clone());
-    let previous_queue: Option<String> =
-        sqlx::query_scalar("SELECT capabilities->>'queue' FROM worker WHERE name = $1")
-            .bind(&settings.name)
-            .fetch_optional(&pool)
-            .await?
-            .flatten();
+    let previous_queue = db::worker::queue_of(&pool, &settings.name).await?;
     let worker_id = db::worker::register(&pool, &settings.name, &json!({})).await?;
     let queue = topology.worker_queue(worker_id);
     // The queue must exist before any executor can dispatch to this worker.
@@ -323,10 +318,7 @@ impl Worker {
     /// goes back to waiting.
     async fn recover_previous_run(&self) -> Result<(), Error> {
         self.hand_back_unstarted().await;
-        let orphans: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1 AND status = 'running'")
-            .bind(self.id)
-            .fetch_all(&self.db)
-            .await?;
+        let orphans = db::execution::running_on(&self.db, self.id).await?;
         for execution_id in orphans {
             tracing::warn!(execution_id, "execution was running when this worker last stopped");
             let result = failure_result(
@@ -540,8 +532,7 @@ impl Worker {
         }
         let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);
         let duration_ms = started.elapsed().as_millis() as u64;
-        let worker_failed =
-            matches!(outcome.failure_kind, Some(FailureKind::ActionNotFound | FailureKind::WorkerUnavailable));
+        let worker_failed = outcome.failure_kind.is_some_and(FailureKind::counts_against_worker);
         self.health.finish(worker_failed, duration_ms);
         // executors dispatch by the slots of the last heartbeat: a new look-ahead is sent early
         self.lookahead.send_if_modified(|reported| {

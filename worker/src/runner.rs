@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use attune_common::FailureKind;
 use attune_common::mq::ResultStatus;
+use attune_core::FailureKind;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -70,7 +70,7 @@ pub fn parse_result(stdout: &str) -> Option<Value> {
 pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
     let result = parse_result(&finished.stdout);
     let failure = |kind: FailureKind, error: String| Outcome {
-        status: if kind == FailureKind::Timeout { ResultStatus::Timeout } else { ResultStatus::Failed },
+        status: ResultStatus::of_failure(kind),
         failure_kind: Some(kind),
         error: Some(error),
         result: result.clone(),

@@ -2,7 +2,7 @@
 
 use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
 use attune_common::mq::{CancelNotice, ExecutionRequest, MqError, REQUEST_KEY};
-use attune_common::{ExecutionStatus, FailureKind, params};
+use attune_core::{ExecutionStatus, FailureKind, params, recovery};
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -217,24 +217,16 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
         error.parameter = Some(if request.action_ref.is_some() { "config.retry_of" } else { "id" }.to_string());
         error
     })?;
-    if !parent.status.is_terminal() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_terminal",
-            format!("execution {} is {}; only a finished execution can be retried", parent.id, parent.status),
-        ));
-    }
-    if let Some(existing) = db::execution::retry_of(&state.db, parent.id).await? {
-        return Err(already_retried(parent.id, existing.id));
-    }
-    if let Some(action_ref) = &request.action_ref
-        && *action_ref != parent.action_ref
-    {
-        return Err(ApiError::invalid(
-            "action_ref",
-            format!("execution {} ran '{}', not '{action_ref}'", parent.id, parent.action_ref),
-        ));
-    }
+    let existing_retry = db::execution::retry_of(&state.db, parent.id).await?.map(|e| e.id);
+    let max_retries = recovery::manual_retry(&recovery::ManualRetryRequest {
+        parent_id: parent.id,
+        parent_status: parent.status,
+        parent_action_ref: &parent.action_ref,
+        existing_retry,
+        action_ref: request.action_ref.as_deref(),
+        max_retries: request.config.get("max_retries"),
+    })
+    .map_err(refused)?;
     let parameters = match request.parameters {
         Some(given) => {
             let action = match parent.action {
@@ -258,11 +250,8 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
     };
     let mut new =
         NewExecution::retry_of(&parent, ExecutionStatus::Requested, FailureKind::ManualRetry, parameters, None);
-    if let Some(max_retries) = request.config.get("max_retries") {
-        new.max_retries =
-            max_retries.as_i64().filter(|n| (0..=100).contains(n)).ok_or_else(|| {
-                ApiError::invalid("config.max_retries", "'config.max_retries' must be between 0 and 100")
-            })? as i32;
+    if let Some(max_retries) = max_retries {
+        new.max_retries = max_retries;
     }
     for (key, value) in request.config {
         if key != "retry_reason" {
@@ -329,6 +318,18 @@ pub async fn cancel(
     }
     tracing::info!(execution_id = id, was = %current.status, "execution canceled");
     Ok(Json(canceled))
+}
+
+/// A refused manual retry as the API answers it.
+fn refused(refusal: recovery::ManualRetryRefusal) -> ApiError {
+    use recovery::ManualRetryRefusal::*;
+    let message = refusal.to_string();
+    match refusal {
+        NotTerminal { .. } => ApiError::new(StatusCode::CONFLICT, "not_terminal", message),
+        AlreadyRetried { id, retry } => already_retried(id, retry),
+        OtherAction { .. } => ApiError::invalid("action_ref", message),
+        MaxRetriesOutOfRange => ApiError::invalid("config.max_retries", message),
+    }
 }
 
 fn already_retried(parent: i64, existing: i64) -> ApiError {

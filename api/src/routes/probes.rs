@@ -1,6 +1,5 @@
 //! Liveness, readiness and metrics; no token needed.
 
-use attune_common::ExecutionStatus;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -17,7 +16,7 @@ pub async fn healthz() -> Json<Value> {
 /// Ready when both the database and the broker answer.
 #[utoipa::path(get, path = "/readyz", tag = "probes", security(()), responses((status = 200, description = "Database and broker answer"), (status = 503, description = "A dependency is down; the body says which")))]
 pub async fn readyz(State(state): State<crate::State>) -> (StatusCode, Json<Value>) {
-    let database = sqlx::query("SELECT 1").execute(&state.db).await.map(|_| ()).map_err(|e| e.to_string());
+    let database = attune_common::db::ping(&state.db).await.map_err(|e| e.to_string());
     let broker = state.publisher.ping().await.map_err(|e| e.to_string());
     let status = |r: &Result<(), String>| match r {
         Ok(()) => json!("ok"),
@@ -32,10 +31,7 @@ pub async fn readyz(State(state): State<crate::State>) -> (StatusCode, Json<Valu
 #[utoipa::path(get, path = "/metrics", tag = "probes", security(()), responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<crate::State>) -> Result<impl IntoResponse, ApiError> {
     use attune_common::metrics::{self as m, render_gauge};
-    let rows: Vec<(ExecutionStatus, String, i64)> =
-        sqlx::query_as("SELECT status, action_ref, count(*) FROM execution GROUP BY status, action_ref ORDER BY 1, 2")
-            .fetch_all(&state.db)
-            .await?;
+    let rows = attune_common::db::stats::by_status_and_action(&state.db).await?;
     let mut out = m::render();
     let samples: Vec<_> = rows
         .into_iter()

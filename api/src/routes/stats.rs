@@ -10,6 +10,8 @@ use axum::extract::{Query, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use attune_common::db;
+
 use crate::ApiError;
 
 pub const ALERT_RETRY_RATE_PERCENT: f64 = 20.0;
@@ -53,8 +55,6 @@ pub struct RetryStats {
     pub alerts: RetryAlerts,
 }
 
-const TERMINAL: &str = "('completed', 'failed', 'timeout', 'canceled', 'abandoned')";
-
 fn percent(part: i64, whole: i64) -> Option<f64> {
     (whole > 0).then(|| (10000.0 * part as f64 / whole as f64).round() / 100.0)
 }
@@ -71,24 +71,8 @@ pub async fn retries(
     if !(1..=30 * 86400).contains(&window_secs) {
         return Err(ApiError::invalid("window_secs", "'window_secs' must be between 1 and 2592000 (30 days)"));
     }
-    let (originals, retries, succeeded, finished): (i64, i64, i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FILTER (WHERE retry_count = 0), count(*) FILTER (WHERE retry_count > 0), \
-            count(*) FILTER (WHERE retry_count > 0 AND status = 'completed'), \
-            count(*) FILTER (WHERE retry_count > 0 AND status IN {TERMINAL}) \
-         FROM execution WHERE created > now() - make_interval(secs => $1)"
-    )))
-    .bind(window_secs as f64)
-    .fetch_one(&state.db)
-    .await?;
-    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT COALESCE(retry_reason, 'unknown'), count(*), count(*) FILTER (WHERE status = 'completed'), \
-            count(*) FILTER (WHERE status IN {TERMINAL}) \
-         FROM execution WHERE retry_count > 0 AND created > now() - make_interval(secs => $1) \
-         GROUP BY 1 ORDER BY 2 DESC, 1"
-    )))
-    .bind(window_secs as f64)
-    .fetch_all(&state.db)
-    .await?;
+    let (originals, retries, succeeded, finished) = db::stats::retry_totals(&state.db, window_secs as f64).await?;
+    let rows = db::stats::retries_by_reason(&state.db, window_secs as f64).await?;
     let retry_rate = percent(retries, originals);
     let retry_success_rate = percent(succeeded, finished);
     Ok(Json(RetryStats {
@@ -175,21 +159,10 @@ pub async fn retry_series(
         return Err(ApiError::invalid("buckets", "'buckets' must be between 1 and 240"));
     }
     let bucket_secs = window_secs as f64 / count as f64;
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&state.db).await?;
+    let now = db::now(&state.db).await?;
     let start = now - chrono::Duration::milliseconds(window_secs * 1000);
     // one row per (bucket, reason); reason is NULL for the original executions
-    let rows: Vec<(i64, Option<String>, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT LEAST(floor(extract(epoch FROM created - $1) / $2)::bigint, $3 - 1), \
-            CASE WHEN retry_count > 0 THEN COALESCE(retry_reason, 'unknown') END, count(*), \
-            count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status IN {TERMINAL}) \
-         FROM execution WHERE created >= $1 AND created <= $4 GROUP BY 1, 2"
-    )))
-    .bind(start)
-    .bind(bucket_secs)
-    .bind(count)
-    .bind(now)
-    .fetch_all(&state.db)
-    .await?;
+    let rows = db::stats::retry_buckets(&state.db, start, now, bucket_secs, count).await?;
     let mut buckets: Vec<RetryBucket> = (0..count)
         .map(|n| RetryBucket {
             start: start + chrono::Duration::milliseconds((n as f64 * bucket_secs * 1000.0) as i64),

@@ -37,6 +37,15 @@ pub async fn get_by_ref(db: impl PgExecutor<'_>, action_ref: &str) -> Result<Opt
     sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.ref = $1"))).bind(action_ref).fetch_optional(db).await
 }
 
+/// The action's stored `retry:` block, if it has one.
+pub async fn retry_policy(db: impl PgExecutor<'_>, id: i64) -> Result<Option<serde_json::Value>, sqlx::Error> {
+    sqlx::query_scalar("SELECT retry_policy FROM action WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await
+        .map(Option::flatten)
+}
+
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Action>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.id = $1"))).bind(id).fetch_optional(db).await
 }

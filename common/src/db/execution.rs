@@ -5,8 +5,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
 
-use crate::failure::FailureKind;
-use crate::status::ExecutionStatus;
+use attune_core::failure::FailureKind;
+use attune_core::status::ExecutionStatus;
 
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Execution {
@@ -492,8 +492,18 @@ pub async fn still_dispatched(db: &PgPool, execution_id: i64, worker_id: i64) ->
 
 /// The executions dispatched to a worker and not started.
 pub async fn scheduled_on(db: &PgPool, worker_id: i64) -> Result<Vec<i64>, sqlx::Error> {
-    sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1 AND status = 'scheduled' ORDER BY id")
+    on_worker(db, worker_id, ExecutionStatus::Scheduled).await
+}
+
+/// The executions a worker is running.
+pub async fn running_on(db: &PgPool, worker_id: i64) -> Result<Vec<i64>, sqlx::Error> {
+    on_worker(db, worker_id, ExecutionStatus::Running).await
+}
+
+async fn on_worker(db: &PgPool, worker_id: i64, status: ExecutionStatus) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1 AND status = $2 ORDER BY id")
         .bind(worker_id)
+        .bind(status)
         .fetch_all(db)
         .await
 }
@@ -520,6 +530,65 @@ pub async fn promote_due_retries(db: &PgPool, limit: i64) -> Result<Vec<(i64, Op
             ORDER BY not_before LIMIT $1 FOR UPDATE SKIP LOCKED) \
          AND status = 'delayed' RETURNING id, runtime",
     )
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Executions in `status` not updated for `older_than` (the monitor's stuck work), oldest id
+/// first.
+pub async fn unchanged_for(
+    db: &PgPool,
+    status: ExecutionStatus,
+    older_than: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM execution WHERE status = $1 AND updated < now() - make_interval(secs => $2) ORDER BY id LIMIT $3",
+    )
+    .bind(status)
+    .bind(older_than.as_secs_f64())
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// `running` executions started longer ago than their own timeout (or `default_timeout_secs`)
+/// plus `grace` (`MonitorLimits::overdue_after_secs`).
+pub async fn overdue(
+    db: &PgPool,
+    default_timeout_secs: i32,
+    grace: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM execution WHERE status = $1 \
+         AND started + make_interval(secs => COALESCE(timeout_seconds, $2) + $3) < now() ORDER BY id LIMIT $4",
+    )
+    .bind(ExecutionStatus::Running)
+    .bind(default_timeout_secs as f64)
+    .bind(grace.as_secs_f64())
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Executions in one of `statuses` whose worker's heartbeat is older than `max_age` (or which
+/// never sent one), with their status.
+pub async fn held_by_silent_workers(
+    db: &PgPool,
+    statuses: &[ExecutionStatus],
+    max_age: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<(i64, ExecutionStatus)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT e.id, e.status FROM execution e JOIN worker w ON w.id = e.worker \
+         WHERE e.status = ANY($1) \
+           AND (w.last_heartbeat IS NULL OR w.last_heartbeat < now() - make_interval(secs => $2)) \
+         ORDER BY e.id LIMIT $3",
+    )
+    .bind(statuses)
+    .bind(max_age.as_secs_f64())
     .bind(limit)
     .fetch_all(db)
     .await

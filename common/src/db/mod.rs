@@ -2,8 +2,10 @@
 //! with bound parameters.
 
 pub mod action;
+pub mod bench;
 pub mod execution;
 pub mod pack;
+pub mod stats;
 pub mod token;
 pub mod worker;
 
@@ -83,6 +85,27 @@ impl AsTransient for sqlx::Error {
     fn is_transient(&self) -> bool {
         is_transient(self)
     }
+}
+
+/// Takes the session-level advisory lock `key` on this connection if it is free (a singleton
+/// across processes); `false` when another session holds it.
+pub async fn try_advisory_lock(connection: &mut sqlx::PgConnection, key: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(key).fetch_one(connection).await
+}
+
+/// Releases the advisory lock `key` taken on this connection.
+pub async fn advisory_unlock(connection: &mut sqlx::PgConnection, key: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_unlock($1)").bind(key).execute(connection).await.map(|_| ())
+}
+
+/// Whether the database answers.
+pub async fn ping(db: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1").execute(db).await.map(|_| ())
+}
+
+/// The database's clock (every timestamp in the record is the database's).
+pub async fn now(db: impl sqlx::PgExecutor<'_>) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
+    sqlx::query_scalar("SELECT now()").fetch_one(db).await
 }
 
 /// Applies pending migrations. Safe to call from several services at once (sqlx takes an

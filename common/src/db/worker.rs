@@ -5,8 +5,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::health::{HealthProbeConfig, HealthSignals, classify};
-use crate::selection::Candidate;
+use attune_core::health::{HealthProbeConfig, HealthSignals, classify};
+use attune_core::selection::Candidate;
 
 /// Registers the worker called `name` (keeping its id if it registered before) and returns its id.
 /// It stays `inactive`, so nothing is dispatched to it, until its first heartbeat: by then its
@@ -67,6 +67,36 @@ pub async fn deactivate_if_silent(db: &PgPool, worker_id: i64, max_age_secs: f64
     .execute(db)
     .await
     .map(|_| ())
+}
+
+/// The queue a worker of this name declared last time it ran, if it ever did.
+pub async fn queue_of(db: &PgPool, name: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT capabilities->>'queue' FROM worker WHERE name = $1")
+        .bind(name)
+        .fetch_optional(db)
+        .await
+        .map(Option::flatten)
+}
+
+/// How many of the named workers are active with a heartbeat at or after `since`.
+pub async fn active_since(db: &PgPool, names: &[String], since: DateTime<Utc>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM worker WHERE name = ANY($1) AND status = 'active' AND updated >= $2")
+        .bind(names)
+        .bind(since)
+        .fetch_one(db)
+        .await
+}
+
+/// Marks inactive every worker whose heartbeat is older than `max_age` (or that never sent one);
+/// returns their ids.
+pub async fn deactivate_silent(db: &PgPool, max_age: std::time::Duration) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE worker SET status = 'inactive', updated = now() WHERE status <> 'inactive' \
+         AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $1)) RETURNING id",
+    )
+    .bind(max_age.as_secs_f64())
+    .fetch_all(db)
+    .await
 }
 
 /// Records that the worker is not consuming (a dispatch expired in its queue): no executor

@@ -59,6 +59,21 @@ impl FailureKind {
         Self::RETRIABLE_BY_DEFAULT.contains(&self)
     }
 
+    /// Whether a failure of this kind counts against the worker's health (its consecutive and
+    /// total failures) rather than against the action: the worker could not start the action.
+    pub fn counts_against_worker(self) -> bool {
+        matches!(self, ActionNotFound | WorkerUnavailable)
+    }
+
+    /// The terminal status a failure of this kind is reported with: `timeout` for an action
+    /// that ran out of time, `failed` for everything else.
+    pub fn reported_status(self) -> crate::ExecutionStatus {
+        match self {
+            Timeout => crate::ExecutionStatus::Timeout,
+            _ => crate::ExecutionStatus::Failed,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             WorkerUnavailable => "worker_unavailable",
@@ -91,6 +106,32 @@ impl std::fmt::Display for FailureKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_fault_and_reported_status_by_kind() {
+        use crate::ExecutionStatus;
+        // (kind, counts against the worker, reported status)
+        let table = [
+            (WorkerUnavailable, true, ExecutionStatus::Failed),
+            (QueueTimeout, false, ExecutionStatus::Failed),
+            (WorkerHeartbeatStale, false, ExecutionStatus::Failed),
+            (TransientError, false, ExecutionStatus::Failed),
+            (ManualRetry, false, ExecutionStatus::Failed),
+            (ValidationError, false, ExecutionStatus::Failed),
+            (PermissionDenied, false, ExecutionStatus::Failed),
+            (ActionNotFound, true, ExecutionStatus::Failed),
+            (InvalidParameters, false, ExecutionStatus::Failed),
+            (ActionFailed, false, ExecutionStatus::Failed),
+            (Timeout, false, ExecutionStatus::Timeout),
+            (Canceled, false, ExecutionStatus::Failed),
+            (PoisonMessage, false, ExecutionStatus::Failed),
+        ];
+        assert_eq!(table.len(), FailureKind::ALL.len(), "every kind has a row");
+        for (kind, against_worker, status) in table {
+            assert_eq!(kind.counts_against_worker(), against_worker, "{kind}");
+            assert_eq!(kind.reported_status(), status, "{kind}");
+        }
+    }
 
     #[test]
     fn classification_table() {

@@ -1,4 +1,4 @@
-//! `attune bench`: how fast attune is, measured through the real API against a running system.
+//! The workloads of `attune-bench`: how fast attune is, measured through the real API against a running system.
 //!
 //! Each workload submits executions through `POST /api/v1/executions` and waits until every one
 //! has finished (read from the record), then reports completed executions per second, latency
@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
+use attune_common::db;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -113,7 +114,7 @@ impl Bench {
     /// takes one id itself, counted in `own_statements`.
     async fn commits(&self) -> anyhow::Result<f64> {
         self.own_statements.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let xid: i64 = sqlx::query_scalar("SELECT txid_current()").fetch_one(&self.db).await?;
+        let xid = db::bench::transaction_counter(&self.db).await?;
         Ok(xid as f64)
     }
 
@@ -169,13 +170,7 @@ impl Bench {
             // drains) cost the database more than some of what is being measured. A batch that
             // all moved on is followed at once by the next.
             let ids: Vec<i64> = pending.keys().take(WAIT_BATCH).copied().collect();
-            let rows: Vec<(i64, Option<f64>, bool, Option<i64>)> = sqlx::query_as(
-                "SELECT e.id, extract(epoch FROM e.finished)::float8, e.status = 'completed', r.id \
-                 FROM execution e LEFT JOIN execution r ON r.original_execution = e.id WHERE e.id = ANY($1)",
-            )
-            .bind(&ids)
-            .fetch_all(&self.db)
-            .await?;
+            let rows = db::bench::attempts(&self.db, &ids).await?;
             let mut moved = 0;
             for (id, finished, completed, retried_by) in rows {
                 match (retried_by, finished) {
@@ -304,7 +299,7 @@ impl Bench {
 }
 
 pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::Result<Value> {
-    let token = token.context("attune bench needs a token (ATTUNE_TOKEN or --token)")?;
+    let token = token.context("attune-bench needs a token (ATTUNE_TOKEN or --token)")?;
     let url = attune_common::config::CommonSettings::from_env()?.database_url;
     let db = attune_common::db::connect(&url, 2, Duration::from_secs(10)).await.context("DATABASE_URL")?;
     let metrics_urls =
@@ -378,16 +373,10 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
 
 /// 30 % of executions fail transiently once and succeed on their retry.
 async fn retry_mix(bench: &Arc<Bench>, count: usize, concurrency: usize) -> anyhow::Result<Measured> {
-    let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&bench.db).await?;
+    let since = db::now(&bench.db).await?;
     let mix = [(0.3, "core.flaky", json!({"fail_times": 1})), (0.7, "core.noop", json!({}))];
     let mut measured = bench.closed_loop("30 % fail once then retry", count, concurrency, &mix).await?;
-    let gaps: Vec<(f64, f64)> = sqlx::query_as(
-        "SELECT extract(epoch FROM r.not_before - p.finished)::float8, extract(epoch FROM r.started - p.finished)::float8 \
-         FROM execution r JOIN execution p ON p.id = r.original_execution WHERE r.created >= $1 AND r.started IS NOT NULL",
-    )
-    .bind(since)
-    .fetch_all(&bench.db)
-    .await?;
+    let gaps = db::bench::retry_delays(&bench.db, since).await?;
     let late: Vec<f64> = gaps.iter().map(|(backoff, gap)| (gap - backoff) * 1000.0).collect();
     let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
     measured.extra = json!({
@@ -404,12 +393,7 @@ async fn retry_mix(bench: &Arc<Bench>, count: usize, concurrency: usize) -> anyh
 /// complete, and the whole must take about `count` × 1 s / the run slots of the workers that offer
 /// the shell runtime: capacity, not the TTL, decides when each runs.
 async fn backlog(bench: &Arc<Bench>, count: usize, concurrency: usize) -> anyhow::Result<Measured> {
-    let run_slots: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(sum((capabilities->>'concurrency')::bigint), 0)::bigint FROM worker \
-         WHERE status = 'active' AND capabilities->'runtimes' ? 'shell'",
-    )
-    .fetch_one(&bench.db)
-    .await?;
+    let run_slots = db::bench::run_slots(&bench.db, "shell").await?;
     if run_slots == 0 {
         bail!("the backlog workload needs an active worker offering the shell runtime");
     }
@@ -437,29 +421,20 @@ async fn fleet_workload(
 ) -> anyhow::Result<Vec<Measured>> {
     let noop = [(1.0, "core.noop", json!({}))];
     let few = bench.closed_loop("scheduling with the real workers only", count, concurrency, &noop).await?;
-    sqlx::query(
-        "INSERT INTO worker (name, status, capabilities, last_heartbeat) \
-         SELECT 'bench-idle-' || n, 'active', '{\"runtimes\": [\"builtin\"], \"health\": {\"consecutive_failures\": 0, \"queue_depth\": 1000}}', now() \
-         FROM generate_series(1, $1) n ON CONFLICT (name) DO UPDATE SET status = 'active', last_heartbeat = now()",
-    )
-    .bind(fleet as i64)
-    .execute(&bench.db)
-    .await?;
+    db::bench::register_idle_fleet(&bench.db, fleet as i64).await?;
     let keep_fresh = {
         let db = bench.db.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
-                let _ = sqlx::query("UPDATE worker SET last_heartbeat = now() WHERE name LIKE 'bench-idle-%'")
-                    .execute(&db)
-                    .await;
+                let _ = db::bench::heartbeat_idle_fleet(&db).await;
             }
         })
     };
     let many =
         bench.closed_loop(&format!("scheduling with {fleet} more registered workers"), count, concurrency, &noop).await;
     keep_fresh.abort();
-    sqlx::query("DELETE FROM worker WHERE name LIKE 'bench-idle-%'").execute(&bench.db).await?;
+    db::bench::remove_idle_fleet(&bench.db).await?;
     Ok(vec![few, many?])
 }
 
@@ -559,7 +534,7 @@ pub fn table(report: &Value) -> String {
             ]
         })
         .collect();
-    crate::output::table(
+    attune_cli::output::table(
         &["workload", "n", "exec/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "commits/exec", "broker/exec", "failed"],
         &rows,
     )

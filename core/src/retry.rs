@@ -18,7 +18,6 @@ use chrono::{DateTime, Utc};
 use rand::{Rng, RngExt};
 
 use crate::ExecutionStatus;
-use crate::config::{ConfigError, env_or};
 use crate::failure::FailureKind;
 use crate::pack::{BackoffKind, RetryPolicy};
 
@@ -44,38 +43,34 @@ impl Default for RetryConfig {
     }
 }
 
+/// A global retry setting out of range, named by the environment variable that sets it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid value {value:?} for {name}: {reason}")]
+pub struct InvalidSetting {
+    pub name: &'static str,
+    pub value: String,
+    pub reason: &'static str,
+}
+
 impl RetryConfig {
-    pub fn from_env() -> Result<Self, ConfigError> {
-        let d = Self::default();
-        let config = RetryConfig {
-            enabled: env_or("ATTUNE_RETRY_ENABLED", d.enabled)?,
-            base_backoff_secs: env_or("ATTUNE_RETRY_BASE_BACKOFF_SECS", d.base_backoff_secs)?,
-            max_backoff_secs: env_or("ATTUNE_RETRY_MAX_BACKOFF_SECS", d.max_backoff_secs)?,
-            backoff_multiplier: env_or("ATTUNE_RETRY_BACKOFF_MULTIPLIER", d.backoff_multiplier)?,
-            jitter_factor: env_or("ATTUNE_RETRY_JITTER_FACTOR", d.jitter_factor)?,
+    /// Checks the global settings; the error names the environment variable that sets the field.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        let invalid = |name: &'static str, value: f64, reason: &'static str| {
+            Err(InvalidSetting { name, value: value.to_string(), reason })
         };
-        let invalid = |name: &str, value: f64, reason: &str| ConfigError {
-            name: name.into(),
-            value: value.to_string(),
-            reason: reason.into(),
-        };
-        if !(config.base_backoff_secs >= 0.0 && config.base_backoff_secs.is_finite()) {
-            return Err(invalid("ATTUNE_RETRY_BASE_BACKOFF_SECS", config.base_backoff_secs, "must be >= 0"));
+        if !(self.base_backoff_secs >= 0.0 && self.base_backoff_secs.is_finite()) {
+            return invalid("ATTUNE_RETRY_BASE_BACKOFF_SECS", self.base_backoff_secs, "must be >= 0");
         }
-        if !(config.max_backoff_secs >= config.base_backoff_secs && config.max_backoff_secs.is_finite()) {
-            return Err(invalid(
-                "ATTUNE_RETRY_MAX_BACKOFF_SECS",
-                config.max_backoff_secs,
-                "must be >= the base backoff",
-            ));
+        if !(self.max_backoff_secs >= self.base_backoff_secs && self.max_backoff_secs.is_finite()) {
+            return invalid("ATTUNE_RETRY_MAX_BACKOFF_SECS", self.max_backoff_secs, "must be >= the base backoff");
         }
-        if !(config.backoff_multiplier >= 1.0 && config.backoff_multiplier.is_finite()) {
-            return Err(invalid("ATTUNE_RETRY_BACKOFF_MULTIPLIER", config.backoff_multiplier, "must be >= 1.0"));
+        if !(self.backoff_multiplier >= 1.0 && self.backoff_multiplier.is_finite()) {
+            return invalid("ATTUNE_RETRY_BACKOFF_MULTIPLIER", self.backoff_multiplier, "must be >= 1.0");
         }
-        if !(0.0..=1.0).contains(&config.jitter_factor) {
-            return Err(invalid("ATTUNE_RETRY_JITTER_FACTOR", config.jitter_factor, "must be between 0 and 1"));
+        if !(0.0..=1.0).contains(&self.jitter_factor) {
+            return invalid("ATTUNE_RETRY_JITTER_FACTOR", self.jitter_factor, "must be between 0 and 1");
         }
-        Ok(config)
+        Ok(())
     }
 }
 

@@ -73,31 +73,6 @@ impl Default for HealthProbeConfig {
     }
 }
 
-impl HealthProbeConfig {
-    /// Reads `ATTUNE_HEALTH_<FIELD>` (and `ATTUNE_HEARTBEAT_MAX_AGE_SECS`) over the defaults.
-    pub fn from_env() -> Result<Self, crate::config::ConfigError> {
-        use crate::config::env_or;
-        let d = Self::default();
-        Ok(HealthProbeConfig {
-            enabled: env_or("ATTUNE_HEALTH_ENABLED", d.enabled)?,
-            heartbeat_max_age_secs: env_or(
-                "ATTUNE_HEARTBEAT_MAX_AGE_SECS",
-                env_or("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", d.heartbeat_max_age_secs)?,
-            )?,
-            degraded_threshold: env_or("ATTUNE_HEALTH_DEGRADED_THRESHOLD", d.degraded_threshold)?,
-            unhealthy_threshold: env_or("ATTUNE_HEALTH_UNHEALTHY_THRESHOLD", d.unhealthy_threshold)?,
-            queue_depth_degraded: env_or("ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED", d.queue_depth_degraded)?,
-            queue_depth_unhealthy: env_or("ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY", d.queue_depth_unhealthy)?,
-            failure_rate_degraded: env_or("ATTUNE_HEALTH_FAILURE_RATE_DEGRADED", d.failure_rate_degraded)?,
-            failure_rate_unhealthy: env_or("ATTUNE_HEALTH_FAILURE_RATE_UNHEALTHY", d.failure_rate_unhealthy)?,
-            failure_rate_min_executions: env_or(
-                "ATTUNE_HEALTH_FAILURE_RATE_MIN_EXECUTIONS",
-                d.failure_rate_min_executions,
-            )?,
-        })
-    }
-}
-
 /// What the classification looks at for one worker.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HealthSignals {

@@ -3,7 +3,7 @@
 //! started (`rabbitmqctl stop_app` / `start_app`). Every execution still ends, none is lost.
 //!
 //! It disturbs every user of the broker, so it is ignored by default and run alone:
-//! `cargo test -p attune-cli --test chaos_broker -- --ignored --test-threads=1` (`make test` does,
+//! `cargo test -p attune-system-tests --test chaos_broker -- --ignored --test-threads=1` (`make test` does,
 //! after the other tests). It needs `rabbitmqctl` with the rights to use it (root here).
 
 use std::process::Command;

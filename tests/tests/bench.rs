@@ -1,4 +1,4 @@
-//! The benchmark's smoke run (`attune bench --quick`) against a real system, so it never rots:
+//! The benchmark's smoke run (`attune-bench --quick`) against a real system, so it never rots:
 //! every workload runs and reports sane numbers.
 
 use std::process::Command;
@@ -24,8 +24,8 @@ async fn the_quick_benchmark_runs_every_workload() {
         .collect();
     let json = std::env::temp_dir().join(format!("attune-bench-{}.json", std::process::id()));
     let plot = std::env::temp_dir().join(format!("attune-bench-{}.svg", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_attune"))
-        .args(["bench", "--quick", "--json", json.to_str().unwrap(), "--plot", plot.to_str().unwrap()])
+    let out = Command::new(attune_testkit::workspace_binary("attune-bench"))
+        .args(["--quick", "--json", json.to_str().unwrap(), "--plot", plot.to_str().unwrap()])
         .args(&metrics)
         .env("ATTUNE_API_URL", &system.api_url)
         .env("ATTUNE_TOKEN", &system.token)

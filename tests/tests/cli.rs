@@ -6,7 +6,7 @@ use attune_testkit::System;
 use serde_json::Value;
 
 fn attune(system: &System, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_attune"))
+    Command::new(attune_testkit::workspace_binary("attune"))
         .args(args)
         .env("ATTUNE_API_URL", &system.api_url)
         .env("ATTUNE_TOKEN", &system.token)
@@ -68,7 +68,7 @@ async fn watch_follows_a_retry_chain_and_the_config_file_supplies_address_and_to
     let config = dir.join("config.json");
     std::fs::write(&config, serde_json::json!({"api_url": system.api_url, "token": system.token}).to_string()).unwrap();
     let attune_with_config = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_attune"))
+        Command::new(attune_testkit::workspace_binary("attune"))
             .args(args)
             .env_remove("ATTUNE_API_URL")
             .env_remove("ATTUNE_TOKEN")
