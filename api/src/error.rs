@@ -57,13 +57,14 @@ impl ApiError {
 }
 
 impl From<sqlx::Error> for ApiError {
+    /// By the one transience rule every service uses (`db::is_transient`): the database away
+    /// (or a lost race) is a 503 the client may retry; anything else is a 500.
     fn from(error: sqlx::Error) -> Self {
-        match error {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
-                tracing::error!(%error, "database unavailable");
-                ApiError::unavailable("the database is unavailable; try again")
-            }
-            other => ApiError::internal("database query failed", other),
+        if attune_common::db::is_transient(&error) {
+            tracing::error!(%error, "database unavailable");
+            ApiError::unavailable("the database is unavailable; try again")
+        } else {
+            ApiError::internal("database query failed", error)
         }
     }
 }

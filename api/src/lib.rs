@@ -96,7 +96,7 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-api", topology);
     if let Err(e) = publisher.ping().await {
-        tracing::warn!(error = %e, "broker not reachable yet; requests will be re-published once it is");
+        tracing::warn!(error = %e, "broker not reachable yet; requests wait as rows and the schedulers' sweep finds them");
     }
     let actions = db::action::ActionCache::new(settings.action_cache_ttl);
     Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), actions, publisher, settings }))

@@ -2,8 +2,8 @@
 //! publisher and a reconnecting consumer loop.
 //!
 //! Topology, with `ns` the namespace (`ATTUNE_MQ_NAMESPACE`, default `attune`):
-//! - `ns` (direct): `execution.request` → queue `ns.execution.requests` (API and retry timer to
-//!   executors), `execution.result` → `ns.execution.results` (workers to executors: failures
+//! - `ns` (direct): `execution.request` → queue `ns.execution.requests` (hints from the API and
+//!   from a worker's hand-back to executors), `execution.result` → `ns.execution.results` (workers to executors: failures
 //!   and timeouts, for the RetryManager; workers record successes themselves),
 //!   `worker.<id>` → `ns.worker.<id>` (executor to one worker).
 //! - `ns.dlx` (topic) bound with `#` to `ns.dlq`: dead letters keep their original routing key,
@@ -242,7 +242,7 @@ pub fn death(headers: &Option<FieldTable>) -> Option<Death> {
     })
 }
 
-/// API or retry timer → executor: schedule this execution.
+/// API (or a worker handing work back) → executor: a hint that this execution waits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionRequest {
     pub execution_id: i64,
@@ -326,7 +326,7 @@ impl ExecutionResult {
     pub fn outcome(&self) -> crate::db::execution::Outcome {
         crate::db::execution::Outcome {
             result: self.result.clone(),
-            failure_kind: self.failure_kind.map(|k| k.to_string()),
+            failure_kind: self.failure_kind,
             error: self.error.clone(),
             exit_code: self.exit_code,
             stdout: Some(self.stdout.clone()),

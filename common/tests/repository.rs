@@ -48,7 +48,11 @@ async fn every_edge_hits_from_its_source_and_misses_from_any_other_state() {
     let pool = &test.pool;
     let action = core_pack(pool).await;
     let worker = db::worker::register(pool, "w", &json!({"runtimes": ["shell"]})).await.unwrap();
-    let outcome = Outcome { failure_kind: Some("action_failed".into()), exit_code: Some(1), ..Default::default() };
+    let outcome = Outcome {
+        failure_kind: Some(attune_core::FailureKind::ActionFailed),
+        exit_code: Some(1),
+        ..Default::default()
+    };
     for to in ExecutionStatus::ALL {
         for from in ExecutionStatus::ALL {
             let execution = db::execution::insert(pool, &new_execution(&action)).await.unwrap();
@@ -64,7 +68,7 @@ async fn every_edge_hits_from_its_source_and_misses_from_any_other_state() {
                 assert_eq!(stored, applied);
                 assert_eq!(stored.finished.is_some(), to.is_terminal(), "{from} -> {to}");
                 if to.is_terminal() {
-                    assert_eq!(stored.failure_kind.as_deref(), Some("action_failed"));
+                    assert_eq!(stored.failure_kind, Some(attune_core::FailureKind::ActionFailed));
                 }
             } else {
                 assert_eq!(stored.status, from, "a stale transition changes nothing");

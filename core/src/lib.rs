@@ -17,6 +17,7 @@ pub mod params;
 pub mod recovery;
 pub mod retry;
 pub mod selection;
+mod sql;
 pub mod status;
 
 pub use failure::FailureKind;

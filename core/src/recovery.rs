@@ -69,7 +69,7 @@ pub fn orphaned(status: ExecutionStatus) -> Option<Recovery> {
 }
 
 /// The statuses a worker holds (an execution in one of them has `worker` set).
-pub const HELD_BY_WORKER: [ExecutionStatus; 2] = [ExecutionStatus::Scheduled, ExecutionStatus::Running];
+pub const HELD_BY_WORKER: [ExecutionStatus; 2] = ExecutionStatus::IN_FLIGHT;
 
 /// A `running` execution well past its deadline.
 pub const OVERDUE: Recovery =

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(type_name = "execution_status", rename_all = "snake_case"))]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
@@ -29,6 +29,8 @@ impl ExecutionStatus {
     pub const ALL: [ExecutionStatus; 10] =
         [Requested, Scheduling, Scheduled, Running, Completed, Failed, Timeout, Canceled, Abandoned, Delayed];
     pub const TERMINAL: [ExecutionStatus; 5] = [Completed, Failed, Timeout, Canceled, Abandoned];
+    /// Dispatched to a worker and not finished: what counts against its slots and queue depth.
+    pub const IN_FLIGHT: [ExecutionStatus; 2] = [Scheduled, Running];
 
     pub fn is_terminal(self) -> bool {
         Self::TERMINAL.contains(&self)
@@ -57,20 +59,22 @@ impl ExecutionStatus {
     /// non-terminal state; a retry is a new row, so no terminal state has an outgoing edge.
     pub fn allowed_from(self) -> &'static [ExecutionStatus] {
         match self {
-            // the retry timer promotes a due delayed retry; the timeout monitor re-requests a
-            // claim that an executor abandoned mid-way; work that never started goes back to
-            // waiting (a dispatch that could not be sent, a stopping worker's hand-back, a
-            // dispatch lost with its queue), without spending a retry
+            // the retry timer promotes a due delayed retry; work that never started goes back
+            // to waiting (a dispatch that could not be sent, a stopping worker's hand-back, a
+            // dispatch lost with its queue), without spending a retry. `scheduling → requested`
+            // stays allowed for rows an earlier version left claimed; nothing here takes it
             Requested => &[Delayed, Scheduling, Scheduled],
-            // a redelivered request may find its own earlier claim
+            // written only by earlier versions (a claim, and a redelivered request finding it);
+            // kept so that their rows stay valid
             Scheduling => &[Requested, Scheduling],
             // an executor claims waiting requests for the workers with free slots (one write);
-            // a `scheduling` claim left by an earlier version is assigned the same way
+            // `scheduling → scheduled` was an earlier version's assignment after its claim
             Scheduled => &[Requested, Scheduling],
             Running => &[Scheduled],
             Completed => &[Running],
-            // the executor fails what it cannot schedule, the DLQ handler what expired in a
-            // worker queue, the worker what it could not start
+            // the executor fails what it cannot schedule (and, through its RetryManager, what a
+            // worker could not start), the DLQ handler what expired in a worker queue, the
+            // monitor an earlier version's stuck claim
             Failed => &[Requested, Scheduling, Scheduled, Running],
             Timeout => &[Running],
             Canceled => &[Requested, Scheduling, Scheduled, Running, Delayed],

@@ -4,7 +4,7 @@
 
 use attune_common::db;
 use attune_common::mq::{Disposition, ExecutionResult, Incoming, ResultStatus};
-use attune_core::ExecutionStatus;
+use attune_core::{ExecutionStatus, FailureKind};
 
 use crate::Context;
 
@@ -26,7 +26,7 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
     let outcome = result.outcome();
     result.observe_duration();
     // the status and failure kind recorded, if the result was not stale
-    let recorded: Option<(ExecutionStatus, Option<String>)> = match result.status {
+    let recorded: Option<(ExecutionStatus, Option<FailureKind>)> = match result.status {
         ResultStatus::Completed => {
             db::execution::complete(&context.db, result.execution_id, result.worker_id, &outcome)
                 .await?
@@ -52,7 +52,7 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
                 execution_id = result.execution_id,
                 worker_id = result.worker_id,
                 status = %status,
-                failure_kind = failure_kind.as_deref().unwrap_or(""),
+                failure_kind = failure_kind.map(FailureKind::as_str).unwrap_or(""),
                 duration_ms = result.duration_ms,
                 "execution finished"
             )

@@ -96,7 +96,7 @@ async fn expired_dispatch(context: &Context, dispatch: &Dispatch, worker_id: i64
         .await?;
     db::worker::mark_not_consuming(&context.db, worker_id).await?;
     let outcome = Outcome {
-        failure_kind: Some(FailureKind::QueueTimeout.to_string()),
+        failure_kind: Some(FailureKind::QueueTimeout),
         error: Some(format!("not taken by worker {worker_id} within its queue TTL")),
         ..Default::default()
     };
@@ -116,7 +116,7 @@ async fn poison(
 ) -> Result<(), crate::Error> {
     let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
     let outcome = Outcome {
-        failure_kind: Some(FailureKind::PoisonMessage.to_string()),
+        failure_kind: Some(FailureKind::PoisonMessage),
         error: Some(format!(
             "its message from '{}' was dead-lettered ({}) after failing processing on up to {DELIVERY_LIMIT} deliveries",
             why.queue, why.reason

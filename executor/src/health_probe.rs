@@ -1,6 +1,6 @@
 //! The `WorkerHealthProbe`: reads what the scheduler decides from, the workers' reported health
 //! and capacity and the executions in flight on each, and turns it into the room each worker
-//! has for a runtime (`common::selection` does the choosing).
+//! has for a runtime (`attune_core::selection` does the choosing).
 //!
 //! The fleet (who is active and consuming, offering what, with how many slots, reporting what)
 //! is read at most every `ATTUNE_WORKER_CACHE_MS` (500 ms): a worker's report is at most one

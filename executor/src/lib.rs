@@ -1,7 +1,7 @@
 //! attune-executor: turns execution requests into dispatches to workers, and worker results into
 //! recorded outcomes.
 //!
-//! - `scheduler`: places waiting requests on workers with a free slot (`common::selection`),
+//! - `scheduler`: places waiting requests on workers with a free slot (`attune_core::selection`),
 //!   per runtime, oldest first, and dispatches them to those workers' queues.
 //! - `completion`: records a worker's failure (or a success it could not record) with a guarded
 //!   transition.

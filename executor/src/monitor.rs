@@ -145,8 +145,7 @@ async fn fail(
 ) -> Result<(), crate::Error> {
     let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
     let reported = kind.reported_status();
-    let outcome =
-        Outcome { failure_kind: Some(kind.to_string()), error: Some(reason.to_string()), ..Default::default() };
+    let outcome = Outcome { failure_kind: Some(kind), error: Some(reason.to_string()), ..Default::default() };
     if let Some(recorded) = context.retry_manager.record_failure(&current, reported, &[from], None, &outcome).await? {
         attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", kind.as_str())], 1);
         tracing::warn!(execution_id, worker_id = ?current.worker, failure_kind = %kind, status = %recorded.execution.status, "monitor: {reason}");

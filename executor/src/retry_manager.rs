@@ -56,7 +56,7 @@ impl RetryManager {
         owned_by: Option<i64>,
         outcome: &Outcome,
     ) -> Result<Option<Recorded>, sqlx::Error> {
-        let failure = outcome.failure_kind.as_deref().and_then(FailureKind::parse).unwrap_or(FailureKind::ActionFailed);
+        let failure = outcome.failure_kind.unwrap_or(FailureKind::ActionFailed);
         let policy = self.policy(current).await?;
         let mut tx = self.pool.begin().await?;
         let now: DateTime<Utc> = db::now(&mut *tx).await?;

@@ -408,7 +408,7 @@ async fn record(
     reason: String,
 ) -> Result<(), crate::Error> {
     tracing::warn!(execution_id = execution.id, failure_kind = %kind, %reason, "execution cannot be scheduled");
-    let outcome = Outcome { failure_kind: Some(kind.to_string()), error: Some(reason), ..Default::default() };
+    let outcome = Outcome { failure_kind: Some(kind), error: Some(reason), ..Default::default() };
     context.retry_manager.record_failure(execution, ExecutionStatus::Failed, &[from], None, &outcome).await?;
     Ok(())
 }

@@ -77,7 +77,7 @@ async fn concurrent_reports_of_one_failure_create_exactly_one_retry() {
             .unwrap();
         let current = db::execution::get(&pool, execution.id).await.unwrap().unwrap();
         let outcome =
-            Outcome { failure_kind: Some("transient_error".into()), exit_code: Some(75), ..Default::default() };
+            Outcome { failure_kind: Some(FailureKind::TransientError), exit_code: Some(75), ..Default::default() };
         let tasks: Vec<_> = (0..4)
             .map(|_| {
                 let (manager, current, outcome) = (manager.clone(), current.clone(), outcome.clone());

@@ -1,5 +1,6 @@
 //! attune-worker: registers itself, heartbeats its capabilities and health, consumes its own
-//! queue, runs each action as a child process and reports the result to the executors.
+//! queue, runs each action as a child process, records a success itself and reports a failure to
+//! the executors (their RetryManager decides on the retry).
 //!
 //! Capacity: the worker runs `ATTUNE_WORKER_CONCURRENCY` actions at once and takes a few more
 //! dispatches ahead (delivered, held, not started: a message delivered to a consumer does not

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 
-/// Runs the actions dispatched to it and reports their results.
+/// Runs the actions dispatched to it, records their successes and reports their failures.
 ///
 /// Settings come from the environment (flags override):
 ///   DATABASE_URL, AMQP_URL, ATTUNE_MQ_NAMESPACE, ATTUNE_PACKS_DIR,

@@ -293,7 +293,7 @@ pub async fn cancel(
         ));
     }
     let outcome = db::execution::Outcome {
-        failure_kind: Some(FailureKind::Canceled.to_string()),
+        failure_kind: Some(FailureKind::Canceled),
         error: Some("canceled by a client".into()),
         ..Default::default()
     };
@@ -349,8 +349,13 @@ async fn publish_request(state: &crate::AppState, execution: &Execution) {
     let publish = state.publisher.publish(REQUEST_KEY, &request);
     match tokio::time::timeout(std::time::Duration::from_secs(2), publish).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(execution_id, error = %e, "could not publish the request now; the monitor will"),
-        Err(_) => tracing::warn!(execution_id, "the broker is slow to confirm; the monitor will re-publish if needed"),
+        Ok(Err(e)) => {
+            tracing::warn!(execution_id, error = %e, "could not publish the request hint; the schedulers' sweep finds it")
+        }
+        Err(_) => tracing::warn!(
+            execution_id,
+            "the broker is slow to confirm the request hint; the schedulers' sweep finds it"
+        ),
     }
 }
 

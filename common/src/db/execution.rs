@@ -1,4 +1,6 @@
-//! The execution table: inserts, reads, and the single guarded write path for `status`.
+//! The execution table: inserts, reads, and the guarded writes of `status`: `transition` for one
+//! row, and the batch claims (`claim_waiting`, `promote_due_retries`), which check their edge
+//! against the state machine the same way.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -24,7 +26,7 @@ pub struct Execution {
     /// The JSON object on the last line of the action's stdout, if any.
     #[schema(value_type = Option<Object>)]
     pub result: Option<Value>,
-    pub failure_kind: Option<String>,
+    pub failure_kind: Option<FailureKind>,
     pub error: Option<String>,
     pub exit_code: Option<i32>,
     pub stdout: Option<String>,
@@ -164,7 +166,7 @@ pub async fn list(db: &PgPool, filter: &ListFilter) -> Result<(Vec<Execution>, i
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub result: Option<Value>,
-    pub failure_kind: Option<String>,
+    pub failure_kind: Option<FailureKind>,
     pub error: Option<String>,
     pub exit_code: Option<i32>,
     pub stdout: Option<String>,
@@ -187,7 +189,7 @@ impl Outcome {
         }
         Outcome {
             result,
-            failure_kind: self.failure_kind.clone(),
+            failure_kind: self.failure_kind,
             error: text(&self.error),
             exit_code: self.exit_code,
             stdout: text(&self.stdout),
@@ -286,7 +288,9 @@ impl TransitionRow for Changed {
     }
 }
 
-/// The only code that writes `execution.status`: one UPDATE guarded by the allowed source states
+/// The write path of `execution.status` for one row (besides `insert` and the batch claims
+/// `claim_waiting` and `promote_due_retries`, which check their edges the same way): one UPDATE
+/// guarded by the allowed source states
 /// (and the owning worker). `Ok(None)` means nothing matched: the message that asked for it was a
 /// duplicate or is stale, and the caller acks and drops it. Returns the whole row.
 pub async fn transition(
@@ -307,18 +311,26 @@ pub async fn transition_brief(
     transition_as(db, execution_id, transition).await
 }
 
+impl Transition<'_> {
+    /// Panics unless every `from → to` is an edge of the state machine: a status change the
+    /// state machine does not allow is a bug in the caller, caught before any SQL runs.
+    fn check(&self) {
+        for from in self.from {
+            assert!(
+                ExecutionStatus::can_transition(*from, self.to),
+                "{from} -> {} is not an edge of the state machine",
+                self.to
+            );
+        }
+    }
+}
+
 async fn transition_as<R: TransitionRow>(
     db: impl PgExecutor<'_>,
     execution_id: i64,
     transition: &Transition<'_>,
 ) -> Result<Option<R>, sqlx::Error> {
-    for from in transition.from {
-        assert!(
-            ExecutionStatus::can_transition(*from, transition.to),
-            "{from} -> {} is not an edge of the state machine",
-            transition.to
-        );
-    }
+    transition.check();
     let empty = Outcome::default();
     let given = transition.outcome.unwrap_or(&empty);
     let sanitized;
@@ -332,7 +344,7 @@ async fn transition_as<R: TransitionRow>(
         "UPDATE execution SET status = $2, updated = now(), \
             worker = CASE WHEN $2 = 'requested' THEN NULL ELSE COALESCE($4, worker) END, \
             started = CASE WHEN $2 = 'running' THEN now() ELSE started END, \
-            finished = CASE WHEN $2 IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned') THEN now() ELSE finished END, \
+            finished = CASE WHEN $2 = ANY($12) THEN now() ELSE finished END, \
             result = COALESCE($6, result), failure_kind = COALESCE($7, failure_kind), \
             error = COALESCE($8, error), exit_code = COALESCE($9, exit_code), \
             stdout = COALESCE($10, stdout), stderr = COALESCE($11, stderr) \
@@ -347,11 +359,12 @@ async fn transition_as<R: TransitionRow>(
         .bind(transition.assign_worker)
         .bind(transition.owned_by)
         .bind(&outcome.result)
-        .bind(&outcome.failure_kind)
+        .bind(outcome.failure_kind)
         .bind(&outcome.error)
         .bind(outcome.exit_code)
         .bind(&outcome.stdout)
         .bind(&outcome.stderr)
+        .bind(&ExecutionStatus::TERMINAL[..])
         .fetch_optional(db)
         .await?;
     if let Some(row) = &applied
@@ -403,7 +416,9 @@ pub struct Claimed {
 /// `SKIP LOCKED` lets several executors claim at once without taking a row twice; fewer rows
 /// than slots means fewer were waiting.
 pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<Vec<Claimed>, sqlx::Error> {
-    debug_assert!(ExecutionStatus::can_transition(ExecutionStatus::Requested, ExecutionStatus::Scheduled));
+    // the states stay literals: a bound one would keep a generic plan off the partial index
+    // `execution_waiting_idx` (WHERE status = 'requested')
+    Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).check();
     sqlx::query_as(
         "WITH picked AS ( \
             SELECT id, COALESCE(not_before, created) AS since FROM execution \
@@ -523,7 +538,7 @@ pub async fn keep_held(db: &PgPool, worker_id: i64, execution_ids: &[i64]) -> Re
 /// `SKIP LOCKED` lets several executors run it at once without handing out a retry twice.
 /// Returns each promoted execution's id and runtime.
 pub async fn promote_due_retries(db: &PgPool, limit: i64) -> Result<Vec<(i64, Option<String>)>, sqlx::Error> {
-    debug_assert!(ExecutionStatus::can_transition(ExecutionStatus::Delayed, ExecutionStatus::Requested));
+    Transition::to(ExecutionStatus::Requested).from(&[ExecutionStatus::Delayed]).check();
     sqlx::query_as(
         "UPDATE execution SET status = 'requested', updated = now() WHERE id IN ( \
             SELECT id FROM execution WHERE status = 'delayed' AND not_before <= now() \

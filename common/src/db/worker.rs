@@ -127,9 +127,7 @@ struct WorkerRow {
 const WORKER_ROWS: &str = "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, \
         COALESCE(q.inflight, 0) AS inflight, now() AS now \
     FROM worker w \
-    LEFT JOIN (SELECT worker, count(*) AS inflight FROM execution \
-               WHERE status IN ('scheduled', 'running') AND worker IS NOT NULL GROUP BY worker) q \
-      ON q.worker = w.id";
+    LEFT JOIN worker_inflight_counts() q ON q.worker = w.id";
 
 impl WorkerRow {
     fn signals(&self) -> HealthSignals {
