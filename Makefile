@@ -7,7 +7,7 @@ quickstart: ## set everything up, start attune, run an action through the API
 test: ## the whole test suite (what CI runs)
 	scripts/test.sh
 
-test-fast: ## everything but the system tests: unit, repository and parity tests (PostgreSQL must run)
+test-fast: ## everything but the system tests: unit, repository, broker-adapter, in-process API and executor step tests (PostgreSQL and RabbitMQ must run)
 	cargo test --workspace --exclude attune-system-tests
 
 test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, database and broker loss)

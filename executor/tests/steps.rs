@@ -1,0 +1,228 @@
+//! The executor's steps driven one at a time against the real PostgreSQL (and a broker namespace
+//! of the test's own, which these steps only connect to): a monitor pass, a retry-timer pass and
+//! the recording of a result, each checked in the record. No worker or scheduler loop runs, so
+//! each test says exactly which step did what.
+
+use std::time::Duration;
+
+use attune_common::config::CommonSettings;
+use attune_common::db::{self, execution::NewExecution, execution::Transition};
+use attune_common::mq::{ExecutionResult, Publisher, ResultStatus, Topology};
+use attune_core::ExecutionStatus::{self, *};
+use attune_core::FailureKind;
+use attune_core::health::HealthProbeConfig;
+use attune_core::retry::RetryConfig;
+use attune_executor::{Context, Settings, completion, monitor, retry_timer};
+use attune_testkit::{Namespace, TestDb};
+use serde_json::json;
+
+struct Step {
+    context: Context,
+    db: TestDb,
+    namespace: Namespace,
+    action: db::action::Action,
+}
+
+impl Step {
+    async fn new() -> Step {
+        let db = TestDb::new().await;
+        let namespace = Namespace::new();
+        let packs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
+        db::pack::register(&db.pool, &attune_common::pack::load_pack(&packs).unwrap()).await.unwrap();
+        let action = db::action::get_by_ref(&db.pool, "core.echo").await.unwrap().unwrap();
+        let settings = Settings {
+            common: CommonSettings {
+                database_url: db.url.clone(),
+                amqp_url: attune_testkit::amqp_url(),
+                mq_namespace: namespace.name.clone(),
+                packs_dir: packs.clone(),
+                default_timeout_secs: 300,
+            },
+            health: HealthProbeConfig::default(),
+            // backoff of a few milliseconds, no jitter: a retry is due as soon as it exists
+            retry: RetryConfig {
+                base_backoff_secs: 0.001,
+                max_backoff_secs: 0.001,
+                jitter_factor: 0.0,
+                ..Default::default()
+            },
+            retry_poll: Duration::from_millis(100),
+            prefetch: 8,
+            worker_queue_ttl: Duration::from_secs(60),
+            worker_wait: Duration::from_secs(30),
+            worker_cache: Duration::ZERO,
+            inflight_cache: Duration::from_millis(10),
+            action_cache_ttl: Duration::from_secs(5),
+            monitor_interval: Duration::from_secs(5),
+            scheduling_timeout: Duration::from_secs(30),
+            running_grace: Duration::from_secs(30),
+        };
+        let topology = Topology::new(&namespace.name, settings.worker_queue_ttl);
+        let context = Context {
+            db: db.pool.clone(),
+            health_probe: attune_executor::health_probe::WorkerHealthProbe::new(
+                db.pool.clone(),
+                settings.health.clone(),
+            ),
+            retry_manager: attune_executor::retry_manager::RetryManager::new(db.pool.clone(), settings.retry.clone()),
+            waiting: Default::default(),
+            dispatches: tokio_util::task::TaskTracker::new(),
+            actions: db::action::ActionCache::new(settings.action_cache_ttl),
+            publisher: Publisher::new(&settings.common.amqp_url, "attune-step-test", topology),
+            settings,
+        };
+        Step { context, db, namespace, action }
+    }
+
+    fn pool(&self) -> &sqlx::PgPool {
+        &self.db.pool
+    }
+
+    /// A worker that heartbeated just now.
+    async fn worker(&self, name: &str) -> i64 {
+        let id = db::worker::register(self.pool(), name, &json!({})).await.unwrap();
+        db::worker::heartbeat(self.pool(), id, &json!({"runtimes": ["shell"], "slots": 8})).await.unwrap();
+        id
+    }
+
+    /// A request of `core.echo` with `max_retries`, taken to `status` on `worker`.
+    async fn execution(&self, status: ExecutionStatus, worker: i64, max_retries: i32) -> i64 {
+        let new = NewExecution {
+            action: Some(self.action.id),
+            action_ref: self.action.action_ref.clone(),
+            runtime: Some("shell".into()),
+            parameters: json!({"message": "hi"}),
+            config: json!({}),
+            status: Requested,
+            max_retries,
+            timeout_seconds: 30,
+            retry_count: 0,
+            retry_reason: None,
+            original_execution: None,
+            not_before: None,
+        };
+        let id = db::execution::insert(self.pool(), &new).await.unwrap().id;
+        let path: &[ExecutionStatus] = match status {
+            Requested => &[],
+            Scheduled => &[Scheduled],
+            Running => &[Scheduled, Running],
+            other => panic!("no path to {other} here"),
+        };
+        for to in path {
+            let transition = match to {
+                Scheduled => Transition::to(Scheduled).assign_worker(worker),
+                _ => Transition::to(*to).owned_by(worker),
+            };
+            db::execution::transition(self.pool(), id, &transition).await.unwrap().expect("moved");
+        }
+        id
+    }
+
+    async fn get(&self, id: i64) -> db::execution::Execution {
+        db::execution::get(self.pool(), id).await.unwrap().unwrap()
+    }
+
+    /// Ages a row or a heartbeat (the test's stand-in for the passing of time).
+    async fn age(&self, sql: &str, id: i64) {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_string())).bind(id).execute(self.pool()).await.unwrap();
+    }
+
+    async fn stop(self) {
+        self.namespace.delete(&[]).await;
+        self.db.drop_database().await;
+    }
+}
+
+#[tokio::test]
+async fn a_monitor_pass_hands_back_a_dead_workers_dispatch_and_fails_its_run() {
+    let step = Step::new().await;
+    let dead = step.worker("dead").await;
+    let dispatched = step.execution(Scheduled, dead, 3).await;
+    let running = step.execution(Running, dead, 3).await;
+    step.age("UPDATE worker SET last_heartbeat = now() - interval '1 hour' WHERE id = $1", dead).await;
+
+    assert!(monitor::tick(&step.context, true).await.unwrap(), "the monitor holds its lock");
+
+    let handed_back = step.get(dispatched).await;
+    assert_eq!((handed_back.status, handed_back.worker, handed_back.retry_count), (Requested, None, 0));
+    assert!(db::execution::retry_of(step.pool(), dispatched).await.unwrap().is_none(), "no retry spent");
+    let failed = step.get(running).await;
+    assert_eq!((failed.status, failed.failure_kind), (Failed, Some(FailureKind::WorkerHeartbeatStale)));
+    let retry = db::execution::retry_of(step.pool(), running).await.unwrap().expect("a retry");
+    assert_eq!((retry.status, retry.retry_count), (Delayed, 1));
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM worker WHERE id = $1").bind(dead).fetch_one(step.pool()).await.unwrap();
+    assert_eq!(status, "inactive");
+
+    // a second pass finds nothing more to do
+    monitor::tick(&step.context, true).await.unwrap();
+    assert_eq!(db::execution::chain(step.pool(), running).await.unwrap().len(), 2);
+    step.stop().await;
+}
+
+#[tokio::test]
+async fn a_monitor_pass_times_out_an_overdue_run_and_hands_back_a_lost_dispatch_on_a_live_worker() {
+    let step = Step::new().await;
+    let live = step.worker("live").await;
+    let overdue = step.execution(Running, live, 3).await;
+    let lost = step.execution(Scheduled, live, 3).await;
+    let recent = step.execution(Scheduled, live, 3).await;
+    // 30 s timeout + 30 s grace have passed for the run; queue TTL 60 s + grace for the dispatch
+    step.age("UPDATE execution SET started = now() - interval '61 seconds' WHERE id = $1", overdue).await;
+    step.age("UPDATE execution SET updated = now() - interval '91 seconds' WHERE id = $1", lost).await;
+
+    monitor::tick(&step.context, true).await.unwrap();
+
+    let timed_out = step.get(overdue).await;
+    assert_eq!((timed_out.status, timed_out.failure_kind), (Timeout, Some(FailureKind::Timeout)));
+    assert!(db::execution::retry_of(step.pool(), overdue).await.unwrap().is_none(), "timeouts retry only by policy");
+    assert_eq!(step.get(lost).await.status, Requested);
+    assert_eq!(step.get(recent).await.status, Scheduled, "a recent dispatch is left alone");
+    step.stop().await;
+}
+
+#[tokio::test]
+async fn a_recorded_failure_creates_one_retry_that_the_timer_requests() {
+    let step = Step::new().await;
+    let worker = step.worker("w").await;
+    let running = step.execution(Running, worker, 2).await;
+    let result = ExecutionResult {
+        execution_id: running,
+        worker_id: worker,
+        status: ResultStatus::Failed,
+        result: None,
+        failure_kind: Some(FailureKind::TransientError),
+        error: Some("try again".into()),
+        exit_code: Some(75),
+        stdout: String::new(),
+        stderr: String::new(),
+        duration_ms: 5,
+    };
+    // a result from a worker that does not own the execution changes nothing
+    completion::record(&step.context, &ExecutionResult { worker_id: worker + 1, ..result.clone() }).await.unwrap();
+    assert_eq!(step.get(running).await.status, Running);
+
+    completion::record(&step.context, &result).await.unwrap();
+    completion::record(&step.context, &result).await.unwrap(); // a redelivery
+    let failed = step.get(running).await;
+    assert_eq!(
+        (failed.status, failed.failure_kind, failed.exit_code),
+        (Failed, Some(FailureKind::TransientError), Some(75))
+    );
+    let retry = db::execution::retry_of(step.pool(), running).await.unwrap().expect("a retry");
+    assert_eq!((retry.status, retry.retry_reason.as_deref()), (Delayed, Some("transient_error")));
+    assert_eq!(
+        db::execution::chain(step.pool(), running).await.unwrap().len(),
+        2,
+        "one retry, whatever the redeliveries"
+    );
+
+    // the retry is due at once (a millisecond's backoff): one timer pass requests it
+    attune_testkit::wait_for("the retry to be promoted", Duration::from_secs(10), || async {
+        (retry_timer::tick(&step.context).await.unwrap() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(step.get(retry.id).await.status, Requested);
+    assert_eq!(retry_timer::tick(&step.context).await.unwrap(), 0, "promoted once");
+    step.stop().await;
+}
