@@ -1,5 +1,5 @@
 # attune: the two commands that matter are `make quickstart` and `make test`.
-.PHONY: quickstart test test-fast test-chaos bench down build fmt lint
+.PHONY: quickstart test test-fast test-chaos bench down build fmt lint settings-doc
 
 quickstart: ## set everything up, start attune, run an action through the API
 	scripts/quickstart.sh
@@ -22,6 +22,9 @@ down: ## stop the attune started by quickstart
 	@if [ -f .attune/up.pid ] && kill -0 $$(cat .attune/up.pid) 2>/dev/null; then \
 		kill $$(cat .attune/up.pid) && echo "stopped attune (pid $$(cat .attune/up.pid))"; \
 	else echo "attune is not running"; fi
+
+settings-doc: ## rewrite the README's settings table from common/src/settings.rs
+	ATTUNE_BLESS=1 cargo test -p attune-common --test settings_doc
 
 build:
 	cargo build --workspace --bins

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use attune_common::config::{CommonSettings, ConfigError, FromEnv, env_or};
+use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read};
 use attune_common::db;
 use attune_common::mq::{Publisher, Topology};
 use attune_core::health::HealthProbeConfig;
@@ -43,13 +43,19 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> Result<Self, ConfigError> {
+        <Self as FromEnv>::from_env()
+    }
+}
+
+impl FromEnv for Settings {
+    fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
         Ok(Settings {
-            common: CommonSettings::from_env()?,
-            health: HealthProbeConfig::from_env()?,
-            addr: env_or("ATTUNE_API_ADDR", SocketAddr::from(([0, 0, 0, 0], 8080)))?,
-            worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
-            token_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_TOKEN_CACHE_SECS", auth::CACHE_TTL.as_secs_f64())?),
-            action_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_ACTION_CACHE_SECS", 5.0)?),
+            common: CommonSettings::from_source(source)?,
+            health: HealthProbeConfig::from_source(source)?,
+            addr: read(source, "ATTUNE_API_ADDR")?,
+            worker_queue_ttl: Duration::from_secs(read(source, "ATTUNE_WORKER_QUEUE_TTL_SECS")?),
+            token_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_TOKEN_CACHE_SECS")?),
+            action_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_ACTION_CACHE_SECS")?),
         })
     }
 }

@@ -2,15 +2,14 @@
 
 use clap::Parser;
 
-/// The attune HTTP API. Settings come from the environment: ATTUNE_API_ADDR (0.0.0.0:8080),
-/// DATABASE_URL, AMQP_URL, ATTUNE_MQ_NAMESPACE, ATTUNE_DEFAULT_TIMEOUT_SECS, ATTUNE_HEALTH_*.
+/// The attune HTTP API. Its settings (from the environment) are listed after the options.
 #[derive(Parser)]
 #[command(version)]
 struct Args {}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    Args::parse();
+    let _: Args = attune_common::settings::parse_with_settings_help(attune_common::settings::Process::Api);
     attune_common::telemetry::init();
     let settings = attune_api::Settings::from_env()?;
     let shutdown = attune_common::telemetry::shutdown_on_signal();

@@ -300,7 +300,7 @@ impl Bench {
 
 pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::Result<Value> {
     let token = token.context("attune-bench needs a token (ATTUNE_TOKEN or --token)")?;
-    let url = attune_common::config::CommonSettings::from_env()?.database_url;
+    let url: String = attune_common::settings::get("DATABASE_URL")?;
     let db = attune_common::db::connect(&url, 2, Duration::from_secs(10)).await.context("DATABASE_URL")?;
     let metrics_urls =
         if args.metrics_url.is_empty() { vec![format!("{api}/metrics")] } else { args.metrics_url.clone() };

@@ -20,14 +20,17 @@ fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let config = crate::ConfigFile::load()?;
-    let api_url = cli.api_url.clone().or(config.api_url).unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let api_url = match cli.api_url.clone().or(config.api_url) {
+        Some(url) => url,
+        None => attune_common::settings::get("ATTUNE_API_URL")?,
+    };
     let token = cli.token.clone().or(config.token);
     let client = Client::new(&api_url, token.clone());
     let out = cli.output;
     match cli.command {
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
         Command::Token(TokenCommand::Create { name }) => {
-            let url = attune_common::config::CommonSettings::from_env()?.database_url;
+            let url: String = attune_common::settings::get("DATABASE_URL")?;
             let pool = attune_common::db::connect(&url, 1, Duration::from_secs(10))
                 .await
                 .with_context(|| "cannot connect to the database (DATABASE_URL)")?;

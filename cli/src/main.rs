@@ -156,7 +156,8 @@ pub enum TokenCommand {
 
 #[tokio::main]
 async fn main() {
-    let cli = Cli::parse();
+    use attune_common::settings::parse_with_settings_help;
+    let cli = parse_with_settings_help::<Cli>(attune_common::settings::Process::Cli);
     let code = match commands::dispatch(cli).await {
         Ok(code) => code,
         Err(e) => {

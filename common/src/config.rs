@@ -1,10 +1,12 @@
-//! Settings shared by every service, read from the environment.
+//! Settings shared by every service, read from the environment through the one table of
+//! settings (`crate::settings`): its defaults are the defaults in force.
 
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use attune_core::health::HealthProbeConfig;
 use attune_core::retry::RetryConfig;
+
+pub use crate::settings::{Defaults, Environment, Source, parse, read, read_optional};
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid value {value:?} for {name}: {reason}")]
@@ -13,24 +15,6 @@ pub struct ConfigError {
     pub value: String,
     pub reason: String,
 }
-
-/// Reads `name` from the environment and parses it, or returns `default` when it is unset or empty.
-pub fn env_or<T: FromStr>(name: &str, default: T) -> Result<T, ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    match std::env::var(name) {
-        Ok(value) if !value.trim().is_empty() => value.trim().parse().map_err(|e: T::Err| ConfigError {
-            name: name.to_string(),
-            value,
-            reason: e.to_string(),
-        }),
-        _ => Ok(default),
-    }
-}
-
-pub const DEFAULT_DATABASE_URL: &str = "postgres://attune:attune@127.0.0.1:5432/attune";
-pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 #[derive(Debug, Clone)]
 pub struct CommonSettings {
@@ -44,57 +28,62 @@ pub struct CommonSettings {
     pub default_timeout_secs: i32,
 }
 
-impl CommonSettings {
-    pub fn from_env() -> Result<Self, ConfigError> {
+/// Settings read from a `Source`: the environment in the services, a map or nothing in tests.
+pub trait FromEnv: Sized {
+    fn from_source(source: &dyn Source) -> Result<Self, ConfigError>;
+
+    fn from_env() -> Result<Self, ConfigError> {
+        Self::from_source(&Environment)
+    }
+}
+
+impl FromEnv for CommonSettings {
+    fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
         Ok(CommonSettings {
-            database_url: env_or("DATABASE_URL", DEFAULT_DATABASE_URL.to_string())?,
-            amqp_url: env_or("AMQP_URL", DEFAULT_AMQP_URL.to_string())?,
-            mq_namespace: env_or("ATTUNE_MQ_NAMESPACE", "attune".to_string())?,
-            packs_dir: env_or("ATTUNE_PACKS_DIR", PathBuf::from("./packs"))?,
-            default_timeout_secs: env_or("ATTUNE_DEFAULT_TIMEOUT_SECS", 300)?,
+            database_url: read(source, "DATABASE_URL")?,
+            amqp_url: read(source, "AMQP_URL")?,
+            mq_namespace: read(source, "ATTUNE_MQ_NAMESPACE")?,
+            packs_dir: read(source, "ATTUNE_PACKS_DIR")?,
+            default_timeout_secs: read(source, "ATTUNE_DEFAULT_TIMEOUT_SECS")?,
         })
     }
 }
 
-/// Settings of `attune-core` types read from the environment (the core crate reads nothing).
-pub trait FromEnv: Sized {
-    fn from_env() -> Result<Self, ConfigError>;
-}
+/// The older name of `ATTUNE_HEARTBEAT_MAX_AGE_SECS`, read when only it is set.
+const OLDER_MAX_AGE: &str = "ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS";
 
 impl FromEnv for HealthProbeConfig {
-    /// Reads `ATTUNE_HEALTH_<FIELD>` (and `ATTUNE_HEARTBEAT_MAX_AGE_SECS`) over the defaults.
-    fn from_env() -> Result<Self, ConfigError> {
-        let d = Self::default();
+    /// `ATTUNE_HEALTH_<FIELD>`, and `ATTUNE_HEARTBEAT_MAX_AGE_SECS` (or its older name
+    /// `ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS`).
+    fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
+        let max_age =
+            match (read_optional(source, OLDER_MAX_AGE), read_optional(source, "ATTUNE_HEARTBEAT_MAX_AGE_SECS")) {
+                (Some(older), None) => parse(OLDER_MAX_AGE, &older)?,
+                _ => read(source, "ATTUNE_HEARTBEAT_MAX_AGE_SECS")?,
+            };
         Ok(HealthProbeConfig {
-            enabled: env_or("ATTUNE_HEALTH_ENABLED", d.enabled)?,
-            heartbeat_max_age_secs: env_or(
-                "ATTUNE_HEARTBEAT_MAX_AGE_SECS",
-                env_or("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", d.heartbeat_max_age_secs)?,
-            )?,
-            degraded_threshold: env_or("ATTUNE_HEALTH_DEGRADED_THRESHOLD", d.degraded_threshold)?,
-            unhealthy_threshold: env_or("ATTUNE_HEALTH_UNHEALTHY_THRESHOLD", d.unhealthy_threshold)?,
-            queue_depth_degraded: env_or("ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED", d.queue_depth_degraded)?,
-            queue_depth_unhealthy: env_or("ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY", d.queue_depth_unhealthy)?,
-            failure_rate_degraded: env_or("ATTUNE_HEALTH_FAILURE_RATE_DEGRADED", d.failure_rate_degraded)?,
-            failure_rate_unhealthy: env_or("ATTUNE_HEALTH_FAILURE_RATE_UNHEALTHY", d.failure_rate_unhealthy)?,
-            failure_rate_min_executions: env_or(
-                "ATTUNE_HEALTH_FAILURE_RATE_MIN_EXECUTIONS",
-                d.failure_rate_min_executions,
-            )?,
+            enabled: read(source, "ATTUNE_HEALTH_ENABLED")?,
+            heartbeat_max_age_secs: max_age,
+            degraded_threshold: read(source, "ATTUNE_HEALTH_DEGRADED_THRESHOLD")?,
+            unhealthy_threshold: read(source, "ATTUNE_HEALTH_UNHEALTHY_THRESHOLD")?,
+            queue_depth_degraded: read(source, "ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED")?,
+            queue_depth_unhealthy: read(source, "ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY")?,
+            failure_rate_degraded: read(source, "ATTUNE_HEALTH_FAILURE_RATE_DEGRADED")?,
+            failure_rate_unhealthy: read(source, "ATTUNE_HEALTH_FAILURE_RATE_UNHEALTHY")?,
+            failure_rate_min_executions: read(source, "ATTUNE_HEALTH_FAILURE_RATE_MIN_EXECUTIONS")?,
         })
     }
 }
 
 impl FromEnv for RetryConfig {
-    /// Reads `ATTUNE_RETRY_<FIELD>` over the defaults and checks the result.
-    fn from_env() -> Result<Self, ConfigError> {
-        let d = Self::default();
+    /// `ATTUNE_RETRY_<FIELD>`, checked together.
+    fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
         let config = RetryConfig {
-            enabled: env_or("ATTUNE_RETRY_ENABLED", d.enabled)?,
-            base_backoff_secs: env_or("ATTUNE_RETRY_BASE_BACKOFF_SECS", d.base_backoff_secs)?,
-            max_backoff_secs: env_or("ATTUNE_RETRY_MAX_BACKOFF_SECS", d.max_backoff_secs)?,
-            backoff_multiplier: env_or("ATTUNE_RETRY_BACKOFF_MULTIPLIER", d.backoff_multiplier)?,
-            jitter_factor: env_or("ATTUNE_RETRY_JITTER_FACTOR", d.jitter_factor)?,
+            enabled: read(source, "ATTUNE_RETRY_ENABLED")?,
+            base_backoff_secs: read(source, "ATTUNE_RETRY_BASE_BACKOFF_SECS")?,
+            max_backoff_secs: read(source, "ATTUNE_RETRY_MAX_BACKOFF_SECS")?,
+            backoff_multiplier: read(source, "ATTUNE_RETRY_BACKOFF_MULTIPLIER")?,
+            jitter_factor: read(source, "ATTUNE_RETRY_JITTER_FACTOR")?,
         };
         config.validate().map_err(|e| ConfigError {
             name: e.name.to_string(),
@@ -109,12 +98,30 @@ impl FromEnv for RetryConfig {
 mod tests {
     use super::*;
 
+    struct Map(&'static [(&'static str, &'static str)]);
+    impl Source for Map {
+        fn var(&self, name: &str) -> Option<String> {
+            self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+        }
+    }
+
     #[test]
-    fn unset_gives_default_and_garbage_names_the_variable() {
-        assert_eq!(env_or("ATTUNE_TEST_SURELY_UNSET", 7u32).unwrap(), 7);
-        // PATH is always set and is not a number
-        let err = env_or("PATH", 1u32).unwrap_err();
-        assert_eq!(err.name, "PATH");
-        assert!(err.to_string().starts_with("invalid value"));
+    fn the_table_s_defaults_are_the_core_s_defaults() {
+        assert_eq!(HealthProbeConfig::from_source(&Defaults).unwrap(), HealthProbeConfig::default());
+        assert_eq!(RetryConfig::from_source(&Defaults).unwrap(), RetryConfig::default());
+        let common = CommonSettings::from_source(&Defaults).unwrap();
+        assert_eq!((common.mq_namespace.as_str(), common.default_timeout_secs), ("attune", 300));
+    }
+
+    #[test]
+    fn the_older_heartbeat_name_still_works_and_garbage_is_named() {
+        let older = Map(&[("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", "12")]);
+        assert_eq!(HealthProbeConfig::from_source(&older).unwrap().heartbeat_max_age_secs, 12);
+        let both = Map(&[("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", "12"), ("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "20")]);
+        assert_eq!(HealthProbeConfig::from_source(&both).unwrap().heartbeat_max_age_secs, 20);
+        let error = RetryConfig::from_source(&Map(&[("ATTUNE_RETRY_JITTER_FACTOR", "2")])).unwrap_err();
+        assert_eq!(error.name, "ATTUNE_RETRY_JITTER_FACTOR");
+        let error = CommonSettings::from_source(&Map(&[("ATTUNE_DEFAULT_TIMEOUT_SECS", "soon")])).unwrap_err();
+        assert!(error.to_string().starts_with("invalid value \"soon\" for ATTUNE_DEFAULT_TIMEOUT_SECS"), "{error}");
     }
 }

@@ -8,6 +8,7 @@ pub mod error;
 pub mod metrics;
 pub mod mq;
 pub mod pack;
+pub mod settings;
 pub mod telemetry;
 
 pub use error::ServiceError;

@@ -105,3 +105,17 @@ fn the_reader_finds_quoted_states() {
     );
     assert!(statuses_in("WHERE status = 'active'").is_empty());
 }
+
+/// The dashboard's lists (`api/src/dashboard/dom.js`) are the same constants.
+#[test]
+fn the_dashboard_lists_the_states_the_code_does() {
+    let js =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../api/src/dashboard/dom.js")).unwrap();
+    let array = |name: &str| -> BTreeSet<ExecutionStatus> {
+        let start = js.find(&format!("const {name} = [")).unwrap_or_else(|| panic!("dom.js defines {name}"));
+        let end = start + js[start..].find(']').unwrap();
+        statuses_in(&js[start..end])
+    };
+    assert_eq!(array("TERMINAL"), set(&ExecutionStatus::TERMINAL), "dom.js TERMINAL");
+    assert_eq!(array("STATUSES"), set(&ExecutionStatus::ALL), "dom.js STATUSES");
+}

@@ -21,7 +21,7 @@ pub mod scheduler;
 use std::sync::Arc;
 use std::time::Duration;
 
-use attune_common::config::{CommonSettings, ConfigError, FromEnv, env_or};
+use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read};
 use attune_common::db;
 use attune_common::mq::{ConsumerSpec, Publisher, Topology, run_consumer};
 use attune_core::health::HealthProbeConfig;
@@ -64,20 +64,26 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> Result<Self, ConfigError> {
+        <Self as FromEnv>::from_env()
+    }
+}
+
+impl FromEnv for Settings {
+    fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
         Ok(Settings {
-            common: CommonSettings::from_env()?,
-            health: HealthProbeConfig::from_env()?,
-            retry: RetryConfig::from_env()?,
-            retry_poll: Duration::from_millis(env_or("ATTUNE_RETRY_POLL_MS", 100)?),
-            prefetch: env_or("ATTUNE_EXECUTOR_PREFETCH", 64)?,
-            worker_queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
-            worker_wait: Duration::from_secs_f64(env_or("ATTUNE_WORKER_WAIT_SECS", 30.0)?),
-            worker_cache: Duration::from_millis(env_or("ATTUNE_WORKER_CACHE_MS", 500)?),
-            inflight_cache: Duration::from_millis(env_or::<u64>("ATTUNE_INFLIGHT_CACHE_MS", 10)?.max(5)),
-            action_cache_ttl: Duration::from_secs_f64(env_or("ATTUNE_ACTION_CACHE_SECS", 5.0)?),
-            monitor_interval: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_INTERVAL_SECS", 5.0)?),
-            scheduling_timeout: Duration::from_secs_f64(env_or("ATTUNE_SCHEDULING_TIMEOUT_SECS", 30.0)?),
-            running_grace: Duration::from_secs_f64(env_or("ATTUNE_MONITOR_GRACE_SECS", 30.0)?),
+            common: CommonSettings::from_source(source)?,
+            health: HealthProbeConfig::from_source(source)?,
+            retry: RetryConfig::from_source(source)?,
+            retry_poll: Duration::from_millis(read(source, "ATTUNE_RETRY_POLL_MS")?),
+            prefetch: read(source, "ATTUNE_EXECUTOR_PREFETCH")?,
+            worker_queue_ttl: Duration::from_secs(read(source, "ATTUNE_WORKER_QUEUE_TTL_SECS")?),
+            worker_wait: Duration::from_secs_f64(read(source, "ATTUNE_WORKER_WAIT_SECS")?),
+            worker_cache: Duration::from_millis(read(source, "ATTUNE_WORKER_CACHE_MS")?),
+            inflight_cache: Duration::from_millis(read::<u64>(source, "ATTUNE_INFLIGHT_CACHE_MS")?.max(5)),
+            action_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_ACTION_CACHE_SECS")?),
+            monitor_interval: Duration::from_secs_f64(read(source, "ATTUNE_MONITOR_INTERVAL_SECS")?),
+            scheduling_timeout: Duration::from_secs_f64(read(source, "ATTUNE_SCHEDULING_TIMEOUT_SECS")?),
+            running_grace: Duration::from_secs_f64(read(source, "ATTUNE_MONITOR_GRACE_SECS")?),
         })
     }
 }

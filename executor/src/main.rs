@@ -2,17 +2,15 @@
 
 use clap::Parser;
 
-/// Schedules executions onto workers and records their results. Settings come from the
-/// environment: DATABASE_URL, AMQP_URL, ATTUNE_MQ_NAMESPACE, ATTUNE_EXECUTOR_PREFETCH,
-/// ATTUNE_WORKER_QUEUE_TTL_SECS, ATTUNE_DEFAULT_TIMEOUT_SECS, ATTUNE_HEARTBEAT_MAX_AGE_SECS and
-/// ATTUNE_HEALTH_* (see README).
+/// Schedules executions onto workers and records their results. Its settings (from the
+/// environment) are listed after the options.
 #[derive(Parser)]
 #[command(version)]
 struct Args {}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    Args::parse();
+    let _: Args = attune_common::settings::parse_with_settings_help(attune_common::settings::Process::Executor);
     attune_common::telemetry::init();
     let settings = attune_executor::Settings::from_env()?;
     let shutdown = attune_common::telemetry::shutdown_on_signal();

@@ -16,7 +16,7 @@ pub mod system;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use attune_common::config::{DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL};
+use attune_common::config::{Environment, read};
 use sqlx::PgPool;
 
 pub use system::{System, SystemBuilder, workspace_binary};
@@ -24,11 +24,11 @@ pub use system::{System, SystemBuilder, workspace_binary};
 pub fn admin_database_url() -> String {
     std::env::var("ATTUNE_TEST_DATABASE_URL")
         .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string())
+        .unwrap_or_else(|_| read(&Environment, "DATABASE_URL").expect("DATABASE_URL"))
 }
 
 pub fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_string())
+    read(&Environment, "AMQP_URL").expect("AMQP_URL")
 }
 
 fn unique(prefix: &str) -> String {

@@ -97,3 +97,26 @@ async fn watch_follows_a_retry_chain_and_the_config_file_supplies_address_and_to
     std::fs::remove_dir_all(&dir).unwrap();
     system.stop().await;
 }
+
+#[test]
+fn every_binary_s_help_lists_its_settings_from_the_one_table() {
+    use attune_common::settings::{Process, SETTINGS};
+    for (binary, process) in [
+        ("attune-api", Process::Api),
+        ("attune-executor", Process::Executor),
+        ("attune-worker", Process::Worker),
+        ("attune", Process::Cli),
+    ] {
+        let out = Command::new(attune_testkit::workspace_binary(binary)).arg("--help").output().unwrap();
+        assert!(out.status.success(), "{binary} --help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        for setting in SETTINGS {
+            assert_eq!(
+                help.contains(&format!("  {} [default: ", setting.name)),
+                setting.read_by.contains(&process),
+                "{binary} --help and {}: {help}",
+                setting.name
+            );
+        }
+    }
+}

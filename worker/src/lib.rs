@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use attune_common::config::{CommonSettings, ConfigError, FromEnv, env_or};
+use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read, read_optional};
 use attune_common::db::{self, execution::Transition};
 use attune_common::mq::{
     ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
@@ -72,28 +72,32 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> Result<Self, ConfigError> {
+        <Self as FromEnv>::from_env()
+    }
+}
+
+impl FromEnv for Settings {
+    fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
         let default_name = format!(
             "{}-{}",
             std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "worker".into()),
             std::process::id()
         );
-        let runtimes: String = env_or("ATTUNE_WORKER_RUNTIMES", "shell,python,builtin".to_string())?;
+        let runtimes: String = read(source, "ATTUNE_WORKER_RUNTIMES")?;
         Ok(Settings {
-            common: CommonSettings::from_env()?,
-            health: HealthProbeConfig::from_env()?,
-            name: Some(env_or("ATTUNE_WORKER_NAME", String::new())?)
-                .filter(|name| !name.trim().is_empty())
+            common: CommonSettings::from_source(source)?,
+            health: HealthProbeConfig::from_source(source)?,
+            name: read_optional(source, "ATTUNE_WORKER_NAME")
+                .map(|name| name.trim().to_string())
                 .unwrap_or(default_name),
             runtimes: runtimes.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
-            concurrency: env_or::<u16>("ATTUNE_WORKER_CONCURRENCY", 4)?.max(1),
-            prefetch: env_or("ATTUNE_WORKER_PREFETCH", 16)?,
-            heartbeat_interval: Duration::from_secs_f64(env_or("ATTUNE_HEARTBEAT_INTERVAL_SECS", 10.0)?),
-            queue_ttl: Duration::from_secs(env_or("ATTUNE_WORKER_QUEUE_TTL_SECS", 300)?),
-            drain: Duration::from_secs(env_or("ATTUNE_WORKER_DRAIN_SECS", 30)?),
-            output_limit: env_or("ATTUNE_WORKER_OUTPUT_LIMIT_BYTES", 65536)?,
-            health_override_file: std::env::var_os("ATTUNE_WORKER_HEALTH_OVERRIDE_FILE")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from),
+            concurrency: read::<u16>(source, "ATTUNE_WORKER_CONCURRENCY")?.max(1),
+            prefetch: read(source, "ATTUNE_WORKER_PREFETCH")?,
+            heartbeat_interval: Duration::from_secs_f64(read(source, "ATTUNE_HEARTBEAT_INTERVAL_SECS")?),
+            queue_ttl: Duration::from_secs(read(source, "ATTUNE_WORKER_QUEUE_TTL_SECS")?),
+            drain: Duration::from_secs(read(source, "ATTUNE_WORKER_DRAIN_SECS")?),
+            output_limit: read(source, "ATTUNE_WORKER_OUTPUT_LIMIT_BYTES")?,
+            health_override_file: read_optional(source, "ATTUNE_WORKER_HEALTH_OVERRIDE_FILE").map(PathBuf::from),
         })
     }
 }

@@ -3,17 +3,9 @@
 use clap::Parser;
 
 /// Runs the actions dispatched to it, records their successes and reports their failures.
-///
-/// Settings come from the environment (flags override):
-///   DATABASE_URL, AMQP_URL, ATTUNE_MQ_NAMESPACE, ATTUNE_PACKS_DIR,
-///   ATTUNE_WORKER_NAME, ATTUNE_WORKER_RUNTIMES (shell,python,builtin), ATTUNE_WORKER_CONCURRENCY (4),
-///   ATTUNE_HEARTBEAT_INTERVAL_SECS (10), ATTUNE_HEARTBEAT_MAX_AGE_SECS (30),
-///   ATTUNE_WORKER_QUEUE_TTL_SECS (300), ATTUNE_WORKER_DRAIN_SECS (30),
-///   ATTUNE_WORKER_OUTPUT_LIMIT_BYTES (65536), ATTUNE_DEFAULT_TIMEOUT_SECS (300),
-///   ATTUNE_PYTHON (interpreter; default: python3 resolved once at start), ATTUNE_HEALTH_*,
-///   ATTUNE_WORKER_HEALTH_OVERRIDE_FILE (JSON whose fields replace the reported health counters).
+/// Its settings (from the environment; the flags below win) are listed after the options.
 #[derive(Parser)]
-#[command(version, verbatim_doc_comment)]
+#[command(version)]
 struct Args {
     /// Worker name, unique among workers (ATTUNE_WORKER_NAME)
     #[arg(long)]
@@ -28,7 +20,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = attune_common::settings::parse_with_settings_help(attune_common::settings::Process::Worker);
     attune_common::telemetry::init();
     let mut settings = attune_worker::Settings::from_env()?;
     if let Some(name) = args.name {

@@ -1,0 +1,491 @@
+//! Every setting attune reads from the environment, written down once: its name, its default,
+//! the processes that read it and what it does. The services read their settings through
+//! [`get`] (so the default here is the default in force), each binary's `--help` lists its own
+//! ([`help`]), and the README's table is generated from this one ([`markdown_table`];
+//! `make settings-doc` rewrites it, and `common/tests/settings_doc.rs` fails when it is stale).
+
+use std::str::FromStr;
+
+use crate::config::ConfigError;
+
+/// A process that reads settings. `attune up` runs the API, the executor and workers in one
+/// process, so it reads all of theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Process {
+    Api,
+    Executor,
+    Worker,
+    /// The `attune` command line.
+    Cli,
+}
+
+impl Process {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Process::Api => "api",
+            Process::Executor => "executor",
+            Process::Worker => "worker",
+            Process::Cli => "cli",
+        }
+    }
+}
+
+/// A setting's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// A value, parsed as the setting's type when the variable is unset or empty.
+    Value(&'static str),
+    /// Computed by the process (a host name, an interpreter found at start) or none; said here.
+    Described(&'static str),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    pub name: &'static str,
+    pub default: Fallback,
+    pub read_by: &'static [Process],
+    pub doc: &'static str,
+}
+
+use Fallback::{Described, Value};
+use Process::{Api, Cli, Executor, Worker};
+
+const SERVICES: &[Process] = &[Api, Executor, Worker];
+
+/// The settings, in the order the README lists them.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: "DATABASE_URL",
+        default: Value("postgres://attune:attune@127.0.0.1:5432/attune"),
+        read_by: &[Api, Executor, Worker, Cli],
+        doc: "the PostgreSQL database (the CLI's `token create` writes to it)",
+    },
+    Setting {
+        name: "AMQP_URL",
+        default: Value("amqp://guest:guest@127.0.0.1:5672/%2f"),
+        read_by: SERVICES,
+        doc: "the RabbitMQ broker",
+    },
+    Setting {
+        name: "ATTUNE_MQ_NAMESPACE",
+        default: Value("attune"),
+        read_by: SERVICES,
+        doc: "prefix of every exchange and queue",
+    },
+    Setting {
+        name: "ATTUNE_PACKS_DIR",
+        default: Value("./packs"),
+        read_by: SERVICES,
+        doc: "registered by the API (and `attune up`) at start-up",
+    },
+    Setting {
+        name: "ATTUNE_DEFAULT_TIMEOUT_SECS",
+        default: Value("300"),
+        read_by: SERVICES,
+        doc: "action timeout when the action declares none",
+    },
+    Setting { name: "ATTUNE_API_ADDR", default: Value("0.0.0.0:8080"), read_by: &[Api], doc: "API listen address" },
+    Setting {
+        name: "ATTUNE_TOKEN_CACHE_SECS",
+        default: Value("10"),
+        read_by: &[Api],
+        doc: "a verified token is trusted this long without a database read (a revoked token is refused within it; 0 checks every request)",
+    },
+    Setting {
+        name: "ATTUNE_ACTION_CACHE_SECS",
+        default: Value("5"),
+        read_by: &[Api, Executor],
+        doc: "an action is re-read this often (a pack update reaches submissions and scheduling within it; one registered through the API's own `POST /packs` at once)",
+    },
+    Setting {
+        name: "ATTUNE_API_URL",
+        default: Value("http://127.0.0.1:8080"),
+        read_by: &[Cli],
+        doc: "the API the CLI talks to (or `--api-url`, or the config file's `api_url`)",
+    },
+    Setting {
+        name: "ATTUNE_TOKEN",
+        default: Described("—"),
+        read_by: &[Cli],
+        doc: "the CLI's API token (or `--token`, or the config file's `token`)",
+    },
+    Setting {
+        name: "ATTUNE_CONFIG",
+        default: Described("`~/.config/attune/config.json`"),
+        read_by: &[Cli],
+        doc: "CLI config file: `{\"api_url\": \"...\", \"token\": \"...\"}` (flags and environment win)",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_NAME",
+        default: Described("host name and pid"),
+        read_by: &[Worker, Cli],
+        doc: "unique per worker (`attune up` names its workers `<this or local>-1`, `-2`, …)",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_RUNTIMES",
+        default: Value("shell,python,builtin"),
+        read_by: &[Worker],
+        doc: "runtimes the worker offers, comma separated",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_CONCURRENCY",
+        default: Value("4"),
+        read_by: &[Worker],
+        doc: "actions run at once per worker (at least 1)",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_PREFETCH",
+        default: Value("16"),
+        read_by: &[Worker],
+        doc: "the most dispatches a worker takes ahead of its running ones (fewer for slow actions; its slots are concurrency plus the look-ahead)",
+    },
+    Setting {
+        name: "ATTUNE_HEARTBEAT_INTERVAL_SECS",
+        default: Value("10"),
+        read_by: &[Worker],
+        doc: "how often a worker heartbeats",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_QUEUE_TTL_SECS",
+        default: Value("300"),
+        read_by: SERVICES,
+        doc: "message TTL of worker queues",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_DRAIN_SECS",
+        default: Value("30"),
+        read_by: &[Worker],
+        doc: "on shutdown, running actions may finish this long, then are killed",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_OUTPUT_LIMIT_BYTES",
+        default: Value("65536"),
+        read_by: &[Worker],
+        doc: "stdout/stderr kept per execution",
+    },
+    Setting {
+        name: "ATTUNE_PYTHON",
+        default: Described("`python3`, resolved once at start"),
+        read_by: &[Worker],
+        doc: "interpreter for the python runtime",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_HEALTH_OVERRIDE_FILE",
+        default: Described("—"),
+        read_by: &[Worker],
+        doc: "JSON file whose fields replace a worker's reported health counters (drain a worker by writing `{\"consecutive_failures\": 10}`)",
+    },
+    Setting {
+        name: "ATTUNE_EXECUTOR_PREFETCH",
+        default: Value("64"),
+        read_by: &[Executor],
+        doc: "messages each executor consumer handles at once",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_CACHE_MS",
+        default: Value("500"),
+        read_by: &[Executor],
+        doc: "how long the scheduler reuses its read of the fleet",
+    },
+    Setting {
+        name: "ATTUNE_INFLIGHT_CACHE_MS",
+        default: Value("10"),
+        read_by: &[Executor],
+        doc: "while requests wait for room, how often the scheduler looks again (one read of the executions in flight per worker; at least 5)",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_WAIT_SECS",
+        default: Value("30"),
+        read_by: &[Executor],
+        doc: "a request fails as `worker_unavailable` only when no active worker that could take work has offered its runtime this long",
+    },
+    Setting {
+        name: "ATTUNE_RETRY_ENABLED",
+        default: Value("true"),
+        read_by: &[Executor],
+        doc: "automatic retries on or off",
+    },
+    Setting {
+        name: "ATTUNE_RETRY_BASE_BACKOFF_SECS",
+        default: Value("1"),
+        read_by: &[Executor],
+        doc: "the first retry's backoff (before jitter)",
+    },
+    Setting {
+        name: "ATTUNE_RETRY_MAX_BACKOFF_SECS",
+        default: Value("300"),
+        read_by: &[Executor],
+        doc: "the longest backoff",
+    },
+    Setting {
+        name: "ATTUNE_RETRY_BACKOFF_MULTIPLIER",
+        default: Value("2"),
+        read_by: &[Executor],
+        doc: "each retry's backoff is the previous one times this",
+    },
+    Setting {
+        name: "ATTUNE_RETRY_JITTER_FACTOR",
+        default: Value("0.2"),
+        read_by: &[Executor],
+        doc: "backoffs vary by up to this fraction either way",
+    },
+    Setting {
+        name: "ATTUNE_RETRY_POLL_MS",
+        default: Value("100"),
+        read_by: &[Executor],
+        doc: "how often the retry timer looks for due retries",
+    },
+    Setting {
+        name: "ATTUNE_MONITOR_INTERVAL_SECS",
+        default: Value("5"),
+        read_by: &[Executor],
+        doc: "how often the timeout monitor sweeps",
+    },
+    Setting {
+        name: "ATTUNE_SCHEDULING_TIMEOUT_SECS",
+        default: Value("30"),
+        read_by: &[Executor],
+        doc: "`scheduling` (an earlier version's claim) this long is stuck",
+    },
+    Setting {
+        name: "ATTUNE_MONITOR_GRACE_SECS",
+        default: Value("30"),
+        read_by: &[Executor],
+        doc: "slack past the queue TTL (`scheduled`) and past `timeout_seconds` (`running`)",
+    },
+    Setting {
+        name: "ATTUNE_HEARTBEAT_MAX_AGE_SECS",
+        default: Value("30"),
+        read_by: SERVICES,
+        doc: "an older heartbeat makes a worker unhealthy (and, to the monitor, dead)",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS",
+        default: Described("—"),
+        read_by: SERVICES,
+        doc: "the older name of `ATTUNE_HEARTBEAT_MAX_AGE_SECS`, read when only it is set",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_ENABLED",
+        default: Value("true"),
+        read_by: SERVICES,
+        doc: "health classes on or off (off: every active worker is healthy)",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_DEGRADED_THRESHOLD",
+        default: Value("3"),
+        read_by: SERVICES,
+        doc: "consecutive worker failures that make it degraded",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_UNHEALTHY_THRESHOLD",
+        default: Value("10"),
+        read_by: SERVICES,
+        doc: "consecutive worker failures that make it unhealthy",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_QUEUE_DEPTH_DEGRADED",
+        default: Value("50"),
+        read_by: SERVICES,
+        doc: "queue depth that makes a worker degraded",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_QUEUE_DEPTH_UNHEALTHY",
+        default: Value("100"),
+        read_by: SERVICES,
+        doc: "queue depth that makes a worker unhealthy",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_FAILURE_RATE_DEGRADED",
+        default: Value("0.3"),
+        read_by: SERVICES,
+        doc: "failure rate that makes a worker degraded",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_FAILURE_RATE_UNHEALTHY",
+        default: Value("0.7"),
+        read_by: SERVICES,
+        doc: "failure rate that makes a worker unhealthy",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_FAILURE_RATE_MIN_EXECUTIONS",
+        default: Value("10"),
+        read_by: SERVICES,
+        doc: "executions before the failure rate counts",
+    },
+    Setting {
+        name: "ATTUNE_METRICS_ADDR",
+        default: Described("—"),
+        read_by: &[Executor, Worker],
+        doc: "serve `GET /metrics` on this address (the API serves it on its own)",
+    },
+    Setting { name: "RUST_LOG", default: Value("info"), read_by: &[Api, Executor, Worker], doc: "log filter" },
+    Setting {
+        name: "ATTUNE_LOG_FORMAT",
+        default: Described("text"),
+        read_by: &[Api, Executor, Worker],
+        doc: "`json` for JSON lines",
+    },
+];
+
+/// The setting called `name`. Panics for a name not in the table: reading a setting that is not
+/// written down is a bug, caught by the first test that reads it.
+pub fn setting(name: &str) -> &'static Setting {
+    SETTINGS.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("{name} is not in settings::SETTINGS"))
+}
+
+/// Where values come from: the environment, or (in tests) a map.
+pub trait Source {
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct Environment;
+
+impl Source for Environment {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+/// No variable set: every setting at its default.
+pub struct Defaults;
+
+impl Source for Defaults {
+    fn var(&self, _: &str) -> Option<String> {
+        None
+    }
+}
+
+/// `name` from `source`, or the table's default when it is unset or empty, parsed as `T`; the
+/// error names the variable and the value.
+pub fn read<T: FromStr>(source: &dyn Source, name: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    let setting = setting(name);
+    match source.var(name) {
+        Some(value) if !value.trim().is_empty() => parse(name, &value),
+        _ => match setting.default {
+            Value(default) => parse(name, default)
+                .map_err(|e| ConfigError { reason: format!("the default does not parse: {}", e.reason), ..e }),
+            Described(what) => panic!("{name} has no literal default ({what}): read it with read_optional"),
+        },
+    }
+}
+
+/// `value`, given for the setting `name`, as `T`; the error names both.
+pub fn parse<T: FromStr>(name: &str, value: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    value.trim().parse().map_err(|e: T::Err| ConfigError {
+        name: name.to_string(),
+        value: value.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// `name` from `source` when it is set and not empty (for settings whose default is computed).
+pub fn read_optional(source: &dyn Source, name: &str) -> Option<String> {
+    let _ = setting(name);
+    source.var(name).filter(|v| !v.trim().is_empty())
+}
+
+/// `read` from the environment.
+pub fn get<T: FromStr>(name: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    read(&Environment, name)
+}
+
+fn default_text(setting: &Setting) -> String {
+    match setting.default {
+        Value(value) => format!("`{value}`"),
+        Described(what) => what.to_string(),
+    }
+}
+
+/// The `--help` text of `process`'s settings.
+pub fn help(process: Process) -> String {
+    let mut text = String::from("Settings (environment variables; flags, where given, win):\n");
+    for setting in SETTINGS.iter().filter(|s| s.read_by.contains(&process)) {
+        let default = default_text(setting).replace('`', "");
+        text.push_str(&format!("  {} [default: {default}]\n      {}\n", setting.name, setting.doc.replace('`', "")));
+    }
+    text
+}
+
+/// Parses the command line of a binary whose `--help` ends with `process`'s settings.
+pub fn parse_with_settings_help<P: clap::Parser>(process: Process) -> P {
+    let matches = P::command().after_help(help(process)).get_matches();
+    P::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// The README's settings table (Markdown).
+pub fn markdown_table() -> String {
+    let mut table = String::from("| variable | default | read by | |\n|---|---|---|---|\n");
+    for setting in SETTINGS {
+        let read_by: Vec<&str> = setting.read_by.iter().map(|p| p.as_str()).collect();
+        table.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            setting.name,
+            default_text(setting),
+            read_by.join(", "),
+            setting.doc
+        ));
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Map(&'static [(&'static str, &'static str)]);
+    impl Source for Map {
+        fn var(&self, name: &str) -> Option<String> {
+            self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_documented() {
+        let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), SETTINGS.len(), "a setting is listed twice");
+        for setting in SETTINGS {
+            assert!(!setting.read_by.is_empty() && !setting.doc.is_empty(), "{}", setting.name);
+        }
+    }
+
+    #[test]
+    fn a_set_value_wins_an_empty_one_falls_back_and_garbage_is_named() {
+        let source = Map(&[
+            ("ATTUNE_WORKER_CONCURRENCY", "8"),
+            ("ATTUNE_WORKER_PREFETCH", " "),
+            ("ATTUNE_RETRY_POLL_MS", "soon"),
+        ]);
+        assert_eq!(read::<u16>(&source, "ATTUNE_WORKER_CONCURRENCY").unwrap(), 8);
+        assert_eq!(read::<u16>(&source, "ATTUNE_WORKER_PREFETCH").unwrap(), 16);
+        let error = read::<u64>(&source, "ATTUNE_RETRY_POLL_MS").unwrap_err();
+        assert_eq!((error.name.as_str(), error.value.as_str()), ("ATTUNE_RETRY_POLL_MS", "soon"));
+        assert_eq!(read_optional(&source, "ATTUNE_WORKER_NAME"), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "not in settings::SETTINGS")]
+    fn reading_an_unlisted_setting_is_a_bug() {
+        let _ = read::<u16>(&Defaults, "ATTUNE_NOT_A_SETTING");
+    }
+
+    #[test]
+    fn help_lists_a_process_s_own_settings() {
+        let worker = help(Process::Worker);
+        assert!(worker.contains("ATTUNE_WORKER_PREFETCH [default: 16]"), "{worker}");
+        assert!(!worker.contains("ATTUNE_EXECUTOR_PREFETCH"), "{worker}");
+        assert!(help(Process::Executor).contains("ATTUNE_RETRY_POLL_MS"));
+    }
+}
