@@ -97,13 +97,7 @@ impl FromEnv for RetryConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct Map(&'static [(&'static str, &'static str)]);
-    impl Source for Map {
-        fn var(&self, name: &str) -> Option<String> {
-            self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
-        }
-    }
+    use crate::settings::Vars;
 
     #[test]
     fn the_table_s_defaults_are_the_core_s_defaults() {
@@ -115,13 +109,13 @@ mod tests {
 
     #[test]
     fn the_older_heartbeat_name_still_works_and_garbage_is_named() {
-        let older = Map(&[("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", "12")]);
+        let older = Vars(&[("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", "12")]);
         assert_eq!(HealthProbeConfig::from_source(&older).unwrap().heartbeat_max_age_secs, 12);
-        let both = Map(&[("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", "12"), ("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "20")]);
+        let both = Vars(&[("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", "12"), ("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "20")]);
         assert_eq!(HealthProbeConfig::from_source(&both).unwrap().heartbeat_max_age_secs, 20);
-        let error = RetryConfig::from_source(&Map(&[("ATTUNE_RETRY_JITTER_FACTOR", "2")])).unwrap_err();
+        let error = RetryConfig::from_source(&Vars(&[("ATTUNE_RETRY_JITTER_FACTOR", "2")])).unwrap_err();
         assert_eq!(error.name, "ATTUNE_RETRY_JITTER_FACTOR");
-        let error = CommonSettings::from_source(&Map(&[("ATTUNE_DEFAULT_TIMEOUT_SECS", "soon")])).unwrap_err();
+        let error = CommonSettings::from_source(&Vars(&[("ATTUNE_DEFAULT_TIMEOUT_SECS", "soon")])).unwrap_err();
         assert!(error.to_string().starts_with("invalid value \"soon\" for ATTUNE_DEFAULT_TIMEOUT_SECS"), "{error}");
     }
 }

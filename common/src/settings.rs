@@ -357,6 +357,15 @@ impl Source for Defaults {
     }
 }
 
+/// Fixed values (tests, and a process that wants to pin a few settings): the rest unset.
+pub struct Vars(pub &'static [(&'static str, &'static str)]);
+
+impl Source for Vars {
+    fn var(&self, name: &str) -> Option<String> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+    }
+}
+
 /// `name` from `source`, or the table's default when it is unset or empty, parsed as `T`; the
 /// error names the variable and the value.
 pub fn read<T: FromStr>(source: &dyn Source, name: &str) -> Result<T, ConfigError>
@@ -443,13 +452,6 @@ pub fn markdown_table() -> String {
 mod tests {
     use super::*;
 
-    struct Map(&'static [(&'static str, &'static str)]);
-    impl Source for Map {
-        fn var(&self, name: &str) -> Option<String> {
-            self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
-        }
-    }
-
     #[test]
     fn names_are_unique_and_documented() {
         let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
@@ -463,7 +465,7 @@ mod tests {
 
     #[test]
     fn a_set_value_wins_an_empty_one_falls_back_and_garbage_is_named() {
-        let source = Map(&[
+        let source = Vars(&[
             ("ATTUNE_WORKER_CONCURRENCY", "8"),
             ("ATTUNE_WORKER_PREFETCH", " "),
             ("ATTUNE_RETRY_POLL_MS", "soon"),
