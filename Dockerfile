@@ -3,7 +3,7 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --workspace --bins \
- && mkdir /out && cp target/release/attune target/release/attune-api target/release/attune-executor target/release/attune-worker /out/
+ && mkdir /out && cp target/release/attune target/release/attune-api target/release/attune-executor target/release/attune-worker target/release/attune-bench /out/
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends python3 ca-certificates curl \

@@ -1,19 +1,15 @@
 //! Bearer-token authentication for `/api/v1`. Tokens are compared by their SHA-256 hash.
 //!
-//! A verified token is remembered (by hash) for `CACHE_TTL`, so steady traffic costs no database
+//! A verified token is remembered (by hash) for `ATTUNE_TOKEN_CACHE_SECS`, so steady traffic costs no database
 //! read per request; a revoked token is refused within that time.
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::ApiError;
-
-/// How long a verified token is trusted without asking the database again, by default
-/// (`ATTUNE_TOKEN_CACHE_SECS`; 0 asks on every request).
-pub const CACHE_TTL: Duration = Duration::from_secs(10);
 
 pub async fn require_token(
     State(state): State<crate::State>,

@@ -150,3 +150,20 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let state = state(settings).await?;
     serve(listener, state, shutdown).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attune_common::config::Defaults;
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let settings = Settings::from_source(&Defaults).unwrap();
+        assert_eq!(settings.addr, SocketAddr::from(([0, 0, 0, 0], 8080)));
+        assert_eq!(
+            (settings.worker_queue_ttl, settings.token_cache_ttl, settings.action_cache_ttl),
+            (Duration::from_secs(300), Duration::from_secs(10), Duration::from_secs(5))
+        );
+        assert_eq!(settings.health, HealthProbeConfig::default());
+    }
+}

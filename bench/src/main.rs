@@ -3,14 +3,12 @@
 
 mod workloads;
 
-use clap::Parser;
-
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(name = "attune-bench", version, about = "Measure attune's throughput and latency through its API")]
 struct Args {
     /// API base URL
-    #[arg(long, env = "ATTUNE_API_URL", default_value = "http://127.0.0.1:8080")]
-    api_url: String,
+    #[arg(long, env = "ATTUNE_API_URL")]
+    api_url: Option<String>,
     /// API token (create one with `attune token create`)
     #[arg(long, env = "ATTUNE_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -20,8 +18,15 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    match workloads::run(&args.api_url, args.token, args.bench).await {
+    let args: Args = attune_common::settings::parse_with_settings_help(attune_common::settings::Process::Bench);
+    let api_url = match args.api_url.map_or_else(|| attune_common::settings::get("ATTUNE_API_URL"), Ok) {
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match workloads::run(&api_url, args.token, args.bench).await {
         Ok(report) => {
             println!("{}", workloads::table(&report));
             std::process::ExitCode::SUCCESS

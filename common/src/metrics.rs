@@ -270,11 +270,10 @@ pub async fn serve(addr: std::net::SocketAddr, shutdown: tokio_util::sync::Cance
 /// Starts [`serve`] in the background when `ATTUNE_METRICS_ADDR` is set; a bind failure is logged,
 /// not fatal.
 pub fn serve_from_env(shutdown: tokio_util::sync::CancellationToken) {
-    let Ok(addr) = std::env::var("ATTUNE_METRICS_ADDR") else { return };
-    if addr.trim().is_empty() {
+    let Some(addr) = crate::settings::read_optional(&crate::settings::Environment, "ATTUNE_METRICS_ADDR") else {
         return;
-    }
-    match addr.parse::<std::net::SocketAddr>() {
+    };
+    match addr.trim().parse::<std::net::SocketAddr>() {
         Ok(addr) => {
             tokio::spawn(async move {
                 if let Err(e) = serve(addr, shutdown).await {

@@ -17,6 +17,8 @@ pub enum Process {
     Worker,
     /// The `attune` command line.
     Cli,
+    /// `attune-bench`.
+    Bench,
 }
 
 impl Process {
@@ -26,6 +28,7 @@ impl Process {
             Process::Executor => "executor",
             Process::Worker => "worker",
             Process::Cli => "cli",
+            Process::Bench => "bench",
         }
     }
 }
@@ -48,7 +51,7 @@ pub struct Setting {
 }
 
 use Fallback::{Described, Value};
-use Process::{Api, Cli, Executor, Worker};
+use Process::{Api, Bench, Cli, Executor, Worker};
 
 const SERVICES: &[Process] = &[Api, Executor, Worker];
 
@@ -57,8 +60,8 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "DATABASE_URL",
         default: Value("postgres://attune:attune@127.0.0.1:5432/attune"),
-        read_by: &[Api, Executor, Worker, Cli],
-        doc: "the PostgreSQL database (the CLI's `token create` writes to it)",
+        read_by: &[Api, Executor, Worker, Cli, Bench],
+        doc: "the PostgreSQL database (the CLI's `token create` writes to it; `attune-bench` reads the record)",
     },
     Setting {
         name: "AMQP_URL",
@@ -100,18 +103,18 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "ATTUNE_API_URL",
         default: Value("http://127.0.0.1:8080"),
-        read_by: &[Cli],
-        doc: "the API the CLI talks to (or `--api-url`, or the config file's `api_url`)",
+        read_by: &[Cli, Bench],
+        doc: "the API the CLI and the benchmark talk to (or `--api-url`; the CLI also reads its config file's `api_url`)",
     },
     Setting {
         name: "ATTUNE_TOKEN",
         default: Described("—"),
-        read_by: &[Cli],
-        doc: "the CLI's API token (or `--token`, or the config file's `token`)",
+        read_by: &[Cli, Bench],
+        doc: "their API token (or `--token`; the CLI also reads its config file's `token`)",
     },
     Setting {
         name: "ATTUNE_CONFIG",
-        default: Described("`~/.config/attune/config.json`"),
+        default: Described("`$XDG_CONFIG_HOME/attune/config.json`, else `~/.config/attune/config.json`"),
         read_by: &[Cli],
         doc: "CLI config file: `{\"api_url\": \"...\", \"token\": \"...\"}` (flags and environment win)",
     },
@@ -319,13 +322,13 @@ pub const SETTINGS: &[Setting] = &[
         read_by: &[Executor, Worker],
         doc: "serve `GET /metrics` on this address (the API serves it on its own)",
     },
-    Setting { name: "RUST_LOG", default: Value("info"), read_by: &[Api, Executor, Worker], doc: "log filter" },
     Setting {
-        name: "ATTUNE_LOG_FORMAT",
-        default: Described("text"),
-        read_by: &[Api, Executor, Worker],
-        doc: "`json` for JSON lines",
+        name: "RUST_LOG",
+        default: Value("info,sqlx=warn,lapin=warn"),
+        read_by: SERVICES,
+        doc: "log filter (`tracing` directives)",
     },
+    Setting { name: "ATTUNE_LOG_FORMAT", default: Described("text"), read_by: SERVICES, doc: "`json` for JSON lines" },
 ];
 
 /// The setting called `name`. Panics for a name not in the table: reading a setting that is not

@@ -3,13 +3,16 @@
 use tracing_subscriber::EnvFilter;
 
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn"));
+    use crate::settings::{Defaults, Environment, read, read_optional};
+    let default: String = read(&Defaults, "RUST_LOG").expect("RUST_LOG's default");
+    let given: String = read(&Environment, "RUST_LOG").unwrap_or_else(|_| default.clone());
+    let filter = EnvFilter::try_new(&given).unwrap_or_else(|_| EnvFilter::new(&default));
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    let _ = if std::env::var("ATTUNE_LOG_FORMAT").as_deref() == Ok("json") {
+    let _ = if read_optional(&Environment, "ATTUNE_LOG_FORMAT").is_some_and(|f| f.trim() == "json") {
         builder.json().try_init()
     } else {
         builder.try_init()

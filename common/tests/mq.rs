@@ -31,8 +31,8 @@ impl Broker {
         Broker { namespace, topology, publisher, shutdown: CancellationToken::new() }
     }
 
-    /// Consumes `queue` with `handler` until the test ends.
-    fn consume<F, Fut>(&self, queue: String, handler: F)
+    /// Consumes `queue` with `handler` until the test ends (or `stopped` is cancelled).
+    fn consume<F, Fut>(&self, queue: String, handler: F) -> tokio::task::JoinHandle<()>
     where
         F: Fn(Incoming) -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Disposition> + Send + 'static,
@@ -48,7 +48,7 @@ impl Broker {
             drain: Duration::from_secs(1),
             consuming: None,
         };
-        tokio::spawn(mq::run_consumer(spec, self.shutdown.clone(), handler));
+        tokio::spawn(mq::run_consumer(spec, self.shutdown.clone(), handler))
     }
 
     async fn queue_length(&self, queue: &str) -> u32 {
@@ -66,7 +66,7 @@ async fn a_confirmed_request_is_delivered_once_and_acked() {
     let broker = Broker::new(Duration::from_secs(300));
     broker.publisher.ping().await.expect("broker reachable");
     let (sent, mut received) = mpsc::unbounded_channel();
-    broker.consume(broker.topology.requests_queue(), move |incoming: Incoming| {
+    let consumer = broker.consume(broker.topology.requests_queue(), move |incoming: Incoming| {
         let sent = sent.clone();
         async move {
             let request: ExecutionRequest = match incoming.parse("request") {
@@ -81,11 +81,11 @@ async fn a_confirmed_request_is_delivered_once_and_acked() {
     broker.publisher.publish(REQUEST_KEY, &request).await.expect("publish confirmed");
     let (got, redelivered) = tokio::time::timeout(DEADLINE, received.recv()).await.expect("delivered").unwrap();
     assert_eq!((got, redelivered), (request, false));
+    // stop the consumer: a delivery it had not acked would go back to the queue as it closes
+    broker.shutdown.cancel();
+    tokio::time::timeout(DEADLINE, consumer).await.expect("the consumer stops").unwrap();
     let queue = broker.topology.requests_queue();
-    wait_for("the acked request to leave its queue", DEADLINE, || async {
-        (broker.queue_length(&queue).await == 0).then_some(())
-    })
-    .await;
+    assert_eq!(broker.publisher.queue_length(&queue).await.unwrap(), 0, "acked: nothing came back to the queue");
     assert!(received.try_recv().is_err(), "delivered once");
     broker.stop(&[]).await;
 }

@@ -44,12 +44,6 @@ impl MonitorLimits {
             _ => None,
         }
     }
-
-    /// The seconds past `started` after which a `running` execution is failed as `timeout`: its
-    /// own timeout (or the default) plus the grace.
-    pub fn overdue_after_secs(&self, timeout_seconds: Option<i32>, default_timeout_secs: i32) -> f64 {
-        f64::from(timeout_seconds.unwrap_or(default_timeout_secs)) + self.grace.as_secs_f64()
-    }
 }
 
 /// The statuses the monitor sweeps for being stuck, in the order it sweeps them.
@@ -71,7 +65,8 @@ pub fn orphaned(status: ExecutionStatus) -> Option<Recovery> {
 /// The statuses a worker holds (an execution in one of them has `worker` set).
 pub const HELD_BY_WORKER: [ExecutionStatus; 2] = ExecutionStatus::IN_FLIGHT;
 
-/// A `running` execution well past its deadline.
+/// A `running` execution well past its deadline: started longer ago than its own timeout (or the
+/// default) plus the grace (`db::execution::overdue` finds them).
 pub const OVERDUE: Recovery =
     Recovery::Fail { kind: FailureKind::Timeout, reason: "still running well past its timeout" };
 
@@ -85,8 +80,6 @@ pub struct ManualRetryRequest<'a> {
     pub existing_retry: Option<i64>,
     /// The action the client named (the seed's Example 4 names it), if any.
     pub action_ref: Option<&'a str>,
-    /// `config.max_retries` as the client sent it, if it did.
-    pub max_retries: Option<&'a Value>,
 }
 
 /// Why a manual retry is refused; each names what was wrong.
@@ -103,8 +96,9 @@ pub enum ManualRetryRefusal {
 }
 
 /// An operator's retry is allowed on any terminal execution not retried yet, whatever its failure
-/// kind or retry count. `Ok(Some(n))`: the client set the new retry budget to `n`.
-pub fn manual_retry(request: &ManualRetryRequest<'_>) -> Result<Option<i32>, ManualRetryRefusal> {
+/// kind or retry count, for the action it ran. (Its parameters are checked next, by the action's
+/// declarations, and its budget last: `retry_budget`.)
+pub fn manual_retry(request: &ManualRetryRequest<'_>) -> Result<(), ManualRetryRefusal> {
     if !request.parent_status.is_terminal() {
         return Err(ManualRetryRefusal::NotTerminal { id: request.parent_id, status: request.parent_status });
     }
@@ -120,8 +114,12 @@ pub fn manual_retry(request: &ManualRetryRequest<'_>) -> Result<Option<i32>, Man
             asked: asked.to_string(),
         });
     }
-    request
-        .max_retries
+    Ok(())
+}
+
+/// The retry budget a client gave a manual retry (`config.max_retries`), if it did: 0 to 100.
+pub fn retry_budget(max_retries: Option<&Value>) -> Result<Option<i32>, ManualRetryRefusal> {
+    max_retries
         .map(|value| {
             value
                 .as_i64()
@@ -172,7 +170,7 @@ mod tests {
             assert_eq!(STUCK_STATUSES.contains(&status), stuck.is_some(), "{status}");
             assert_eq!(HELD_BY_WORKER.contains(&status), orphan.is_some(), "{status}");
         }
-        // nothing the monitor hands back had started; everything it fails may be retried
+        // what the monitor hands back goes back to waiting by an edge of the state machine
         for status in HELD_BY_WORKER {
             if orphaned(status) == hand_back {
                 assert!(ExecutionStatus::can_transition(status, Requested), "{status}");
@@ -181,13 +179,12 @@ mod tests {
     }
 
     #[test]
-    fn overdue_is_the_own_timeout_or_the_default_plus_grace() {
-        assert_eq!(LIMITS.overdue_after_secs(Some(120), 300), 150.0);
-        assert_eq!(LIMITS.overdue_after_secs(None, 300), 330.0);
+    fn overdue_is_a_timeout_failure() {
         assert_eq!(
             OVERDUE,
             Recovery::Fail { kind: FailureKind::Timeout, reason: "still running well past its timeout" }
         );
+        assert_eq!(FailureKind::Timeout.reported_status(), Timeout);
     }
 
     #[test]
@@ -198,15 +195,11 @@ mod tests {
             parent_action_ref: "core.echo",
             existing_retry: None,
             action_ref: None,
-            max_retries: None,
         };
-        let three = json!(3);
-        let too_many = json!(101);
-        let text = json!("3");
-        let cases: [(ManualRetryRequest, Result<Option<i32>, ManualRetryRefusal>); 9] = [
-            (base, Ok(None)),
-            (ManualRetryRequest { parent_status: Completed, ..base }, Ok(None)),
-            (ManualRetryRequest { parent_status: Abandoned, ..base }, Ok(None)),
+        let cases: [(ManualRetryRequest, Result<(), ManualRetryRefusal>); 7] = [
+            (base, Ok(())),
+            (ManualRetryRequest { parent_status: Completed, ..base }, Ok(())),
+            (ManualRetryRequest { parent_status: Abandoned, ..base }, Ok(())),
             (
                 ManualRetryRequest { parent_status: Running, ..base },
                 Err(ManualRetryRefusal::NotTerminal { id: 7, status: Running }),
@@ -215,19 +208,37 @@ mod tests {
                 ManualRetryRequest { existing_retry: Some(9), ..base },
                 Err(ManualRetryRefusal::AlreadyRetried { id: 7, retry: 9 }),
             ),
-            (ManualRetryRequest { action_ref: Some("core.echo"), max_retries: Some(&three), ..base }, Ok(Some(3))),
+            (ManualRetryRequest { action_ref: Some("core.echo"), ..base }, Ok(())),
             (
                 ManualRetryRequest { action_ref: Some("core.fail"), ..base },
                 Err(ManualRetryRefusal::OtherAction { id: 7, ran: "core.echo".into(), asked: "core.fail".into() }),
             ),
-            (
-                ManualRetryRequest { max_retries: Some(&too_many), ..base },
-                Err(ManualRetryRefusal::MaxRetriesOutOfRange),
-            ),
-            (ManualRetryRequest { max_retries: Some(&text), ..base }, Err(ManualRetryRefusal::MaxRetriesOutOfRange)),
         ];
         for (request, expected) in cases {
             assert_eq!(manual_retry(&request), expected, "{request:?}");
+        }
+        // not terminal is said before already retried, and that before the other action
+        let everything_wrong = ManualRetryRequest {
+            parent_status: Running,
+            existing_retry: Some(9),
+            action_ref: Some("core.fail"),
+            ..base
+        };
+        assert!(matches!(manual_retry(&everything_wrong), Err(ManualRetryRefusal::NotTerminal { .. })));
+    }
+
+    #[test]
+    fn a_retry_budget_is_0_to_100() {
+        let table = [
+            (None, Ok(None)),
+            (Some(json!(0)), Ok(Some(0))),
+            (Some(json!(100)), Ok(Some(100))),
+            (Some(json!(101)), Err(ManualRetryRefusal::MaxRetriesOutOfRange)),
+            (Some(json!(-1)), Err(ManualRetryRefusal::MaxRetriesOutOfRange)),
+            (Some(json!("3")), Err(ManualRetryRefusal::MaxRetriesOutOfRange)),
+        ];
+        for (given, expected) in table {
+            assert_eq!(retry_budget(given.as_ref()), expected, "{given:?}");
         }
     }
 }

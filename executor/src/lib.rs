@@ -170,3 +170,21 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     tracing::info!("executor stopped");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attune_common::config::Defaults;
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let s = Settings::from_source(&Defaults).unwrap();
+        let ms = Duration::from_millis;
+        let secs = Duration::from_secs;
+        assert_eq!((s.retry_poll, s.prefetch, s.worker_queue_ttl), (ms(100), 64, secs(300)));
+        assert_eq!((s.worker_wait, s.worker_cache, s.inflight_cache), (secs(30), ms(500), ms(10)));
+        assert_eq!((s.action_cache_ttl, s.monitor_interval), (secs(5), secs(5)));
+        assert_eq!((s.scheduling_timeout, s.running_grace), (secs(30), secs(30)));
+        assert_eq!((s.retry, s.health), (RetryConfig::default(), HealthProbeConfig::default()));
+    }
+}

@@ -155,8 +155,9 @@ async fn a_monitor_pass_hands_back_a_dead_workers_dispatch_and_fails_its_run() {
     assert_eq!(status, "inactive");
 
     // a second pass finds nothing more to do
-    monitor::tick(&step.context, true).await.unwrap();
+    assert!(monitor::tick(&step.context, true).await.unwrap());
     assert_eq!(db::execution::chain(step.pool(), running).await.unwrap().len(), 2);
+    assert_eq!(step.get(dispatched).await.status, Requested);
     step.stop().await;
 }
 

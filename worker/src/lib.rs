@@ -699,3 +699,22 @@ fn failure_result(execution_id: i64, worker_id: i64, kind: FailureKind, error: S
         duration_ms: 0,
     }
 }
+
+#[cfg(test)]
+mod settings_tests {
+    use super::*;
+    use attune_common::config::Defaults;
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let s = Settings::from_source(&Defaults).unwrap();
+        assert_eq!(s.runtimes, ["shell", "python", "builtin"]);
+        assert_eq!((s.concurrency, s.prefetch, s.output_limit), (4, 16, 65536));
+        assert_eq!(
+            (s.heartbeat_interval, s.queue_ttl, s.drain),
+            (Duration::from_secs(10), Duration::from_secs(300), Duration::from_secs(30))
+        );
+        assert!(s.name.ends_with(&format!("-{}", std::process::id())), "host name and pid: {}", s.name);
+        assert_eq!(s.health_override_file, None);
+    }
+}

@@ -149,7 +149,9 @@ impl Runtimes {
 }
 
 async fn resolve_python() -> Option<PathBuf> {
-    if let Ok(explicit) = std::env::var("ATTUNE_PYTHON") {
+    if let Some(explicit) =
+        attune_common::settings::read_optional(&attune_common::settings::Environment, "ATTUNE_PYTHON")
+    {
         return Some(PathBuf::from(explicit));
     }
     let output = tokio::process::Command::new("python3")

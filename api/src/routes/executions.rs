@@ -218,13 +218,12 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
         error
     })?;
     let existing_retry = db::execution::retry_of(&state.db, parent.id).await?.map(|e| e.id);
-    let max_retries = recovery::manual_retry(&recovery::ManualRetryRequest {
+    recovery::manual_retry(&recovery::ManualRetryRequest {
         parent_id: parent.id,
         parent_status: parent.status,
         parent_action_ref: &parent.action_ref,
         existing_retry,
         action_ref: request.action_ref.as_deref(),
-        max_retries: request.config.get("max_retries"),
     })
     .map_err(refused)?;
     let parameters = match request.parameters {
@@ -250,7 +249,7 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
     };
     let mut new =
         NewExecution::retry_of(&parent, ExecutionStatus::Requested, FailureKind::ManualRetry, parameters, None);
-    if let Some(max_retries) = max_retries {
+    if let Some(max_retries) = recovery::retry_budget(request.config.get("max_retries")).map_err(refused)? {
         new.max_retries = max_retries;
     }
     for (key, value) in request.config {
@@ -341,7 +340,8 @@ fn already_retried(parent: i64, existing: i64) -> ApiError {
     .with_extra(serde_json::json!({"retry_execution": existing}))
 }
 
-/// The row is the record; if this publish fails the executors' monitor re-publishes it.
+/// The row is the record and the message only a hint: if this publish fails, the schedulers'
+/// once-a-second sweep of waiting rows finds the execution.
 /// Waits at most 2 s for the broker: a client's submission is answered either way.
 async fn publish_request(state: &crate::AppState, execution: &Execution) {
     let execution_id = execution.id;

@@ -569,7 +569,7 @@ pub async fn unchanged_for(
 }
 
 /// `running` executions started longer ago than their own timeout (or `default_timeout_secs`)
-/// plus `grace` (`MonitorLimits::overdue_after_secs`).
+/// plus `grace` (`recovery::OVERDUE` says what is done with them).
 pub async fn overdue(
     db: &PgPool,
     default_timeout_secs: i32,
