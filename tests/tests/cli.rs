@@ -106,6 +106,7 @@ fn every_binary_s_help_lists_its_settings_from_the_one_table() {
         ("attune-executor", Process::Executor),
         ("attune-worker", Process::Worker),
         ("attune", Process::Cli),
+        ("attune-bench", Process::Bench),
     ] {
         let out = Command::new(attune_testkit::workspace_binary(binary)).arg("--help").output().unwrap();
         assert!(out.status.success(), "{binary} --help");
