@@ -84,8 +84,7 @@ pub async fn create(
         original_execution: None,
         not_before: None,
     };
-    let execution = db::execution::insert(&state.db, &new).await?;
-    publish_request(&state, &execution).await;
+    let execution = state.submissions.submit(new).await?;
     Ok((StatusCode::CREATED, Json(execution)))
 }
 
