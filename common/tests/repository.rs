@@ -246,3 +246,40 @@ async fn a_batch_insert_keeps_the_order_it_was_given() {
     assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
     test.drop_database().await;
 }
+
+#[tokio::test]
+async fn batch_claims_and_completions_are_guarded_and_fenced_per_row() {
+    let test = TestDb::new().await;
+    let action = core_pack(&test.pool).await;
+    let mine = db::worker::register(&test.pool, "mine", &json!({})).await.unwrap();
+    let other = db::worker::register(&test.pool, "other", &json!({})).await.unwrap();
+    let mut ids = Vec::new();
+    for worker in [mine, mine, mine, other] {
+        let id = db::execution::insert(&test.pool, &new_execution(&action)).await.unwrap().id;
+        let assign = Transition::to(Scheduled).assign_worker(worker);
+        db::execution::transition(&test.pool, id, &assign).await.unwrap().unwrap();
+        ids.push(id);
+    }
+    // the third was canceled meanwhile; the fourth is another worker's
+    db::execution::transition(&test.pool, ids[2], &Transition::to(Canceled)).await.unwrap().unwrap();
+    let mut claimed = db::execution::start_many(&test.pool, mine, &ids).await.unwrap();
+    claimed.sort();
+    assert_eq!(claimed, ids[..2], "only this worker's, still scheduled");
+
+    let outcome = Outcome { exit_code: Some(0), stdout: Some("out\0put".into()), ..Default::default() };
+    let done: Vec<(i64, &Outcome)> = ids.iter().map(|id| (*id, &outcome)).collect();
+    let mut recorded = db::execution::complete_many(&test.pool, mine, &done).await.unwrap();
+    recorded.sort();
+    assert_eq!(recorded, ids[..2]);
+    for id in &ids[..2] {
+        let row = db::execution::get(&test.pool, *id).await.unwrap().unwrap();
+        assert_eq!((row.status, row.exit_code, row.stdout.as_deref()), (Completed, Some(0), Some("out\u{FFFD}put")));
+        assert!(row.finished.is_some() && row.started.is_some());
+    }
+    assert_eq!(db::execution::get(&test.pool, ids[3]).await.unwrap().unwrap().status, Scheduled);
+    assert!(
+        db::execution::complete_many(&test.pool, mine, &done).await.unwrap().is_empty(),
+        "a duplicate changes nothing"
+    );
+    test.drop_database().await;
+}
