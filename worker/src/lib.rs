@@ -24,7 +24,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use attune_common::batch::Batcher;
 use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read, read_optional};
 use attune_common::db::{self, execution::Transition};
 use attune_common::mq::{
@@ -135,10 +134,6 @@ struct Worker {
     draining: std::sync::atomic::AtomicBool,
     /// The look-ahead its last heartbeat reported; a different one sends a heartbeat early.
     lookahead: tokio::sync::watch::Sender<u16>,
-    /// Claims (scheduled → running) written together: what arrives while one is in flight.
-    starts: Batcher<i64, Result<bool, sqlx::Error>>,
-    /// Successes (running → completed) written together the same way.
-    completions: Batcher<(i64, db::execution::Outcome), Result<bool, sqlx::Error>>,
     settings: Settings,
     db: PgPool,
     publisher: Publisher,
@@ -203,8 +198,6 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         consuming: tokio::sync::watch::Sender::new(false),
         draining: Default::default(),
         lookahead: tokio::sync::watch::Sender::new(settings.lookahead(None)),
-        starts: start_batcher(pool.clone(), worker_id),
-        completions: completion_batcher(pool.clone(), worker_id),
         settings: settings.clone(),
         db: pool,
         publisher,
@@ -284,62 +277,6 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     }
     tracing::info!(worker_id, "worker stopped");
     Ok(())
-}
-
-/// The most claims or successes one statement writes.
-const WRITE_BATCH: usize = 64;
-
-/// The worker's claims, written together (`db::execution::start_many`): what arrives while one
-/// write is in flight goes into the next. A database outage is waited out; if the database
-/// refuses the batch, each claim is tried on its own, so that only the refused one fails.
-fn start_batcher(db: PgPool, worker_id: i64) -> Batcher<i64, Result<bool, sqlx::Error>> {
-    Batcher::start(WRITE_BATCH, move |ids: Vec<i64>| {
-        let db = db.clone();
-        async move {
-            let batch =
-                db::retry_while_unavailable("claiming executions", || db::execution::start_many(&db, worker_id, &ids))
-                    .await;
-            match batch {
-                Ok(claimed) => ids.iter().map(|id| Ok(claimed.contains(id))).collect(),
-                Err(e) => {
-                    tracing::warn!(error = %e, size = ids.len(), "batch claim refused; claiming one at a time");
-                    let claim = Transition::to(ExecutionStatus::Running)
-                        .from(&[ExecutionStatus::Scheduled])
-                        .owned_by(worker_id);
-                    let mut results = Vec::with_capacity(ids.len());
-                    for id in ids {
-                        results.push(db::execution::transition_brief(&db, id, &claim).await.map(|c| c.is_some()));
-                    }
-                    results
-                }
-            }
-        }
-    })
-}
-
-/// The worker's successes, written together (`db::execution::complete_many`), like its claims.
-fn completion_batcher(db: PgPool, worker_id: i64) -> Batcher<(i64, db::execution::Outcome), Result<bool, sqlx::Error>> {
-    Batcher::start(WRITE_BATCH, move |done: Vec<(i64, db::execution::Outcome)>| {
-        let db = db.clone();
-        async move {
-            let pairs: Vec<(i64, &db::execution::Outcome)> = done.iter().map(|(id, o)| (*id, o)).collect();
-            let batch = db::retry_while_unavailable("recording successes", || {
-                db::execution::complete_many(&db, worker_id, &pairs)
-            })
-            .await;
-            match batch {
-                Ok(recorded) => done.iter().map(|(id, _)| Ok(recorded.contains(id))).collect(),
-                Err(e) => {
-                    tracing::warn!(error = %e, size = done.len(), "batch of successes refused; recording one at a time");
-                    let mut results = Vec::with_capacity(done.len());
-                    for (id, outcome) in &done {
-                        results.push(db::execution::complete(&db, *id, worker_id, outcome).await.map(|c| c.is_some()));
-                    }
-                    results
-                }
-            }
-        }
-    })
 }
 
 fn capabilities(
@@ -561,10 +498,14 @@ impl Worker {
         let Some(_permit) = permit.filter(|_| !shutdown.is_cancelled()) else {
             return self.hand_back(execution_id).await;
         };
-        let claimed = self.starts.submit(dispatch.execution_id).await.unwrap_or(Err(sqlx::Error::PoolClosed));
+        let claim = Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(self.id);
+        let claimed = db::retry_while_unavailable("claiming an execution", || {
+            db::execution::transition_brief(&self.db, dispatch.execution_id, &claim)
+        })
+        .await;
         match claimed {
-            Ok(true) => {}
-            Ok(false) => {
+            Ok(Some(_)) => {}
+            Ok(None) => {
                 tracing::debug!(execution_id = dispatch.execution_id, "dispatch is stale or a duplicate");
                 return Disposition::Ack;
             }
@@ -633,13 +574,13 @@ impl Worker {
     /// out a database outage; `false` (after logging) if the database refused the write for
     /// another reason, in which case the result goes to the executors as well.
     async fn record_success(&self, result: &ExecutionResult) -> bool {
-        let recorded = self
-            .completions
-            .submit((result.execution_id, result.outcome()))
-            .await
-            .unwrap_or(Err(sqlx::Error::PoolClosed));
+        let outcome = result.outcome();
+        let recorded = db::retry_while_unavailable("recording a success", || {
+            db::execution::complete(&self.db, result.execution_id, self.id, &outcome)
+        })
+        .await;
         match recorded {
-            Ok(true) => {
+            Ok(Some(_)) => {
                 result.observe_duration();
                 tracing::info!(
                     execution_id = result.execution_id,
@@ -649,7 +590,7 @@ impl Worker {
                 );
                 true
             }
-            Ok(false) => {
+            Ok(None) => {
                 tracing::debug!(
                     execution_id = result.execution_id,
                     "execution no longer running here (canceled or taken over)"

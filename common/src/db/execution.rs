@@ -403,16 +403,10 @@ async fn transition_as<R: TransitionRow>(
         .bind(&ExecutionStatus::TERMINAL[..])
         .fetch_optional(db)
         .await?;
-    if let Some(row) = &applied {
-        count_finished(row);
-    }
-    Ok(applied)
-}
-
-/// The metrics of a status change that finished an execution.
-fn count_finished(row: &impl TransitionRow) {
-    let (status, action_ref, retry_count) = row.changed();
-    if status.is_terminal() {
+    if let Some(row) = &applied
+        && let (status, action_ref, retry_count) = row.changed()
+        && status.is_terminal()
+    {
         use crate::metrics::{EXECUTIONS_FINISHED, RETRIES_FINISHED, increment};
         increment(&EXECUTIONS_FINISHED, &[("status", status.as_str()), ("action", action_ref)], 1);
         if retry_count > 0 {
@@ -420,50 +414,7 @@ fn count_finished(row: &impl TransitionRow) {
             increment(&RETRIES_FINISHED, &[("result", result)], 1);
         }
     }
-}
-
-/// The batch form of a worker's claim: scheduled → running for each of `execution_ids` still
-/// dispatched to `worker_id`, in one statement. Returns the ids it claimed (the others were
-/// stale: canceled, handed back or taken elsewhere).
-pub async fn start_many(db: &PgPool, worker_id: i64, execution_ids: &[i64]) -> Result<Vec<i64>, sqlx::Error> {
-    Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(worker_id).check();
-    sqlx::query_scalar(
-        "UPDATE execution SET status = 'running', started = now(), updated = now() \
-         WHERE id = ANY($1) AND worker = $2 AND status = 'scheduled' RETURNING id",
-    )
-    .bind(execution_ids)
-    .bind(worker_id)
-    .fetch_all(db)
-    .await
-}
-
-/// The batch form of `complete`: running → completed for each execution still running on
-/// `worker_id`, each with its own outcome, in one statement. Returns the ids it recorded.
-pub async fn complete_many(db: &PgPool, worker_id: i64, done: &[(i64, &Outcome)]) -> Result<Vec<i64>, sqlx::Error> {
-    Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).check();
-    let outcomes: Vec<Outcome> =
-        done.iter().map(|(_, o)| if o.has_nul() { o.without_nul() } else { (*o).clone() }).collect();
-    let rows: Vec<Changed> = sqlx::query_as(
-        "UPDATE execution e SET status = 'completed', updated = now(), finished = now(), \
-            result = COALESCE(o.result, e.result), error = COALESCE(o.error, e.error), \
-            exit_code = COALESCE(o.exit_code, e.exit_code), stdout = COALESCE(o.stdout, e.stdout), \
-            stderr = COALESCE(o.stderr, e.stderr) \
-         FROM unnest($1::bigint[], $2::jsonb[], $3::text[], $4::int[], $5::text[], $6::text[]) \
-            AS o(id, result, error, exit_code, stdout, stderr) \
-         WHERE e.id = o.id AND e.worker = $7 AND e.status = 'running' \
-         RETURNING e.id, e.status, e.action_ref, e.retry_count, e.worker",
-    )
-    .bind(done.iter().map(|(id, _)| *id).collect::<Vec<i64>>())
-    .bind(outcomes.iter().map(|o| o.result.clone()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.error.clone()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.exit_code).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.stdout.clone()).collect::<Vec<_>>())
-    .bind(outcomes.iter().map(|o| o.stderr.clone()).collect::<Vec<_>>())
-    .bind(worker_id)
-    .fetch_all(db)
-    .await?;
-    rows.iter().for_each(count_finished);
-    Ok(rows.into_iter().map(|row| row.id).collect())
+    Ok(applied)
 }
 
 /// running → completed for the worker that ran it, with its outcome: how a success is recorded,
