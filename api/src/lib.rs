@@ -9,7 +9,6 @@ pub mod dashboard;
 pub mod error;
 pub mod openapi;
 pub mod routes;
-pub mod submissions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -67,9 +66,7 @@ pub struct AppState {
     pub verified_tokens: std::sync::Mutex<std::collections::HashMap<Vec<u8>, std::time::Instant>>,
     /// Actions read recently, for submissions.
     pub actions: db::action::ActionCache,
-    pub publisher: Arc<Publisher>,
-    /// Submissions, written in batches (see `submissions`).
-    pub submissions: submissions::Submissions,
+    pub publisher: Publisher,
     pub settings: Settings,
 }
 
@@ -108,9 +105,7 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
         tracing::warn!(error = %e, "broker not reachable yet; requests wait as rows and the schedulers' sweep finds them");
     }
     let actions = db::action::ActionCache::new(settings.action_cache_ttl);
-    let publisher = Arc::new(publisher);
-    let submissions = submissions::Submissions::start(pool.clone(), publisher.clone());
-    Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), actions, publisher, submissions, settings }))
+    Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), actions, publisher, settings }))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -228,21 +228,3 @@ async fn nul_characters_in_output_are_stored_replaced_not_refused() {
     assert_eq!(done.result, Some(json!({"k\u{FFFD}": ["x\u{FFFD}"]})));
     test.drop_database().await;
 }
-
-#[tokio::test]
-async fn a_batch_insert_keeps_the_order_it_was_given() {
-    let test = TestDb::new().await;
-    let action = core_pack(&test.pool).await;
-    let news: Vec<NewExecution> = (0..50)
-        .map(|n| NewExecution { parameters: json!({"message": format!("m{n}")}), ..new_execution(&action) })
-        .collect();
-    let refs: Vec<&NewExecution> = news.iter().collect();
-    let rows = db::execution::insert_many(&test.pool, &refs).await.unwrap();
-    assert_eq!(rows.len(), 50);
-    for (n, row) in rows.iter().enumerate() {
-        assert_eq!(row.parameters["message"], format!("m{n}"), "row {n} answers submission {n}");
-        assert_eq!((row.status, row.runtime.as_deref()), (Requested, Some("shell")), "the trigger fills the runtime");
-    }
-    assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
-    test.drop_database().await;
-}

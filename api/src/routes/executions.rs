@@ -84,7 +84,8 @@ pub async fn create(
         original_execution: None,
         not_before: None,
     };
-    let execution = state.submissions.submit(new).await?;
+    let execution = db::execution::insert(&state.db, &new).await?;
+    publish_request(&state, &execution).await;
     Ok((StatusCode::CREATED, Json(execution)))
 }
 

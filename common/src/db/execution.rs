@@ -95,42 +95,6 @@ impl NewExecution {
     }
 }
 
-/// Inserts many executions in one statement (one commit for them all), in the order given: the
-/// rows come back in that order. Used by the API to write the submissions that arrived while its
-/// previous write was in flight.
-pub async fn insert_many(db: impl PgExecutor<'_>, news: &[&NewExecution]) -> Result<Vec<Execution>, sqlx::Error> {
-    let column = |f: &dyn Fn(&NewExecution) -> Value| news.iter().map(|n| f(n)).collect::<Vec<Value>>();
-    let sql = format!(
-        "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
-         timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime) \
-         SELECT action, action_ref, parameters, config, status, max_retries, timeout_seconds, retry_count, \
-            retry_reason, original_execution, not_before, runtime \
-         FROM unnest($1::bigint[], $2::text[], $3::jsonb[], $4::jsonb[], $5::execution_status[], $6::int[], \
-            $7::int[], $8::int[], $9::text[], $10::bigint[], $11::timestamptz[], $12::text[]) \
-            WITH ORDINALITY AS n(action, action_ref, parameters, config, status, max_retries, timeout_seconds, \
-            retry_count, retry_reason, original_execution, not_before, runtime, ord) \
-         ORDER BY ord RETURNING {COLUMNS}"
-    );
-    let mut rows: Vec<Execution> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(news.iter().map(|n| n.action).collect::<Vec<_>>())
-        .bind(news.iter().map(|n| n.action_ref.clone()).collect::<Vec<_>>())
-        .bind(column(&|n| n.parameters.clone()))
-        .bind(column(&|n| n.config.clone()))
-        .bind(news.iter().map(|n| n.status).collect::<Vec<_>>())
-        .bind(news.iter().map(|n| n.max_retries).collect::<Vec<_>>())
-        .bind(news.iter().map(|n| n.timeout_seconds).collect::<Vec<_>>())
-        .bind(news.iter().map(|n| n.retry_count).collect::<Vec<_>>())
-        .bind(news.iter().map(|n| n.retry_reason.clone()).collect::<Vec<_>>())
-        .bind(news.iter().map(|n| n.original_execution).collect::<Vec<_>>())
-        .bind(news.iter().map(|n| n.not_before).collect::<Vec<_>>())
-        .bind(news.iter().map(|n| n.runtime.clone()).collect::<Vec<_>>())
-        .fetch_all(db)
-        .await?;
-    // ids come from one sequence in insertion order (`ORDER BY ord`): sorting by id restores it
-    rows.sort_by_key(|row| row.id);
-    Ok(rows)
-}
-
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
     let sql = format!(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
