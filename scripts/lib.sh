@@ -94,6 +94,20 @@ ensure_chromium() {
     fi
 }
 
+# schemathesis (the OpenAPI fuzzer of the `fuzz` system test), in a virtual environment under
+# target/ so that nothing is installed system-wide; kept between runs.
+SCHEMATHESIS=target/fuzz/venv/bin/schemathesis
+ensure_schemathesis() {
+    [ -x "$SCHEMATHESIS" ] && return 0
+    if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+        log "installing python3-venv (apt), for the OpenAPI fuzzer's virtual environment"
+        apt_install python3-venv
+    fi
+    log "installing schemathesis 4 (PyPI) into target/fuzz/venv"
+    python3 -m venv target/fuzz/venv
+    target/fuzz/venv/bin/pip install --quiet 'schemathesis>=4,<5'
+}
+
 ensure_services() {
     ensure_postgres
     ensure_rabbitmq

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 ensure_rust
 ensure_services
 ensure_chromium
+ensure_schemathesis
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"

@@ -36,6 +36,7 @@ impl ApiError {
         let code = match what {
             "execution" => "execution_not_found",
             "action" => "action_not_found",
+            "pack" => "pack_not_found",
             _ => "not_found",
         };
         Self::new(StatusCode::NOT_FOUND, code, message)
@@ -114,8 +115,39 @@ impl From<axum::extract::rejection::JsonRejection> for ApiError {
                 Some(parameter) => ApiError::invalid(&parameter, format!("invalid JSON body: {text}")),
                 None => ApiError::bad_request(None, format!("invalid JSON body: {text}")),
             },
+            _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body too large: {text}"),
+            ),
             _ => ApiError::bad_request(None, format!("invalid JSON body: {text}")),
         }
+    }
+}
+
+/// Refuses text PostgreSQL cannot store (a NUL character) with a 422 naming `field`.
+pub fn storable(field: &str, text: &str) -> Result<(), ApiError> {
+    if text.contains('\0') {
+        return Err(ApiError::invalid(field, format!("'{field}' must not contain a NUL character")));
+    }
+    Ok(())
+}
+
+/// `storable` for every key and string inside a JSON value; the error names the path to it
+/// (`parameters.message`, `config.tags[2]`).
+pub fn storable_json(field: &str, value: &serde_json::Value) -> Result<(), ApiError> {
+    use serde_json::Value;
+    match value {
+        Value::String(text) => storable(field, text),
+        Value::Array(items) => {
+            items.iter().enumerate().try_for_each(|(i, item)| storable_json(&format!("{field}[{i}]"), item))
+        }
+        Value::Object(map) => map.iter().try_for_each(|(key, item)| {
+            let path = format!("{field}.{key}");
+            storable(&path, key)?;
+            storable_json(&path, item)
+        }),
+        _ => Ok(()),
     }
 }
 

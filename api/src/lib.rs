@@ -72,14 +72,16 @@ pub struct AppState {
 
 pub type State = Arc<AppState>;
 
-/// The router and the OpenAPI document describing it.
-pub fn router_and_openapi(state: State) -> (Router<State>, utoipa::openapi::OpenApi) {
+/// The router and the OpenAPI document describing it (as served, JSON).
+pub fn router_and_openapi(state: State) -> (Router<State>, serde_json::Value) {
     use utoipa::OpenApi;
     let api = routes::api_routes().layer(axum::middleware::from_fn_with_state(state, auth::require_token));
-    utoipa_axum::router::OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+    let (router, mut document) = utoipa_axum::router::OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .nest("/api/v1", api)
         .merge(routes::probe_routes())
-        .split_for_parts()
+        .split_for_parts();
+    openapi::document_rejections(&mut document);
+    (router, openapi::document_storable_json(document))
 }
 
 pub fn router(state: State) -> Router {

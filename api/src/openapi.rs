@@ -34,6 +34,84 @@ pub struct ErrorDetail {
 )]
 pub struct ApiDoc;
 
+/// Documents the answers every route can give besides its own: 401 on `/api/v1` (no, a malformed
+/// or an unknown token), 400 where a path or query parameter can fail to parse (or an unknown
+/// query parameter is sent) or a body is not JSON, 415 and 413 where a body is read, 422 where a
+/// body can fail its schema. All in the one error shape, so that the document lists every status
+/// the server can answer with (the framework's own rejections go through `ApiError`).
+pub fn document_rejections(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::Operation;
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let error = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build())
+            .build()
+    };
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        let operations: [&mut Option<Operation>; 4] = [&mut item.get, &mut item.post, &mut item.put, &mut item.delete];
+        for operation in operations.into_iter().flatten() {
+            let mut add = |status: &str, description: &str| {
+                operation.responses.responses.entry(status.to_string()).or_insert_with(|| error(description).into());
+            };
+            if path.starts_with("/api/v1") {
+                add("401", "No bearer token, a malformed one, or one that is unknown or revoked");
+            }
+            let has_parameters = operation.parameters.as_ref().is_some_and(|p| !p.is_empty());
+            let has_body = operation.request_body.is_some();
+            if has_parameters || has_body {
+                add(
+                    "400",
+                    "A path or query parameter that does not parse, an unknown query parameter, or a body that is not JSON",
+                );
+            }
+            if has_body {
+                add("413", "The body is larger than the server accepts");
+                add("415", "The body is not sent as `application/json`");
+                add("422", "The body does not match its schema; `parameter` names the field");
+            }
+        }
+    }
+}
+
+/// Text PostgreSQL can store: no NUL character (the server refuses one with a 422).
+const STORABLE_TEXT: &str = r"^[^\x00]*$";
+
+/// States in the document what the server checks in free-form JSON (`parameters`, `config`):
+/// no NUL character in any key or string, at any depth (`StorableObject`, `StorableValue`).
+pub fn document_storable_json(openapi: utoipa::openapi::OpenApi) -> serde_json::Value {
+    use serde_json::json;
+    let mut document = serde_json::to_value(&openapi).expect("the document serializes");
+    let schemas = &mut document["components"]["schemas"];
+    schemas["StorableObject"] = json!({
+        "type": "object",
+        "description": "A JSON object with no NUL character in any key or string, at any depth.",
+        "propertyNames": {"pattern": STORABLE_TEXT},
+        "additionalProperties": {"$ref": "#/components/schemas/StorableValue"},
+    });
+    schemas["StorableValue"] = json!({
+        "anyOf": [
+            {"type": "string", "pattern": STORABLE_TEXT},
+            {"type": "number"},
+            {"type": "boolean"},
+            {"type": "null"},
+            {"type": "array", "items": {"$ref": "#/components/schemas/StorableValue"}},
+            {"$ref": "#/components/schemas/StorableObject"},
+        ],
+    });
+    for (schema, property) in
+        [("CreateExecution", "parameters"), ("CreateExecution", "config"), ("RetryBody", "parameters")]
+    {
+        let field = &mut schemas[schema]["properties"][property];
+        let description = field["description"].clone();
+        *field = json!({
+            "anyOf": [{"$ref": "#/components/schemas/StorableObject"}, {"type": "null"}],
+            "description": description,
+        });
+    }
+    document
+}
+
 struct BearerAuth;
 
 impl Modify for BearerAuth {

@@ -173,3 +173,69 @@ async fn manual_retry_follows_the_core_rules_through_both_forms() {
     assert_eq!((status, error_of(&body)), (StatusCode::NOT_FOUND, ("execution_not_found", Some("id"))), "{body}");
     api.stop().await;
 }
+
+#[tokio::test]
+async fn every_rejection_is_json_naming_what_was_wrong_and_nul_never_reaches_the_database() {
+    let api = Api::start().await;
+    // text PostgreSQL cannot store: 422 naming the field, wherever it comes in
+    let cases = [
+        (json!({"action_ref": "core.e\u{0}cho"}), "action_ref"),
+        (json!({"action_ref": "core.echo", "parameters": {"message": "a\u{0}b"}}), "parameters.message"),
+        (json!({"action_ref": "core.echo", "config": {"tags": ["x", "y\u{0}"]}}), "config.tags[1]"),
+    ];
+    for (body, parameter) in cases {
+        let (status, answer) = api.post("/api/v1/executions", body.clone()).await;
+        assert_eq!(
+            (status, error_of(&answer)),
+            (StatusCode::UNPROCESSABLE_ENTITY, ("invalid_parameter", Some(parameter))),
+            "{body}"
+        );
+    }
+    for path in ["/api/v1/actions/core.e%00cho", "/api/v1/executions?action_ref=a%00b"] {
+        let (status, answer) = api.call(reqwest::Method::GET, path, None).await;
+        assert_eq!(
+            (status, error_of(&answer)),
+            (StatusCode::UNPROCESSABLE_ENTITY, ("invalid_parameter", Some("action_ref"))),
+            "{path}"
+        );
+    }
+
+    // the framework's own rejections answer in the error shape too
+    let raw = |content_type: &'static str, body: &'static str| {
+        api.http
+            .post(format!("{}/api/v1/executions", api.url))
+            .bearer_auth(&api.token)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+    };
+    for (content_type, body, status, code) in [
+        ("application/json", "{not json", StatusCode::BAD_REQUEST, "bad_request"),
+        ("text/plain", "{}", StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+    ] {
+        let response = raw(content_type, body).await.unwrap();
+        assert_eq!(response.status(), status, "{content_type} {body}");
+        let answer: Value = response.json().await.expect("a JSON error body");
+        assert_eq!(error_of(&answer).0, code, "{answer}");
+    }
+    let (status, answer) = api.call(reqwest::Method::GET, "/api/v1/executions/not-a-number", None).await;
+    assert_eq!((status, error_of(&answer)), (StatusCode::BAD_REQUEST, ("bad_request", Some("id"))), "{answer}");
+
+    // no pack at a path is a 404 naming it; an empty path is a 422
+    let (status, answer) = api.post("/api/v1/packs", json!({"path": "/nonexistent/pack"})).await;
+    assert_eq!((status, error_of(&answer)), (StatusCode::NOT_FOUND, ("pack_not_found", Some("path"))), "{answer}");
+    let (status, answer) = api.post("/api/v1/packs", json!({"path": ""})).await;
+    assert_eq!(
+        (status, error_of(&answer)),
+        (StatusCode::UNPROCESSABLE_ENTITY, ("invalid_parameter", Some("path"))),
+        "{answer}"
+    );
+
+    // a retry with a `null` body keeps the retried execution's parameters
+    let id = api.submit("core.echo", json!({"message": "kept"})).await;
+    api.post(&format!("/api/v1/executions/{id}/cancel"), json!({})).await;
+    let (status, retry) = api.post(&format!("/api/v1/executions/{id}/retry"), Value::Null).await;
+    assert_eq!(status, StatusCode::CREATED, "{retry}");
+    assert_eq!(retry["parameters"]["message"], "kept");
+    api.stop().await;
+}

@@ -37,9 +37,15 @@ async fn every_route_is_documented_served_and_in_the_readme() {
     assert!(document["openapi"].as_str().unwrap().starts_with("3."), "{document}");
 
     let mut documented = BTreeSet::new();
+    let mut operation_ids = BTreeSet::new();
     for (path, item) in document["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
             documented.insert((method.clone(), path.clone()));
+            let id = operation["operationId"].as_str().unwrap_or_default().to_string();
+            assert!(operation_ids.insert(id.clone()), "{method} {path}: operationId '{id}' is not unique");
+            if path.starts_with("/api/v1") {
+                assert!(operation["responses"]["401"].is_object(), "{method} {path} does not document 401");
+            }
             let responses = operation["responses"].as_object().unwrap();
             assert!(!responses.is_empty(), "{method} {path} documents no response");
             if path.starts_with("/api/v1") {

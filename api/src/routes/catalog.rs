@@ -25,6 +25,7 @@ pub async fn get_action(
     action_ref: Result<Path<String>, PathRejection>,
 ) -> Result<Json<db::action::Action>, ApiError> {
     let Path(action_ref) = action_ref?;
+    crate::error::storable("action_ref", &action_ref)?;
     db::action::get_by_ref(&state.db, &action_ref)
         .await?
         .map(Json)
@@ -40,22 +41,33 @@ pub async fn list_packs(State(state): State<crate::State>) -> Result<Json<Vec<db
 #[serde(deny_unknown_fields)]
 pub struct RegisterPack {
     /// The pack's directory as the API server (and the workers) see it.
+    #[schema(min_length = 1, pattern = r"^[^\x00]*$")]
     pub path: String,
 }
 
-/// Registers or updates the pack at `path`. A pack that fails to load is a 422 naming the file,
-/// the field and the reason.
+/// Registers or updates the pack at `path`. No pack there (no directory, or no `pack.yaml` in it)
+/// is a 404; a pack that fails to load is a 422 naming the file, the field and the reason.
 #[utoipa::path(post, path = "/packs", tag = "catalog", request_body = RegisterPack,
     responses((status = 201, body = db::pack::Pack),
-        (status = 422, description = "Not a directory, or the pack does not load: `file`, `field` and `reason` say why", body = crate::openapi::ErrorBody),))]
+        (status = 404, description = "No pack at `path`: not a directory on the API server, or no `pack.yaml` in it", body = crate::openapi::ErrorBody),
+        (status = 422, description = "The pack does not load (`file`, `field` and `reason` say why), or `path` is empty", body = crate::openapi::ErrorBody),))]
 pub async fn register_pack(
     State(state): State<crate::State>,
     body: Result<Json<RegisterPack>, JsonRejection>,
 ) -> Result<(StatusCode, Json<db::pack::Pack>), ApiError> {
     let Json(body) = body?;
+    crate::error::storable("path", &body.path)?;
+    if body.path.is_empty() {
+        return Err(ApiError::invalid("path", "'path' must name the pack's directory"));
+    }
     let dir = PathBuf::from(&body.path);
-    if !dir.is_dir() {
-        return Err(ApiError::invalid("path", format!("'{}' is not a directory on the API server", body.path)));
+    if !dir.join("pack.yaml").is_file() {
+        let mut error = ApiError::not_found(
+            "pack",
+            format!("no pack at '{}' on the API server (a directory with a pack.yaml)", body.path),
+        );
+        error.parameter = Some("path".to_string());
+        return Err(error);
     }
     let pack = tokio::task::spawn_blocking(move || load_pack(&dir))
         .await

@@ -17,6 +17,7 @@ use crate::ApiError;
 #[serde(deny_unknown_fields)]
 pub struct CreateExecution {
     /// The action, as `pack.name`.
+    #[schema(pattern = r"^[^\x00]*$")]
     pub action_ref: String,
     /// Checked against the action's declared parameters; defaults are filled in.
     #[serde(default)]
@@ -36,7 +37,7 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
     }
 }
 
-#[utoipa::path(post, path = "/executions", tag = "executions", request_body = CreateExecution,
+#[utoipa::path(post, path = "/executions", operation_id = "create_execution", tag = "executions", request_body = CreateExecution,
     responses(
         (status = 201, description = "The new execution (a manual retry with `config.retry_of`)", body = Execution),
         (status = 404, description = "No such action (or execution to retry)", body = crate::openapi::ErrorBody),
@@ -48,6 +49,12 @@ pub async fn create(
     body: Result<Json<CreateExecution>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let Json(body) = body?;
+    crate::error::storable("action_ref", &body.action_ref)?;
+    for (field, value) in [("parameters", &body.parameters), ("config", &body.config)] {
+        if let Some(value) = value {
+            crate::error::storable_json(field, value)?;
+        }
+    }
     let parameters_given = body.parameters.as_ref().is_some_and(|p| !p.is_null());
     let given = object("parameters", body.parameters)?;
     let config = object("config", body.config)?;
@@ -106,7 +113,7 @@ async fn find(state: &crate::AppState, id: i64) -> Result<Execution, ApiError> {
         .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))
 }
 
-#[utoipa::path(get, path = "/executions/{id}", tag = "executions", params(("id" = i64, Path, description = "Execution id")),
+#[utoipa::path(get, path = "/executions/{id}", operation_id = "get_execution", tag = "executions", params(("id" = i64, Path, description = "Execution id")),
     responses((status = 200, body = ExecutionView),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),))]
 pub async fn get(
@@ -141,7 +148,7 @@ pub struct Chain {
     pub attempts: Vec<Attempt>,
 }
 
-#[utoipa::path(get, path = "/executions/{id}/chain", tag = "executions", params(("id" = i64, Path, description = "Any execution of the chain")),
+#[utoipa::path(get, path = "/executions/{id}/chain", operation_id = "get_execution_chain", tag = "executions", params(("id" = i64, Path, description = "Any execution of the chain")),
     responses((status = 200, body = Chain),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),))]
 pub async fn chain(
@@ -179,8 +186,8 @@ pub struct RetryBody {
     pub parameters: Option<Value>,
 }
 
-#[utoipa::path(post, path = "/executions/{id}/retry", tag = "executions", params(("id" = i64, Path, description = "The finished execution to retry")),
-    request_body(content = Option<RetryBody>, description = "Optional replacement parameters"),
+#[utoipa::path(post, path = "/executions/{id}/retry", operation_id = "retry_execution", tag = "executions", params(("id" = i64, Path, description = "The finished execution to retry")),
+    request_body(content = Option<RetryBody>, description = "Optional replacement parameters (no body, or `null`, keeps the retried execution's)"),
     responses((status = 201, description = "The retry", body = Execution),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
         (status = 409, description = "Already retried (`retry_execution` names the retry), or not finished", body = crate::openapi::ErrorBody),
@@ -188,10 +195,18 @@ pub struct RetryBody {
 pub async fn retry(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
-    body: Option<Json<RetryBody>>,
+    body: Result<Json<Option<RetryBody>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let Path(parent) = id?;
-    let body = body.map(|Json(b)| b).unwrap_or_default();
+    // no body (or JSON `null`) keeps the retried execution's parameters
+    let body = match body {
+        Ok(Json(body)) => body.unwrap_or_default(),
+        Err(JsonRejection::MissingJsonContentType(_)) => RetryBody::default(),
+        Err(rejection) => return Err(rejection.into()),
+    };
+    if let Some(parameters) = &body.parameters {
+        crate::error::storable_json("parameters", parameters)?;
+    }
     let parameters = match body.parameters {
         None => None,
         some => Some(object("parameters", some)?),
@@ -274,7 +289,7 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
 /// Cancels an execution that has not finished: a queued one never runs; a running one's process
 /// group is killed by its worker (through a cancel notice). Canceled executions are never retried
 /// automatically.
-#[utoipa::path(post, path = "/executions/{id}/cancel", tag = "executions", params(("id" = i64, Path, description = "Execution id")),
+#[utoipa::path(post, path = "/executions/{id}/cancel", operation_id = "cancel_execution", tag = "executions", params(("id" = i64, Path, description = "Execution id")),
     responses((status = 200, description = "The canceled execution", body = Execution),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
         (status = 409, description = "Already finished", body = crate::openapi::ErrorBody),))]
@@ -364,14 +379,20 @@ async fn publish_request(state: &crate::AppState, execution: &Execution) {
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// One of the execution statuses.
+    #[param(value_type = Option<ExecutionStatus>)]
     pub status: Option<String>,
+    #[param(pattern = r"^[^\x00]*$")]
     pub action_ref: Option<String>,
     /// RFC 3339 time.
+    #[param(value_type = Option<DateTime<Utc>>)]
     pub created_after: Option<String>,
     /// RFC 3339 time.
+    #[param(value_type = Option<DateTime<Utc>>)]
     pub created_before: Option<String>,
     /// 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
+    #[param(minimum = 0)]
     pub offset: Option<i64>,
 }
 
@@ -393,7 +414,7 @@ fn timestamp(parameter: &str, value: Option<String>) -> Result<Option<DateTime<U
         .transpose()
 }
 
-#[utoipa::path(get, path = "/executions", tag = "executions", params(ListQuery),
+#[utoipa::path(get, path = "/executions", operation_id = "list_executions", tag = "executions", params(ListQuery),
     responses((status = 200, body = Page<Execution>),
         (status = 400, description = "Malformed query", body = crate::openapi::ErrorBody),
         (status = 422, description = "A filter is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
@@ -402,6 +423,9 @@ pub async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Page<Execution>>, ApiError> {
     let Query(query) = query?;
+    if let Some(action_ref) = &query.action_ref {
+        crate::error::storable("action_ref", action_ref)?;
+    }
     let status = query
         .status
         .map(|s| {

@@ -24,6 +24,7 @@ pub const ALERT_AVERAGE_QUEUE_DEPTH: f64 = 20.0;
 #[serde(deny_unknown_fields)]
 pub struct Window {
     /// How far back to look, in seconds (default 3600, at most 30 days).
+    #[param(minimum = 1, maximum = 2592000)]
     pub window_secs: Option<i64>,
 }
 
@@ -59,7 +60,7 @@ fn percent(part: i64, whole: i64) -> Option<f64> {
     (whole > 0).then(|| (10000.0 * part as f64 / whole as f64).round() / 100.0)
 }
 
-#[utoipa::path(get, path = "/stats/retries", tag = "stats", params(Window),
+#[utoipa::path(get, path = "/stats/retries", operation_id = "retry_stats", tag = "stats", params(Window),
     responses((status = 200, body = RetryStats),
         (status = 422, description = "`window_secs` out of range", body = crate::openapi::ErrorBody),))]
 pub async fn retries(
@@ -104,8 +105,10 @@ pub async fn retries(
 #[serde(deny_unknown_fields)]
 pub struct SeriesQuery {
     /// How far back to look, in seconds (default 3600, at most 30 days).
+    #[param(minimum = 1, maximum = 2592000)]
     pub window_secs: Option<i64>,
     /// How many equal buckets to cut the window into (default 30, 1 to 240).
+    #[param(minimum = 1, maximum = 240)]
     pub buckets: Option<i64>,
 }
 
@@ -142,7 +145,7 @@ pub struct RetrySeries {
     pub thresholds: RetryThresholds,
 }
 
-#[utoipa::path(get, path = "/stats/retries/series", tag = "stats", params(SeriesQuery),
+#[utoipa::path(get, path = "/stats/retries/series", operation_id = "retry_stats_series", tag = "stats", params(SeriesQuery),
     responses((status = 200, body = RetrySeries),
         (status = 422, description = "`window_secs` or `buckets` out of range", body = crate::openapi::ErrorBody),))]
 pub async fn retry_series(
@@ -219,7 +222,7 @@ pub struct WorkerStats {
     pub alerts: WorkerAlerts,
 }
 
-#[utoipa::path(get, path = "/stats/workers", tag = "stats", responses((status = 200, body = WorkerStats)))]
+#[utoipa::path(get, path = "/stats/workers", operation_id = "worker_stats", tag = "stats", responses((status = 200, body = WorkerStats)))]
 pub async fn workers(State(state): State<crate::State>) -> Result<Json<WorkerStats>, ApiError> {
     let workers = attune_common::db::worker::list(&state.db, &state.settings.health).await?;
     let active: Vec<_> = workers.iter().filter(|w| w.status == "active").collect();
