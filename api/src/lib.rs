@@ -91,6 +91,13 @@ pub fn router(state: State) -> Router {
         .route("/api/v1/openapi.json", axum::routing::get(move || async move { axum::Json(document.as_ref().clone()) }))
         .merge(dashboard::routes())
         .fallback(|| async { ApiError::not_found("route", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not answer that method (the OpenAPI document lists the ones it does)",
+            )
+        })
         .with_state(state)
 }
 

@@ -218,6 +218,8 @@ async fn every_rejection_is_json_naming_what_was_wrong_and_nul_never_reaches_the
         let answer: Value = response.json().await.expect("a JSON error body");
         assert_eq!(error_of(&answer).0, code, "{answer}");
     }
+    let (status, answer) = api.call(reqwest::Method::PUT, "/api/v1/executions", None).await;
+    assert_eq!((status, error_of(&answer).0), (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"), "{answer}");
     let (status, answer) = api.call(reqwest::Method::GET, "/api/v1/executions/not-a-number", None).await;
     assert_eq!((status, error_of(&answer)), (StatusCode::BAD_REQUEST, ("bad_request", Some("id"))), "{answer}");
 
