@@ -62,6 +62,10 @@ snapshot() { echo "$(cpu_of 'attune up') $(cpu_of 'postgres') $(cpu_of 'beam.smp
 
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--json docs/bench/results.json --plot docs/bench/latency-vs-load.svg)
+# the results as JSON: where the arguments say, else target/bench/last.json (read for the floor)
+results=target/bench/last.json
+for ((i = 0; i < ${#args[@]}; i++)); do [ "${args[$i]}" = --json ] && results=${args[$((i + 1))]}; done
+[[ " ${args[*]} " == *" --json "* ]] || args+=(--json "$results")
 read -r a0 p0 r0 n0 <<<"$(snapshot)"
 # the benchmark client shares the machine: its own CPU seconds (user and system) too, from the
 # shell's accounting of its finished children
@@ -77,3 +81,29 @@ awk -v a="$((a1 - a0))" -v p="$((p1 - p0))" -v r="$((r1 - r0))" -v n="$((n1 - n0
     if (n == 0) exit
     printf "\nCPU per completed execution over the run (%d executions): attune %.2f ms, PostgreSQL %.2f ms, RabbitMQ %.2f ms, total %.2f ms; the benchmark client %.2f ms\n",
         n, 1000 * a / hz / n, 1000 * p / hz / n, 1000 * r / hz / n, 1000 * (a + p + r) / hz / n, 1000 * client / n }'
+
+# The naive floor (../shared/floorbench), measured right after attune in the same sitting, and the
+# ratio of attune's `core.noop` maximum rate to it (ATTUNE_BENCH_NO_FLOOR=1 leaves it out). It is
+# built here when missing; its database is `floorbench`.
+floor_dir=${ATTUNE_FLOORBENCH_DIR:-../shared/floorbench}
+attune_rate=$(python3 -c 'import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["workload"] == "core.noop, max rate"]
+print(rows[0]["executions_per_second"] if rows else "")' "$results" 2>/dev/null || true)
+if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && [ -n "$attune_rate" ] && [ -f "$floor_dir/Cargo.toml" ]; then
+    cleanup # attune stops first: the floor gets the machine to itself, as attune had
+    trap - EXIT
+    if [ ! -x "$floor_dir/target/release/floorbench" ]; then
+        log "building the floor ($floor_dir)"
+        (cd "$floor_dir" && cargo build --release --quiet)
+    fi
+    psql_admin -c "CREATE DATABASE floorbench" >/dev/null 2>&1 || true
+    log "the floor: floorbench e2e secs=10 warm=3 qtype=quorum inflight=128"
+    floor_rate=$(cd "$floor_dir" && env -u DATABASE_URL -u AMQP_URL ./target/release/floorbench e2e secs=10 warm=3 qtype=quorum inflight=128 2>&1 |
+        awk '/^RESULT/ { for (i = 1; i <= NF; i++) if ($i == "exec/s") print $(i - 1) }')
+    if [ -n "$floor_rate" ]; then
+        awk -v a="$attune_rate" -v f="$floor_rate" 'BEGIN {
+            printf "core.noop at maximum rate: attune %.1f/s, the naive floor %.1f/s: %.2f of the floor\n", a, f, a / f }'
+    else
+        log "the floor did not report a rate"
+    fi
+fi
