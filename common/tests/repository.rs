@@ -228,3 +228,33 @@ async fn nul_characters_in_output_are_stored_replaced_not_refused() {
     assert_eq!(done.result, Some(json!({"k\u{FFFD}": ["x\u{FFFD}"]})));
     test.drop_database().await;
 }
+
+#[tokio::test]
+async fn config_records_the_retry_fields_in_force() {
+    let test = TestDb::new().await;
+    let action = core_pack(&test.pool).await;
+    // a first attempt: its budget and count, and none of a retry's fields whatever the client wrote
+    let first = NewExecution {
+        max_retries: 3,
+        config: json!({"team": "ops", "max_retries": 99, "retry_reason": "manual_retry", "original_execution": 1}),
+        ..new_execution(&action)
+    };
+    let first = db::execution::insert(&test.pool, &first).await.unwrap();
+    assert_eq!(first.config, json!({"team": "ops", "max_retries": 3, "retry_count": 0}));
+    // its retry: Example 4's fields, as they are
+    let retry = NewExecution::retry_of(&first, Delayed, attune_core::FailureKind::TransientError, None, None);
+    let retry = db::execution::insert(&test.pool, &retry).await.unwrap();
+    assert_eq!(
+        retry.config,
+        json!({"team": "ops", "max_retries": 3, "retry_count": 1, "retry_of": first.id,
+               "original_execution": first.id, "retry_reason": "transient_error"})
+    );
+    // the seed's query reads it
+    let config: serde_json::Value = sqlx::query_scalar("SELECT config FROM execution WHERE id = $1")
+        .bind(first.id)
+        .fetch_one(&test.pool)
+        .await
+        .unwrap();
+    assert_eq!(config["max_retries"], 3);
+    test.drop_database().await;
+}

@@ -188,6 +188,9 @@ async fn every_seed_query_runs_as_written_and_tells_the_truth() {
     // 11-13. troubleshooting
     assert!(run(&system, &sql[10]).await.is_empty(), "there is no action called 'action.name'");
     assert_eq!(run(&system, &sql[11]).await.len(), 2);
-    assert_eq!(run(&system, &sql[12]).await, vec![vec![json!({}).to_string()]]);
+    // "Verify max_retries": the config shows the budget in force (and the count so far)
+    let config = run(&system, &sql[12]).await;
+    let config: serde_json::Value = serde_json::from_str(&config[0][0]).unwrap();
+    assert_eq!((config["max_retries"].as_i64(), config["retry_count"].as_i64()), (Some(3), Some(0)), "{config}");
     system.stop().await;
 }

@@ -95,6 +95,36 @@ impl NewExecution {
     }
 }
 
+impl NewExecution {
+    /// The `config` stored with the execution: the client's, with the retry fields the seed's
+    /// queries read from it set to what is in force (`SELECT config FROM execution WHERE id = 123`
+    /// shows the budget): `max_retries` and `retry_count` always, and for a retry `retry_of`,
+    /// `original_execution` and `retry_reason` (Example 4's fields).
+    pub fn recorded_config(&self) -> Value {
+        let mut config = if self.config.is_object() { self.config.clone() } else { Value::Object(Default::default()) };
+        config["max_retries"] = self.max_retries.into();
+        config["retry_count"] = self.retry_count.into();
+        match self.original_execution {
+            Some(parent) => {
+                config["retry_of"] = parent.into();
+                config["original_execution"] = parent.into();
+                if let Some(reason) = &self.retry_reason {
+                    config["retry_reason"] = reason.as_str().into();
+                }
+            }
+            None => {
+                if let Value::Object(map) = &mut config {
+                    // a first attempt retries nothing, whatever the client wrote
+                    for key in ["retry_of", "original_execution", "retry_reason"] {
+                        map.remove(key);
+                    }
+                }
+            }
+        }
+        config
+    }
+}
+
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
     let sql = format!(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
@@ -105,7 +135,7 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execu
         .bind(new.action)
         .bind(&new.action_ref)
         .bind(&new.parameters)
-        .bind(&new.config)
+        .bind(new.recorded_config())
         .bind(new.status)
         .bind(new.max_retries)
         .bind(new.timeout_seconds)
