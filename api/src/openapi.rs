@@ -15,8 +15,9 @@ pub struct ErrorBody {
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable machine-readable code: `invalid_parameter`, `bad_request`, `unauthorized`,
-    /// `execution_not_found`, `action_not_found`, `already_retried`, `not_terminal`,
-    /// `already_finished`, `invalid_pack`, `unavailable`, `internal`.
+    /// `unsupported_media_type`, `payload_too_large`, `method_not_allowed`, `not_found`,
+    /// `execution_not_found`, `action_not_found`, `pack_not_found`, `already_retried`,
+    /// `not_terminal`, `already_finished`, `not_stuck`, `invalid_pack`, `unavailable`, `internal`.
     pub code: String,
     pub message: String,
     /// The request parameter that was wrong (`parameters.message`, `status`, `config.retry_of`, ...).

@@ -241,3 +241,40 @@ async fn every_rejection_is_json_naming_what_was_wrong_and_nul_never_reaches_the
     assert_eq!(retry["parameters"]["message"], "kept");
     api.stop().await;
 }
+
+#[tokio::test]
+async fn an_operator_fails_a_stuck_execution_by_hand_and_it_is_never_retried() {
+    let api = Api::start().await;
+    let id = api.submit("core.echo", json!({"message": "stuck"})).await;
+    let (status, failed) =
+        api.post(&format!("/api/v1/executions/{id}/fail"), json!({"reason": "stuck since Monday"})).await;
+    assert_eq!(status, StatusCode::OK, "{failed}");
+    assert_eq!((failed["status"].as_str(), failed["failure_kind"].as_str()), (Some("failed"), Some("operator_failed")));
+    assert_eq!(failed["error"], "failed by an operator: stuck since Monday");
+    assert!(db::execution::retry_of(&api.db.pool, id).await.unwrap().is_none(), "not retried");
+
+    let (status, answer) = api.post(&format!("/api/v1/executions/{id}/fail"), json!({"reason": "again"})).await;
+    assert_eq!((status, error_of(&answer).0), (StatusCode::CONFLICT, "already_finished"), "{answer}");
+    let (status, answer) = api.post(&format!("/api/v1/executions/{id}/fail"), json!({"reason": ""})).await;
+    assert_eq!(
+        (status, error_of(&answer)),
+        (StatusCode::UNPROCESSABLE_ENTITY, ("invalid_parameter", Some("reason"))),
+        "{answer}"
+    );
+    let (status, answer) = api.post(&format!("/api/v1/executions/{id}/fail"), json!({})).await;
+    assert_eq!((status, error_of(&answer).1), (StatusCode::UNPROCESSABLE_ENTITY, Some("reason")), "{answer}");
+
+    // a retry waiting out its backoff is not stuck
+    let parent = db::execution::get(&api.db.pool, id).await.unwrap().unwrap();
+    let delayed = db::execution::NewExecution::retry_of(
+        &parent,
+        attune_core::ExecutionStatus::Delayed,
+        attune_core::FailureKind::TransientError,
+        None,
+        Some(chrono::Utc::now() + chrono::Duration::hours(1)),
+    );
+    let delayed = db::execution::insert(&api.db.pool, &delayed).await.unwrap();
+    let (status, answer) = api.post(&format!("/api/v1/executions/{}/fail", delayed.id), json!({"reason": "x"})).await;
+    assert_eq!((status, error_of(&answer).0), (StatusCode::CONFLICT, "not_stuck"), "{answer}");
+    api.stop().await;
+}

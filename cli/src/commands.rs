@@ -109,6 +109,13 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print(out, &canceled, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));
             Ok(0)
         }
+        Command::Execution(ExecutionCommand::Fail { id, reason }) => {
+            let failed = client.post(&format!("/api/v1/executions/{id}/fail"), &json!({"reason": reason})).await?;
+            print(out, &failed, |e| {
+                format!("execution {} {} ({})", text(&e["id"]), text(&e["status"]), text(&e["error"]))
+            });
+            Ok(0)
+        }
         Command::Execution(ExecutionCommand::Watch { id, wait_timeout }) => {
             watch(&client, out, id, Duration::from_secs(wait_timeout)).await
         }

@@ -112,6 +112,13 @@ pub enum ExecutionCommand {
     },
     /// Cancel an execution that has not finished (a running one's process group is killed)
     Cancel { id: i64 },
+    /// Fail a stuck execution by hand (`operator_failed`, never retried; a running one is stopped)
+    Fail {
+        id: i64,
+        /// Why: recorded in the execution's error
+        #[arg(long)]
+        reason: String,
+    },
     /// Follow an execution and its retries live until the chain ends
     Watch {
         id: i64,

@@ -28,6 +28,8 @@ pub enum FailureKind {
     Timeout,
     /// The execution was canceled by a client.
     Canceled,
+    /// An operator failed the execution by hand (`POST /executions/{id}/fail`): not retried.
+    OperatorFailed,
     /// A message about the execution failed processing on every one of its deliveries and was
     /// dead-lettered (see `mq::DELIVERY_LIMIT`); not retried, as it would most likely fail again.
     PoisonMessage,
@@ -36,7 +38,7 @@ pub enum FailureKind {
 use FailureKind::*;
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 13] = [
+    pub const ALL: [FailureKind; 14] = [
         WorkerUnavailable,
         QueueTimeout,
         WorkerHeartbeatStale,
@@ -49,6 +51,7 @@ impl FailureKind {
         ActionFailed,
         Timeout,
         Canceled,
+        OperatorFailed,
         PoisonMessage,
     ];
 
@@ -58,6 +61,11 @@ impl FailureKind {
 
     pub fn is_retriable_by_default(self) -> bool {
         Self::RETRIABLE_BY_DEFAULT.contains(&self)
+    }
+
+    /// Kinds no policy may retry: a person ended the execution on purpose.
+    pub fn is_never_retried(self) -> bool {
+        matches!(self, Canceled | OperatorFailed)
     }
 
     /// Whether a failure of this kind counts against the worker's health (its consecutive and
@@ -89,6 +97,7 @@ impl FailureKind {
             ActionFailed => "action_failed",
             Timeout => "timeout",
             Canceled => "canceled",
+            OperatorFailed => "operator_failed",
             PoisonMessage => "poison_message",
         }
     }
@@ -125,6 +134,7 @@ mod tests {
             (ActionFailed, false, ExecutionStatus::Failed),
             (Timeout, false, ExecutionStatus::Timeout),
             (Canceled, false, ExecutionStatus::Failed),
+            (OperatorFailed, false, ExecutionStatus::Failed),
             (PoisonMessage, false, ExecutionStatus::Failed),
         ];
         assert_eq!(table.len(), FailureKind::ALL.len(), "every kind has a row");
@@ -146,6 +156,7 @@ mod tests {
             "action_failed",
             "timeout",
             "canceled",
+            "operator_failed",
             "poison_message",
         ];
         for name in retriable {
@@ -155,6 +166,8 @@ mod tests {
             assert!(!FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");
         }
         assert_eq!(retriable.len() + not_retriable.len(), FailureKind::ALL.len());
+        let never: Vec<&str> = FailureKind::ALL.iter().filter(|k| k.is_never_retried()).map(|k| k.as_str()).collect();
+        assert_eq!(never, ["canceled", "operator_failed"]);
     }
 
     #[test]

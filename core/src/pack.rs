@@ -222,7 +222,7 @@ fn validate_retry(retry: &RetryPolicy) -> Result<(), (&'static str, String)> {
         return Err(("jitter", format!("must be between 0.0 and 1.0, got {jitter}")));
     }
     if let Some(kinds) = &retry.on
-        && let Some(kind) = kinds.iter().find(|k| matches!(k, FailureKind::Canceled))
+        && let Some(kind) = kinds.iter().find(|k| k.is_never_retried())
     {
         return Err(("on", format!("'{kind}' executions are never retried automatically")));
     }

@@ -180,7 +180,7 @@ pub fn decide(
     rng: &mut impl Rng,
 ) -> RetryDecision {
     let kind = attempt.failure;
-    if kind == FailureKind::Canceled {
+    if kind.is_never_retried() {
         return RetryDecision::GiveUp(GiveUp::NotRetriable(kind));
     }
     if !policy.idempotent && worker_vanished_after_start(kind, attempt.started) {

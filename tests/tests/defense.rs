@@ -219,7 +219,25 @@ async fn cancel_stops_queued_and_running_executions() {
         (stat.is_empty() || stat.contains(") Z")).then_some(())
     })
     .await;
-    system.wait_log("w1", "canceled while running; process group killed").await;
+    system.wait_log("w1", "stopped while running (canceled or failed by hand); process group killed").await;
+
+    // failed by hand while running (the quick reference's "manually fail execution if stuck"):
+    // its process is killed the same way, and it is not retried
+    let failed_pidfile = std::env::temp_dir().join(format!("attune-hold-failed-{}", std::process::id()));
+    let stuck = system.submit("e2e.hold", json!({"pidfile": failed_pidfile})).await;
+    let pid: i32 = wait_for("the second action to start", DEADLINE, || {
+        let pidfile = failed_pidfile.clone();
+        async move { std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok() }
+    })
+    .await;
+    let (status, failed) =
+        system.post(&format!("/api/v1/executions/{}/fail", id(&stuck)), &json!({"reason": "stuck"})).await;
+    assert_eq!((status, failed["failure_kind"].as_str()), (200, Some("operator_failed")), "{failed}");
+    wait_for("the failed action's process to be killed", DEADLINE, || async move {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        (stat.is_empty() || stat.contains(") Z")).then_some(())
+    })
+    .await;
 
     // queued: it never runs
     system.signal("w1", SIGSTOP);
@@ -246,6 +264,9 @@ async fn cancel_stops_queued_and_running_executions() {
     // a finished execution cannot be canceled; canceled ones were not retried
     let (status, body) = system.post(&format!("/api/v1/executions/{}/cancel", id(&queued)), &json!({})).await;
     assert_eq!((status, body["error"]["code"].as_str()), (409, Some("already_finished")));
+    let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&stuck))).await;
+    assert_eq!((view["status"].as_str(), view["retried_by"].as_i64()), (Some("failed"), None), "{view}");
+    let _ = std::fs::remove_file(&failed_pidfile);
     for execution in [&running, &queued] {
         let (_, view) = system.get(&format!("/api/v1/executions/{}", id(execution))).await;
         assert_eq!((view["status"].as_str(), view["retried_by"].as_i64()), (Some("canceled"), None), "{view}");

@@ -8,12 +8,13 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the README's route table and DESIGN.md name them.
-const ROUTES: [(&str, &str); 18] = [
+const ROUTES: [(&str, &str); 19] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
     ("post", "/api/v1/executions/{id}/retry"),
     ("post", "/api/v1/executions/{id}/cancel"),
+    ("post", "/api/v1/executions/{id}/fail"),
     ("get", "/api/v1/executions/{id}/chain"),
     ("get", "/api/v1/actions"),
     ("get", "/api/v1/actions/{action_ref}"),

@@ -531,8 +531,11 @@ impl Worker {
         let finished = self.runtimes.run(&run, &cancel).await;
         self.running.lock().expect("running map poisoned").tokens.remove(&dispatch.execution_id);
         if cancel.is_cancelled() && !self.abort.is_cancelled() {
-            // A client canceled it: the record already says so; nothing to report.
-            tracing::info!(execution_id = dispatch.execution_id, "canceled while running; process group killed");
+            // A client canceled it (or an operator failed it): the record already says so.
+            tracing::info!(
+                execution_id = dispatch.execution_id,
+                "stopped while running (canceled or failed by hand); process group killed"
+            );
             return Disposition::Ack;
         }
         let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);

@@ -320,18 +320,89 @@ pub async fn cancel(
             format!("execution {id} finished ({}) before it could be canceled", now.status),
         ));
     };
-    if matches!(current.status, ExecutionStatus::Scheduled | ExecutionStatus::Running) {
-        let topology = state.publisher.topology();
-        let notice = serde_json::to_vec(&CancelNotice { execution_id: id }).expect("notice serializes");
-        match state.publisher.publish_bytes(&topology.control_exchange(), "", &notice).await {
-            Ok(()) | Err(MqError::Unroutable(_)) => {}
-            Err(e) => {
-                tracing::warn!(execution_id = id, error = %e, "cancel notice not sent; the action runs on, its result will be ignored")
-            }
-        }
+    if canceled.worker.is_some() {
+        stop_on_worker(&state, id).await;
     }
     tracing::info!(execution_id = id, was = %current.status, "execution canceled");
     Ok(Json(canceled))
+}
+
+/// Tells the workers to stop `id` if one runs it (the worker a row names when it changed is the
+/// one that may hold it; its process group is killed). A lost notice leaves the action running
+/// to its end, and its result is ignored: the record already says how it ended.
+async fn stop_on_worker(state: &crate::AppState, id: i64) {
+    let topology = state.publisher.topology();
+    let notice = serde_json::to_vec(&CancelNotice { execution_id: id }).expect("notice serializes");
+    match state.publisher.publish_bytes(&topology.control_exchange(), "", &notice).await {
+        Ok(()) | Err(MqError::Unroutable(_)) => {}
+        Err(e) => {
+            tracing::warn!(execution_id = id, error = %e, "stop notice not sent; the action runs on, its result will be ignored")
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailBody {
+    /// Why the operator fails it; recorded in the execution's `error`.
+    #[schema(min_length = 1, pattern = r"^[^\x00]*$")]
+    pub reason: String,
+}
+
+/// Fails a stuck execution by hand (the quick reference's "manually fail execution if stuck"):
+/// a non-terminal execution becomes `failed` with the kind `operator_failed` and the reason in its
+/// `error`, through the guarded transition; it is never retried automatically, and the worker
+/// running it, if any, is told to stop. A `delayed` retry is not stuck (cancel it instead).
+#[utoipa::path(post, path = "/executions/{id}/fail", operation_id = "fail_execution", tag = "executions", params(("id" = i64, Path, description = "Execution id")),
+    request_body = FailBody,
+    responses((status = 200, description = "The failed execution", body = Execution),
+        (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Already finished (`already_finished`), or a delayed retry (`not_stuck`)", body = crate::openapi::ErrorBody),))]
+pub async fn fail(
+    State(state): State<crate::State>,
+    id: Result<Path<i64>, PathRejection>,
+    body: Result<Json<FailBody>, JsonRejection>,
+) -> Result<Json<Execution>, ApiError> {
+    let Path(id) = id?;
+    let Json(body) = body?;
+    crate::error::storable("reason", &body.reason)?;
+    if body.reason.is_empty() {
+        return Err(ApiError::invalid("reason", "'reason' must say why the execution is failed"));
+    }
+    let current = find(&state, id).await?;
+    if current.status.is_terminal() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_finished",
+            format!("execution {id} already finished ({})", current.status),
+        ));
+    }
+    if current.status == ExecutionStatus::Delayed {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_stuck",
+            format!("execution {id} is a retry waiting out its backoff, not stuck: cancel it to stop it"),
+        ));
+    }
+    let outcome = db::execution::Outcome {
+        failure_kind: Some(FailureKind::OperatorFailed),
+        error: Some(format!("failed by an operator: {}", body.reason)),
+        ..Default::default()
+    };
+    let transition = db::execution::Transition::to(ExecutionStatus::Failed).outcome(&outcome);
+    let Some(failed) = db::execution::transition(&state.db, id, &transition).await? else {
+        let now = find(&state, id).await?;
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_finished",
+            format!("execution {id} finished ({}) before it could be failed", now.status),
+        ));
+    };
+    if failed.worker.is_some() {
+        stop_on_worker(&state, id).await;
+    }
+    tracing::warn!(execution_id = id, was = %current.status, reason = %body.reason, "execution failed by an operator");
+    Ok(Json(failed))
 }
 
 /// A refused manual retry as the API answers it.

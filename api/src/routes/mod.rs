@@ -19,6 +19,7 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(executions::get))
         .routes(routes!(executions::retry))
         .routes(routes!(executions::cancel))
+        .routes(routes!(executions::fail))
         .routes(routes!(executions::chain))
         .routes(routes!(catalog::list_actions))
         .routes(routes!(catalog::get_action))
