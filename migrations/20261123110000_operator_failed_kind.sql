@@ -1,6 +1,7 @@
 -- A new failure kind: `operator_failed`, an execution an operator failed by hand
 -- (`POST /api/v1/executions/{id}/fail`). The list is attune_core::FailureKind::ALL again
 -- (checked by common/tests/state_lists.rs).
+-- NOT VALID here, validated by 20261123120000 in a transaction of its own.
 ALTER TABLE execution DROP CONSTRAINT execution_failure_kind_known;
 ALTER TABLE execution ADD CONSTRAINT execution_failure_kind_known CHECK (
     failure_kind IS NULL OR failure_kind IN (
@@ -9,4 +10,4 @@ ALTER TABLE execution ADD CONSTRAINT execution_failure_kind_known CHECK (
         'invalid_parameters', 'action_failed', 'timeout', 'canceled', 'operator_failed',
         'poison_message'
     )
-);
+) NOT VALID;

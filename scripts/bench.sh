@@ -64,8 +64,14 @@ args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--json docs/bench/results.json --plot docs/bench/latency-vs-load.svg)
 # the results as JSON: where the arguments say, else target/bench/last.json (read for the floor)
 results=target/bench/last.json
-for ((i = 0; i < ${#args[@]}; i++)); do [ "${args[$i]}" = --json ] && results=${args[$((i + 1))]}; done
-[[ " ${args[*]} " == *" --json "* ]] || args+=(--json "$results")
+json_given=
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[$i]}" in
+        --json) results=${args[$((i + 1))]:-$results} json_given=1 ;;
+        --json=*) results=${args[$i]#--json=} json_given=1 ;;
+    esac
+done
+[ -n "$json_given" ] || args+=(--json "$results")
 read -r a0 p0 r0 n0 <<<"$(snapshot)"
 # the benchmark client shares the machine: its own CPU seconds (user and system) too, from the
 # shell's accounting of its finished children
@@ -96,10 +102,14 @@ if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && [ -n "$attune_rate" ] && [ -f "$floor_
         log "building the floor ($floor_dir)"
         (cd "$floor_dir" && cargo build --release --quiet)
     fi
-    psql_admin -c "CREATE DATABASE floorbench" >/dev/null 2>&1 || true
+    psql_admin -c "CREATE DATABASE floorbench OWNER $ATTUNE_DB_USER" >/dev/null 2>&1 || true
     log "the floor: floorbench e2e secs=10 warm=3 qtype=quorum inflight=128"
-    floor_rate=$(cd "$floor_dir" && env -u DATABASE_URL -u AMQP_URL ./target/release/floorbench e2e secs=10 warm=3 qtype=quorum inflight=128 2>&1 |
-        awk '/^RESULT/ { for (i = 1; i <= NF; i++) if ($i == "exec/s") print $(i - 1) }')
+    # the same PostgreSQL and RabbitMQ as attune's run (the vhost of that run is gone)
+    floor_rate=$(cd "$floor_dir" &&
+        DATABASE_URL=postgres://$ATTUNE_DB_USER:$ATTUNE_DB_PASSWORD@$PGHOST_ADDR:$PGPORT/floorbench \
+        AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f \
+        ./target/release/floorbench e2e secs=10 warm=3 qtype=quorum inflight=128 2>&1 |
+        awk '/^RESULT/ { for (i = 1; i <= NF; i++) if ($i == "exec/s") print $(i - 1) }' || true)
     if [ -n "$floor_rate" ]; then
         awk -v a="$attune_rate" -v f="$floor_rate" 'BEGIN {
             printf "core.noop at maximum rate: attune %.1f/s, the naive floor %.1f/s: %.2f of the floor\n", a, f, a / f }'

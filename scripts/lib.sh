@@ -103,9 +103,9 @@ ensure_schemathesis() {
         log "installing python3-venv (apt), for the OpenAPI fuzzer's virtual environment"
         apt_install python3-venv
     fi
-    log "installing schemathesis 4 (PyPI) into target/fuzz/venv"
+    log "installing schemathesis 4.32.5 (PyPI) into target/fuzz/venv"
     python3 -m venv target/fuzz/venv
-    target/fuzz/venv/bin/pip install --quiet 'schemathesis>=4,<5'
+    target/fuzz/venv/bin/pip install --quiet 'schemathesis==4.32.5'
 }
 
 ensure_services() {

@@ -122,9 +122,33 @@ pub fn is_identifier(text: &str) -> bool {
     !text.is_empty() && text.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
+/// The first key or string holding a NUL character (which PostgreSQL cannot store; YAML can write
+/// one as `"\0"`), as the path to it: `parameters.url.default`.
+fn nul_field(value: &serde_json::Value, path: &str) -> Option<String> {
+    use serde_json::Value;
+    let join = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match value {
+        Value::String(text) => text.contains('\0').then(|| path.to_string()),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| nul_field(item, &format!("{path}[{i}]"))),
+        Value::Object(map) => map
+            .iter()
+            .find_map(|(key, item)| if key.contains('\0') { Some(join(key)) } else { nul_field(item, &join(key)) }),
+        _ => None,
+    }
+}
+
+fn refuse_nul(file: &Path, parsed: &impl Serialize) -> Result<(), PackError> {
+    let value = serde_json::to_value(parsed).map_err(|e| PackError::new(file, None, e.to_string()))?;
+    match nul_field(&value, "") {
+        Some(field) => Err(PackError::new(file, Some(&field), "must not contain a NUL character")),
+        None => Ok(()),
+    }
+}
+
 /// Parses and checks `pack.yaml`.
 pub fn parse_manifest(file: &Path, text: &str) -> Result<PackManifest, PackError> {
     let manifest: PackManifest = parse_yaml(file, text)?;
+    refuse_nul(file, &manifest)?;
     if !is_identifier(&manifest.pack_ref) {
         return Err(PackError::new(file, Some("ref"), "must be lowercase letters, digits, '_' or '-'"));
     }
@@ -140,6 +164,7 @@ pub fn parse_action(
     entrypoint_exists: impl Fn(&Path) -> bool,
 ) -> Result<ActionSpec, PackError> {
     let spec: ActionSpec = parse_yaml(file, text)?;
+    refuse_nul(file, &spec)?;
     validate_action(pack_dir, file, &spec, entrypoint_exists)?;
     Ok(spec)
 }
@@ -291,6 +316,11 @@ mod tests {
                 "retry.exit_codes",
                 "not a failing exit code",
             ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nparameters:\n  url:\n    type: string\n    default: \"a\\0b\"\n",
+                "parameters.url.default",
+                "NUL",
+            ),
         ];
         for (yaml, field, reason) in cases {
             let err = parse(yaml).unwrap_err();
@@ -307,6 +337,12 @@ mod tests {
         let err = parse("name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nmax_retries: lots\n").unwrap_err();
         assert!(err.to_string().contains("flaky-api.yaml"), "{err}");
         assert!(err.to_string().contains("max_retries"), "{err}");
+    }
+
+    #[test]
+    fn a_nul_in_the_manifest_is_named() {
+        let err = parse_manifest(Path::new("p/pack.yaml"), "ref: p\nversion: \"1\\0\"\n").unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("version"), "{err}");
     }
 
     #[test]

@@ -231,6 +231,24 @@ mod tests {
     }
 
     #[test]
+    fn what_a_person_ended_is_never_retried_whatever_the_policy() {
+        let config = RetryConfig::default();
+        let every_kind = RetryPolicy { on: Some(FailureKind::ALL.to_vec()), ..Default::default() };
+        let policy = EffectivePolicy::resolve(&config, Some(&every_kind));
+        let now = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let mut rng = StdRng::seed_from_u64(1);
+        for kind in FailureKind::ALL {
+            let attempt = FailedAttempt { failure: kind, retry_count: 0, max_retries: 5, started: true };
+            let decision = decide(&policy, &attempt, now, &mut rng);
+            assert_eq!(
+                matches!(decision, RetryDecision::GiveUp(GiveUp::NotRetriable(_))),
+                kind.is_never_retried(),
+                "{kind}: {decision:?}"
+            );
+        }
+    }
+
+    #[test]
     fn the_backoff_table_doubles_from_one_second_and_caps_at_300() {
         let policy = default_policy();
         let expected = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 300.0, 300.0];

@@ -35,7 +35,9 @@ async fn the_api_keeps_its_openapi_promise_under_a_fuzzer() {
     let run = tokio::task::spawn_blocking({
         let (url, token) = (system.api_url.clone(), system.token.clone());
         move || {
+            let workdir = repo_root().join("target/fuzz");
             Command::new(schemathesis)
+                .current_dir(workdir)
                 .arg("--config-file")
                 .arg(repo_root().join("tests/fuzz/schemathesis.toml"))
                 .args(["run", &format!("{url}/api/v1/openapi.json"), "--url", &url, "--checks", "all"])

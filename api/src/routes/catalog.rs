@@ -17,9 +17,10 @@ pub async fn list_actions(State(state): State<crate::State>) -> Result<Json<Vec<
     Ok(Json(db::action::list(&state.db, None).await?))
 }
 
-#[utoipa::path(get, path = "/actions/{action_ref}", tag = "catalog", params(("action_ref" = String, Path, description = "pack.name")),
+#[utoipa::path(get, path = "/actions/{action_ref}", tag = "catalog", params(("action_ref" = String, Path, description = "pack.name", pattern = r"^[^\x00]*$")),
     responses((status = 200, body = db::action::Action),
-        (status = 404, description = "No such action", body = crate::openapi::ErrorBody),))]
+        (status = 404, description = "No such action", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`action_ref` holds a NUL character", body = crate::openapi::ErrorBody),))]
 pub async fn get_action(
     State(state): State<crate::State>,
     action_ref: Result<Path<String>, PathRejection>,

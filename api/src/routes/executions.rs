@@ -195,13 +195,14 @@ pub struct RetryBody {
 pub async fn retry(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
-    body: Result<Json<Option<RetryBody>>, JsonRejection>,
+    body: Result<Option<Json<Option<RetryBody>>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let Path(parent) = id?;
-    // no body (or JSON `null`) keeps the retried execution's parameters
+    // no body (no Content-Type) or JSON `null` keeps the retried execution's parameters; a body
+    // that is not JSON is refused (415), never taken for "no body"
     let body = match body {
-        Ok(Json(body)) => body.unwrap_or_default(),
-        Err(JsonRejection::MissingJsonContentType(_)) => RetryBody::default(),
+        Ok(Some(Json(body))) => body.unwrap_or_default(),
+        Ok(None) => RetryBody::default(),
         Err(rejection) => return Err(rejection.into()),
     };
     if let Some(parameters) = &body.parameters {
