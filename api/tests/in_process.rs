@@ -250,6 +250,20 @@ async fn every_rejection_is_json_naming_what_was_wrong_and_nul_never_reaches_the
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // every body is an object: serde alone would take an array for a struct
+    for (path, body) in [
+        ("/api/v1/executions".to_string(), json!(["core.echo"])),
+        (format!("/api/v1/executions/{id}/retry"), json!([])),
+        (format!("/api/v1/executions/{id}/fail"), json!(["stuck"])),
+        ("/api/v1/packs".to_string(), json!(["/tmp"])),
+    ] {
+        let (status, answer) = api.post(&path, body.clone()).await;
+        assert_eq!(
+            (status, error_of(&answer)),
+            (StatusCode::UNPROCESSABLE_ENTITY, ("invalid_parameter", Some("body"))),
+            "{path} {body}"
+        );
+    }
     api.stop().await;
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use attune_common::db;
 use attune_common::pack::load_pack;
 use axum::Json;
-use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
@@ -54,9 +54,8 @@ pub struct RegisterPack {
         (status = 422, description = "The pack does not load (`file`, `field` and `reason` say why), or `path` is empty", body = crate::openapi::ErrorBody),))]
 pub async fn register_pack(
     State(state): State<crate::State>,
-    body: Result<Json<RegisterPack>, JsonRejection>,
+    crate::error::JsonObject(body): crate::error::JsonObject<RegisterPack>,
 ) -> Result<(StatusCode, Json<db::pack::Pack>), ApiError> {
-    let Json(body) = body?;
     crate::error::storable("path", &body.path)?;
     if body.path.is_empty() {
         return Err(ApiError::invalid("path", "'path' must name the pack's directory"));

@@ -46,9 +46,8 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
     ))]
 pub async fn create(
     State(state): State<crate::State>,
-    body: Result<Json<CreateExecution>, JsonRejection>,
+    crate::error::JsonObject(body): crate::error::JsonObject<CreateExecution>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
-    let Json(body) = body?;
     crate::error::storable("action_ref", &body.action_ref)?;
     for (field, value) in [("parameters", &body.parameters), ("config", &body.config)] {
         if let Some(value) = value {
@@ -195,14 +194,14 @@ pub struct RetryBody {
 pub async fn retry(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
-    body: Result<Option<Json<Option<RetryBody>>>, JsonRejection>,
+    body: Result<Option<Json<Value>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let Path(parent) = id?;
     // no body (no Content-Type) or JSON `null` keeps the retried execution's parameters; a body
     // that is not JSON is refused (415), never taken for "no body"
-    let body = match body {
-        Ok(Some(Json(body))) => body.unwrap_or_default(),
-        Ok(None) => RetryBody::default(),
+    let body: RetryBody = match body {
+        Ok(None) | Ok(Some(Json(Value::Null))) => RetryBody::default(),
+        Ok(Some(Json(value))) => crate::error::object_body(value)?,
         Err(rejection) => return Err(rejection.into()),
     };
     if let Some(parameters) = &body.parameters {
@@ -362,10 +361,9 @@ pub struct FailBody {
 pub async fn fail(
     State(state): State<crate::State>,
     id: Result<Path<i64>, PathRejection>,
-    body: Result<Json<FailBody>, JsonRejection>,
+    crate::error::JsonObject(body): crate::error::JsonObject<FailBody>,
 ) -> Result<Json<Execution>, ApiError> {
     let Path(id) = id?;
-    let Json(body) = body?;
     crate::error::storable("reason", &body.reason)?;
     if body.reason.is_empty() {
         return Err(ApiError::invalid("reason", "'reason' must say why the execution is failed"));
