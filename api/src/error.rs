@@ -164,6 +164,33 @@ impl From<axum::extract::rejection::PathRejection> for ApiError {
     }
 }
 
+/// A JSON request body that must be an object, as every body schema of the API says: read as
+/// JSON (the framework's rejections become `ApiError`s), refused with 422 unless it is an object
+/// (serde would otherwise take `["core.echo"]` for a struct), then read as `T`, a field error
+/// naming the field.
+pub struct JsonObject<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for JsonObject<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let Json(value) = Json::<serde_json::Value>::from_request(request, state).await?;
+        object_body(value).map(JsonObject)
+    }
+}
+
+/// `value` as `T`, if it is a JSON object (see `JsonObject`).
+pub fn object_body<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::invalid("body", "the request body must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(|e| {
+        let message = e.to_string();
+        let parameter = parameter_of(&message).unwrap_or_else(|| "body".to_string());
+        ApiError::invalid(&parameter, format!("invalid JSON body: {message}"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::parameter_of;
@@ -190,31 +217,4 @@ mod tests {
             assert_eq!(parameter_of(message).as_deref(), expected, "{message}");
         }
     }
-}
-
-/// A JSON request body that must be an object, as every body schema of the API says: read as
-/// JSON (the framework's rejections become `ApiError`s), refused with 422 unless it is an object
-/// (serde would otherwise take `["core.echo"]` for a struct), then read as `T`, a field error
-/// naming the field.
-pub struct JsonObject<T>(pub T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for JsonObject<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        let Json(value) = Json::<serde_json::Value>::from_request(request, state).await?;
-        object_body(value).map(JsonObject)
-    }
-}
-
-/// `value` as `T`, if it is a JSON object (see `JsonObject`).
-pub fn object_body<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
-    if !value.is_object() {
-        return Err(ApiError::invalid("body", "the request body must be a JSON object"));
-    }
-    serde_json::from_value(value).map_err(|e| {
-        let message = e.to_string();
-        let parameter = parameter_of(&message).unwrap_or_else(|| "body".to_string());
-        ApiError::invalid(&parameter, format!("invalid JSON body: {message}"))
-    })
 }
