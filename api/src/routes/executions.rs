@@ -298,7 +298,25 @@ pub async fn cancel(
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Execution>, ApiError> {
     let Path(id) = id?;
-    let current = find(&state, id).await?;
+    let (canceled, was) =
+        end_by_hand(&state, id, FailureKind::Canceled, "canceled by a client".into(), "canceled", |_| Ok(())).await?;
+    tracing::info!(execution_id = id, %was, "execution canceled");
+    Ok(Json(canceled))
+}
+
+/// Ends an unfinished execution by hand (a cancel, an operator's fail): `check` sees it first,
+/// then the guarded transition to the status of `kind` (`canceled`, else `failed`) records
+/// `kind` and `error`, and the worker the changed row names is told to stop. Returns the ended
+/// row and the status it had.
+async fn end_by_hand(
+    state: &crate::AppState,
+    id: i64,
+    kind: FailureKind,
+    error: String,
+    done: &str,
+    check: impl FnOnce(&Execution) -> Result<(), ApiError>,
+) -> Result<(Execution, ExecutionStatus), ApiError> {
+    let current = find(state, id).await?;
     if current.status.is_terminal() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -306,25 +324,22 @@ pub async fn cancel(
             format!("execution {id} already finished ({})", current.status),
         ));
     }
-    let outcome = db::execution::Outcome {
-        failure_kind: Some(FailureKind::Canceled),
-        error: Some("canceled by a client".into()),
-        ..Default::default()
-    };
-    let transition = db::execution::Transition::to(ExecutionStatus::Canceled).outcome(&outcome);
-    let Some(canceled) = db::execution::transition(&state.db, id, &transition).await? else {
-        let now = find(&state, id).await?;
+    check(&current)?;
+    let to = if kind == FailureKind::Canceled { ExecutionStatus::Canceled } else { ExecutionStatus::Failed };
+    let outcome = db::execution::Outcome { failure_kind: Some(kind), error: Some(error), ..Default::default() };
+    let transition = db::execution::Transition::to(to).outcome(&outcome);
+    let Some(ended) = db::execution::transition(&state.db, id, &transition).await? else {
+        let now = find(state, id).await?;
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "already_finished",
-            format!("execution {id} finished ({}) before it could be canceled", now.status),
+            format!("execution {id} finished ({}) before it could be {done}", now.status),
         ));
     };
-    if canceled.worker.is_some() {
-        stop_on_worker(&state, id).await;
+    if ended.worker.is_some() {
+        stop_on_worker(state, id).await;
     }
-    tracing::info!(execution_id = id, was = %current.status, "execution canceled");
-    Ok(Json(canceled))
+    Ok((ended, current.status))
 }
 
 /// Tells the workers to stop `id` if one runs it (the worker a row names when it changed is the
@@ -368,39 +383,19 @@ pub async fn fail(
     if body.reason.is_empty() {
         return Err(ApiError::invalid("reason", "'reason' must say why the execution is failed"));
     }
-    let current = find(&state, id).await?;
-    if current.status.is_terminal() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "already_finished",
-            format!("execution {id} already finished ({})", current.status),
-        ));
-    }
-    if current.status == ExecutionStatus::Delayed {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_stuck",
-            format!("execution {id} is a retry waiting out its backoff, not stuck: cancel it to stop it"),
-        ));
-    }
-    let outcome = db::execution::Outcome {
-        failure_kind: Some(FailureKind::OperatorFailed),
-        error: Some(format!("failed by an operator: {}", body.reason)),
-        ..Default::default()
-    };
-    let transition = db::execution::Transition::to(ExecutionStatus::Failed).outcome(&outcome);
-    let Some(failed) = db::execution::transition(&state.db, id, &transition).await? else {
-        let now = find(&state, id).await?;
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "already_finished",
-            format!("execution {id} finished ({}) before it could be failed", now.status),
-        ));
-    };
-    if failed.worker.is_some() {
-        stop_on_worker(&state, id).await;
-    }
-    tracing::warn!(execution_id = id, was = %current.status, reason = %body.reason, "execution failed by an operator");
+    let error = format!("failed by an operator: {}", body.reason);
+    let (failed, was) = end_by_hand(&state, id, FailureKind::OperatorFailed, error, "failed", |current| {
+        if current.status == ExecutionStatus::Delayed {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "not_stuck",
+                format!("execution {id} is a retry waiting out its backoff, not stuck: cancel it to stop it"),
+            ));
+        }
+        Ok(())
+    })
+    .await?;
+    tracing::warn!(execution_id = id, %was, reason = %body.reason, "execution failed by an operator");
     Ok(Json(failed))
 }
 
