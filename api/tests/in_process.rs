@@ -302,3 +302,28 @@ async fn an_operator_fails_a_stuck_execution_by_hand_and_it_is_never_retried() {
     assert_eq!((status, error_of(&answer).0), (StatusCode::CONFLICT, "not_stuck"), "{answer}");
     api.stop().await;
 }
+
+#[tokio::test]
+async fn the_settings_in_force_are_readable_in_sql_and_through_the_api() {
+    let api = Api::start().await;
+    let config = attune_core::retry::RetryConfig {
+        enabled: false,
+        base_backoff_secs: 2.5,
+        max_backoff_secs: 60.0,
+        backoff_multiplier: 3.0,
+        jitter_factor: 0.1,
+    };
+    // what an executor writes at start
+    db::worker::store_retry_config(&api.db.pool, &config).await.unwrap();
+    let (status, body) = api.call(reqwest::Method::GET, "/api/v1/config", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["retry"]["enabled"], &body["retry"]["base_backoff_secs"], &body["retry"]["jitter_factor"]),
+        (&json!(false), &json!(2.5), &json!(0.1)),
+        "{body}"
+    );
+    assert_eq!(body["health"]["degraded_threshold"], 3, "{body}");
+    let enabled: bool = sqlx::query_scalar("SELECT enabled FROM retry_config").fetch_one(&api.db.pool).await.unwrap();
+    assert!(!enabled, "the quick reference's check reads it in SQL");
+    api.stop().await;
+}

@@ -109,6 +109,28 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print(out, &canceled, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));
             Ok(0)
         }
+        Command::Config => {
+            let config = client.get("/api/v1/config", &[]).await?;
+            print(out, &config, |c| {
+                let retry = &c["retry"];
+                let health = &c["health"];
+                format!(
+                    "retry   enabled {}  backoff {} s, times {} per retry, at most {} s, jitter {}\nhealth  enabled {}  degraded at {} failures / queue {}  unhealthy at {} / {}  heartbeat max age {}s",
+                    text(&retry["enabled"]),
+                    text(&retry["base_backoff_secs"]),
+                    text(&retry["backoff_multiplier"]),
+                    text(&retry["max_backoff_secs"]),
+                    text(&retry["jitter_factor"]),
+                    text(&health["enabled"]),
+                    text(&health["degraded_threshold"]),
+                    text(&health["queue_depth_degraded"]),
+                    text(&health["unhealthy_threshold"]),
+                    text(&health["queue_depth_unhealthy"]),
+                    text(&health["heartbeat_max_age_secs"])
+                )
+            });
+            Ok(0)
+        }
         Command::Execution(ExecutionCommand::Fail { id, reason }) => {
             let failed = client.post(&format!("/api/v1/executions/{id}/fail"), &json!({"reason": reason})).await?;
             print(out, &failed, |e| {

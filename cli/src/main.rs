@@ -88,6 +88,8 @@ pub enum Command {
     /// Read workers
     #[command(subcommand)]
     Worker(WorkerCommand),
+    /// Show the executors' settings in force (retry and health)
+    Config,
     /// Register packs
     #[command(subcommand)]
     Pack(PackCommand),

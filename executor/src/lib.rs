@@ -109,6 +109,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let pool = db::connect(&settings.common.database_url, 16, Duration::from_secs(60)).await?;
     db::migrate(&pool).await?;
     db::worker::store_health_config(&pool, &settings.health).await?;
+    db::worker::store_retry_config(&pool, &settings.retry).await?;
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
     let health_probe = health_probe::WorkerHealthProbe::new(pool.clone(), settings.health.clone())

@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the README's route table and DESIGN.md name them.
-const ROUTES: [(&str, &str); 19] = [
+const ROUTES: [(&str, &str); 20] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -21,6 +21,7 @@ const ROUTES: [(&str, &str); 19] = [
     ("get", "/api/v1/packs"),
     ("post", "/api/v1/packs"),
     ("get", "/api/v1/workers"),
+    ("get", "/api/v1/config"),
     ("get", "/api/v1/stats/retries"),
     ("get", "/api/v1/stats/retries/series"),
     ("get", "/api/v1/stats/workers"),

@@ -41,6 +41,13 @@ async fn metrics_move_when_what_they_count_happens() {
     let worker_metrics = format!("http://127.0.0.1:{worker_port}/metrics");
     let api_metrics = format!("{}/metrics", system.api_url);
 
+    // the executor wrote the retry settings it runs with where SQL and the API read them
+    let base: f64 =
+        sqlx::query_scalar("SELECT base_backoff_secs FROM retry_config").fetch_one(&system.db.pool).await.unwrap();
+    assert_eq!(base, 0.2, "retry_config holds the executor's ATTUNE_RETRY_BASE_BACKOFF_SECS");
+    let (_, config) = system.get("/api/v1/config").await;
+    assert_eq!(config["retry"]["base_backoff_secs"], 0.2, "{config}");
+
     let before = scrape(&executor_metrics).await;
     assert!(before.contains("# HELP attune_retries_total "), "{before}");
     assert_eq!(sample(&before, "attune_retries_total{reason=\"transient_error\"}"), 0.0);

@@ -25,6 +25,7 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(catalog::get_action))
         .routes(routes!(catalog::list_packs, catalog::register_pack))
         .routes(routes!(workers::list))
+        .routes(routes!(workers::config))
         .routes(routes!(stats::retries))
         .routes(routes!(stats::retry_series))
         .routes(routes!(stats::workers))

@@ -285,3 +285,44 @@ pub async fn store_health_config(db: &PgPool, c: &HealthProbeConfig) -> Result<(
     .await
     .map(|_| ())
 }
+
+/// The executors' global retry settings, as the last executor to start wrote them.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct StoredRetryConfig {
+    pub enabled: bool,
+    pub base_backoff_secs: f64,
+    pub max_backoff_secs: f64,
+    pub backoff_multiplier: f64,
+    pub jitter_factor: f64,
+    pub updated: DateTime<Utc>,
+}
+
+/// Writes the executor's retry settings where SQL and the API read them (`retry_config`).
+pub async fn store_retry_config(db: &PgPool, c: &attune_core::retry::RetryConfig) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE retry_config SET enabled = $1, base_backoff_secs = $2, max_backoff_secs = $3, \
+            backoff_multiplier = $4, jitter_factor = $5, updated = now()",
+    )
+    .bind(c.enabled)
+    .bind(c.base_backoff_secs)
+    .bind(c.max_backoff_secs)
+    .bind(c.backoff_multiplier)
+    .bind(c.jitter_factor)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+/// The retry settings in force (see `store_retry_config`).
+pub async fn retry_config(db: &PgPool) -> Result<StoredRetryConfig, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT enabled, base_backoff_secs, max_backoff_secs, backoff_multiplier, jitter_factor, updated FROM retry_config",
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// The health thresholds in force, as the executors wrote them (`health_probe_config`).
+pub async fn health_config(db: &PgPool) -> Result<serde_json::Value, sqlx::Error> {
+    sqlx::query_scalar("SELECT to_jsonb(c) - 'singleton' FROM health_probe_config c").fetch_one(db).await
+}
