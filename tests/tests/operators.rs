@@ -42,9 +42,16 @@ async fn metrics_move_when_what_they_count_happens() {
     let api_metrics = format!("{}/metrics", system.api_url);
 
     // the executor wrote the retry settings it runs with where SQL and the API read them
-    let base: f64 =
-        sqlx::query_scalar("SELECT base_backoff_secs FROM retry_config").fetch_one(&system.db.pool).await.unwrap();
-    assert_eq!(base, 0.2, "retry_config holds the executor's ATTUNE_RETRY_BASE_BACKOFF_SECS");
+    let pool = system.db.pool.clone();
+    attune_testkit::wait_for("retry_config to hold the executor's ATTUNE_RETRY_BASE_BACKOFF_SECS", DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            let base: f64 =
+                sqlx::query_scalar("SELECT base_backoff_secs FROM retry_config").fetch_one(&pool).await.ok()?;
+            (base == 0.2).then_some(())
+        }
+    })
+    .await;
     let (_, config) = system.get("/api/v1/config").await;
     assert_eq!(config["retry"]["base_backoff_secs"], 0.2, "{config}");
 
