@@ -136,18 +136,9 @@ pub fn storable(field: &str, text: &str) -> Result<(), ApiError> {
 /// `storable` for every key and string inside a JSON value; the error names the path to it
 /// (`parameters.message`, `config.tags[2]`).
 pub fn storable_json(field: &str, value: &serde_json::Value) -> Result<(), ApiError> {
-    use serde_json::Value;
-    match value {
-        Value::String(text) => storable(field, text),
-        Value::Array(items) => {
-            items.iter().enumerate().try_for_each(|(i, item)| storable_json(&format!("{field}[{i}]"), item))
-        }
-        Value::Object(map) => map.iter().try_for_each(|(key, item)| {
-            let path = format!("{field}.{key}");
-            storable(&path, key)?;
-            storable_json(&path, item)
-        }),
-        _ => Ok(()),
+    match attune_core::params::nul_path(value, field) {
+        Some(path) => Err(ApiError::invalid(&path, format!("'{path}' must not contain a NUL character"))),
+        None => Ok(()),
     }
 }
 

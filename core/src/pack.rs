@@ -122,24 +122,9 @@ pub fn is_identifier(text: &str) -> bool {
     !text.is_empty() && text.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
-/// The first key or string holding a NUL character (which PostgreSQL cannot store; YAML can write
-/// one as `"\0"`), as the path to it: `parameters.url.default`.
-fn nul_field(value: &serde_json::Value, path: &str) -> Option<String> {
-    use serde_json::Value;
-    let join = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
-    match value {
-        Value::String(text) => text.contains('\0').then(|| path.to_string()),
-        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| nul_field(item, &format!("{path}[{i}]"))),
-        Value::Object(map) => map
-            .iter()
-            .find_map(|(key, item)| if key.contains('\0') { Some(join(key)) } else { nul_field(item, &join(key)) }),
-        _ => None,
-    }
-}
-
 fn refuse_nul(file: &Path, parsed: &impl Serialize) -> Result<(), PackError> {
     let value = serde_json::to_value(parsed).map_err(|e| PackError::new(file, None, e.to_string()))?;
-    match nul_field(&value, "") {
+    match crate::params::nul_path(&value, "") {
         Some(field) => Err(PackError::new(file, Some(&field), "must not contain a NUL character")),
         None => Ok(()),
     }

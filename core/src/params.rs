@@ -139,6 +139,21 @@ pub fn validate(specs: &ParamSpecs, given: &Map<String, Value>) -> Result<Map<St
     Ok(resolved)
 }
 
+/// The first key or string in `value` holding a NUL character (which PostgreSQL cannot store),
+/// as its path below `path`: `parameters.message`, `config.tags[1]`. The API refuses such input
+/// and the pack loader such files, both by this.
+pub fn nul_path(value: &Value, path: &str) -> Option<String> {
+    let join = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match value {
+        Value::String(text) => text.contains('\0').then(|| path.to_string()),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| nul_path(item, &format!("{path}[{i}]"))),
+        Value::Object(map) => map
+            .iter()
+            .find_map(|(key, item)| if key.contains('\0') { Some(join(key)) } else { nul_path(item, &join(key)) }),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,8 +92,8 @@ async fn expired_dispatch(context: &Context, dispatch: &Dispatch, worker_id: i64
         tracing::debug!(execution_id, worker_id, status = %current.status, "expired dispatch is stale");
         return Ok(());
     }
-    db::worker::deactivate_if_silent(&context.db, worker_id, context.settings.health.heartbeat_max_age_secs as f64)
-        .await?;
+    let max_age = std::time::Duration::from_secs(context.settings.health.heartbeat_max_age_secs.max(0) as u64);
+    db::worker::deactivate_silent(&context.db, Some(worker_id), max_age).await?;
     db::worker::mark_not_consuming(&context.db, worker_id).await?;
     let outcome = Outcome {
         failure_kind: Some(FailureKind::QueueTimeout),

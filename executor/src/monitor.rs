@@ -99,7 +99,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
 /// `worker_heartbeat_stale`).
 async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
     let max_age = std::time::Duration::from_secs(context.settings.health.heartbeat_max_age_secs.max(0) as u64);
-    for worker_id in db::worker::deactivate_silent(&context.db, max_age).await? {
+    for worker_id in db::worker::deactivate_silent(&context.db, None, max_age).await? {
         tracing::warn!(worker_id, "worker heartbeat is stale: marked inactive");
     }
     let orphaned =

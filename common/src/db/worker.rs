@@ -55,20 +55,6 @@ pub async fn deactivate(db: &PgPool, worker_id: i64) -> Result<(), sqlx::Error> 
         .map(|_| ())
 }
 
-/// Marks the worker inactive if its heartbeat is older than `max_age_secs` (or it never sent
-/// one): evidence that it is gone, where expired work alone is not.
-pub async fn deactivate_if_silent(db: &PgPool, worker_id: i64, max_age_secs: f64) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE worker SET status = 'inactive', updated = now() WHERE id = $1 AND status <> 'inactive' \
-         AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $2))",
-    )
-    .bind(worker_id)
-    .bind(max_age_secs)
-    .execute(db)
-    .await
-    .map(|_| ())
-}
-
 /// The queue a worker of this name declared last time it ran, if it ever did.
 pub async fn queue_of(db: &PgPool, name: &str) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar("SELECT capabilities->>'queue' FROM worker WHERE name = $1")
@@ -87,14 +73,21 @@ pub async fn active_since(db: &PgPool, names: &[String], since: DateTime<Utc>) -
         .await
 }
 
-/// Marks inactive every worker whose heartbeat is older than `max_age` (or that never sent one);
-/// returns their ids.
-pub async fn deactivate_silent(db: &PgPool, max_age: std::time::Duration) -> Result<Vec<i64>, sqlx::Error> {
+/// Marks inactive the workers whose heartbeat is older than `max_age` (or that never sent one):
+/// evidence that they are gone, where expired work alone is not. `only`: that worker alone (the
+/// dead-letter handler's check), else every such worker (the monitor's sweep). Returns their ids.
+pub async fn deactivate_silent(
+    db: &PgPool,
+    only: Option<i64>,
+    max_age: std::time::Duration,
+) -> Result<Vec<i64>, sqlx::Error> {
     sqlx::query_scalar(
         "UPDATE worker SET status = 'inactive', updated = now() WHERE status <> 'inactive' \
+         AND ($2::bigint IS NULL OR id = $2) \
          AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $1)) RETURNING id",
     )
     .bind(max_age.as_secs_f64())
+    .bind(only)
     .fetch_all(db)
     .await
 }
