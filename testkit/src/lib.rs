@@ -11,6 +11,7 @@
 //! allowed to create databases; `AMQP_URL` as for the services.
 
 pub mod browser;
+pub mod pgcut;
 pub mod system;
 
 use std::future::Future;
@@ -144,6 +145,25 @@ where
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
     }
+}
+
+/// Force-closes the broker connections whose client properties contain `name` (attune's
+/// processes name their connections: `attune-worker-<name>-consumer`, `...-control-consumer`);
+/// returns how many. Needs RabbitMQ's CLI with the rights to use it (root here).
+pub fn close_broker_connections(name: &str) -> usize {
+    let listing = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "pid", "client_properties"])
+        .output()
+        .expect("rabbitmqctl (RabbitMQ's CLI, as root)");
+    let mut closed = 0;
+    for line in String::from_utf8_lossy(&listing.stdout).lines().filter(|l| l.contains(name)) {
+        let pid = line.split_whitespace().next().unwrap();
+        let status =
+            std::process::Command::new("rabbitmqctl").args(["close_connection", pid, "test"]).status().unwrap();
+        assert!(status.success());
+        closed += 1;
+    }
+    closed
 }
 
 #[cfg(test)]

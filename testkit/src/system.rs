@@ -225,6 +225,14 @@ impl System {
         self.processes.0.insert(name.to_string(), child);
     }
 
+    /// A command for one of the workspace's binaries with this system's environment (database,
+    /// broker, namespace), for a process the test starts and watches itself.
+    pub fn command(&self, binary: &str) -> Command {
+        let mut command = Command::new(workspace_binary(binary));
+        command.envs(&self.env);
+        command
+    }
+
     fn health_override_file(&self, worker: &str) -> PathBuf {
         self.logs.join(format!("{worker}.health.json"))
     }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use attune_testkit::system::repo_root;
-use attune_testkit::{System, wait_for};
+use attune_testkit::{System, close_broker_connections, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -89,7 +89,7 @@ async fn work_expiring_in_an_unreachable_workers_queue_flows_through_the_dead_le
         .await;
     let unreachable = system.worker_id("dlq-unreachable").await;
     system.signal("dlq-unreachable", SIGSTOP);
-    let closed = close_connections("attune-worker-dlq-unreachable-consumer");
+    let closed = close_broker_connections("attune-worker-dlq-unreachable-consumer");
     assert_eq!(closed, 1, "the frozen worker's consumer connection");
     let mut submitted = Vec::new();
     for _ in 0..4 {
@@ -117,22 +117,6 @@ async fn work_expiring_in_an_unreachable_workers_queue_flows_through_the_dead_le
 
 /// Force-closes the broker connections whose client properties mention `name` (needs
 /// `rabbitmqctl`, as root); returns how many.
-fn close_connections(name: &str) -> usize {
-    let listing = std::process::Command::new("rabbitmqctl")
-        .args(["-q", "list_connections", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl (RabbitMQ's CLI, as root)");
-    let mut closed = 0;
-    for line in String::from_utf8_lossy(&listing.stdout).lines().filter(|l| l.contains(name)) {
-        let pid = line.split_whitespace().next().unwrap();
-        let status =
-            std::process::Command::new("rabbitmqctl").args(["close_connection", pid, "test"]).status().unwrap();
-        assert!(status.success());
-        closed += 1;
-    }
-    closed
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_is_dead_lettered_after_its_delivery_limit() {
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

@@ -1,0 +1,65 @@
+//! A write whose commit acknowledgement is lost (the connection cut after the server committed,
+//! before the answer arrived) is not mistaken for a stale message: the writer reads the row back
+//! and carries on with what landed. The cut is made by a proxy in front of PostgreSQL
+//! (`attune_testkit::pgcut`).
+
+use attune_common::db::{self, execution::NewExecution, execution::Transition};
+use attune_core::ExecutionStatus::{self, *};
+use attune_testkit::TestDb;
+use attune_testkit::pgcut::PgCut;
+use serde_json::json;
+use sqlx::PgPool;
+
+async fn proxied(test: &TestDb) -> (PgCut, PgPool) {
+    let cut = PgCut::start("127.0.0.1:5432").await;
+    let pool = db::connect(&cut.url(&test.url), 2, std::time::Duration::from_secs(10)).await.unwrap();
+    (cut, pool)
+}
+
+async fn execution_in(pool: &PgPool, status: ExecutionStatus, worker: i64) -> i64 {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
+    db::pack::register(pool, &attune_common::pack::load_pack(&dir).unwrap()).await.unwrap();
+    let action = db::action::get_by_ref(pool, "core.echo").await.unwrap().unwrap();
+    let new = NewExecution {
+        action: Some(action.id),
+        action_ref: action.action_ref.clone(),
+        runtime: Some(action.runtime.clone()),
+        parameters: json!({"message": "hi"}),
+        config: json!({}),
+        status: Requested,
+        max_retries: 0,
+        timeout_seconds: 30,
+        retry_count: 0,
+        retry_reason: None,
+        original_execution: None,
+        not_before: None,
+    };
+    let id = db::execution::insert(pool, &new).await.unwrap().id;
+    sqlx::query("UPDATE execution SET status = $2, worker = $3 WHERE id = $1")
+        .bind(id)
+        .bind(status)
+        .bind(worker)
+        .execute(pool)
+        .await
+        .unwrap();
+    id
+}
+
+#[tokio::test]
+async fn a_workers_claim_whose_answer_was_lost_is_still_its_claim() {
+    let test = TestDb::new().await;
+    let worker = db::worker::register(&test.pool, "w", &json!({"runtimes": ["shell"]})).await.unwrap();
+    let id = execution_in(&test.pool, Scheduled, worker).await;
+    let (cut, pool) = proxied(&test).await;
+    cut.arm("UPDATE execution SET status");
+    let claim = Transition::to(Running).from(&[Scheduled]).owned_by(worker);
+    let claimed = db::retry_while_unavailable("claiming", || db::execution::transition_brief(&pool, id, &claim)).await;
+    assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
+    let status: ExecutionStatus =
+        sqlx::query_scalar("SELECT status FROM execution WHERE id = $1").bind(id).fetch_one(&test.pool).await.unwrap();
+    assert_eq!(status, Running, "the claim landed");
+    let claimed = claimed.unwrap();
+    assert_eq!(claimed.map(|c| c.status), Some(Running), "the worker knows its claim landed");
+    pool.close().await;
+    test.drop_database().await;
+}

@@ -1,0 +1,309 @@
+//! Workers that outside input cannot break, with the real binaries: an action never outlives its
+//! worker, oversized parameters are refused at the door (and what still cannot start is the
+//! request's fault, not the worker's), an unhealthy worker comes back after its probation, a
+//! cancel always stops the run (also when its notice is lost), and a worker name belongs to one
+//! live process.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use attune_testkit::system::repo_root;
+use attune_testkit::{System, close_broker_connections, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const SIGKILL: i32 = 9;
+const SIGCONT: i32 = 18;
+const SIGSTOP: i32 = 19;
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+/// A worker name no other test uses (broker connections are named after it).
+fn unique_name(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+fn with_e2e() -> attune_testkit::SystemBuilder {
+    System::builder().pack(repo_root().join("testkit/packs/e2e"))
+}
+
+/// The live (not zombie) processes whose environment holds `entry` (`NAME=value`): every process
+/// of an action inherits its parameters.
+fn processes_with_env(entry: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if !environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if !stat.is_empty() && !stat.contains(") Z") {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Kills what a failed test leaves behind (actions that outlived their worker).
+struct KillOnDrop(String);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in processes_with_env(&self.0) {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_and_its_grandchildren_die_with_their_worker() {
+    let name = unique_name("orphans");
+    let mut system = with_e2e().worker(&name, &[]).start().await;
+    let marker = format!("marker-{:016x}", rand::random::<u64>());
+    let entry = format!("ATTUNE_PARAM_MARKER={marker}");
+    let _cleanup = KillOnDrop(entry.clone());
+    system.submit("e2e.spawn", json!({"marker": marker})).await;
+    // the script's shell, its background grandchild and its foreground sleep
+    wait_for("the action and its grandchild to run", DEADLINE, || async {
+        (processes_with_env(&entry).len() >= 3).then_some(())
+    })
+    .await;
+    system.signal(&name, SIGKILL);
+    let killed = Instant::now();
+    wait_for("every process of the action to be gone within 2 s", Duration::from_secs(2), || async {
+        processes_with_env(&entry).is_empty().then_some(())
+    })
+    .await;
+    eprintln!("the action's processes were gone {:?} after the worker was killed", killed.elapsed());
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_parameters_are_refused_at_the_door_and_the_worker_stays_healthy() {
+    let name = unique_name("oversized");
+    let system = System::builder().worker(&name, &[]).start().await;
+    let huge = "x".repeat(200 * 1024);
+    for _ in 0..12 {
+        let (status, body) =
+            system.post("/api/v1/executions", &json!({"action_ref": "core.echo", "parameters": {"message": huge}})).await;
+        assert!(status == 413 || status == 422, "{status}: {}", &body.to_string()[..200.min(body.to_string().len())]);
+        assert_eq!(body["error"]["parameter"], "parameters.message", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("ATTUNE_API_MAX_PARAMETER"), "the message names the limit's setting: {message}");
+    }
+    let (status, body) = system
+        .post("/api/v1/executions", &json!({"action_ref": "core.echo", "parameters": {"message": "y".repeat(30 * 1024)}}))
+        .await;
+    assert_eq!(status, 201, "30 KiB is within the default limits: {body}");
+    let refused: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE length(parameters::text) > 100000")
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(refused, 0, "nothing oversized was stored");
+    let done = system.submit("core.echo", json!({"message": "still fine"})).await;
+    assert_eq!(system.wait_terminal(id(&done), DEADLINE).await["status"], "completed");
+    system.wait_worker_reports(&name, &json!({"consecutive_failures": 0, "failed_executions": 0})).await;
+    system.wait_worker_health(&name, "healthy").await;
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_start_because_of_the_request_is_the_requests_fault() {
+    // limits raised past what the operating system takes in one environment variable (128 KiB):
+    // the worker cannot start the action, and that is the request's fault, not the worker's
+    let name = unique_name("e2big");
+    let system = System::builder()
+        .env("ATTUNE_API_MAX_PARAMETERS_BYTES", "1048576")
+        .env("ATTUNE_API_MAX_PARAMETER_VALUE_BYTES", "1048576")
+        .worker(&name, &[])
+        .start()
+        .await;
+    let huge = "x".repeat(200 * 1024);
+    for _ in 0..12 {
+        let submitted = system.submit("core.echo", json!({"message": huge})).await;
+        let ended = system.wait_terminal(id(&submitted), DEADLINE).await;
+        assert_eq!((ended["status"].as_str(), ended["failure_kind"].as_str()), (Some("failed"), Some("invalid_parameters")));
+        let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&submitted))).await;
+        assert_eq!(view["retried_by"], Value::Null, "the request's fault is not retried: {view}");
+    }
+    system.wait_worker_reports(&name, &json!({"consecutive_failures": 0, "failed_executions": 0})).await;
+    let done = system.submit("core.echo", json!({"message": "still fine"})).await;
+    assert_eq!(system.wait_terminal(id(&done), DEADLINE).await["status"], "completed");
+    system.wait_worker_health(&name, "healthy").await;
+    system.stop().await;
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_worker_gets_a_probe_after_its_probation_and_comes_back() {
+    let pack = std::env::temp_dir().join(format!("attune-probation-{:08x}", rand::random::<u32>()));
+    copy_dir(&repo_root().join("testkit/packs/e2e"), &pack);
+    let moved = pack.with_extension("moved");
+    let name = unique_name("probation");
+    let system = System::builder()
+        .env("ATTUNE_HEALTH_PROBATION_SECS", "2")
+        .env("ATTUNE_WORKER_WAIT_SECS", "60")
+        .worker(&name, &[])
+        .pack(&pack)
+        .start()
+        .await;
+    let log = pack.with_extension("log");
+    let parameters = json!({"log": log, "seconds": 0});
+    // the worker's own failure: its pack directory is gone
+    std::fs::rename(&pack, &moved).unwrap();
+    for _ in 0..10 {
+        let submitted = system.submit("e2e.steps", parameters.clone()).await;
+        let ended = system.wait_terminal(id(&submitted), DEADLINE).await;
+        assert_eq!(ended["failure_kind"], "action_not_found", "{ended}");
+    }
+    system.wait_worker_health(&name, "unhealthy").await;
+    std::fs::rename(&moved, &pack).unwrap();
+    let probe = system.submit("e2e.steps", parameters.clone()).await;
+    let ended = system.wait_terminal(id(&probe), DEADLINE).await;
+    assert_eq!(ended["status"], "completed", "the probe after the probation ran: {ended}");
+    system.wait_worker_health(&name, "healthy").await;
+    // and it takes ordinary work again, several at once
+    let mut more = Vec::new();
+    for _ in 0..5 {
+        more.push(id(&system.submit("e2e.steps", parameters.clone()).await));
+    }
+    for execution in more {
+        assert_eq!(system.wait_terminal(execution, DEADLINE).await["status"], "completed");
+    }
+    system.stop().await;
+    let _ = std::fs::remove_dir_all(&pack);
+    let _ = std::fs::remove_file(&log);
+}
+
+/// The ids with a start line and the ids with an end line in a `e2e.steps` log.
+fn steps_log(path: &Path) -> (Vec<i64>, Vec<i64>) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let ids = |kind: &str| -> Vec<i64> {
+        text.lines().filter_map(|l| l.strip_prefix(kind)).filter_map(|id| id.trim().parse().ok()).collect()
+    };
+    (ids("start "), ids("end "))
+}
+
+async fn cancel(system: &System, execution: i64) {
+    let (status, body) = system.post(&format!("/api/v1/executions/{execution}/cancel"), &json!({})).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("canceled")), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_always_stops_the_run_even_when_its_notice_is_lost() {
+    let name = unique_name("cancel");
+    let mut system = with_e2e()
+        .env("ATTUNE_WORKER_CANCEL_CHECK_SECS", "1")
+        .worker(&name, &[("ATTUNE_WORKER_CONCURRENCY", "6")])
+        .start()
+        .await;
+    let log: PathBuf = std::env::temp_dir().join(format!("attune-cancel-{:08x}.log", rand::random::<u32>()));
+    let entry = format!("ATTUNE_PARAM_LOG={}", log.display());
+    let _cleanup = KillOnDrop(entry.clone());
+
+    // 30 cancels at random moments between the submission and the first seconds of the run
+    let cancels = (0..30).map(|_| {
+        let (system, log) = (&system, log.clone());
+        async move {
+            let submitted = system.submit("e2e.steps", json!({"log": log, "seconds": 5})).await;
+            tokio::time::sleep(Duration::from_millis(rand::random_range(0..2500))).await;
+            cancel(system, id(&submitted)).await;
+            id(&submitted)
+        }
+    });
+    let ids = futures_util::future::join_all(cancels).await;
+    wait_for("every canceled action's processes to be gone", Duration::from_secs(15), || async {
+        processes_with_env(&entry).is_empty().then_some(())
+    })
+    .await;
+    let (started, ended) = steps_log(&log);
+    assert!(!started.is_empty(), "some were canceled while running");
+    assert_eq!(ended, Vec::<i64>::new(), "no canceled execution ran to its end");
+    for execution in ids {
+        let (_, view) = system.get(&format!("/api/v1/executions/{execution}")).await;
+        assert_eq!(view["status"], "canceled", "{view}");
+    }
+
+    // the notices are lost: the worker is frozen while its control connection is closed, and
+    // the cancels come before it can consume again; it finds them in the database
+    let _ = std::fs::remove_file(&log);
+    let mut running = Vec::new();
+    for _ in 0..4 {
+        running.push(id(&system.submit("e2e.steps", json!({"log": log, "seconds": 8})).await));
+    }
+    wait_for("four actions to start", DEADLINE, || async { (steps_log(&log).0.len() == 4).then_some(()) }).await;
+    system.signal(&name, SIGSTOP);
+    let closed = close_broker_connections(&format!("attune-worker-{name}-control-consumer"));
+    assert_eq!(closed, 1, "the worker's control connection");
+    for execution in &running {
+        cancel(&system, *execution).await;
+    }
+    system.signal(&name, SIGCONT);
+    wait_for("the canceled actions' processes to be gone", Duration::from_secs(6), || async {
+        processes_with_env(&entry).is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(steps_log(&log).1, Vec::<i64>::new(), "no canceled execution ran to its end");
+    system.wait_log(&name, "canceled in the database").await;
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_with_a_live_workers_name_refuses_to_start() {
+    let name = unique_name("twin");
+    let system = System::builder().worker(&name, &[]).start().await;
+    let before: Value = sqlx::query_scalar("SELECT capabilities FROM worker WHERE name = $1")
+        .bind(&name)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    let mut twin = system
+        .command("attune-worker")
+        .env("ATTUNE_WORKER_NAME", &name)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = twin.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = twin.kill();
+            let _ = twin.wait();
+            panic!("a second worker named {name} started alongside the live one");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let output = twin.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("worker '{name}' is already running")), "{stderr}");
+    // the live worker is untouched and still works
+    let after: Value = sqlx::query_scalar("SELECT capabilities FROM worker WHERE name = $1")
+        .bind(&name)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(after["queue"], before["queue"]);
+    let done = system.submit("core.echo", json!({"message": "one worker"})).await;
+    assert_eq!(system.wait_terminal(id(&done), DEADLINE).await["status"], "completed");
+    system.stop().await;
+}
