@@ -39,6 +39,9 @@ pub struct Settings {
     /// `ATTUNE_ACTION_CACHE_SECS` (5; 0: never): how long an action read for a submission is reused.
     /// A pack registered through this API is seen at once; one registered elsewhere within this time.
     pub action_cache_ttl: Duration,
+    /// `ATTUNE_API_MAX_PARAMETERS_BYTES` (65536) and `ATTUNE_API_MAX_PARAMETER_VALUE_BYTES`
+    /// (32768): how large a submission's parameters may be.
+    pub parameter_limits: attune_core::params::SizeLimits,
 }
 
 impl Settings {
@@ -56,6 +59,10 @@ impl FromEnv for Settings {
             worker_queue_ttl: Duration::from_secs(read(source, "ATTUNE_WORKER_QUEUE_TTL_SECS")?),
             token_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_TOKEN_CACHE_SECS")?),
             action_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_ACTION_CACHE_SECS")?),
+            parameter_limits: attune_core::params::SizeLimits {
+                total_bytes: read(source, "ATTUNE_API_MAX_PARAMETERS_BYTES")?,
+                value_bytes: read(source, "ATTUNE_API_MAX_PARAMETER_VALUE_BYTES")?,
+            },
         })
     }
 }

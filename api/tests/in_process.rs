@@ -24,6 +24,11 @@ struct Api {
 
 impl Api {
     async fn start() -> Api {
+        Self::start_with(|_| {}).await
+    }
+
+    /// An API with its settings changed by `adjust` first.
+    async fn start_with(adjust: impl FnOnce(&mut attune_api::Settings)) -> Api {
         let db = TestDb::new().await;
         let namespace = Namespace::new();
         let packs_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs");
@@ -40,7 +45,10 @@ impl Api {
             worker_queue_ttl: Duration::from_secs(300),
             token_cache_ttl: Duration::from_secs(10),
             action_cache_ttl: Duration::from_secs(5),
+            parameter_limits: attune_core::params::SizeLimits { total_bytes: 65536, value_bytes: 32768 },
         };
+        let mut settings = settings;
+        adjust(&mut settings);
         let state = attune_api::state(settings).await.expect("api state");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -116,6 +124,54 @@ async fn a_submission_is_a_requested_row_and_bad_ones_name_their_parameter() {
             assert_eq!(got_parameter, parameter, "{body} → {answer}");
         }
     }
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_parameters_are_refused_with_413_naming_the_parameter_and_nothing_is_stored() {
+    let api = Api::start_with(|settings| {
+        settings.parameter_limits = attune_core::params::SizeLimits { total_bytes: 60, value_bytes: 50 };
+    })
+    .await;
+    let submit = |parameters: Value| {
+        let api = &api;
+        async move {
+            api.call(
+                reqwest::Method::POST,
+                "/api/v1/executions",
+                Some(json!({"action_ref": "core.python_echo", "parameters": parameters})),
+            )
+            .await
+        }
+    };
+    let (status, body) = submit(json!({"message": "x".repeat(51)})).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (413, Some("too_large")), "{body}");
+    assert_eq!(body["error"]["parameter"], "parameters.message");
+    assert!(body["error"]["message"].as_str().unwrap().contains("ATTUNE_API_MAX_PARAMETER_VALUE_BYTES"), "{body}");
+    // each value within its limit, the whole (the default `repeat` included) over it
+    let (status, body) = submit(json!({"message": "x".repeat(45)})).await;
+    assert_eq!(status.as_u16(), 413, "{body}");
+    assert_eq!(body["error"]["parameter"], "parameters.message", "the largest is named");
+    assert!(body["error"]["message"].as_str().unwrap().contains("ATTUNE_API_MAX_PARAMETERS_BYTES"), "{body}");
+    let (status, body) = submit(json!({"message": "x".repeat(30)})).await;
+    assert_eq!(status.as_u16(), 201, "{body}");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM execution").fetch_one(&api.db.pool).await.unwrap();
+    assert_eq!(stored, 1, "only the submission within the limits was stored");
+    // a manual retry's replacement parameters are held to the same limits
+    let id = body["id"].as_i64().unwrap();
+    sqlx::query("UPDATE execution SET status = 'failed', finished = now() WHERE id = $1")
+        .bind(id)
+        .execute(&api.db.pool)
+        .await
+        .unwrap();
+    let (status, body) = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/executions/{id}/retry"),
+            Some(json!({"parameters": {"message": "y".repeat(51)}})),
+        )
+        .await;
+    assert_eq!((status.as_u16(), body["error"]["parameter"].as_str()), (413, Some("parameters.message")), "{body}");
     api.stop().await;
 }
 

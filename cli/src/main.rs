@@ -163,8 +163,14 @@ pub enum TokenCommand {
     },
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // `attune supervise ...`: this process supervises one action of `attune up`'s workers
+    attune_worker::supervise::run_if_asked();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    runtime.block_on(run());
+}
+
+async fn run() {
     use attune_common::settings::parse_with_settings_help;
     let cli = parse_with_settings_help::<Cli>(attune_common::settings::Process::Cli);
     let code = match commands::dispatch(cli).await {

@@ -10,7 +10,9 @@ pub async fn run(workers: u16) -> anyhow::Result<()> {
     let shutdown = attune_common::telemetry::shutdown_on_signal();
     let api = attune_api::Settings::from_env()?;
     let executor = attune_executor::Settings::from_env()?;
-    let worker = attune_worker::Settings::from_env()?;
+    let mut worker = attune_worker::Settings::from_env()?;
+    // each action runs under this binary in supervisor mode, so it dies with `attune up`
+    worker.supervisor = Some(std::env::current_exe()?);
 
     let pool = db::connect(&api.common.database_url, 2, Duration::from_secs(60))
         .await

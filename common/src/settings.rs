@@ -101,6 +101,18 @@ pub const SETTINGS: &[Setting] = &[
         doc: "an action is re-read this often (a pack update reaches submissions and scheduling within it; one registered through the API's own `POST /packs` at once)",
     },
     Setting {
+        name: "ATTUNE_API_MAX_PARAMETERS_BYTES",
+        default: Value("65536"),
+        read_by: &[Api],
+        doc: "the most bytes an execution's parameters may take as JSON (a larger submission is refused with 413, naming its largest parameter); above ~128 KiB the operating system cannot pass them to an action",
+    },
+    Setting {
+        name: "ATTUNE_API_MAX_PARAMETER_VALUE_BYTES",
+        default: Value("32768"),
+        read_by: &[Api],
+        doc: "the most bytes one parameter's value may take (a string's own bytes, another value's JSON); larger is refused with 413 naming it",
+    },
+    Setting {
         name: "ATTUNE_API_URL",
         default: Value("http://127.0.0.1:8080"),
         read_by: &[Cli, Bench],
@@ -177,6 +189,18 @@ pub const SETTINGS: &[Setting] = &[
         default: Described("—"),
         read_by: &[Worker],
         doc: "JSON file whose fields replace a worker's reported health counters (drain a worker by writing `{\"consecutive_failures\": 10}`)",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_CANCEL_CHECK_SECS",
+        default: Value("2"),
+        read_by: &[Worker],
+        doc: "how often a worker looks in the database for cancellations of what it runs (a lost cancel notice still stops the action within this interval)",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_WINDOW_SECS",
+        default: Value("600"),
+        read_by: &[Worker],
+        doc: "the recent window a worker's failure rate is measured over",
     },
     Setting {
         name: "ATTUNE_EXECUTOR_PREFETCH",
@@ -315,6 +339,12 @@ pub const SETTINGS: &[Setting] = &[
         default: Value("10"),
         read_by: SERVICES,
         doc: "executions before the failure rate counts",
+    },
+    Setting {
+        name: "ATTUNE_HEALTH_PROBATION_SECS",
+        default: Value("60"),
+        read_by: &[Executor],
+        doc: "a worker unhealthy because of its own failures gets one probe execution at a time once its last failure is this old; a success brings it back",
     },
     Setting {
         name: "ATTUNE_METRICS_ADDR",

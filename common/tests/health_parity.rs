@@ -28,12 +28,19 @@ async fn check(test: &TestDb, config: &HealthProbeConfig, rng: &mut StdRng, work
     for i in 0..workers {
         let total = near(rng, &[0, config.failure_rate_min_executions, 100]);
         let failed = if total == 0 { 0 } else { rng.random_range(0..=total) };
-        let health = json!({
+        let mut health = json!({
             "consecutive_failures": near(rng, &[0, config.degraded_threshold, config.unhealthy_threshold]),
             "total_executions": total,
             "failed_executions": failed,
             "queue_depth": near(rng, &[0, config.queue_depth_degraded, config.queue_depth_unhealthy]),
         });
+        // most workers report a recent window (the rate is its rate), some only lifetime counts
+        if rng.random_range(0..4) != 0 {
+            let recent = near(rng, &[0, config.failure_rate_min_executions, 50]).min(total);
+            health["recent_executions"] = json!(recent);
+            health["recent_failed_executions"] = json!(if recent == 0 { 0 } else { rng.random_range(0..=recent) });
+            health["window_secs"] = json!(600);
+        }
         let age_ms = near(rng, &[0, config.heartbeat_max_age_secs * 1000, 5000]) + rng.random_range(0..3);
         let heartbeat = (rng.random_range(0..20) != 0).then(|| at - Duration::milliseconds(age_ms));
         let id: i64 = sqlx::query_scalar(

@@ -52,14 +52,45 @@ async fn a_workers_claim_whose_answer_was_lost_is_still_its_claim() {
     let id = execution_in(&test.pool, Scheduled, worker).await;
     let (cut, pool) = proxied(&test).await;
     cut.arm("UPDATE execution SET status");
-    let claim = Transition::to(Running).from(&[Scheduled]).owned_by(worker);
-    let claimed = db::retry_while_unavailable("claiming", || db::execution::transition_brief(&pool, id, &claim)).await;
+    let claim = Transition::claim(worker);
+    let claimed = db::execution::transition_surely(&pool, "claiming", id, &claim).await;
     assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
     let status: ExecutionStatus =
         sqlx::query_scalar("SELECT status FROM execution WHERE id = $1").bind(id).fetch_one(&test.pool).await.unwrap();
     assert_eq!(status, Running, "the claim landed");
     let claimed = claimed.unwrap();
     assert_eq!(claimed.map(|c| c.status), Some(Running), "the worker knows its claim landed");
+    pool.close().await;
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_claim_that_finds_nothing_without_an_error_is_stale_as_before() {
+    // the read-back only follows an error: a claim of an execution that is no longer scheduled
+    // here (canceled, taken elsewhere) is still a stale message
+    let test = TestDb::new().await;
+    let worker = db::worker::register(&test.pool, "w", &json!({"runtimes": ["shell"]})).await.unwrap();
+    let other = db::worker::register(&test.pool, "other", &json!({"runtimes": ["shell"]})).await.unwrap();
+    let id = execution_in(&test.pool, Running, other).await;
+    let claim = Transition::claim(worker);
+    let claimed = db::execution::transition_surely(&test.pool, "claiming", id, &claim).await.unwrap();
+    assert_eq!(claimed, None, "running on another worker: not this worker's claim");
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_schedulers_claim_whose_answer_was_lost_is_read_back_and_dispatched() {
+    let test = TestDb::new().await;
+    let worker = db::worker::register(&test.pool, "w", &json!({"runtimes": ["shell"]})).await.unwrap();
+    let id = execution_in(&test.pool, Requested, worker).await;
+    sqlx::query("UPDATE execution SET worker = NULL WHERE id = $1").bind(id).execute(&test.pool).await.unwrap();
+    let since: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now()").fetch_one(&test.pool).await.unwrap();
+    let (cut, pool) = proxied(&test).await;
+    cut.arm("WITH picked AS");
+    let claimed = db::execution::claim_waiting_surely(&pool, "shell", &[worker], since).await.unwrap();
+    assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
+    assert_eq!(claimed.iter().map(|c| (c.id, c.worker)).collect::<Vec<_>>(), [(id, worker)]);
     pool.close().await;
     test.drop_database().await;
 }

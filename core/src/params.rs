@@ -154,6 +154,56 @@ pub fn nul_path(value: &Value, path: &str) -> Option<String> {
     }
 }
 
+/// How large submitted parameters may be: they reach an action as environment variables (one
+/// per parameter, and all of them as `ATTUNE_PARAMETERS`), and the operating system refuses to
+/// start a program with a variable over 128 KiB or an environment over about 2 MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizeLimits {
+    /// All parameters, as JSON.
+    pub total_bytes: usize,
+    /// One value: a string's own bytes, any other value's JSON.
+    pub value_bytes: usize,
+}
+
+/// A size limit a submission exceeds, naming the parameter (the largest one, for the total).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooLarge {
+    pub parameter: String,
+    pub bytes: usize,
+    pub limit: usize,
+    /// Whether the total (rather than the parameter's own value) is over its limit.
+    pub total: bool,
+}
+
+/// The size of one value as an action receives it.
+fn value_bytes(value: &Value) -> usize {
+    match value {
+        Value::String(text) => text.len(),
+        other => other.to_string().len(),
+    }
+}
+
+/// Checks parameters (as resolved, defaults included) against `limits`.
+pub fn check_size(parameters: &Map<String, Value>, limits: SizeLimits) -> Result<(), TooLarge> {
+    let mut largest: Option<(&String, usize)> = None;
+    for (name, value) in parameters {
+        let bytes = value_bytes(value);
+        if bytes > limits.value_bytes {
+            return Err(TooLarge { parameter: name.clone(), bytes, limit: limits.value_bytes, total: false });
+        }
+        if largest.is_none_or(|(_, most)| bytes > most) {
+            largest = Some((name, bytes));
+        }
+    }
+    let total = Value::Object(parameters.clone()).to_string().len();
+    match largest {
+        Some((name, _)) if total > limits.total_bytes => {
+            Err(TooLarge { parameter: name.clone(), bytes: total, limit: limits.total_bytes, total: true })
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +253,22 @@ mod tests {
     fn spec_defaults_are_checked() {
         let spec: ParamSpec = serde_json::from_value(json!({"type": "integer", "default": "x"})).unwrap();
         assert_eq!(check_spec("n", &spec).unwrap_err().parameter, "n");
+    }
+
+    #[test]
+    fn sizes_are_checked_per_value_and_in_total_naming_the_parameter() {
+        let limits = SizeLimits { total_bytes: 100, value_bytes: 40 };
+        let object = |v: Value| v.as_object().unwrap().clone();
+        assert_eq!(check_size(&object(json!({"a": "x".repeat(40), "b": 7})), limits), Ok(()));
+        let too_long = check_size(&object(json!({"a": "x".repeat(41)})), limits).unwrap_err();
+        assert_eq!((too_long.parameter.as_str(), too_long.bytes, too_long.total), ("a", 41, false));
+        // a non-string counts as its JSON text
+        let list = check_size(&object(json!({"list": vec![1234567; 6]})), limits).unwrap_err();
+        assert_eq!((list.parameter.as_str(), list.bytes), ("list", 47));
+        // each under 40, together over 100: the largest is named
+        let total = check_size(&object(json!({"a": "x".repeat(30), "b": "y".repeat(35), "c": "z".repeat(30)})), limits)
+            .unwrap_err();
+        assert_eq!((total.parameter.as_str(), total.total, total.limit), ("b", true, 100));
+        assert_eq!(check_size(&Map::new(), limits), Ok(()));
     }
 }

@@ -11,6 +11,11 @@
 //! plus a small look-ahead, minus what was dispatched to it and has not finished). Among the
 //! workers with a free slot the order above applies; `plan` places a batch of waiting
 //! executions one slot at a time in that order.
+//!
+//! A worker that is unhealthy because of its own failures is not written off: once its last
+//! failure is the probation old, it gets one probe execution at a time (`Room::probation`, after
+//! every healthy and degraded worker), and requests for its runtime wait for it rather than fail
+//! (`could_take_work`).
 
 use chrono::{DateTime, Utc};
 
@@ -110,8 +115,10 @@ pub fn best(
 
 /// Whether a worker would take work if it had room: healthy or degraded by every signal but how
 /// busy it is. A request waits (rather than fails) while a worker offering its runtime could.
+/// A worker unhealthy by its failures alone could too: it gets a probe after its probation.
 pub fn could_take_work(config: &HealthProbeConfig, signals: &HealthSignals, now: DateTime<Utc>) -> bool {
     classify(config, &HealthSignals { queue_depth: 0, ..*signals }, now) != HealthClass::Unhealthy
+        || crate::health::may_be_probed(config, signals, now)
 }
 
 /// A worker offering the runtime, with its signals and how many more executions it has room for.
@@ -120,6 +127,9 @@ pub struct Room {
     pub worker_id: i64,
     pub signals: HealthSignals,
     pub free: i64,
+    /// An unhealthy worker on probation (`health::on_probation`): its one free slot is a probe,
+    /// placed after every healthy and degraded worker's.
+    pub probation: bool,
 }
 
 /// Places up to `limit` executions, one at a time, each on the best worker (in `rank`'s order)
@@ -139,7 +149,17 @@ pub fn plan(
             .iter()
             .enumerate()
             .filter(|(_, room)| room.free > 0)
-            .filter_map(|(i, room)| eligible(config, room.worker_id, &room.signals, now).map(|r| (i, r)))
+            .filter_map(|(i, room)| {
+                let ranked = eligible(config, room.worker_id, &room.signals, now).or_else(|| {
+                    // one probe at a time: only while nothing is in flight on it
+                    (room.probation && room.signals.queue_depth == 0).then(|| Ranked {
+                        worker_id: room.worker_id,
+                        class: HealthClass::Unhealthy,
+                        queue_depth: room.signals.queue_depth,
+                    })
+                });
+                ranked.map(|r| (i, r))
+            })
             .map(|(i, r)| {
                 let tie = tie_break(r.worker_id);
                 (i, r, tie)
@@ -222,6 +242,7 @@ mod tests {
                 total_executions: 0,
                 failed_executions: 0,
                 queue_depth,
+                last_failure_at: None,
             },
             slots: None,
             consuming: true,
@@ -309,7 +330,12 @@ mod tests {
     }
 
     fn room(id: i64, consecutive_failures: i64, queue_depth: i64, free: i64) -> Room {
-        Room { worker_id: id, signals: worker(id, consecutive_failures, queue_depth, &["shell"]).signals, free }
+        Room {
+            worker_id: id,
+            signals: worker(id, consecutive_failures, queue_depth, &["shell"]).signals,
+            free,
+            probation: false,
+        }
     }
 
     #[test]
@@ -344,5 +370,22 @@ mod tests {
         let config = HealthProbeConfig::default();
         assert!(could_take_work(&config, &worker(1, 0, 500, &["shell"]).signals, now()));
         assert!(!could_take_work(&config, &worker(1, 10, 0, &["shell"]).signals, now()));
+        // failing, but it said when: it is probed after its probation, so requests wait for it
+        let mut probed = worker(1, 10, 0, &["shell"]);
+        probed.signals.last_failure_at = Some(now() - Duration::seconds(5));
+        assert!(could_take_work(&config, &probed.signals, now()));
+    }
+
+    #[test]
+    fn a_probe_goes_to_a_worker_on_probation_only_when_nobody_better_has_room() {
+        let config = HealthProbeConfig::default();
+        let mut on_probation = room(3, 10, 0, 4);
+        on_probation.probation = true;
+        let placed = plan(&config, vec![on_probation.clone(), room(1, 0, 0, 2)], 4, now(), |id| id as u64);
+        assert_eq!(placed, [1, 1, 3], "the healthy worker's slots first, then one probe");
+        let placed = plan(&config, vec![on_probation.clone()], 4, now(), |id| id as u64);
+        assert_eq!(placed, [3], "one probe at a time");
+        let placed = plan(&config, vec![room(3, 10, 0, 4)], 4, now(), |id| id as u64);
+        assert!(placed.is_empty(), "never an unhealthy worker that is not on probation");
     }
 }

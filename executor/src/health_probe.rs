@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attune_common::db;
-use attune_core::health::{HealthClass, HealthProbeConfig, classify};
+use attune_core::health::{HealthClass, HealthProbeConfig, classify, on_probation};
 use attune_core::selection::{self, Candidate, Ranked, Room};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -22,6 +22,7 @@ pub struct WorkerHealthProbe {
     pool: PgPool,
     config: HealthProbeConfig,
     fleet_ttl: Duration,
+    probation: chrono::Duration,
     fleet: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Candidate>>)>>,
 }
 
@@ -32,12 +33,19 @@ pub struct Picture {
     inflight: HashMap<i64, i64>,
     read_at: Instant,
     db_now: DateTime<Utc>,
+    probation: chrono::Duration,
 }
 
 impl Picture {
     /// The database's clock now (as read, plus the time since).
     pub fn now(&self) -> DateTime<Utc> {
         self.db_now + self.read_at.elapsed()
+    }
+
+    /// The database's clock when the in-flight counts were read (before any claim this picture
+    /// plans).
+    pub fn db_read_at(&self) -> DateTime<Utc> {
+        self.db_now
     }
 
     /// How long ago the in-flight counts were read.
@@ -55,7 +63,8 @@ impl Picture {
     /// them, or what they reported if that is more).
     /// Workers these reads already make unhealthy are left out: more work and a later clock
     /// never make a class better, so a plan could never choose them (and the cost of planning
-    /// follows the workers that can take work, not the size of the fleet).
+    /// follows the workers that can take work, not the size of the fleet). The exception is a
+    /// worker on probation (`health::on_probation`): one slot, for one probe.
     pub fn rooms(&self, config: &HealthProbeConfig, runtime: &str) -> Vec<Room> {
         let now = self.now();
         self.fleet
@@ -68,7 +77,9 @@ impl Picture {
                 let dispatched = self.inflight.get(&c.worker_id).copied().unwrap_or(0);
                 let free = c.slots.map_or(i64::MAX, |slots| slots - dispatched);
                 let eligible = classify(config, &signals, now) != HealthClass::Unhealthy;
-                (free > 0 && eligible).then_some(Room { worker_id: c.worker_id, signals, free })
+                let probation = !eligible && on_probation(config, &signals, now, self.probation);
+                let free = if probation { free.min(1) } else { free };
+                (free > 0 && (eligible || probation)).then_some(Room { worker_id: c.worker_id, signals, free, probation })
             })
             .collect()
     }
@@ -84,12 +95,24 @@ impl Picture {
 impl WorkerHealthProbe {
     /// A probe that reads the fleet for every picture.
     pub fn new(pool: PgPool, config: HealthProbeConfig) -> Self {
-        WorkerHealthProbe { pool, config, fleet_ttl: Duration::ZERO, fleet: Default::default() }
+        WorkerHealthProbe {
+            pool,
+            config,
+            fleet_ttl: Duration::ZERO,
+            probation: chrono::Duration::seconds(60),
+            fleet: Default::default(),
+        }
     }
 
     /// Reads the fleet at most every `ttl`.
     pub fn with_fleet_cache(mut self, ttl: Duration) -> Self {
         self.fleet_ttl = ttl;
+        self
+    }
+
+    /// How long after its last failure an unhealthy worker gets a probe (default 60 s).
+    pub fn with_probation(mut self, probation: Duration) -> Self {
+        self.probation = chrono::Duration::from_std(probation).unwrap_or(chrono::Duration::MAX);
         self
     }
 
@@ -114,7 +137,7 @@ impl WorkerHealthProbe {
         let fleet = self.fleet().await?;
         let read_at = Instant::now();
         let (inflight, db_now) = db::worker::inflight(&self.pool).await?;
-        Ok(Picture { fleet, inflight, read_at, db_now })
+        Ok(Picture { fleet, inflight, read_at, db_now, probation: self.probation })
     }
 
     /// The worker that the next execution for `runtime` would go to now, if any has room.

@@ -60,6 +60,9 @@ pub struct Settings {
     /// Slack past the queue TTL for `scheduled`, and past `timeout_seconds` for `running`
     /// (`ATTUNE_MONITOR_GRACE_SECS`, 30).
     pub running_grace: Duration,
+    /// `ATTUNE_HEALTH_PROBATION_SECS` (60): how long after its last failure a worker that its
+    /// failures made unhealthy gets a probe execution.
+    pub probation: Duration,
 }
 
 impl Settings {
@@ -84,6 +87,7 @@ impl FromEnv for Settings {
             monitor_interval: Duration::from_secs_f64(read(source, "ATTUNE_MONITOR_INTERVAL_SECS")?),
             scheduling_timeout: Duration::from_secs_f64(read(source, "ATTUNE_SCHEDULING_TIMEOUT_SECS")?),
             running_grace: Duration::from_secs_f64(read(source, "ATTUNE_MONITOR_GRACE_SECS")?),
+            probation: Duration::from_secs_f64(read(source, "ATTUNE_HEALTH_PROBATION_SECS")?),
         })
     }
 }
@@ -113,7 +117,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-executor", topology.clone());
     let health_probe = health_probe::WorkerHealthProbe::new(pool.clone(), settings.health.clone())
-        .with_fleet_cache(settings.worker_cache);
+        .with_fleet_cache(settings.worker_cache)
+        .with_probation(settings.probation);
     let retry_manager = retry_manager::RetryManager::new(pool.clone(), settings.retry.clone());
     let context = Arc::new(Context {
         db: pool,

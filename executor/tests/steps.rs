@@ -56,6 +56,7 @@ impl Step {
             monitor_interval: Duration::from_secs(5),
             scheduling_timeout: Duration::from_secs(30),
             running_grace: Duration::from_secs(30),
+            probation: Duration::from_secs(60),
         };
         let topology = Topology::new(&namespace.name, settings.worker_queue_ttl);
         let context = Context {

@@ -8,6 +8,11 @@
 //! executor's classification also ignores the failure rate until a worker has run enough
 //! executions for it to mean something.
 //!
+//! The failure rate is reported over a recent window (`recent_executions`,
+//! `recent_failed_executions`, over `ATTUNE_HEALTH_WINDOW_SECS`), with the time of the last
+//! failure (`last_failure_at`), which the executors' probation of an unhealthy worker starts from;
+//! `total_executions` and `failed_executions` stay the lifetime counts.
+//!
 //! `ATTUNE_WORKER_HEALTH_OVERRIDE_FILE` names a JSON file read at every heartbeat whose fields
 //! (`consecutive_failures`, `total_executions`, `failed_executions`, `queue_depth`,
 //! `average_execution_time_ms`) replace the counted ones: an operator can drain a worker by making
@@ -17,12 +22,12 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use attune_core::health::{HealthProbeConfig, HealthReport, HealthSignals, classify};
+use attune_core::health::{FailureRecord, HealthClass, HealthProbeConfig, HealthReport, HealthSignals, classify};
 use chrono::Utc;
 
-#[derive(Default)]
 struct Counters {
-    consecutive_failures: i64,
+    /// Consecutive failures, the recent window and the last failure.
+    record: FailureRecord,
     total_executions: i64,
     failed_executions: i64,
     total_duration_ms: u64,
@@ -50,8 +55,16 @@ impl Drop for InFlight<'_> {
 }
 
 impl HealthState {
-    pub fn new(config: HealthProbeConfig, override_file: Option<PathBuf>) -> Self {
-        HealthState { config, override_file, counters: Mutex::default(), in_flight: AtomicI64::new(0) }
+    /// `window_secs`: the window the failure rate is measured over.
+    pub fn new(config: HealthProbeConfig, override_file: Option<PathBuf>, window_secs: i64) -> Self {
+        let counters = Counters {
+            record: FailureRecord::new(window_secs),
+            total_executions: 0,
+            failed_executions: 0,
+            total_duration_ms: 0,
+            recent_duration_ms: None,
+        };
+        HealthState { config, override_file, counters: Mutex::new(counters), in_flight: AtomicI64::new(0) }
     }
 
     fn overrides(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -74,17 +87,13 @@ impl HealthState {
     /// Counts a finished execution; `worker_failed` when the worker, not the action, failed.
     pub fn finish(&self, worker_failed: bool, duration_ms: u64) {
         let mut c = self.counters.lock().expect("health counters poisoned");
+        c.record.record(&self.config, Utc::now(), worker_failed);
         c.total_executions += 1;
         c.total_duration_ms += duration_ms;
         let newest = duration_ms as f64;
         c.recent_duration_ms =
             Some(c.recent_duration_ms.map_or(newest, |recent| recent + RECENT_WEIGHT * (newest - recent)));
-        if worker_failed {
-            c.consecutive_failures += 1;
-            c.failed_executions += 1;
-        } else {
-            c.consecutive_failures = 0;
-        }
+        c.failed_executions += i64::from(worker_failed);
     }
 
     /// The recent execution time (ms), once the worker has run anything.
@@ -93,32 +102,57 @@ impl HealthState {
     }
 
     pub fn report(&self) -> HealthReport {
-        let (consecutive_failures, total_executions, failed_executions, average_execution_time_ms) = {
+        let now = Utc::now();
+        let (record, total_executions, failed_executions, average_execution_time_ms) = {
             let c = self.counters.lock().expect("health counters poisoned");
             let average =
                 if c.total_executions > 0 { (c.total_duration_ms / c.total_executions as u64) as i64 } else { 0 };
-            (c.consecutive_failures, c.total_executions, c.failed_executions, average)
+            (c.record.clone(), c.total_executions, c.failed_executions, average)
         };
+        let (recent_executions, recent_failed_executions) = record.recent(now);
         let overrides = self.overrides();
         let field =
             |name: &str, counted: i64| overrides.get(name).and_then(serde_json::Value::as_i64).unwrap_or(counted);
-        let now = Utc::now();
+        let total_executions = field("total_executions", total_executions);
+        let failed_executions = field("failed_executions", failed_executions);
+        // an override of the lifetime counts (the tests' way of forcing a rate) stands for the
+        // window too
+        let recent = |name: &str, lifetime: &str, counted: i64, overridden: i64| {
+            overrides.get(name).and_then(serde_json::Value::as_i64).unwrap_or(if overrides.contains_key(lifetime) {
+                overridden
+            } else {
+                counted
+            })
+        };
+        let recent_executions = recent("recent_executions", "total_executions", recent_executions, total_executions);
+        let recent_failed_executions =
+            recent("recent_failed_executions", "failed_executions", recent_failed_executions, failed_executions);
         let signals = HealthSignals {
             last_heartbeat: Some(now),
-            consecutive_failures: field("consecutive_failures", consecutive_failures),
-            total_executions: field("total_executions", total_executions),
-            failed_executions: field("failed_executions", failed_executions),
+            consecutive_failures: field("consecutive_failures", record.consecutive_failures),
+            total_executions: recent_executions,
+            failed_executions: recent_failed_executions,
             queue_depth: field("queue_depth", self.in_flight.load(Ordering::Relaxed)),
+            last_failure_at: record.last_failure_at,
         };
         HealthReport {
             status: Some(classify(&self.config, &signals, now)),
             last_check: Some(now),
             consecutive_failures: signals.consecutive_failures,
-            total_executions: signals.total_executions,
-            failed_executions: signals.failed_executions,
+            total_executions,
+            failed_executions,
             average_execution_time_ms: field("average_execution_time_ms", average_execution_time_ms),
             queue_depth: signals.queue_depth,
+            recent_executions: Some(recent_executions),
+            recent_failed_executions: Some(recent_failed_executions),
+            window_secs: Some(record.window_secs()),
+            last_failure_at: record.last_failure_at,
         }
+    }
+
+    /// The class the next report will give.
+    pub fn class(&self) -> HealthClass {
+        self.report().status.unwrap_or(HealthClass::Healthy)
     }
 }
 
@@ -129,7 +163,7 @@ mod tests {
 
     #[test]
     fn counters_follow_outcomes() {
-        let state = HealthState::new(HealthProbeConfig::default(), None);
+        let state = HealthState::new(HealthProbeConfig::default(), None, 600);
         for _ in 0..3 {
             state.finish(true, 10);
         }
@@ -155,7 +189,7 @@ mod override_tests {
     #[test]
     fn the_override_file_replaces_counted_fields_and_can_be_removed() {
         let path = std::env::temp_dir().join(format!("attune-health-override-{}", std::process::id()));
-        let state = HealthState::new(HealthProbeConfig::default(), Some(path.clone()));
+        let state = HealthState::new(HealthProbeConfig::default(), Some(path.clone()), 600);
         assert_eq!(state.report().status, Some(HealthClass::Healthy));
         std::fs::write(&path, r#"{"consecutive_failures": 10, "queue_depth": 7}"#).unwrap();
         let report = state.report();

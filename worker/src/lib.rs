@@ -19,6 +19,7 @@
 
 pub mod health;
 pub mod runner;
+pub mod supervise;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,8 +31,8 @@ use attune_common::mq::{
     ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
     run_consumer,
 };
-use attune_core::health::HealthProbeConfig;
-use attune_core::{ExecutionStatus, FailureKind, selection};
+use attune_core::health::{HealthClass, HealthProbeConfig};
+use attune_core::{FailureKind, selection};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -68,6 +69,15 @@ pub struct Settings {
     /// `ATTUNE_WORKER_HEALTH_OVERRIDE_FILE`: a JSON file whose fields replace the reported health
     /// counters (to drain a worker, or to force its health in tests).
     pub health_override_file: Option<PathBuf>,
+    /// `ATTUNE_WORKER_CANCEL_CHECK_SECS`: how often the worker looks in the database for
+    /// cancellations of what it runs (default 2).
+    pub cancel_check: Duration,
+    /// `ATTUNE_HEALTH_WINDOW_SECS`: the window its failure rate is measured over (default 600).
+    pub health_window_secs: i64,
+    /// The program that supervises each action (`supervise`): the worker's own binary, set by
+    /// `attune-worker`; `None` runs actions directly (their process group still dies with a
+    /// timeout or a cancel, but not with the worker).
+    pub supervisor: Option<PathBuf>,
 }
 
 impl Settings {
@@ -98,6 +108,9 @@ impl FromEnv for Settings {
             drain: Duration::from_secs(read(source, "ATTUNE_WORKER_DRAIN_SECS")?),
             output_limit: read(source, "ATTUNE_WORKER_OUTPUT_LIMIT_BYTES")?,
             health_override_file: read_optional(source, "ATTUNE_WORKER_HEALTH_OVERRIDE_FILE").map(PathBuf::from),
+            cancel_check: Duration::from_secs_f64(read(source, "ATTUNE_WORKER_CANCEL_CHECK_SECS")?),
+            health_window_secs: read(source, "ATTUNE_HEALTH_WINDOW_SECS")?,
+            supervisor: None,
         })
     }
 }
@@ -132,8 +145,9 @@ struct Worker {
     consuming: tokio::sync::watch::Sender<bool>,
     /// Set once the worker is stopping: its heartbeats say so, and it stays `draining`.
     draining: std::sync::atomic::AtomicBool,
-    /// The look-ahead its last heartbeat reported; a different one sends a heartbeat early.
-    lookahead: tokio::sync::watch::Sender<u16>,
+    /// What its last heartbeat reported that executors schedule by (its look-ahead and its
+    /// health class); a change sends a heartbeat early.
+    reported: tokio::sync::watch::Sender<(u16, HealthClass)>,
     settings: Settings,
     db: PgPool,
     publisher: Publisher,
@@ -141,6 +155,8 @@ struct Worker {
     health: HealthState,
     /// Fires when the drain deadline has passed: running actions are killed.
     abort: CancellationToken,
+    /// The worker's shutdown: fired by the worker itself if another process takes its name.
+    shutdown: CancellationToken,
 }
 
 /// Makes this process non-dumpable, so an action running as the same (non-root) user cannot read
@@ -156,18 +172,55 @@ fn protect_process() {
     }
 }
 
+/// This process as the holder of its worker name.
+fn this_instance() -> db::worker::Instance {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    db::worker::Instance { host, pid: std::process::id() }
+}
+
+/// Whether a process of this host is alive (signal 0 probes without signalling).
+#[allow(unsafe_code)]
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    // SAFETY: kill(2) with signal 0 checks for the process's existence and has no effect.
+    let result = unsafe { libc::kill(pid, 0) };
+    result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Takes the worker's name for this process, or refuses to start while a live process holds it.
+async fn claim_name(pool: &PgPool, settings: &Settings) -> Result<i64, Error> {
+    let max_age = Duration::from_secs(settings.health.heartbeat_max_age_secs.max(1) as u64);
+    match db::worker::claim_name(pool, &settings.name, &this_instance(), max_age, process_alive).await? {
+        db::worker::NameClaim::Claimed(id) => Ok(id),
+        db::worker::NameClaim::Held { holder, heartbeat_age_secs } => {
+            let who = holder.map(|h| format!(" (pid {} on host {})", h.pid, h.host)).unwrap_or_default();
+            Err(Error::Config(ConfigError {
+                name: "ATTUNE_WORKER_NAME".into(),
+                value: settings.name.clone(),
+                reason: format!(
+                    "worker '{}' is already running{who}, its last heartbeat {heartbeat_age_secs:.1} s ago: stop it \
+                     or choose another ATTUNE_WORKER_NAME (the name is free once that process stops, or once its \
+                     heartbeat is {} s old)",
+                    settings.name, settings.health.heartbeat_max_age_secs
+                ),
+            }))
+        }
+    }
+}
+
 /// Runs a worker until `shutdown` fires.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
     protect_process();
     let pool = db::connect(&settings.common.database_url, 4, Duration::from_secs(60)).await?;
     db::migrate(&pool).await?;
-    let runtimes = Runtimes::detect(&settings.runtimes).await;
+    let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone()).await;
     let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
     let publisher =
         Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());
-    let health = HealthState::new(settings.health.clone(), settings.health_override_file.clone());
+    let health =
+        HealthState::new(settings.health.clone(), settings.health_override_file.clone(), settings.health_window_secs);
     let previous_queue = db::worker::queue_of(&pool, &settings.name).await?;
-    let worker_id = db::worker::register(&pool, &settings.name, &json!({})).await?;
+    let worker_id = claim_name(&pool, &settings).await?;
     let queue = topology.worker_queue(worker_id);
     // The queue must exist before any executor can dispatch to this worker.
     publisher.declare_worker_queue(worker_id).await?;
@@ -184,7 +237,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     }
     // not consuming yet: the heartbeat sent when the consumer is up makes it eligible
     let capabilities = capabilities(&settings, &queue, &runtimes, &health, false, false);
-    db::worker::heartbeat(&pool, worker_id, &capabilities).await?;
+    if !db::worker::heartbeat(&pool, worker_id, &capabilities).await? {
+        return Err(Error::Config(ConfigError {
+            name: "ATTUNE_WORKER_NAME".into(),
+            value: settings.name.clone(),
+            reason: "another process took this worker name while it started".into(),
+        }));
+    }
     tracing::info!(worker_id, name = %settings.name, runtimes = ?runtimes.offered(), "worker registered");
     attune_common::metrics::serve_from_env(shutdown.clone());
 
@@ -197,13 +256,14 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         busy: Default::default(),
         consuming: tokio::sync::watch::Sender::new(false),
         draining: Default::default(),
-        lookahead: tokio::sync::watch::Sender::new(settings.lookahead(None)),
+        reported: tokio::sync::watch::Sender::new((settings.lookahead(None), HealthClass::Healthy)),
         settings: settings.clone(),
         db: pool,
         publisher,
         runtimes,
         health,
         abort: CancellationToken::new(),
+        shutdown: shutdown.clone(),
     });
     worker.recover_previous_run().await?;
 
@@ -212,6 +272,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let stop_consuming = CancellationToken::new();
     let stop_heartbeats = CancellationToken::new();
     let heartbeat = tokio::spawn(worker.clone().heartbeat_loop(stop_heartbeats.clone()));
+    let cancel_check = tokio::spawn(worker.clone().cancel_check_loop(stop_heartbeats.clone()));
     let abort_after_drain = {
         let (abort, drain, shutdown) = (worker.abort.clone(), settings.drain, shutdown.clone());
         tokio::spawn(async move {
@@ -266,6 +327,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     abort_after_drain.abort();
     stop_heartbeats.cancel();
     let _ = heartbeat.await;
+    let _ = cancel_check.await;
     if shutdown.is_cancelled() {
         // whatever is still dispatched here and not started (its message lost with a channel,
         // say) waits again; a late message for it is stale
@@ -289,6 +351,7 @@ fn capabilities(
 ) -> serde_json::Value {
     let lookahead = settings.lookahead(health.recent_duration_ms());
     json!({
+        "instance": this_instance(),
         "draining": draining,
         "runtimes": runtimes.offered(),
         "concurrency": settings.concurrency,
@@ -338,14 +401,14 @@ impl Worker {
     }
 
     /// Heartbeats every interval, at once when its consumer goes up or down, and early (at most
-    /// once a second) when its look-ahead changed; after a failed one (the database away) it
+    /// once a second) when its look-ahead or its health class changed; after a failed one (the database away) it
     /// tries again every second, so the worker is not taken for dead once the database is back.
     /// Each heartbeat also marks the dispatches it holds as held.
     async fn heartbeat_loop(self: Arc<Self>, stop: CancellationToken) {
         const EARLIEST: Duration = Duration::from_secs(1);
         let mut delay = self.settings.heartbeat_interval;
         let mut consuming = self.consuming.subscribe();
-        let mut lookahead = self.lookahead.subscribe();
+        let mut reported = self.reported.subscribe();
         let mut last_beat = tokio::time::Instant::now();
         loop {
             tokio::select! {
@@ -356,11 +419,11 @@ impl Worker {
                         return;
                     }
                 }
-                changed = lookahead.changed() => {
+                changed = reported.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    lookahead.mark_unchanged();
+                    reported.mark_unchanged();
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep_until(last_beat + EARLIEST) => {}
@@ -372,7 +435,16 @@ impl Worker {
             let draining = self.draining.load(std::sync::atomic::Ordering::SeqCst);
             let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, up, draining);
             delay = match db::worker::heartbeat(&self.db, self.id, &capabilities).await {
-                Ok(()) => self.settings.heartbeat_interval,
+                Ok(true) => self.settings.heartbeat_interval,
+                Ok(false) => {
+                    tracing::error!(
+                        worker_id = self.id,
+                        name = %self.settings.name,
+                        "another process took this worker's name (its heartbeat looked stale): stopping"
+                    );
+                    self.shutdown.cancel();
+                    self.settings.heartbeat_interval
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "heartbeat failed");
                     self.settings.heartbeat_interval.min(Duration::from_secs(1))
@@ -383,6 +455,35 @@ impl Worker {
                 && let Err(e) = db::execution::keep_held(&self.db, self.id, &held).await
             {
                 tracing::warn!(error = %e, "could not mark held dispatches");
+            }
+        }
+    }
+
+    /// Every `ATTUNE_WORKER_CANCEL_CHECK_SECS`, while something runs here: stops each running
+    /// action whose execution is no longer running on this worker in the database (canceled,
+    /// failed by hand, or taken over), so that a cancel notice lost on the way (the broker
+    /// connection down, the worker busy reconnecting) still stops it within that interval.
+    async fn cancel_check_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.settings.cancel_check.max(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let running: Vec<i64> = self.running.lock().expect("running map poisoned").tokens.keys().copied().collect();
+            if running.is_empty() {
+                continue;
+            }
+            match db::execution::no_longer_running_on(&self.db, self.id, &running).await {
+                Ok(ended) => {
+                    for execution_id in ended {
+                        if self.running.lock().expect("running map poisoned").cancel(execution_id) {
+                            tracing::info!(execution_id, "canceled in the database (no notice came): stopping the action");
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "could not check running executions for cancellations"),
             }
         }
     }
@@ -436,10 +537,9 @@ impl Worker {
     /// A dispatch this worker will not start goes back to waiting (scheduled → requested, fenced
     /// by this worker): no retry is spent. The executors are told at once.
     async fn hand_back(&self, execution_id: i64) -> Disposition {
-        let handed_back = db::retry_while_unavailable("handing back a dispatch", || {
-            db::execution::hand_back(&self.db, execution_id, self.id)
-        })
-        .await;
+        let hand_back = Transition::hand_back(self.id);
+        let handed_back =
+            db::execution::transition_surely(&self.db, "handing back a dispatch", execution_id, &hand_back).await;
         match handed_back {
             Ok(Some(_)) => {
                 tracing::info!(execution_id, "stopping: dispatch handed back");
@@ -498,11 +598,13 @@ impl Worker {
         let Some(_permit) = permit.filter(|_| !shutdown.is_cancelled()) else {
             return self.hand_back(execution_id).await;
         };
-        let claim = Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(self.id);
-        let claimed = db::retry_while_unavailable("claiming an execution", || {
-            db::execution::transition_brief(&self.db, dispatch.execution_id, &claim)
-        })
-        .await;
+        if self.running.lock().expect("running map poisoned").tokens.contains_key(&execution_id) {
+            // a second delivery of what already runs here (its claim is the first one's)
+            tracing::debug!(execution_id, "dispatch is a duplicate of a running one");
+            return Disposition::Ack;
+        }
+        let claim = Transition::claim(self.id);
+        let claimed = db::execution::transition_surely(&self.db, "claiming an execution", execution_id, &claim).await;
         match claimed {
             Ok(Some(_)) => {}
             Ok(None) => {
@@ -543,8 +645,8 @@ impl Worker {
         let worker_failed = outcome.failure_kind.is_some_and(FailureKind::counts_against_worker);
         self.health.finish(worker_failed, duration_ms);
         // executors dispatch by the slots of the last heartbeat: a new look-ahead is sent early
-        self.lookahead.send_if_modified(|reported| {
-            let now = self.settings.lookahead(self.health.recent_duration_ms());
+        self.reported.send_if_modified(|reported| {
+            let now = (self.settings.lookahead(self.health.recent_duration_ms()), self.health.class());
             std::mem::replace(reported, now) != now
         });
         let result = ExecutionResult {
@@ -578,10 +680,9 @@ impl Worker {
     /// another reason, in which case the result goes to the executors as well.
     async fn record_success(&self, result: &ExecutionResult) -> bool {
         let outcome = result.outcome();
-        let recorded = db::retry_while_unavailable("recording a success", || {
-            db::execution::complete(&self.db, result.execution_id, self.id, &outcome)
-        })
-        .await;
+        let complete = Transition::completion(self.id, &outcome);
+        let recorded =
+            db::execution::transition_surely(&self.db, "recording a success", result.execution_id, &complete).await;
         match recorded {
             Ok(Some(_)) => {
                 result.observe_duration();

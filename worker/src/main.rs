@@ -18,8 +18,13 @@ struct Args {
     concurrency: Option<u16>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // `attune-worker supervise ...`: this process supervises one action (see `supervise`)
+    attune_worker::supervise::run_if_asked();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     let args: Args = attune_common::settings::parse_with_settings_help(attune_common::settings::Process::Worker);
     attune_common::telemetry::init();
     let mut settings = attune_worker::Settings::from_env()?;
@@ -32,6 +37,8 @@ async fn main() -> anyhow::Result<()> {
     if let Some(concurrency) = args.concurrency {
         settings.concurrency = concurrency;
     }
+    // each action runs under this very binary in supervisor mode, so it dies with the worker
+    settings.supervisor = Some(std::env::current_exe()?);
     let shutdown = attune_common::telemetry::shutdown_on_signal();
     attune_worker::run(settings, shutdown).await?;
     Ok(())

@@ -8,6 +8,13 @@
 //! stdout is a JSON object, it is the execution's `result`. Exit code 0 is success; exit code 75
 //! (EX_TEMPFAIL), or a result containing `{"attune": {"transient": true}}`, reports a transient
 //! failure that the retry policy may retry; any other exit code is `action_failed`.
+//!
+//! With a supervisor (the worker's own binary, `supervise`), the action runs under a small
+//! process that owns its group and takes it down if the worker dies. An action that cannot be
+//! started is the worker's failure when the worker is at fault (its pack directory, the
+//! entrypoint or the interpreter gone: `action_not_found`, counted against its health) and the
+//! request's when the request is (parameters the operating system refuses to pass, E2BIG:
+//! `invalid_parameters`, not retried, not counted).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -46,9 +53,18 @@ pub struct Finished {
     /// Killed because the worker was shutting down past its drain deadline.
     pub aborted: bool,
     /// The process could not be started.
-    pub spawn_error: Option<String>,
+    pub spawn_error: Option<StartFailure>,
     pub stdout: String,
     pub stderr: String,
+}
+
+/// Why an action could not be started, and whose fault that is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartFailure {
+    /// The worker's: its pack directory, the entrypoint or the interpreter is missing.
+    Worker(String),
+    /// The request's: its parameters cannot be passed to a program (too large).
+    Request(String),
 }
 
 /// The reported outcome of a run.
@@ -75,8 +91,10 @@ pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
         error: Some(error),
         result: result.clone(),
     };
-    if let Some(error) = &finished.spawn_error {
-        return failure(FailureKind::ActionNotFound, error.clone());
+    match &finished.spawn_error {
+        Some(StartFailure::Worker(error)) => return failure(FailureKind::ActionNotFound, error.clone()),
+        Some(StartFailure::Request(error)) => return failure(FailureKind::InvalidParameters, error.clone()),
+        None => {}
     }
     if finished.aborted {
         return failure(FailureKind::WorkerUnavailable, "the worker shut down while the action was running".into());
@@ -105,16 +123,23 @@ pub struct Runtimes {
     shell: Option<PathBuf>,
     python: Option<PathBuf>,
     builtin: bool,
+    /// The program that supervises each action (see `crate::supervise`), if any.
+    supervisor: Option<PathBuf>,
 }
 
 impl Runtimes {
-    pub async fn detect(wanted: &[String]) -> Self {
+    pub async fn detect(wanted: &[String], supervisor: Option<PathBuf>) -> Self {
         let wants = |r: &str| wanted.iter().any(|w| w == r);
         let python = if wants("python") { resolve_python().await } else { None };
         if wants("python") && python.is_none() {
             tracing::warn!("no python3 interpreter found; this worker will not offer the python runtime");
         }
-        Runtimes { shell: wants("shell").then(|| PathBuf::from("/bin/sh")), python, builtin: wants("builtin") }
+        Runtimes {
+            shell: wants("shell").then(|| PathBuf::from("/bin/sh")),
+            python,
+            builtin: wants("builtin"),
+            supervisor,
+        }
     }
 
     pub fn offered(&self) -> Vec<&'static str> {
@@ -139,12 +164,9 @@ impl Runtimes {
             _ => None,
         };
         let Some(interpreter) = interpreter else {
-            return Finished {
-                spawn_error: Some(format!("this worker does not offer runtime '{}'", run.runtime)),
-                ..Default::default()
-            };
+            return not_started(format!("this worker does not offer runtime '{}'", run.runtime));
         };
-        run_process(interpreter, run, abort).await
+        run_process(interpreter, self.supervisor.as_deref(), run, abort).await
     }
 }
 
@@ -166,8 +188,13 @@ async fn resolve_python() -> Option<PathBuf> {
 fn run_builtin(run: &ActionRun<'_>) -> Finished {
     match run.entrypoint {
         "noop" => Finished { exit_code: Some(0), ..Default::default() },
-        other => Finished { spawn_error: Some(format!("unknown builtin '{other}'")), ..Default::default() },
+        other => not_started(format!("unknown builtin '{other}'")),
     }
+}
+
+/// Not started, through the worker's fault.
+fn not_started(error: String) -> Finished {
+    Finished { spawn_error: Some(StartFailure::Worker(error)), ..Default::default() }
 }
 
 /// `ATTUNE_PARAM_<NAME>` for a parameter name: upper case, anything but letters and digits as `_`.
@@ -177,9 +204,28 @@ pub fn param_env_name(name: &str) -> String {
     format!("ATTUNE_PARAM_{cleaned}")
 }
 
-async fn run_process(interpreter: &Path, run: &ActionRun<'_>, abort: &CancellationToken) -> Finished {
+async fn run_process(
+    interpreter: &Path,
+    supervisor: Option<&Path>,
+    run: &ActionRun<'_>,
+    abort: &CancellationToken,
+) -> Finished {
     let script = run.pack_path.join(run.entrypoint);
-    let mut command = tokio::process::Command::new(interpreter);
+    // what is missing on this worker is its own failure, told apart from the action's exit code
+    for (path, what) in [(&run.pack_path, "pack directory"), (&script, "entrypoint"), (&interpreter.to_path_buf(), "interpreter")]
+    {
+        if std::fs::metadata(path).is_err() {
+            return not_started(format!("the {what} {} is missing on this worker", path.display()));
+        }
+    }
+    let mut command = match supervisor {
+        Some(supervisor) => {
+            let mut command = tokio::process::Command::new(supervisor);
+            command.arg(crate::supervise::MODE).arg(std::process::id().to_string()).arg(interpreter);
+            command
+        }
+        None => tokio::process::Command::new(interpreter),
+    };
     command
         .arg(&script)
         .current_dir(&run.pack_path)
@@ -210,12 +256,15 @@ async fn run_process(interpreter: &Path, run: &ActionRun<'_>, abort: &Cancellati
     }
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(e) => {
-            return Finished {
-                spawn_error: Some(format!("could not start {}: {e}", script.display())),
-                ..Default::default()
-            };
+        // the parameters (as environment variables) are more than the system passes to a program
+        Err(e) if e.raw_os_error() == Some(libc::E2BIG) => {
+            let failure = format!(
+                "the parameters are too large to pass to the action ({e}); the API's limits \
+                 (ATTUNE_API_MAX_PARAMETERS_BYTES, ATTUNE_API_MAX_PARAMETER_VALUE_BYTES) keep them below this"
+            );
+            return Finished { spawn_error: Some(StartFailure::Request(failure)), ..Default::default() };
         }
+        Err(e) => return not_started(format!("could not start {}: {e}", script.display())),
     };
     let process_group = child.id().map(|id| id as i32);
     let stdin_body = run.parameters.to_string();
@@ -332,9 +381,14 @@ mod tests {
             ),
             (Finished { signal: Some(9), ..Default::default() }, ResultStatus::Failed, Some(FailureKind::ActionFailed)),
             (
-                Finished { spawn_error: Some("x".into()), ..Default::default() },
+                Finished { spawn_error: Some(StartFailure::Worker("x".into())), ..Default::default() },
                 ResultStatus::Failed,
                 Some(FailureKind::ActionNotFound),
+            ),
+            (
+                Finished { spawn_error: Some(StartFailure::Request("x".into())), ..Default::default() },
+                ResultStatus::Failed,
+                Some(FailureKind::InvalidParameters),
             ),
         ];
         for (finished, status, kind) in cases {
@@ -387,7 +441,7 @@ mod tests {
         // cargo sets CARGO_MANIFEST_DIR for the test process; like DATABASE_URL, it must not leak
         assert!(std::env::var("CARGO_MANIFEST_DIR").is_ok());
         let parameters = json!({"message": "$(touch /tmp/pwned); `id`; 'q\"", "count": 3});
-        let runtimes = Runtimes::detect(&["shell".into()]).await;
+        let runtimes = Runtimes::detect(&["shell".into()], None).await;
         let finished =
             runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new()).await;
         assert_eq!(finished.exit_code, Some(0), "{finished:?}");
@@ -402,7 +456,7 @@ mod tests {
     async fn a_timeout_kills_the_whole_process_group() {
         let dir = temp_pack("sleep 30 &\necho $! > child.pid\nsleep 30\n");
         let parameters = json!({});
-        let runtimes = Runtimes::detect(&["shell".into()]).await;
+        let runtimes = Runtimes::detect(&["shell".into()], None).await;
         let started = std::time::Instant::now();
         let finished =
             runtimes.run(&run_of(&dir, &parameters, Duration::from_millis(300), 4096), &CancellationToken::new()).await;
@@ -424,7 +478,7 @@ mod tests {
     async fn output_is_bounded_to_its_tail() {
         let dir = temp_pack("i=0; while [ $i -lt 5000 ]; do echo line-$i; i=$((i+1)); done\n");
         let parameters = json!({});
-        let runtimes = Runtimes::detect(&["shell".into()]).await;
+        let runtimes = Runtimes::detect(&["shell".into()], None).await;
         let finished =
             runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(10), 1000), &CancellationToken::new()).await;
         assert!(finished.stdout.starts_with("[... "), "{}", &finished.stdout[..40]);

@@ -42,6 +42,7 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
         (status = 201, description = "The new execution (a manual retry with `config.retry_of`)", body = Execution),
         (status = 404, description = "No such action (or execution to retry)", body = crate::openapi::ErrorBody),
         (status = 409, description = "Already retried, or not finished", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The parameters are too large (ATTUNE_API_MAX_PARAMETERS_BYTES, ATTUNE_API_MAX_PARAMETER_VALUE_BYTES); `parameter` names the one", body = crate::openapi::ErrorBody),
         (status = 422, description = "A parameter is invalid; `parameter` names it", body = crate::openapi::ErrorBody),
     ))]
 pub async fn create(
@@ -76,6 +77,7 @@ pub async fn create(
         .map_err(|e| ApiError::internal("stored parameter declarations are unreadable", e))?;
     let resolved = params::validate(&specs, &given)
         .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
+    within_limits(&state, &resolved)?;
     let new = NewExecution {
         action: Some(action.id),
         action_ref: action.action_ref.clone(),
@@ -93,6 +95,27 @@ pub async fn create(
     let execution = db::execution::insert(&state.db, &new).await?;
     publish_request(&state, &execution).await;
     Ok((StatusCode::CREATED, Json(execution)))
+}
+
+/// Refuses parameters larger than the API's limits (413, naming the parameter, or the largest one
+/// when only the total is over): an action could not be started with them.
+fn within_limits(state: &crate::AppState, resolved: &Map<String, Value>) -> Result<(), ApiError> {
+    params::check_size(resolved, state.settings.parameter_limits).map_err(|too| {
+        let message = if too.total {
+            format!(
+                "the parameters take {} bytes as JSON, more than the limit of {} (ATTUNE_API_MAX_PARAMETERS_BYTES); the largest is '{}'",
+                too.bytes, too.limit, too.parameter
+            )
+        } else {
+            format!(
+                "parameter '{}' takes {} bytes, more than the limit of {} per value (ATTUNE_API_MAX_PARAMETER_VALUE_BYTES)",
+                too.parameter, too.bytes, too.limit
+            )
+        };
+        let mut error = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message);
+        error.parameter = Some(format!("parameters.{}", too.parameter));
+        error
+    })
 }
 
 /// An execution with where its retry chain goes next.
@@ -190,6 +213,7 @@ pub struct RetryBody {
     responses((status = 201, description = "The retry", body = Execution),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
         (status = 409, description = "Already retried (`retry_execution` names the retry), or not finished", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The replacement parameters are too large; `parameter` names the one", body = crate::openapi::ErrorBody),
         (status = 422, description = "A parameter is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn retry(
     State(state): State<crate::State>,
@@ -258,6 +282,7 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
                 .map_err(|e| ApiError::internal("stored parameter declarations are unreadable", e))?;
             let resolved = params::validate(&specs, &given)
                 .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
+            within_limits(state, &resolved)?;
             Some(Value::Object(resolved))
         }
         None => None,

@@ -286,6 +286,21 @@ impl<'a> Transition<'a> {
         self.outcome = Some(outcome);
         self
     }
+
+    /// scheduled → running for the worker it was dispatched to: its claim.
+    pub fn claim(worker_id: i64) -> Self {
+        Transition::to(ExecutionStatus::Running).from(&[ExecutionStatus::Scheduled]).owned_by(worker_id)
+    }
+
+    /// running → completed, with its outcome, for the worker that ran it.
+    pub fn completion(worker_id: i64, outcome: &'a Outcome) -> Self {
+        Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).outcome(outcome)
+    }
+
+    /// scheduled → requested, fenced by the worker it was dispatched to (see `hand_back`).
+    pub fn hand_back(worker_id: i64) -> Self {
+        Transition::to(ExecutionStatus::Requested).from(&[ExecutionStatus::Scheduled]).owned_by(worker_id)
+    }
 }
 
 /// What a transition on a hot path returns instead of the whole row: enough to count it.
@@ -397,18 +412,82 @@ async fn transition_as<R: TransitionRow>(
         .bind(&ExecutionStatus::TERMINAL[..])
         .fetch_optional(db)
         .await?;
-    if let Some(row) = &applied
-        && let (status, action_ref, retry_count) = row.changed()
-        && status.is_terminal()
-    {
-        use crate::metrics::{EXECUTIONS_FINISHED, RETRIES_FINISHED, increment};
-        increment(&EXECUTIONS_FINISHED, &[("status", status.as_str()), ("action", action_ref)], 1);
-        if retry_count > 0 {
-            let result = if status == ExecutionStatus::Completed { "succeeded" } else { "failed" };
-            increment(&RETRIES_FINISHED, &[("result", result)], 1);
-        }
+    if let Some(row) = &applied {
+        count_finished(row);
     }
     Ok(applied)
+}
+
+/// Counts a row a transition ended in the finished-executions metrics.
+fn count_finished(row: &impl TransitionRow) {
+    let (status, action_ref, retry_count) = row.changed();
+    if !status.is_terminal() {
+        return;
+    }
+    use crate::metrics::{EXECUTIONS_FINISHED, RETRIES_FINISHED, increment};
+    increment(&EXECUTIONS_FINISHED, &[("status", status.as_str()), ("action", action_ref)], 1);
+    if retry_count > 0 {
+        let result = if status == ExecutionStatus::Completed { "succeeded" } else { "failed" };
+        increment(&RETRIES_FINISHED, &[("result", result)], 1);
+    }
+}
+
+/// `transition_brief` as the workers make it: waiting out a database outage, and sure of its
+/// answer. An error may come after the server committed (the acknowledgement lost with the
+/// connection): so when a later attempt finds nothing to change, the row is read, and if it is
+/// already where this transition takes it (its target state, on the worker it fences by or
+/// assigns), the earlier attempt landed and its row is the answer, not a stale message.
+pub async fn transition_surely(
+    db: &PgPool,
+    what: &str,
+    execution_id: i64,
+    transition: &Transition<'_>,
+) -> Result<Option<Changed>, sqlx::Error> {
+    let mut uncertain = false;
+    let mut delay = std::time::Duration::from_millis(100);
+    loop {
+        let attempt = if uncertain {
+            transition_or_landed(db, execution_id, transition).await
+        } else {
+            transition_brief(db, execution_id, transition).await
+        };
+        match attempt {
+            Err(e) if crate::db::is_transient(&e) => {
+                uncertain = true;
+                tracing::warn!(execution_id, error = %e, retry_in_ms = delay.as_millis() as u64, "{what}: dependency unavailable, waiting");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The transition, or, if it finds nothing to change, the row when an earlier attempt of the same
+/// transition evidently landed.
+async fn transition_or_landed(
+    db: &PgPool,
+    execution_id: i64,
+    transition: &Transition<'_>,
+) -> Result<Option<Changed>, sqlx::Error> {
+    if let Some(changed) = transition_brief(db, execution_id, transition).await? {
+        return Ok(Some(changed));
+    }
+    let row: Option<Changed> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {} FROM execution WHERE id = $1",
+        <Changed as TransitionRow>::COLUMNS
+    )))
+    .bind(execution_id)
+    .fetch_optional(db)
+    .await?;
+    // (back to `requested`, a row names no worker: waiting again is what was asked)
+    let worker = transition.owned_by.or(transition.assign_worker).filter(|_| transition.to != ExecutionStatus::Requested);
+    let landed = row.filter(|row| row.status == transition.to && worker.is_none_or(|w| row.worker == Some(w)));
+    if let Some(row) = &landed {
+        tracing::info!(execution_id, status = %row.status, "an earlier attempt landed (its acknowledgement was lost)");
+        count_finished(row);
+    }
+    Ok(landed)
 }
 
 /// running → completed for the worker that ran it, with its outcome: how a success is recorded,
@@ -419,11 +498,7 @@ pub async fn complete(
     worker_id: i64,
     outcome: &Outcome,
 ) -> Result<Option<Changed>, sqlx::Error> {
-    let transition = Transition::to(ExecutionStatus::Completed)
-        .from(&[ExecutionStatus::Running])
-        .owned_by(worker_id)
-        .outcome(outcome);
-    transition_brief(db, execution_id, &transition).await
+    transition_brief(db, execution_id, &Transition::completion(worker_id, outcome)).await
 }
 
 /// A waiting request claimed for a worker: what its dispatch carries.
@@ -465,6 +540,45 @@ pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<V
     .bind(runtime)
     .bind(plan)
     .bind(plan.len() as i64)
+    .fetch_all(db)
+    .await
+}
+
+/// `claim_waiting`, sure of its answer: if the claim fails on a lost connection (perhaps after
+/// the server committed it, its acknowledgement lost), the executions of `runtime` claimed for the
+/// plan's workers since `since` (the database's clock before the claim) are read back once the
+/// database answers, and dispatched: a claim that landed is not left `scheduled` with no
+/// dispatch. A row another executor claimed for the same worker at the same moment may be among
+/// them; its second dispatch is a duplicate, which the worker drops.
+pub async fn claim_waiting_surely(
+    db: &PgPool,
+    runtime: &str,
+    plan: &[i64],
+    since: DateTime<Utc>,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    match claim_waiting(db, runtime, plan).await {
+        Err(e) if crate::db::is_transient(&e) => {
+            tracing::warn!(runtime, error = %e, "a claim's answer was lost; reading back what it claimed");
+            crate::db::retry_while_unavailable("reading back a claim", || claimed_since(db, runtime, plan, since)).await
+        }
+        other => other,
+    }
+}
+
+async fn claimed_since(
+    db: &PgPool,
+    runtime: &str,
+    plan: &[i64],
+    since: DateTime<Utc>,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created \
+         FROM execution WHERE status = 'scheduled' AND runtime = $1 AND worker = ANY($2) AND updated >= $3 \
+         ORDER BY id",
+    )
+    .bind(runtime)
+    .bind(plan)
+    .bind(since)
     .fetch_all(db)
     .await
 }
@@ -521,8 +635,7 @@ pub async fn hand_back(
     execution_id: i64,
     worker_id: i64,
 ) -> Result<Option<Changed>, sqlx::Error> {
-    let transition = Transition::to(ExecutionStatus::Requested).from(&[ExecutionStatus::Scheduled]).owned_by(worker_id);
-    transition_brief(db, execution_id, &transition).await
+    transition_brief(db, execution_id, &Transition::hand_back(worker_id)).await
 }
 
 /// Whether the execution is still dispatched to this worker and not started (a dispatch that is
@@ -533,6 +646,18 @@ pub async fn still_dispatched(db: &PgPool, execution_id: i64, worker_id: i64) ->
         .bind(worker_id)
         .fetch_one(db)
         .await
+}
+
+/// Of `ids` (executions running on this worker as far as it knows), those the database no
+/// longer has running on it: canceled, failed by hand, or taken over. One indexed read by id.
+pub async fn no_longer_running_on(db: &PgPool, worker_id: i64, ids: &[i64]) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM execution WHERE id = ANY($1) AND (status <> 'running' OR worker IS DISTINCT FROM $2)",
+    )
+    .bind(ids)
+    .bind(worker_id)
+    .fetch_all(db)
+    .await
 }
 
 /// The executions dispatched to a worker and not started.

@@ -23,19 +23,109 @@ pub async fn register(db: &PgPool, name: &str, capabilities: &Value) -> Result<i
     .await
 }
 
+/// The process that holds a worker name: it registered it last and heartbeats under it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Instance {
+    pub host: String,
+    pub pid: u32,
+}
+
+/// The answer to a process that asks for a worker name.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NameClaim {
+    /// The name is this process's: the worker's id.
+    Claimed(i64),
+    /// A live process holds it: who (if it said), and how old its last heartbeat is.
+    Held { holder: Option<Instance>, heartbeat_age_secs: f64 },
+}
+
+/// Whether a worker name's holder still holds it (pure): it has not stopped, its heartbeat is
+/// younger than `max_age_secs`, and it is not a dead process of this host (a worker restarted
+/// after a crash takes its name back at once; the same pid on the same host is this process's
+/// own earlier life, as in a container that restarted).
+pub fn still_held(
+    status: &str,
+    heartbeat_age_secs: Option<f64>,
+    max_age_secs: f64,
+    holder: Option<&Instance>,
+    me: &Instance,
+    alive: impl Fn(u32) -> bool,
+) -> bool {
+    let fresh = heartbeat_age_secs.is_some_and(|age| age < max_age_secs);
+    let dead_here = holder.is_some_and(|h| h.host == me.host && (h.pid == me.pid || !alive(h.pid)));
+    status != "inactive" && fresh && !dead_here
+}
+
+/// Registers the worker called `name` for this process (keeping its id if the name was used
+/// before), unless a live process holds the name (`still_held`). It stays `inactive`, so nothing
+/// is dispatched to it, until its first heartbeat: by then its queue exists and its capabilities
+/// are known. Concurrent claims of a free name: one wins, the other sees it held.
+pub async fn claim_name(
+    db: &PgPool,
+    name: &str,
+    me: &Instance,
+    max_age: std::time::Duration,
+    alive: impl Fn(u32) -> bool,
+) -> Result<NameClaim, sqlx::Error> {
+    let capabilities = serde_json::json!({ "instance": me });
+    loop {
+        let existing: Option<(i64, String, Option<Value>, Option<f64>, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT id, status, capabilities->'instance', EXTRACT(EPOCH FROM now() - last_heartbeat)::float8, updated \
+             FROM worker WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_optional(db)
+        .await?;
+        let Some((id, status, holder, age, seen)) = existing else {
+            let inserted: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO worker (name, status, capabilities) VALUES ($1, 'inactive', $2) \
+                 ON CONFLICT (name) DO NOTHING RETURNING id",
+            )
+            .bind(name)
+            .bind(&capabilities)
+            .fetch_optional(db)
+            .await?;
+            match inserted {
+                Some(id) => return Ok(NameClaim::Claimed(id)),
+                None => continue,
+            }
+        };
+        let holder: Option<Instance> = holder.and_then(|h| serde_json::from_value(h).ok());
+        if still_held(&status, age, max_age.as_secs_f64(), holder.as_ref(), me, &alive) {
+            return Ok(NameClaim::Held { holder, heartbeat_age_secs: age.unwrap_or_default() });
+        }
+        // taken only if nobody changed the row since it was read
+        let taken: Option<i64> = sqlx::query_scalar(
+            "UPDATE worker SET status = 'inactive', capabilities = $2, updated = now() \
+             WHERE id = $1 AND updated = $3 RETURNING id",
+        )
+        .bind(id)
+        .bind(&capabilities)
+        .bind(seen)
+        .fetch_optional(db)
+        .await?;
+        if let Some(id) = taken {
+            return Ok(NameClaim::Claimed(id));
+        }
+    }
+}
+
 /// Records a heartbeat: the worker is `active` from its first one on, except that a worker that
 /// is stopping (`capabilities.draining`, or already `draining`) stays draining until it stops.
-pub async fn heartbeat(db: &PgPool, worker_id: i64, capabilities: &Value) -> Result<(), sqlx::Error> {
+/// Fenced by the process that holds the name (`capabilities.instance`, when given): `false`
+/// when another process has taken it over.
+pub async fn heartbeat(db: &PgPool, worker_id: i64, capabilities: &Value) -> Result<bool, sqlx::Error> {
     sqlx::query(
         "UPDATE worker SET capabilities = $2, last_heartbeat = now(), updated = now(), \
             status = CASE WHEN status = 'draining' OR ($2->>'draining')::boolean THEN 'draining' ELSE 'active' END \
-         WHERE id = $1",
+         WHERE id = $1 AND ($2->'instance' IS NULL OR capabilities->'instance' IS NULL \
+            OR capabilities->'instance' = $2->'instance')",
     )
     .bind(worker_id)
     .bind(capabilities)
     .execute(db)
     .await
-    .map(|_| ())
+    .map(|done| done.rows_affected() == 1)
 }
 
 /// The worker is stopping: no executor dispatches to it from its next read of the fleet on.
@@ -126,11 +216,14 @@ impl WorkerRow {
     fn signals(&self) -> HealthSignals {
         let health = &self.capabilities["health"];
         let int = |field: &str| health[field].as_i64().unwrap_or(0);
+        // as `worker_health_class`: the recent window's counts, else the lifetime ones
+        let recent = |field: &str, lifetime: &str| health[field].as_i64().unwrap_or_else(|| int(lifetime));
         HealthSignals {
             last_heartbeat: self.last_heartbeat,
             consecutive_failures: int("consecutive_failures"),
-            total_executions: int("total_executions"),
-            failed_executions: int("failed_executions"),
+            total_executions: recent("recent_executions", "total_executions"),
+            failed_executions: recent("recent_failed_executions", "failed_executions"),
+            last_failure_at: health["last_failure_at"].as_str().and_then(|at| at.parse().ok()),
             // as `get_worker_queue_depth`: what was dispatched and has not finished, or what the
             // worker reported if that is more
             queue_depth: self.inflight.max(int("queue_depth")),
@@ -318,4 +411,27 @@ pub async fn retry_config(db: &PgPool) -> Result<StoredRetryConfig, sqlx::Error>
 /// The health thresholds in force, as the executors wrote them (`health_probe_config`).
 pub async fn health_config(db: &PgPool) -> Result<serde_json::Value, sqlx::Error> {
     sqlx::query_scalar("SELECT to_jsonb(c) - 'singleton' FROM health_probe_config c").fetch_one(db).await
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_held_by_a_live_process_with_a_fresh_heartbeat_only() {
+        let me = Instance { host: "h1".into(), pid: 100 };
+        let other_host = Instance { host: "h2".into(), pid: 7 };
+        let here = Instance { host: "h1".into(), pid: 7 };
+        let alive = |pid: u32| pid == 7;
+        let dead = |_: u32| false;
+        assert!(still_held("active", Some(3.0), 30.0, Some(&other_host), &me, alive));
+        assert!(still_held("draining", Some(3.0), 30.0, Some(&here), &me, alive), "a live process here");
+        assert!(!still_held("active", Some(3.0), 30.0, Some(&here), &me, dead), "a dead process here");
+        assert!(!still_held("active", Some(3.0), 30.0, Some(&Instance { pid: 100, ..here.clone() }), &me, alive),
+            "this pid on this host is this process's earlier life");
+        assert!(!still_held("active", Some(30.0), 30.0, Some(&other_host), &me, alive), "a stale heartbeat");
+        assert!(!still_held("active", None, 30.0, Some(&other_host), &me, alive), "never heartbeated");
+        assert!(!still_held("inactive", Some(1.0), 30.0, Some(&other_host), &me, alive), "stopped");
+        assert!(still_held("active", Some(1.0), 30.0, None, &me, alive), "an older worker that does not say who");
+    }
 }
