@@ -84,8 +84,7 @@ async fn a_schedulers_claim_whose_answer_was_lost_is_read_back_and_dispatched() 
     let worker = db::worker::register(&test.pool, "w", &json!({"runtimes": ["shell"]})).await.unwrap();
     let id = execution_in(&test.pool, Requested, worker).await;
     sqlx::query("UPDATE execution SET worker = NULL WHERE id = $1").bind(id).execute(&test.pool).await.unwrap();
-    let since: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT now()").fetch_one(&test.pool).await.unwrap();
+    let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&test.pool).await.unwrap();
     let (cut, pool) = proxied(&test).await;
     cut.arm("WITH picked AS");
     let claimed = db::execution::claim_waiting_surely(&pool, "shell", &[worker], since).await.unwrap();

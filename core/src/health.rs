@@ -397,7 +397,11 @@ mod tests {
                 HealthSignals { consecutive_failures: 0, total_executions: 10, failed_executions: 8, ..failing },
                 true,
             ),
-            ("stale heartbeat", HealthSignals { last_heartbeat: Some(now() - Duration::seconds(30)), ..failing }, false),
+            (
+                "stale heartbeat",
+                HealthSignals { last_heartbeat: Some(now() - Duration::seconds(30)), ..failing },
+                false,
+            ),
             ("not unhealthy", HealthSignals { consecutive_failures: 3, ..failing }, false),
         ];
         for (name, signals, expected) in cases {

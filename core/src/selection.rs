@@ -152,7 +152,7 @@ pub fn plan(
             .filter_map(|(i, room)| {
                 let ranked = eligible(config, room.worker_id, &room.signals, now).or_else(|| {
                     // one probe at a time: only while nothing is in flight on it
-                    (room.probation && room.signals.queue_depth == 0).then(|| Ranked {
+                    (room.probation && room.signals.queue_depth == 0).then_some(Ranked {
                         worker_id: room.worker_id,
                         class: HealthClass::Unhealthy,
                         queue_depth: room.signals.queue_depth,

@@ -79,7 +79,12 @@ impl Picture {
                 let eligible = classify(config, &signals, now) != HealthClass::Unhealthy;
                 let probation = !eligible && on_probation(config, &signals, now, self.probation);
                 let free = if probation { free.min(1) } else { free };
-                (free > 0 && (eligible || probation)).then_some(Room { worker_id: c.worker_id, signals, free, probation })
+                (free > 0 && (eligible || probation)).then_some(Room {
+                    worker_id: c.worker_id,
+                    signals,
+                    free,
+                    probation,
+                })
             })
             .collect()
     }

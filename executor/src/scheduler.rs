@@ -204,7 +204,8 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             }
             continue;
         }
-        let claimed = match db::execution::claim_waiting_surely(&context.db, runtime, &plan, picture.db_read_at()).await {
+        let claimed = match db::execution::claim_waiting_surely(&context.db, runtime, &plan, picture.db_read_at()).await
+        {
             Ok(claimed) => claimed,
             Err(e) if db::is_transient(&e) => return Err(e.into()),
             // the database refused the batch: claim one by one, to find the row it refuses

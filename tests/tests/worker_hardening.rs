@@ -87,15 +87,19 @@ async fn oversized_parameters_are_refused_at_the_door_and_the_worker_stays_healt
     let system = System::builder().worker(&name, &[]).start().await;
     let huge = "x".repeat(200 * 1024);
     for _ in 0..12 {
-        let (status, body) =
-            system.post("/api/v1/executions", &json!({"action_ref": "core.echo", "parameters": {"message": huge}})).await;
+        let (status, body) = system
+            .post("/api/v1/executions", &json!({"action_ref": "core.echo", "parameters": {"message": huge}}))
+            .await;
         assert!(status == 413 || status == 422, "{status}: {}", &body.to_string()[..200.min(body.to_string().len())]);
         assert_eq!(body["error"]["parameter"], "parameters.message", "{body}");
         let message = body["error"]["message"].as_str().unwrap();
         assert!(message.contains("ATTUNE_API_MAX_PARAMETER"), "the message names the limit's setting: {message}");
     }
     let (status, body) = system
-        .post("/api/v1/executions", &json!({"action_ref": "core.echo", "parameters": {"message": "y".repeat(30 * 1024)}}))
+        .post(
+            "/api/v1/executions",
+            &json!({"action_ref": "core.echo", "parameters": {"message": "y".repeat(30 * 1024)}}),
+        )
         .await;
     assert_eq!(status, 201, "30 KiB is within the default limits: {body}");
     let refused: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE length(parameters::text) > 100000")
@@ -125,7 +129,10 @@ async fn what_cannot_start_because_of_the_request_is_the_requests_fault() {
     for _ in 0..12 {
         let submitted = system.submit("core.echo", json!({"message": huge})).await;
         let ended = system.wait_terminal(id(&submitted), DEADLINE).await;
-        assert_eq!((ended["status"].as_str(), ended["failure_kind"].as_str()), (Some("failed"), Some("invalid_parameters")));
+        assert_eq!(
+            (ended["status"].as_str(), ended["failure_kind"].as_str()),
+            (Some("failed"), Some("invalid_parameters"))
+        );
         let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&submitted))).await;
         assert_eq!(view["retried_by"], Value::Null, "the request's fault is not retried: {view}");
     }

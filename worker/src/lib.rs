@@ -479,7 +479,10 @@ impl Worker {
                 Ok(ended) => {
                     for execution_id in ended {
                         if self.running.lock().expect("running map poisoned").cancel(execution_id) {
-                            tracing::info!(execution_id, "canceled in the database (no notice came): stopping the action");
+                            tracing::info!(
+                                execution_id,
+                                "canceled in the database (no notice came): stopping the action"
+                            );
                         }
                     }
                 }

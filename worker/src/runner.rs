@@ -212,7 +212,8 @@ async fn run_process(
 ) -> Finished {
     let script = run.pack_path.join(run.entrypoint);
     // what is missing on this worker is its own failure, told apart from the action's exit code
-    for (path, what) in [(&run.pack_path, "pack directory"), (&script, "entrypoint"), (&interpreter.to_path_buf(), "interpreter")]
+    for (path, what) in
+        [(&run.pack_path, "pack directory"), (&script, "entrypoint"), (&interpreter.to_path_buf(), "interpreter")]
     {
         if std::fs::metadata(path).is_err() {
             return not_started(format!("the {what} {} is missing on this worker", path.display()));

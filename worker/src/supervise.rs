@@ -45,7 +45,8 @@ pub fn run_if_asked() {
 /// the signal that killed the action, or kills its group).
 #[allow(unsafe_code)]
 fn supervise(args: &[OsString]) -> i32 {
-    let (Some(parent), Some(program)) = (args.first().and_then(|p| p.to_str()?.parse::<i32>().ok()), args.get(1)) else {
+    let (Some(parent), Some(program)) = (args.first().and_then(|p| p.to_str()?.parse::<i32>().ok()), args.get(1))
+    else {
         eprintln!("attune-worker {MODE}: usage: attune-worker {MODE} <worker pid> <program> [args...]");
         return 2;
     };

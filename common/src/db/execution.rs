@@ -294,7 +294,10 @@ impl<'a> Transition<'a> {
 
     /// running → completed, with its outcome, for the worker that ran it.
     pub fn completion(worker_id: i64, outcome: &'a Outcome) -> Self {
-        Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).outcome(outcome)
+        Transition::to(ExecutionStatus::Completed)
+            .from(&[ExecutionStatus::Running])
+            .owned_by(worker_id)
+            .outcome(outcome)
     }
 
     /// scheduled → requested, fenced by the worker it was dispatched to (see `hand_back`).
@@ -481,7 +484,8 @@ async fn transition_or_landed(
     .fetch_optional(db)
     .await?;
     // (back to `requested`, a row names no worker: waiting again is what was asked)
-    let worker = transition.owned_by.or(transition.assign_worker).filter(|_| transition.to != ExecutionStatus::Requested);
+    let worker =
+        transition.owned_by.or(transition.assign_worker).filter(|_| transition.to != ExecutionStatus::Requested);
     let landed = row.filter(|row| row.status == transition.to && worker.is_none_or(|w| row.worker == Some(w)));
     if let Some(row) = &landed {
         tracing::info!(execution_id, status = %row.status, "an earlier attempt landed (its acknowledgement was lost)");

@@ -56,6 +56,9 @@ pub fn still_held(
     status != "inactive" && fresh && !dead_here
 }
 
+/// A worker name's row as `claim_name` reads it: id, status, holder, heartbeat age (s), updated.
+type NameRow = (i64, String, Option<Value>, Option<f64>, DateTime<Utc>);
+
 /// Registers the worker called `name` for this process (keeping its id if the name was used
 /// before), unless a live process holds the name (`still_held`). It stays `inactive`, so nothing
 /// is dispatched to it, until its first heartbeat: by then its queue exists and its capabilities
@@ -69,7 +72,7 @@ pub async fn claim_name(
 ) -> Result<NameClaim, sqlx::Error> {
     let capabilities = serde_json::json!({ "instance": me });
     loop {
-        let existing: Option<(i64, String, Option<Value>, Option<f64>, DateTime<Utc>)> = sqlx::query_as(
+        let existing: Option<NameRow> = sqlx::query_as(
             "SELECT id, status, capabilities->'instance', EXTRACT(EPOCH FROM now() - last_heartbeat)::float8, updated \
              FROM worker WHERE name = $1",
         )
@@ -427,8 +430,10 @@ mod name_tests {
         assert!(still_held("active", Some(3.0), 30.0, Some(&other_host), &me, alive));
         assert!(still_held("draining", Some(3.0), 30.0, Some(&here), &me, alive), "a live process here");
         assert!(!still_held("active", Some(3.0), 30.0, Some(&here), &me, dead), "a dead process here");
-        assert!(!still_held("active", Some(3.0), 30.0, Some(&Instance { pid: 100, ..here.clone() }), &me, alive),
-            "this pid on this host is this process's earlier life");
+        assert!(
+            !still_held("active", Some(3.0), 30.0, Some(&Instance { pid: 100, ..here.clone() }), &me, alive),
+            "this pid on this host is this process's earlier life"
+        );
         assert!(!still_held("active", Some(30.0), 30.0, Some(&other_host), &me, alive), "a stale heartbeat");
         assert!(!still_held("active", None, 30.0, Some(&other_host), &me, alive), "never heartbeated");
         assert!(!still_held("inactive", Some(1.0), 30.0, Some(&other_host), &me, alive), "stopped");
