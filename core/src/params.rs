@@ -264,7 +264,7 @@ mod tests {
         assert_eq!((too_long.parameter.as_str(), too_long.bytes, too_long.total), ("a", 41, false));
         // a non-string counts as its JSON text
         let list = check_size(&object(json!({"list": vec![1234567; 6]})), limits).unwrap_err();
-        assert_eq!((list.parameter.as_str(), list.bytes), ("list", 47));
+        assert_eq!((list.parameter.as_str(), list.bytes), ("list", 49));
         // each under 40, together over 100: the largest is named
         let total = check_size(&object(json!({"a": "x".repeat(30), "b": "y".repeat(35), "c": "z".repeat(30)})), limits)
             .unwrap_err();
