@@ -46,6 +46,13 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
+        let db = Self::empty().await;
+        attune_common::db::migrate(&db.pool).await.expect("migrate test database");
+        db
+    }
+
+    /// A database of its own with no schema at all (for tests of the migrations themselves).
+    pub async fn empty() -> TestDb {
         let admin_url = admin_database_url();
         let admin = PgPool::connect(&admin_url)
             .await
@@ -59,7 +66,6 @@ impl TestDb {
         let url = replace_database(&admin_url, &name);
         let pool =
             attune_common::db::connect(&url, 8, Duration::from_secs(10)).await.expect("connect to test database");
-        attune_common::db::migrate(&pool).await.expect("migrate test database");
         TestDb { name, url, pool }
     }
 

@@ -20,7 +20,11 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
     assert_eq!(postgres["environment"]["POSTGRES_USER"], "attune");
     assert_eq!(postgres["environment"]["POSTGRES_DB"], "attune");
     let volumes: Vec<&str> = postgres["volumes"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
-    assert!(volumes.iter().any(|v| v.starts_with("./migrations:/migrations")), "{volumes:?}");
+    // /migrations holds the guarded psql form (common/tests/migrations_psql.rs runs it twice), and
+    // the sqlx migrations it applies are at /sqlx-migrations, where it looks for them by default
+    assert!(volumes.iter().any(|v| v.starts_with("./migrations/psql:/migrations")), "{volumes:?}");
+    assert!(volumes.iter().any(|v| v.starts_with("./migrations:/sqlx-migrations")), "{volumes:?}");
+    assert!(repo_root().join("migrations/psql/20260209000000_phase3_retry_and_health.sql").is_file());
     assert!(repo_root().join("migrations/20260209000000_phase3_retry_and_health.sql").is_file());
     for dependency in ["postgres", "rabbitmq"] {
         assert!(
