@@ -141,6 +141,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Execution(ExecutionCommand::Watch { id, wait_timeout }) => {
             watch(&client, out, id, Duration::from_secs(wait_timeout)).await
         }
+        Command::Execution(ExecutionCommand::Explain { id }) => {
+            let view = client.get(&format!("/api/v1/executions/{id}"), &[]).await?;
+            print(out, &view, crate::output::explain);
+            Ok(0)
+        }
         Command::Execution(ExecutionCommand::Chain { id }) => {
             let chain = client.get(&format!("/api/v1/executions/{id}/chain"), &[]).await?;
             print(out, &chain, |chain| {

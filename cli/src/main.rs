@@ -129,6 +129,9 @@ pub enum ExecutionCommand {
     },
     /// Show every attempt of the retry chain an execution belongs to
     Chain { id: i64 },
+    /// Say why an execution was or was not retried: its failure kind, its retry count, the
+    /// policy in force and the rule that decided
+    Explain { id: i64 },
     /// List executions, newest first
     List {
         #[arg(long)]

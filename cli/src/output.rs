@@ -81,3 +81,101 @@ mod tests {
         assert_eq!(t, "ID   NAME\n1    alpha\n200  b");
     }
 }
+
+/// Why an execution (as `GET /api/v1/executions/{id}` shows it) was or was not retried, in
+/// words: the decision the RetryManager recorded (`retry_decision`), or what its status says when
+/// no decision was made.
+pub fn explain(view: &Value) -> String {
+    let id = text(&view["id"]);
+    let status = view["status"].as_str().unwrap_or("?");
+    let kind = text(&view["failure_kind"]);
+    let mut lines = vec![format!(
+        "execution {id}: {status}{}, attempt {} (retry_count {}, max_retries {})",
+        if view["failure_kind"].is_null() { String::new() } else { format!(" ({kind})") },
+        view["retry_count"].as_i64().unwrap_or(0) + 1,
+        text(&view["retry_count"]),
+        text(&view["max_retries"]),
+    )];
+    let decision = &view["retry_decision"];
+    if decision.is_object() {
+        let verdict = if decision["retried"] == true { "retried" } else { "not retried" };
+        lines.push(format!("decision: {verdict} (rule: {})", text(&decision["rule"])));
+        lines.push(format!("why: {}", text(&decision["reason"])));
+        let policy = &decision["policy"];
+        let on: Vec<String> = policy["retry_on"].as_array().into_iter().flatten().map(text).collect();
+        lines.push(format!(
+            "policy: retries {}, {} backoff from {} s (x{}) up to {} s, jitter {}, retried kinds: {}, idempotent: {}",
+            if policy["enabled"] == true { "enabled" } else { "disabled" },
+            text(&policy["backoff"]),
+            text(&policy["base_secs"]),
+            text(&policy["multiplier"]),
+            text(&policy["max_secs"]),
+            text(&policy["jitter"]),
+            on.join(", "),
+            text(&policy["idempotent"]),
+        ));
+    } else {
+        let why = match (status, kind.as_str()) {
+            ("completed", _) => "it completed: there is nothing to retry".to_string(),
+            ("canceled", _) => "it was canceled by a client: canceled executions are never retried".to_string(),
+            (_, "operator_failed") => "an operator failed it by hand: such executions are never retried".to_string(),
+            ("requested" | "scheduled" | "running" | "delayed" | "scheduling", _) => {
+                "it has not finished: no retry decision yet".to_string()
+            }
+            _ => format!(
+                "no decision was recorded (it failed before attune recorded them); \
+                 SELECT is_execution_retriable({id}) says whether the retry path would retry it now"
+            ),
+        };
+        lines.push(format!("decision: none: {why}"));
+    }
+    if !view["retried_by"].is_null() {
+        lines.push(format!("retried by: execution {}", text(&view["retried_by"])));
+    }
+    if !view["next_attempt_at"].is_null() {
+        lines.push(format!("next attempt at: {}", text(&view["next_attempt_at"])));
+    }
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod explain_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_recorded_decision_is_told_with_its_rule_policy_and_retry() {
+        let view = json!({
+            "id": 7, "status": "failed", "failure_kind": "transient_error", "retry_count": 0, "max_retries": 3,
+            "retried_by": 8, "next_attempt_at": null,
+            "retry_decision": {
+                "retried": true, "rule": "retried", "reason": "'transient_error' is retried by this action's policy",
+                "policy": {"enabled": true, "backoff": "exponential", "base_secs": 1.0, "multiplier": 2.0,
+                    "max_secs": 300.0, "jitter": 0.2, "retry_on": ["transient_error"], "idempotent": true}
+            }
+        });
+        let told = explain(&view);
+        assert!(
+            told.starts_with("execution 7: failed (transient_error), attempt 1 (retry_count 0, max_retries 3)"),
+            "{told}"
+        );
+        assert!(told.contains("decision: retried (rule: retried)"), "{told}");
+        assert!(told.contains("retried kinds: transient_error"), "{told}");
+        assert!(told.ends_with("retried by: execution 8"), "{told}");
+    }
+
+    #[test]
+    fn without_a_decision_the_status_says_why() {
+        let cases = [
+            ("completed", json!(null), "nothing to retry"),
+            ("canceled", json!("canceled"), "never retried"),
+            ("failed", json!("operator_failed"), "failed it by hand"),
+            ("running", json!(null), "has not finished"),
+            ("failed", json!("action_failed"), "is_execution_retriable(1)"),
+        ];
+        for (status, kind, expected) in cases {
+            let view = json!({"id": 1, "status": status, "failure_kind": kind, "retry_count": 0, "max_retries": 0});
+            assert!(explain(&view).contains(expected), "{status}: {}", explain(&view));
+        }
+    }
+}

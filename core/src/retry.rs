@@ -75,7 +75,7 @@ impl RetryConfig {
 }
 
 /// The policy in force for one action: its `retry:` block over the global config.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EffectivePolicy {
     pub enabled: bool,
     pub backoff: BackoffKind,
@@ -121,6 +121,94 @@ impl EffectivePolicy {
         let factor = if self.jitter > 0.0 { 1.0 + rng.random_range(-self.jitter..=self.jitter) } else { 1.0 };
         let secs = (base * factor).clamp(0.0, self.max_secs);
         Duration::from_millis((secs * 1000.0).floor() as u64)
+    }
+}
+
+/// The rule of `decide` that settled a failed execution's fate, in its order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rule {
+    /// A person ended it on purpose (`canceled`, `operator_failed`): never retried.
+    EndedByHand,
+    /// It may have run on a worker that vanished, and the action is not idempotent: `abandoned`.
+    NotIdempotent,
+    /// Retries are disabled (`ATTUNE_RETRY_ENABLED=false`).
+    Disabled,
+    /// Its failure kind is not one the action's policy retries (`retry.on`, else the retriable kinds).
+    KindNotRetried,
+    /// Its retries are used up (`retry_count >= max_retries`).
+    Exhausted,
+    /// Retried: a retriable kind with retries left.
+    Retried,
+}
+
+/// What the RetryManager decided for one failed execution, recorded on it (`retry_decision`)
+/// and shown by the chain API and `attune execution explain`: its kind, its count, the policy in
+/// force and the rule that decided.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DecisionRecord {
+    pub retried: bool,
+    pub rule: Rule,
+    /// The decision in words.
+    pub reason: String,
+    pub failure_kind: FailureKind,
+    pub retry_count: i32,
+    pub max_retries: i32,
+    /// The backoff before the retry, and when it runs (when retried).
+    pub delay_ms: Option<u64>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub policy: EffectivePolicy,
+    pub decided_at: DateTime<Utc>,
+}
+
+impl DecisionRecord {
+    pub fn new(
+        policy: &EffectivePolicy,
+        attempt: &FailedAttempt,
+        decision: &RetryDecision,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let kind = attempt.failure;
+        let (rule, reason, delay_ms, next_attempt_at) = match decision {
+            RetryDecision::Retry { at, delay, .. } => (
+                Rule::Retried,
+                format!(
+                    "'{kind}' is retried by this action's policy, and {} of {} retries were used: retry {} runs after {:.3} s",
+                    attempt.retry_count,
+                    attempt.max_retries,
+                    attempt.retry_count + 1,
+                    delay.as_secs_f64()
+                ),
+                Some(delay.as_millis() as u64),
+                Some(*at),
+            ),
+            RetryDecision::GiveUp(why) => {
+                let rule = match why {
+                    GiveUp::NotRetriable(kind) if kind.is_never_retried() => Rule::EndedByHand,
+                    GiveUp::NotRetriable(_) => Rule::KindNotRetried,
+                    GiveUp::NotIdempotent(_) => Rule::NotIdempotent,
+                    GiveUp::Disabled => Rule::Disabled,
+                    GiveUp::Exhausted { .. } => Rule::Exhausted,
+                };
+                let reason = match why {
+                    GiveUp::NotRetriable(_) | GiveUp::NotIdempotent(_) => format!("not retried: {why}"),
+                    GiveUp::Disabled | GiveUp::Exhausted { .. } => format!("'{kind}' is not retried: {why}"),
+                };
+                (rule, reason, None, None)
+            }
+        };
+        DecisionRecord {
+            retried: matches!(decision, RetryDecision::Retry { .. }),
+            rule,
+            reason,
+            failure_kind: kind,
+            retry_count: attempt.retry_count,
+            max_retries: attempt.max_retries,
+            delay_ms,
+            next_attempt_at,
+            policy: policy.clone(),
+            decided_at: now,
+        }
     }
 }
 
@@ -412,5 +500,37 @@ mod tests {
             decide(&disabled, &attempt(FailureKind::TransientError, 0, 3), now(), &mut rng),
             RetryDecision::GiveUp(GiveUp::Disabled)
         );
+    }
+
+    #[test]
+    fn every_decision_is_recorded_with_the_rule_that_made_it() {
+        let now = now();
+        let policy = EffectivePolicy::resolve(&RetryConfig::default(), None);
+        let attempt = |failure, retry_count, started| FailedAttempt { failure, retry_count, max_retries: 2, started };
+        let mut rng = StdRng::seed_from_u64(7);
+        let cases = [
+            (attempt(FailureKind::TransientError, 0, true), Rule::Retried),
+            (attempt(FailureKind::TransientError, 2, true), Rule::Exhausted),
+            (attempt(FailureKind::ActionFailed, 0, true), Rule::KindNotRetried),
+            (attempt(FailureKind::Canceled, 0, true), Rule::EndedByHand),
+            (attempt(FailureKind::OperatorFailed, 0, false), Rule::EndedByHand),
+        ];
+        for (attempt, rule) in cases {
+            let decision = decide(&policy, &attempt, now, &mut rng);
+            let record = DecisionRecord::new(&policy, &attempt, &decision, now);
+            assert_eq!((record.rule, record.retried), (rule, rule == Rule::Retried), "{attempt:?}");
+            assert_eq!(record.delay_ms.is_some(), rule == Rule::Retried);
+            assert!(record.reason.contains(attempt.failure.as_str()), "{}", record.reason);
+            let json = serde_json::to_value(&record).unwrap();
+            assert_eq!(serde_json::from_value::<DecisionRecord>(json).unwrap(), record);
+        }
+        let not_idempotent = EffectivePolicy { idempotent: false, ..policy.clone() };
+        let stale = attempt(FailureKind::WorkerHeartbeatStale, 0, true);
+        let decision = decide(&not_idempotent, &stale, now, &mut rng);
+        assert_eq!(DecisionRecord::new(&not_idempotent, &stale, &decision, now).rule, Rule::NotIdempotent);
+        let disabled = EffectivePolicy { enabled: false, ..policy };
+        let transient = attempt(FailureKind::TransientError, 0, true);
+        let decision = decide(&disabled, &transient, now, &mut rng);
+        assert_eq!(DecisionRecord::new(&disabled, &transient, &decision, now).rule, Rule::Disabled);
     }
 }

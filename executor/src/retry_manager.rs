@@ -67,10 +67,12 @@ impl RetryManager {
             started: current.started.is_some(),
         };
         let decision = retry::decide(&policy, &attempt, now, &mut rand::rng());
+        let record = serde_json::to_value(retry::DecisionRecord::new(&policy, &attempt, &decision, now))
+            .expect("a decision record serializes");
         let status = retry::recorded_status(&decision, reported);
         let from: Vec<ExecutionStatus> =
             from.iter().copied().filter(|f| ExecutionStatus::can_transition(*f, status)).collect();
-        let mut transition = Transition::to(status).from(&from).outcome(outcome);
+        let mut transition = Transition::to(status).from(&from).outcome(outcome).retry_decision(&record);
         if let Some(worker) = owned_by {
             transition = transition.owned_by(worker);
         }

@@ -121,3 +121,33 @@ fn every_binary_s_help_lists_its_settings_from_the_one_table() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_says_why_an_execution_was_or_was_not_retried() {
+    let system = System::builder().env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.2").worker("w1", &[]).start().await;
+    let flaky = system.submit("core.flaky", serde_json::json!({"fail_times": 1})).await;
+    let first = flaky["id"].as_i64().unwrap();
+    let chain = system.wait_chain(first, std::time::Duration::from_secs(60)).await;
+    assert_eq!(chain.len(), 2, "{chain:#?}");
+    // the chain API carries each attempt's recorded decision
+    assert_eq!(chain[0]["retry_decision"]["rule"], "retried", "{chain:#?}");
+    assert_eq!(chain[0]["retry_decision"]["policy"]["retry_on"][3], "transient_error", "{chain:#?}");
+    assert_eq!(chain[1]["retry_decision"], Value::Null, "the completed retry needed no decision");
+
+    let out = attune(&system, &["execution", "explain", &first.to_string()]);
+    let told = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(told.contains("failed (transient_error)") && told.contains("decision: retried (rule: retried)"), "{told}");
+    assert!(told.contains(&format!("retried by: execution {}", chain[1]["id"])), "{told}");
+
+    let failed = system.submit("core.fail", serde_json::json!({})).await;
+    let id = failed["id"].as_i64().unwrap();
+    system.wait_chain(id, std::time::Duration::from_secs(60)).await;
+    let out = attune(&system, &["execution", "explain", &id.to_string(), "--output", "json"]);
+    let view: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(view["retry_decision"]["rule"], "kind_not_retried", "{view}");
+    let out = attune(&system, &["execution", "explain", &id.to_string()]);
+    let told = String::from_utf8_lossy(&out.stdout);
+    assert!(told.contains("not retried (rule: kind_not_retried)") && told.contains("'action_failed'"), "{told}");
+    system.stop().await;
+}

@@ -41,11 +41,16 @@ pub struct Execution {
     pub finished: Option<DateTime<Utc>>,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,
+    /// What the RetryManager decided when it failed, and why (`attune_core::retry::DecisionRecord`:
+    /// `retried`, `rule`, `reason`, `failure_kind`, `retry_count`, `max_retries`, `delay_ms`,
+    /// `next_attempt_at`, `policy`, `decided_at`); null when no decision was made.
+    #[schema(value_type = Option<Object>)]
+    pub retry_decision: Option<Value>,
 }
 
 const COLUMNS: &str = "id, action, action_ref, runtime, parameters, config, status, worker, result, failure_kind, \
     error, exit_code, stdout, stderr, retry_count, max_retries, retry_reason, original_execution, \
-    not_before, timeout_seconds, started, finished, created, updated";
+    not_before, timeout_seconds, started, finished, created, updated, retry_decision";
 
 #[derive(Debug, Clone)]
 pub struct NewExecution {
@@ -263,12 +268,21 @@ pub struct Transition<'a> {
     /// Assigns the execution to a worker (with `scheduled`).
     pub assign_worker: Option<i64>,
     pub outcome: Option<&'a Outcome>,
+    /// The retry decision recorded with a failure (see `Execution::retry_decision`).
+    pub retry_decision: Option<&'a Value>,
 }
 
 impl<'a> Transition<'a> {
     /// A transition from every state the state machine allows.
     pub fn to(to: ExecutionStatus) -> Self {
-        Transition { to, from: to.allowed_from(), owned_by: None, assign_worker: None, outcome: None }
+        Transition {
+            to,
+            from: to.allowed_from(),
+            owned_by: None,
+            assign_worker: None,
+            outcome: None,
+            retry_decision: None,
+        }
     }
     pub fn from(mut self, from: &'a [ExecutionStatus]) -> Self {
         self.from = from;
@@ -284,6 +298,10 @@ impl<'a> Transition<'a> {
     }
     pub fn outcome(mut self, outcome: &'a Outcome) -> Self {
         self.outcome = Some(outcome);
+        self
+    }
+    pub fn retry_decision(mut self, decision: &'a Value) -> Self {
+        self.retry_decision = Some(decision);
         self
     }
 
@@ -395,7 +413,8 @@ async fn transition_as<R: TransitionRow>(
             finished = CASE WHEN $2 = ANY($12) THEN now() ELSE finished END, \
             result = COALESCE($6, result), failure_kind = COALESCE($7, failure_kind), \
             error = COALESCE($8, error), exit_code = COALESCE($9, exit_code), \
-            stdout = COALESCE($10, stdout), stderr = COALESCE($11, stderr) \
+            stdout = COALESCE($10, stdout), stderr = COALESCE($11, stderr), \
+            retry_decision = COALESCE($13, retry_decision) \
          WHERE id = $1 AND status = ANY($3) AND ($5::bigint IS NULL OR worker = $5) \
          RETURNING {}",
         R::COLUMNS
@@ -413,6 +432,7 @@ async fn transition_as<R: TransitionRow>(
         .bind(&outcome.stdout)
         .bind(&outcome.stderr)
         .bind(&ExecutionStatus::TERMINAL[..])
+        .bind(transition.retry_decision)
         .fetch_optional(db)
         .await?;
     if let Some(row) = &applied {
