@@ -19,6 +19,8 @@ log "cargo test"
 mkdir -p target
 status=0
 cargo test --workspace --all-targets --no-fail-fast "$@" 2>&1 | tee target/test-output.log || status=$?
+# --all-targets leaves out doctests (the quick reference's configuration literals are doctests)
+cargo test --workspace --doc --no-fail-fast 2>&1 | tee -a target/test-output.log || status=$?
 # The broker-restart test disturbs every user of RabbitMQ: it runs alone, after the others.
 if [ "$status" = 0 ] && [ -z "${ATTUNE_SKIP_BROKER_CHAOS:-}" ]; then
     log "broker chaos test (alone)"

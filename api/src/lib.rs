@@ -17,7 +17,7 @@ use std::time::Duration;
 use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read};
 use attune_common::db;
 use attune_common::mq::{Publisher, Topology};
-use attune_core::health::HealthProbeConfig;
+use attune_core::health::HealthThresholds;
 use axum::Router;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -30,7 +30,7 @@ pub use attune_common::ServiceError as Error;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub common: CommonSettings,
-    pub health: HealthProbeConfig,
+    pub health: HealthThresholds,
     /// `ATTUNE_API_ADDR` (default `0.0.0.0:8080`).
     pub addr: SocketAddr,
     pub worker_queue_ttl: Duration,
@@ -54,7 +54,7 @@ impl FromEnv for Settings {
     fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
         Ok(Settings {
             common: CommonSettings::from_source(source)?,
-            health: HealthProbeConfig::from_source(source)?,
+            health: HealthThresholds::from_source(source)?,
             addr: read(source, "ATTUNE_API_ADDR")?,
             worker_queue_ttl: Duration::from_secs(read(source, "ATTUNE_WORKER_QUEUE_TTL_SECS")?),
             token_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_TOKEN_CACHE_SECS")?),
@@ -180,6 +180,6 @@ mod tests {
             (settings.worker_queue_ttl, settings.token_cache_ttl, settings.action_cache_ttl),
             (Duration::from_secs(300), Duration::from_secs(10), Duration::from_secs(5))
         );
-        assert_eq!(settings.health, HealthProbeConfig::default());
+        assert_eq!(settings.health, HealthThresholds::default());
     }
 }

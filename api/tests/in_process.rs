@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use attune_common::config::{CommonSettings, FromEnv};
 use attune_common::db;
-use attune_core::health::HealthProbeConfig;
+use attune_core::health::HealthThresholds;
 use attune_testkit::{Namespace, TestDb};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -40,7 +40,7 @@ impl Api {
                 packs_dir,
                 default_timeout_secs: 300,
             },
-            health: HealthProbeConfig::from_env().unwrap(),
+            health: HealthThresholds::from_env().unwrap(),
             addr: ([127, 0, 0, 1], 0).into(),
             worker_queue_ttl: Duration::from_secs(300),
             token_cache_ttl: Duration::from_secs(10),
@@ -362,7 +362,7 @@ async fn an_operator_fails_a_stuck_execution_by_hand_and_it_is_never_retried() {
 #[tokio::test]
 async fn the_settings_in_force_are_readable_in_sql_and_through_the_api() {
     let api = Api::start().await;
-    let config = attune_core::retry::RetryConfig {
+    let config = attune_core::retry::RetrySettings {
         enabled: false,
         base_backoff_secs: 2.5,
         max_backoff_secs: 60.0,

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use attune_core::health::HealthProbeConfig;
-use attune_core::retry::RetryConfig;
+use attune_core::health::HealthThresholds;
+use attune_core::retry::RetrySettings;
 
 pub use crate::settings::{Defaults, Environment, Source, parse, read, read_optional};
 
@@ -52,7 +52,7 @@ impl FromEnv for CommonSettings {
 /// The older name of `ATTUNE_HEARTBEAT_MAX_AGE_SECS`, read when only it is set.
 const OLDER_MAX_AGE: &str = "ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS";
 
-impl FromEnv for HealthProbeConfig {
+impl FromEnv for HealthThresholds {
     /// `ATTUNE_HEALTH_<FIELD>`, and `ATTUNE_HEARTBEAT_MAX_AGE_SECS` (or its older name
     /// `ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS`).
     fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
@@ -61,7 +61,7 @@ impl FromEnv for HealthProbeConfig {
                 (Some(older), None) => parse(OLDER_MAX_AGE, &older)?,
                 _ => read(source, "ATTUNE_HEARTBEAT_MAX_AGE_SECS")?,
             };
-        Ok(HealthProbeConfig {
+        Ok(HealthThresholds {
             enabled: read(source, "ATTUNE_HEALTH_ENABLED")?,
             heartbeat_max_age_secs: max_age,
             degraded_threshold: read(source, "ATTUNE_HEALTH_DEGRADED_THRESHOLD")?,
@@ -75,10 +75,10 @@ impl FromEnv for HealthProbeConfig {
     }
 }
 
-impl FromEnv for RetryConfig {
+impl FromEnv for RetrySettings {
     /// `ATTUNE_RETRY_<FIELD>`, checked together.
     fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
-        let config = RetryConfig {
+        let config = RetrySettings {
             enabled: read(source, "ATTUNE_RETRY_ENABLED")?,
             base_backoff_secs: read(source, "ATTUNE_RETRY_BASE_BACKOFF_SECS")?,
             max_backoff_secs: read(source, "ATTUNE_RETRY_MAX_BACKOFF_SECS")?,
@@ -101,8 +101,8 @@ mod tests {
 
     #[test]
     fn the_table_s_defaults_are_the_core_s_defaults() {
-        assert_eq!(HealthProbeConfig::from_source(&Defaults).unwrap(), HealthProbeConfig::default());
-        assert_eq!(RetryConfig::from_source(&Defaults).unwrap(), RetryConfig::default());
+        assert_eq!(HealthThresholds::from_source(&Defaults).unwrap(), HealthThresholds::default());
+        assert_eq!(RetrySettings::from_source(&Defaults).unwrap(), RetrySettings::default());
         let common = CommonSettings::from_source(&Defaults).unwrap();
         assert_eq!((common.mq_namespace.as_str(), common.default_timeout_secs), ("attune", 300));
     }
@@ -110,10 +110,10 @@ mod tests {
     #[test]
     fn the_older_heartbeat_name_still_works_and_garbage_is_named() {
         let older = Vars(&[("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", "12")]);
-        assert_eq!(HealthProbeConfig::from_source(&older).unwrap().heartbeat_max_age_secs, 12);
+        assert_eq!(HealthThresholds::from_source(&older).unwrap().heartbeat_max_age_secs, 12);
         let both = Vars(&[("ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS", "12"), ("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "20")]);
-        assert_eq!(HealthProbeConfig::from_source(&both).unwrap().heartbeat_max_age_secs, 20);
-        let error = RetryConfig::from_source(&Vars(&[("ATTUNE_RETRY_JITTER_FACTOR", "2")])).unwrap_err();
+        assert_eq!(HealthThresholds::from_source(&both).unwrap().heartbeat_max_age_secs, 20);
+        let error = RetrySettings::from_source(&Vars(&[("ATTUNE_RETRY_JITTER_FACTOR", "2")])).unwrap_err();
         assert_eq!(error.name, "ATTUNE_RETRY_JITTER_FACTOR");
         let error = CommonSettings::from_source(&Vars(&[("ATTUNE_DEFAULT_TIMEOUT_SECS", "soon")])).unwrap_err();
         assert!(error.to_string().starts_with("invalid value \"soon\" for ATTUNE_DEFAULT_TIMEOUT_SECS"), "{error}");

@@ -3,7 +3,7 @@
 //! states, drawn mostly near the thresholds, under the default and a random configuration.
 
 use attune_common::db;
-use attune_core::health::{HealthProbeConfig, classify};
+use attune_core::health::{HealthThresholds, classify};
 use attune_testkit::TestDb;
 use chrono::{DateTime, Duration, Utc};
 use rand::rngs::StdRng;
@@ -15,7 +15,7 @@ fn near(rng: &mut StdRng, points: &[i64]) -> i64 {
     (point + rng.random_range(-2..=2)).max(0)
 }
 
-async fn check(test: &TestDb, config: &HealthProbeConfig, rng: &mut StdRng, workers: usize) {
+async fn check(test: &TestDb, config: &HealthThresholds, rng: &mut StdRng, workers: usize) {
     let pool = &test.pool;
     sqlx::query("DELETE FROM execution").execute(pool).await.unwrap();
     sqlx::query("DELETE FROM worker").execute(pool).await.unwrap();
@@ -86,12 +86,12 @@ async fn check(test: &TestDb, config: &HealthProbeConfig, rng: &mut StdRng, work
 async fn sql_and_rust_classify_workers_alike() {
     let test = TestDb::new().await;
     let mut rng = StdRng::seed_from_u64(0x5eed_a77e);
-    check(&test, &HealthProbeConfig::default(), &mut rng, 300).await;
+    check(&test, &HealthThresholds::default(), &mut rng, 300).await;
     for _ in 0..3 {
         let degraded_threshold = rng.random_range(1..6);
         let queue_depth_degraded = rng.random_range(5..40);
         let failure_rate_degraded = rng.random_range(1..5) as f64 / 10.0;
-        let config = HealthProbeConfig {
+        let config = HealthThresholds {
             enabled: true,
             heartbeat_max_age_secs: rng.random_range(5..60),
             degraded_threshold,
@@ -106,7 +106,7 @@ async fn sql_and_rust_classify_workers_alike() {
     }
     // The view lists exactly the workers the Rust side would schedule on.
     let (candidates, now) = db::worker::candidates(&test.pool).await.unwrap();
-    let config = HealthProbeConfig::default();
+    let config = HealthThresholds::default();
     db::worker::store_health_config(&test.pool, &config).await.unwrap();
     let mut expected: Vec<String> = candidates
         .iter()

@@ -62,8 +62,59 @@ pub struct HealthReport {
     pub last_failure_at: Option<DateTime<Utc>>,
 }
 
+/// The quick reference's health probe configuration, field for field: its literal compiles as
+/// written.
+///
+/// ```
+/// use attune_core::health::{HealthProbeConfig, HealthThresholds};
+/// let config = HealthProbeConfig {
+/// enabled: true,
+/// heartbeat_max_age_secs: 30,
+/// degraded_threshold: 3,
+/// unhealthy_threshold: 10,
+/// queue_depth_degraded: 50,
+/// queue_depth_unhealthy: 100,
+/// failure_rate_degraded: 0.3,
+/// failure_rate_unhealthy: 0.7,
+/// };
+/// assert_eq!(HealthThresholds::from(config), HealthThresholds::default());
+/// ```
+///
+/// The executor classifies with [`HealthThresholds`], which also says how many executions a
+/// failure rate needs before it counts (`failure_rate_min_executions`, 10 unless set); a
+/// `HealthProbeConfig` converts into it with that default.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthProbeConfig {
+    pub enabled: bool,
+    pub heartbeat_max_age_secs: i64,
+    pub degraded_threshold: i64,
+    pub unhealthy_threshold: i64,
+    pub queue_depth_degraded: i64,
+    pub queue_depth_unhealthy: i64,
+    pub failure_rate_degraded: f64,
+    pub failure_rate_unhealthy: f64,
+}
+
+impl From<HealthProbeConfig> for HealthThresholds {
+    fn from(c: HealthProbeConfig) -> Self {
+        HealthThresholds {
+            enabled: c.enabled,
+            heartbeat_max_age_secs: c.heartbeat_max_age_secs,
+            degraded_threshold: c.degraded_threshold,
+            unhealthy_threshold: c.unhealthy_threshold,
+            queue_depth_degraded: c.queue_depth_degraded,
+            queue_depth_unhealthy: c.queue_depth_unhealthy,
+            failure_rate_degraded: c.failure_rate_degraded,
+            failure_rate_unhealthy: c.failure_rate_unhealthy,
+            ..HealthThresholds::default()
+        }
+    }
+}
+
+/// The health thresholds in force (`ATTUNE_HEALTH_*`): the quick reference's
+/// [`HealthProbeConfig`] and the number of executions a failure rate needs to count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthThresholds {
     pub enabled: bool,
     pub heartbeat_max_age_secs: i64,
     pub degraded_threshold: i64,
@@ -75,9 +126,9 @@ pub struct HealthProbeConfig {
     pub failure_rate_min_executions: i64,
 }
 
-impl Default for HealthProbeConfig {
+impl Default for HealthThresholds {
     fn default() -> Self {
-        HealthProbeConfig {
+        HealthThresholds {
             enabled: true,
             heartbeat_max_age_secs: 30,
             degraded_threshold: 3,
@@ -108,7 +159,7 @@ pub struct HealthSignals {
 }
 
 /// The class of one worker; every worker is healthy while the probe is disabled.
-pub fn classify(config: &HealthProbeConfig, signals: &HealthSignals, now: DateTime<Utc>) -> HealthClass {
+pub fn classify(config: &HealthThresholds, signals: &HealthSignals, now: DateTime<Utc>) -> HealthClass {
     if !config.enabled {
         return HealthClass::Healthy;
     }
@@ -133,7 +184,7 @@ pub fn classify(config: &HealthProbeConfig, signals: &HealthSignals, now: DateTi
 /// failures alone (its heartbeat is fresh and its queue depth does not condemn it), it said when
 /// it last failed and that was at least `probation` ago, and nothing is in flight on it.
 pub fn on_probation(
-    config: &HealthProbeConfig,
+    config: &HealthThresholds,
     signals: &HealthSignals,
     now: DateTime<Utc>,
     probation: chrono::Duration,
@@ -146,7 +197,7 @@ pub fn on_probation(
 
 /// Whether a worker is unhealthy (or worse off) by its failures alone and may be probed later:
 /// it would take work but for them, and it said when it last failed.
-pub fn may_be_probed(config: &HealthProbeConfig, signals: &HealthSignals, now: DateTime<Utc>) -> bool {
+pub fn may_be_probed(config: &HealthThresholds, signals: &HealthSignals, now: DateTime<Utc>) -> bool {
     signals.last_failure_at.is_some()
         && classify(config, &HealthSignals { queue_depth: 0, ..without_failures(signals) }, now)
             != HealthClass::Unhealthy
@@ -188,7 +239,7 @@ impl FailureRecord {
     /// Counts one finished execution; `failed`: a failure of the worker's own. A success while
     /// the record alone would make the worker unhealthy (a probe that succeeded) clears the
     /// window: the worker has shown it works again.
-    pub fn record(&mut self, config: &HealthProbeConfig, now: DateTime<Utc>, failed: bool) {
+    pub fn record(&mut self, config: &HealthThresholds, now: DateTime<Utc>, failed: bool) {
         if failed {
             self.consecutive_failures += 1;
             self.last_failure_at = Some(now);
@@ -226,7 +277,7 @@ impl FailureRecord {
     }
 
     /// Whether the failures alone make the worker unhealthy now.
-    fn condemns(&self, config: &HealthProbeConfig, now: DateTime<Utc>) -> bool {
+    fn condemns(&self, config: &HealthThresholds, now: DateTime<Utc>) -> bool {
         let (total, failed) = self.recent(now);
         let signals = HealthSignals {
             last_heartbeat: Some(now),
@@ -273,7 +324,7 @@ mod tests {
     #[test]
     fn thresholds_at_every_boundary() {
         use HealthClass::*;
-        let c = HealthProbeConfig::default();
+        let c = HealthThresholds::default();
         let cases: Vec<(&str, HealthSignals, HealthClass)> = vec![
             ("fresh", healthy(), Healthy),
             ("2 failures", HealthSignals { consecutive_failures: 2, ..healthy() }, Healthy),
@@ -328,7 +379,7 @@ mod tests {
 
     #[test]
     fn the_failure_rate_counts_only_the_recent_window() {
-        let c = HealthProbeConfig::default();
+        let c = HealthThresholds::default();
         let mut record = FailureRecord::new(600);
         let start = now();
         // 10 failures of its own, each followed by a success: never 3 in a row, rate 0.5
@@ -353,7 +404,7 @@ mod tests {
 
     #[test]
     fn a_probes_success_clears_the_record_and_an_ordinary_success_does_not() {
-        let c = HealthProbeConfig::default();
+        let c = HealthThresholds::default();
         let mut record = FailureRecord::new(600);
         for i in 0..4 {
             record.record(&c, now() + Duration::seconds(i), false);
@@ -380,7 +431,7 @@ mod tests {
 
     #[test]
     fn probation_comes_after_the_cool_down_to_a_worker_unhealthy_by_failures_alone() {
-        let c = HealthProbeConfig::default();
+        let c = HealthThresholds::default();
         let probation = Duration::seconds(60);
         let failing = HealthSignals {
             consecutive_failures: 10,

@@ -54,7 +54,7 @@ pub enum BackoffKind {
     Exponential,
 }
 
-/// The optional `retry:` block of an action. Every field falls back to the global `RetryConfig`.
+/// The optional `retry:` block of an action. Every field falls back to the global `RetrySettings`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetryPolicy {

@@ -21,9 +21,48 @@ use crate::ExecutionStatus;
 use crate::failure::FailureKind;
 use crate::pack::{BackoffKind, RetryPolicy};
 
-/// The global retry settings (`ATTUNE_RETRY_*`).
+/// The quick reference's retry configuration, field for field: its literal compiles as written.
+///
+/// ```
+/// use attune_core::retry::{RetryConfig, RetrySettings};
+/// // Default retry configuration
+/// let config = RetryConfig {
+/// enabled: true,
+/// base_backoff_secs: 1,
+/// max_backoff_secs: 300, // 5 minutes max
+/// backoff_multiplier: 2.0,
+/// jitter_factor: 0.2, // 20% jitter
+/// };
+/// assert_eq!(RetrySettings::from(config), RetrySettings::default());
+/// ```
+///
+/// The executor runs with [`RetrySettings`], which takes fractions of a second as well
+/// (`ATTUNE_RETRY_BASE_BACKOFF_SECS=0.2`); a `RetryConfig` converts into it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryConfig {
+    pub enabled: bool,
+    pub base_backoff_secs: u64,
+    pub max_backoff_secs: u64,
+    pub backoff_multiplier: f64,
+    pub jitter_factor: f64,
+}
+
+impl From<RetryConfig> for RetrySettings {
+    fn from(c: RetryConfig) -> Self {
+        RetrySettings {
+            enabled: c.enabled,
+            base_backoff_secs: c.base_backoff_secs as f64,
+            max_backoff_secs: c.max_backoff_secs as f64,
+            backoff_multiplier: c.backoff_multiplier,
+            jitter_factor: c.jitter_factor,
+        }
+    }
+}
+
+/// The global retry settings in force (`ATTUNE_RETRY_*`): the quick reference's
+/// [`RetryConfig`] with the backoff in seconds and fractions of one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetrySettings {
     pub enabled: bool,
     pub base_backoff_secs: f64,
     pub max_backoff_secs: f64,
@@ -31,9 +70,9 @@ pub struct RetryConfig {
     pub jitter_factor: f64,
 }
 
-impl Default for RetryConfig {
+impl Default for RetrySettings {
     fn default() -> Self {
-        RetryConfig {
+        RetrySettings {
             enabled: true,
             base_backoff_secs: 1.0,
             max_backoff_secs: 300.0,
@@ -52,7 +91,7 @@ pub struct InvalidSetting {
     pub reason: &'static str,
 }
 
-impl RetryConfig {
+impl RetrySettings {
     /// Checks the global settings; the error names the environment variable that sets the field.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
         let invalid = |name: &'static str, value: f64, reason: &'static str| {
@@ -88,7 +127,7 @@ pub struct EffectivePolicy {
 }
 
 impl EffectivePolicy {
-    pub fn resolve(config: &RetryConfig, policy: Option<&RetryPolicy>) -> Self {
+    pub fn resolve(config: &RetrySettings, policy: Option<&RetryPolicy>) -> Self {
         let p = policy.cloned().unwrap_or_default();
         let base_secs = p.base_delay_secs.unwrap_or(config.base_backoff_secs);
         EffectivePolicy {
@@ -311,7 +350,7 @@ mod tests {
     }
 
     fn default_policy() -> EffectivePolicy {
-        EffectivePolicy::resolve(&RetryConfig::default(), None)
+        EffectivePolicy::resolve(&RetrySettings::default(), None)
     }
 
     fn attempt(failure: FailureKind, retry_count: i32, max_retries: i32) -> FailedAttempt {
@@ -320,7 +359,7 @@ mod tests {
 
     #[test]
     fn what_a_person_ended_is_never_retried_whatever_the_policy() {
-        let config = RetryConfig::default();
+        let config = RetrySettings::default();
         let every_kind = RetryPolicy { on: Some(FailureKind::ALL.to_vec()), ..Default::default() };
         let policy = EffectivePolicy::resolve(&config, Some(&every_kind));
         let now = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
@@ -395,7 +434,7 @@ mod tests {
 
     #[test]
     fn linear_and_fixed_backoff() {
-        let config = RetryConfig::default();
+        let config = RetrySettings::default();
         let policy = |backoff| {
             EffectivePolicy::resolve(
                 &config,
@@ -467,7 +506,7 @@ mod tests {
 
     #[test]
     fn policy_overrides_kinds_idempotency_and_enabled() {
-        let config = RetryConfig::default();
+        let config = RetrySettings::default();
         let mut rng = StdRng::seed_from_u64(6);
         let with = |on: Option<Vec<FailureKind>>, idempotent| {
             EffectivePolicy::resolve(&config, Some(&RetryPolicy { on, idempotent, ..Default::default() }))
@@ -495,7 +534,7 @@ mod tests {
             RetryDecision::Retry { .. }
         ));
 
-        let disabled = EffectivePolicy::resolve(&RetryConfig { enabled: false, ..config.clone() }, None);
+        let disabled = EffectivePolicy::resolve(&RetrySettings { enabled: false, ..config.clone() }, None);
         assert_eq!(
             decide(&disabled, &attempt(FailureKind::TransientError, 0, 3), now(), &mut rng),
             RetryDecision::GiveUp(GiveUp::Disabled)
@@ -505,7 +544,7 @@ mod tests {
     #[test]
     fn every_decision_is_recorded_with_the_rule_that_made_it() {
         let now = now();
-        let policy = EffectivePolicy::resolve(&RetryConfig::default(), None);
+        let policy = EffectivePolicy::resolve(&RetrySettings::default(), None);
         let attempt = |failure, retry_count, started| FailedAttempt { failure, retry_count, max_retries: 2, started };
         let mut rng = StdRng::seed_from_u64(7);
         let cases = [

@@ -19,7 +19,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::health::{HealthClass, HealthProbeConfig, HealthSignals, classify};
+use crate::health::{HealthClass, HealthSignals, HealthThresholds, classify};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
@@ -49,7 +49,7 @@ pub struct Ranked {
 }
 
 /// The worker as a ranked candidate, or `None` if it must not get work (unhealthy).
-fn eligible(config: &HealthProbeConfig, worker_id: i64, signals: &HealthSignals, now: DateTime<Utc>) -> Option<Ranked> {
+fn eligible(config: &HealthThresholds, worker_id: i64, signals: &HealthSignals, now: DateTime<Utc>) -> Option<Ranked> {
     let class = classify(config, signals, now);
     (class != HealthClass::Unhealthy).then_some(Ranked { worker_id, class, queue_depth: signals.queue_depth })
 }
@@ -63,7 +63,7 @@ fn order_key(ranked: &Ranked, tie: u64) -> (HealthClass, i64, u64) {
 /// Every eligible worker for `runtime`, best first. `tie_break` gives each worker id a random
 /// key so that equally good workers are chosen in varying order.
 pub fn rank(
-    config: &HealthProbeConfig,
+    config: &HealthThresholds,
     candidates: &[Candidate],
     runtime: &str,
     now: DateTime<Utc>,
@@ -84,7 +84,7 @@ pub fn rank(
 
 /// The best worker for `runtime`, or `None` (the retriable failure `worker_unavailable`).
 pub fn select(
-    config: &HealthProbeConfig,
+    config: &HealthThresholds,
     candidates: &[Candidate],
     runtime: &str,
     now: DateTime<Utc>,
@@ -97,7 +97,7 @@ pub fn select(
 /// The best of `workers` (each already known to offer the runtime), in the order `rank` gives,
 /// without sorting or copying the rest: one pass.
 pub fn best(
-    config: &HealthProbeConfig,
+    config: &HealthThresholds,
     workers: impl IntoIterator<Item = (i64, HealthSignals)>,
     now: DateTime<Utc>,
     mut tie_break: impl FnMut(i64) -> u64,
@@ -116,7 +116,7 @@ pub fn best(
 /// Whether a worker would take work if it had room: healthy or degraded by every signal but how
 /// busy it is. A request waits (rather than fails) while a worker offering its runtime could.
 /// A worker unhealthy by its failures alone could too: it gets a probe after its probation.
-pub fn could_take_work(config: &HealthProbeConfig, signals: &HealthSignals, now: DateTime<Utc>) -> bool {
+pub fn could_take_work(config: &HealthThresholds, signals: &HealthSignals, now: DateTime<Utc>) -> bool {
     classify(config, &HealthSignals { queue_depth: 0, ..*signals }, now) != HealthClass::Unhealthy
         || crate::health::may_be_probed(config, signals, now)
 }
@@ -137,7 +137,7 @@ pub struct Room {
 /// Returns the chosen worker of each placement, in order; shorter than `limit` when the room
 /// runs out.
 pub fn plan(
-    config: &HealthProbeConfig,
+    config: &HealthThresholds,
     mut rooms: Vec<Room>,
     limit: usize,
     now: DateTime<Utc>,
@@ -259,14 +259,14 @@ mod tests {
             worker(1, 0, 5, &["shell"]),
         ];
         let order: Vec<i64> =
-            rank(&HealthProbeConfig::default(), &workers, "shell", now(), |_| 0).iter().map(|r| r.worker_id).collect();
+            rank(&HealthThresholds::default(), &workers, "shell", now(), |_| 0).iter().map(|r| r.worker_id).collect();
         assert_eq!(order, vec![1, 2, 3]);
     }
 
     #[test]
     fn filters_by_runtime_and_reports_no_worker() {
         let workers = vec![worker(1, 0, 0, &["shell"])];
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         assert!(select(&config, &workers, "python", now(), |_| 0).is_none());
         assert_eq!(select(&config, &workers, "shell", now(), |_| 0).unwrap().worker_id, 1);
     }
@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn ties_are_broken_by_the_random_key() {
         let workers = vec![worker(1, 0, 3, &["shell"]), worker(2, 0, 3, &["shell"])];
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         let first = select(&config, &workers, "shell", now(), |id| if id == 2 { 0 } else { 1 });
         assert_eq!(first.unwrap().worker_id, 2);
         let first = select(&config, &workers, "shell", now(), |id| if id == 1 { 0 } else { 1 });
@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn the_one_pass_choice_is_the_first_of_the_ranking() {
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         let mut state = 7;
         for round in 0..500 {
             let workers: Vec<Candidate> = (0..(round % 12)).map(|id| random_worker(id, &mut state)).collect();
@@ -319,7 +319,7 @@ mod tests {
     /// sound only because more queue depth and a later clock never make a worker's class better.
     #[test]
     fn more_queue_depth_and_a_later_clock_never_improve_a_class() {
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         let mut state = 11;
         for _ in 0..2000 {
             let base = random_worker(1, &mut state).signals;
@@ -340,7 +340,7 @@ mod tests {
 
     #[test]
     fn a_plan_fills_free_slots_only_and_never_more() {
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         // worker 1 is full, 2 has two slots, 3 has one
         let rooms = vec![room(1, 0, 4, 0), room(2, 0, 2, 2), room(3, 0, 3, 1)];
         let placed = plan(&config, rooms.clone(), 10, now(), |_| 0);
@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_plan_keeps_the_seed_order_among_workers_with_room() {
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         // healthy by queue depth, then degraded; unhealthy never, room or not
         let rooms = vec![room(4, 10, 0, 5), room(3, 3, 0, 5), room(2, 0, 20, 1), room(1, 0, 5, 1)];
         assert_eq!(plan(&config, rooms, 10, now(), |_| 0), vec![1, 2, 3, 3, 3, 3, 3]);
@@ -359,7 +359,7 @@ mod tests {
 
     #[test]
     fn a_plan_spreads_a_batch_by_queue_depth() {
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         let rooms = vec![room(1, 0, 0, 8), room(2, 0, 0, 8)];
         let placed = plan(&config, rooms, 8, now(), |id| id as u64);
         assert_eq!(placed.iter().filter(|w| **w == 1).count(), 4, "{placed:?}");
@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn a_busy_worker_could_take_work_and_a_failing_one_could_not() {
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         assert!(could_take_work(&config, &worker(1, 0, 500, &["shell"]).signals, now()));
         assert!(!could_take_work(&config, &worker(1, 10, 0, &["shell"]).signals, now()));
         // failing, but it said when: it is probed after its probation, so requests wait for it
@@ -378,7 +378,7 @@ mod tests {
 
     #[test]
     fn a_probe_goes_to_a_worker_on_probation_only_when_nobody_better_has_room() {
-        let config = HealthProbeConfig::default();
+        let config = HealthThresholds::default();
         let mut on_probation = room(3, 10, 0, 4);
         on_probation.probation = true;
         let placed = plan(&config, vec![on_probation.clone(), room(1, 0, 0, 2)], 4, now(), |id| id as u64);

@@ -13,14 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attune_common::db;
-use attune_core::health::{HealthClass, HealthProbeConfig, classify, on_probation};
+use attune_core::health::{HealthClass, HealthThresholds, classify, on_probation};
 use attune_core::selection::{self, Candidate, Ranked, Room};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 pub struct WorkerHealthProbe {
     pool: PgPool,
-    config: HealthProbeConfig,
+    config: HealthThresholds,
     fleet_ttl: Duration,
     probation: chrono::Duration,
     fleet: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Candidate>>)>>,
@@ -65,7 +65,7 @@ impl Picture {
     /// never make a class better, so a plan could never choose them (and the cost of planning
     /// follows the workers that can take work, not the size of the fleet). The exception is a
     /// worker on probation (`health::on_probation`): one slot, for one probe.
-    pub fn rooms(&self, config: &HealthProbeConfig, runtime: &str) -> Vec<Room> {
+    pub fn rooms(&self, config: &HealthThresholds, runtime: &str) -> Vec<Room> {
         let now = self.now();
         self.fleet
             .iter()
@@ -91,7 +91,7 @@ impl Picture {
 
     /// Whether some active worker offering `runtime` would take work if it had room: a request
     /// for it waits rather than fails.
-    pub fn could_run(&self, config: &HealthProbeConfig, runtime: &str) -> bool {
+    pub fn could_run(&self, config: &HealthThresholds, runtime: &str) -> bool {
         let now = self.now();
         self.fleet.iter().any(|c| c.offers(runtime) && selection::could_take_work(config, &c.signals, now))
     }
@@ -99,10 +99,12 @@ impl Picture {
 
 impl WorkerHealthProbe {
     /// A probe that reads the fleet for every picture.
-    pub fn new(pool: PgPool, config: HealthProbeConfig) -> Self {
+    /// With the quick reference's `HealthProbeConfig` literal, or the executor's
+    /// `HealthThresholds`.
+    pub fn new(pool: PgPool, config: impl Into<HealthThresholds>) -> Self {
         WorkerHealthProbe {
             pool,
-            config,
+            config: config.into(),
             fleet_ttl: Duration::ZERO,
             probation: chrono::Duration::seconds(60),
             fleet: Default::default(),
@@ -121,7 +123,7 @@ impl WorkerHealthProbe {
         self
     }
 
-    pub fn config(&self) -> &HealthProbeConfig {
+    pub fn config(&self) -> &HealthThresholds {
         &self.config
     }
 

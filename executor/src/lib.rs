@@ -9,6 +9,40 @@
 //! - `retry_timer`: requests delayed retries when they are due.
 //! - `dead_letters`: the DLQ handler (expired dispatches, poison messages, parking).
 //! - `monitor`: the singleton timeout monitor (stuck states, dead workers, overdue runs).
+//!
+//! The quick reference's "Configuration" section, as written, is how the executor's two
+//! components are made:
+//!
+//! ```no_run
+//! use attune_executor::{HealthProbeConfig, RetryConfig, RetryManager, WorkerHealthProbe};
+//! # async fn initialization(pool: sqlx::PgPool) {
+//! // In executor service initialization
+//! let retry_manager = RetryManager::new(pool.clone(), RetryConfig {
+//! enabled: true,
+//! base_backoff_secs: 1,
+//! max_backoff_secs: 300,
+//! backoff_multiplier: 2.0,
+//! jitter_factor: 0.2,
+//! });
+//! // In executor service initialization
+//! let health_probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig {
+//! enabled: true,
+//! heartbeat_max_age_secs: 30,
+//! degraded_threshold: 3,
+//! unhealthy_threshold: 10,
+//! queue_depth_degraded: 50,
+//! queue_depth_unhealthy: 100,
+//! failure_rate_degraded: 0.3,
+//! failure_rate_unhealthy: 0.7,
+//! });
+//! # let _ = (retry_manager, health_probe);
+//! # }
+//! ```
+
+pub use attune_core::health::HealthProbeConfig;
+pub use attune_core::retry::RetryConfig;
+pub use health_probe::WorkerHealthProbe;
+pub use retry_manager::RetryManager;
 
 pub mod completion;
 pub mod dead_letters;
@@ -24,8 +58,8 @@ use std::time::Duration;
 use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read};
 use attune_common::db;
 use attune_common::mq::{ConsumerSpec, Publisher, Topology, run_consumer};
-use attune_core::health::HealthProbeConfig;
-use attune_core::retry::RetryConfig;
+use attune_core::health::HealthThresholds;
+use attune_core::retry::RetrySettings;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -34,8 +68,8 @@ pub use attune_common::ServiceError as Error;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub common: CommonSettings,
-    pub health: HealthProbeConfig,
-    pub retry: RetryConfig,
+    pub health: HealthThresholds,
+    pub retry: RetrySettings,
     /// How often the retry timer looks for due retries (`ATTUNE_RETRY_POLL_MS`, 100).
     pub retry_poll: Duration,
     /// Messages handled concurrently by each of the executor's consumers
@@ -75,8 +109,8 @@ impl FromEnv for Settings {
     fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
         Ok(Settings {
             common: CommonSettings::from_source(source)?,
-            health: HealthProbeConfig::from_source(source)?,
-            retry: RetryConfig::from_source(source)?,
+            health: HealthThresholds::from_source(source)?,
+            retry: RetrySettings::from_source(source)?,
             retry_poll: Duration::from_millis(read(source, "ATTUNE_RETRY_POLL_MS")?),
             prefetch: read(source, "ATTUNE_EXECUTOR_PREFETCH")?,
             worker_queue_ttl: Duration::from_secs(read(source, "ATTUNE_WORKER_QUEUE_TTL_SECS")?),
@@ -191,6 +225,6 @@ mod tests {
         assert_eq!((s.worker_wait, s.worker_cache, s.inflight_cache), (secs(30), ms(500), ms(10)));
         assert_eq!((s.action_cache_ttl, s.monitor_interval), (secs(5), secs(5)));
         assert_eq!((s.scheduling_timeout, s.running_grace), (secs(30), secs(30)));
-        assert_eq!((s.retry, s.health), (RetryConfig::default(), HealthProbeConfig::default()));
+        assert_eq!((s.retry, s.health), (RetrySettings::default(), HealthThresholds::default()));
     }
 }

@@ -8,7 +8,7 @@ use attune_common::db::{
 };
 use attune_common::metrics;
 use attune_common::pack::RetryPolicy;
-use attune_core::retry::{self, EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision};
+use attune_core::retry::{self, EffectivePolicy, FailedAttempt, RetryDecision, RetrySettings};
 use attune_core::{ExecutionStatus, FailureKind};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -16,7 +16,7 @@ use sqlx::PgPool;
 
 pub struct RetryManager {
     pool: PgPool,
-    config: RetryConfig,
+    config: RetrySettings,
 }
 
 #[derive(Debug)]
@@ -27,11 +27,12 @@ pub struct Recorded {
 }
 
 impl RetryManager {
-    pub fn new(pool: PgPool, config: RetryConfig) -> Self {
-        RetryManager { pool, config }
+    /// With the quick reference's `RetryConfig` literal, or the executor's `RetrySettings`.
+    pub fn new(pool: PgPool, config: impl Into<RetrySettings>) -> Self {
+        RetryManager { pool, config: config.into() }
     }
 
-    pub fn config(&self) -> &RetryConfig {
+    pub fn config(&self) -> &RetrySettings {
         &self.config
     }
 

@@ -2,7 +2,7 @@
 //! `is_execution_retriable` (SQL) agreeing with `retry::decide` (Rust) on random executions.
 
 use attune_common::db::{self, execution::NewExecution, execution::Outcome};
-use attune_core::retry::{EffectivePolicy, FailedAttempt, RetryConfig, RetryDecision, decide};
+use attune_core::retry::{EffectivePolicy, FailedAttempt, RetryDecision, RetrySettings, decide};
 use attune_core::{ExecutionStatus, FailureKind};
 use attune_executor::retry_manager::RetryManager;
 use attune_testkit::TestDb;
@@ -66,7 +66,7 @@ async fn concurrent_reports_of_one_failure_create_exactly_one_retry() {
     let pool = test.pool.clone();
     let action = action(&pool, "a", None).await;
     let worker = db::worker::register(&pool, "w", &json!({})).await.unwrap();
-    let manager = std::sync::Arc::new(RetryManager::new(pool.clone(), RetryConfig::default()));
+    let manager = std::sync::Arc::new(RetryManager::new(pool.clone(), RetrySettings::default()));
     for _ in 0..20 {
         let execution = db::execution::insert(&pool, &new(action, 0, 3)).await.unwrap();
         sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
@@ -120,7 +120,7 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
     let test = TestDb::new().await;
     let pool = &test.pool;
     let mut rng = StdRng::seed_from_u64(0x2e7a1);
-    let config = RetryConfig::default();
+    let config = RetrySettings::default();
     let kinds: Vec<FailureKind> = FailureKind::ALL.into_iter().filter(|k| *k != FailureKind::Canceled).collect();
     let mut policies: Vec<(i64, Option<attune_common::pack::RetryPolicy>)> = Vec::new();
     for i in 0..12 {
@@ -198,7 +198,7 @@ async fn worker_with_slots(pool: &PgPool, name: &str, slots: i64, consuming: boo
 
 #[tokio::test]
 async fn the_picture_gives_room_by_free_slots_and_skips_workers_that_cannot_consume_or_are_draining() {
-    use attune_core::health::HealthProbeConfig;
+    use attune_core::health::HealthThresholds;
     use attune_executor::health_probe::WorkerHealthProbe;
     let test = TestDb::new().await;
     let pool = test.pool.clone();
@@ -213,7 +213,7 @@ async fn the_picture_gives_room_by_free_slots_and_skips_workers_that_cannot_cons
     running_on(&pool, action, a).await;
     running_on(&pool, action, b).await;
     running_on(&pool, action, b).await;
-    let probe = WorkerHealthProbe::new(pool.clone(), HealthProbeConfig::default());
+    let probe = WorkerHealthProbe::new(pool.clone(), HealthThresholds::default());
     let mut picture = probe.picture().await.unwrap();
     let rooms: Vec<(i64, i64)> = picture.rooms(probe.config(), "shell").iter().map(|r| (r.worker_id, r.free)).collect();
     assert_eq!(rooms, vec![(a, 1)], "b is full; c does not consume; d is draining (and stays so)");

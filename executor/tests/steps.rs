@@ -10,8 +10,8 @@ use attune_common::db::{self, execution::NewExecution, execution::Transition};
 use attune_common::mq::{ExecutionResult, Publisher, ResultStatus, Topology};
 use attune_core::ExecutionStatus::{self, *};
 use attune_core::FailureKind;
-use attune_core::health::HealthProbeConfig;
-use attune_core::retry::RetryConfig;
+use attune_core::health::HealthThresholds;
+use attune_core::retry::RetrySettings;
 use attune_executor::{Context, Settings, completion, monitor, retry_timer};
 use attune_testkit::{Namespace, TestDb};
 use serde_json::json;
@@ -38,9 +38,9 @@ impl Step {
                 packs_dir: packs.clone(),
                 default_timeout_secs: 300,
             },
-            health: HealthProbeConfig::default(),
+            health: HealthThresholds::default(),
             // backoff of a few milliseconds, no jitter: a retry is due as soon as it exists
-            retry: RetryConfig {
+            retry: RetrySettings {
                 base_backoff_secs: 0.001,
                 max_backoff_secs: 0.001,
                 jitter_factor: 0.0,

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use attune_core::health::{FailureRecord, HealthClass, HealthProbeConfig, HealthReport, HealthSignals, classify};
+use attune_core::health::{FailureRecord, HealthClass, HealthReport, HealthSignals, HealthThresholds, classify};
 use chrono::Utc;
 
 struct Counters {
@@ -39,7 +39,7 @@ struct Counters {
 const RECENT_WEIGHT: f64 = 0.2;
 
 pub struct HealthState {
-    config: HealthProbeConfig,
+    config: HealthThresholds,
     override_file: Option<PathBuf>,
     counters: Mutex<Counters>,
     in_flight: AtomicI64,
@@ -56,7 +56,7 @@ impl Drop for InFlight<'_> {
 
 impl HealthState {
     /// `window_secs`: the window the failure rate is measured over.
-    pub fn new(config: HealthProbeConfig, override_file: Option<PathBuf>, window_secs: i64) -> Self {
+    pub fn new(config: HealthThresholds, override_file: Option<PathBuf>, window_secs: i64) -> Self {
         let counters = Counters {
             record: FailureRecord::new(window_secs),
             total_executions: 0,
@@ -163,7 +163,7 @@ mod tests {
 
     #[test]
     fn counters_follow_outcomes() {
-        let state = HealthState::new(HealthProbeConfig::default(), None, 600);
+        let state = HealthState::new(HealthThresholds::default(), None, 600);
         for _ in 0..3 {
             state.finish(true, 10);
         }
@@ -189,7 +189,7 @@ mod override_tests {
     #[test]
     fn the_override_file_replaces_counted_fields_and_can_be_removed() {
         let path = std::env::temp_dir().join(format!("attune-health-override-{}", std::process::id()));
-        let state = HealthState::new(HealthProbeConfig::default(), Some(path.clone()), 600);
+        let state = HealthState::new(HealthThresholds::default(), Some(path.clone()), 600);
         assert_eq!(state.report().status, Some(HealthClass::Healthy));
         std::fs::write(&path, r#"{"consecutive_failures": 10, "queue_depth": 7}"#).unwrap();
         let report = state.report();

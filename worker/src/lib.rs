@@ -31,7 +31,7 @@ use attune_common::mq::{
     ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
     run_consumer,
 };
-use attune_core::health::{HealthClass, HealthProbeConfig};
+use attune_core::health::{HealthClass, HealthThresholds};
 use attune_core::{FailureKind, selection};
 use serde_json::json;
 use sqlx::PgPool;
@@ -45,7 +45,7 @@ pub use attune_common::ServiceError as Error;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub common: CommonSettings,
-    pub health: HealthProbeConfig,
+    pub health: HealthThresholds,
     /// `ATTUNE_WORKER_NAME`; unique per worker (default, also when empty: host name and process
     /// id).
     pub name: String,
@@ -96,7 +96,7 @@ impl FromEnv for Settings {
         let runtimes: String = read(source, "ATTUNE_WORKER_RUNTIMES")?;
         Ok(Settings {
             common: CommonSettings::from_source(source)?,
-            health: HealthProbeConfig::from_source(source)?,
+            health: HealthThresholds::from_source(source)?,
             name: read_optional(source, "ATTUNE_WORKER_NAME")
                 .map(|name| name.trim().to_string())
                 .unwrap_or(default_name),

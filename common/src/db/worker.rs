@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use attune_core::health::{HealthProbeConfig, HealthSignals, classify};
+use attune_core::health::{HealthSignals, HealthThresholds, classify};
 use attune_core::selection::Candidate;
 
 /// Registers the worker called `name` (keeping its id if it registered before) and returns its id.
@@ -331,7 +331,7 @@ pub struct WorkerView {
     pub capabilities: Value,
 }
 
-pub async fn list(db: &PgPool, config: &HealthProbeConfig) -> Result<Vec<WorkerView>, sqlx::Error> {
+pub async fn list(db: &PgPool, config: &HealthThresholds) -> Result<Vec<WorkerView>, sqlx::Error> {
     let rows: Vec<WorkerRow> =
         sqlx::query_as(sqlx::AssertSqlSafe(format!("{WORKER_ROWS} ORDER BY w.name"))).fetch_all(db).await?;
     Ok(rows
@@ -354,7 +354,7 @@ pub async fn list(db: &PgPool, config: &HealthProbeConfig) -> Result<Vec<WorkerV
 }
 
 /// Writes the thresholds the executor runs with, so the SQL view classifies as it does.
-pub async fn store_health_config(db: &PgPool, c: &HealthProbeConfig) -> Result<(), sqlx::Error> {
+pub async fn store_health_config(db: &PgPool, c: &HealthThresholds) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE health_probe_config SET heartbeat_max_age_secs = $1, degraded_threshold = $2, \
             unhealthy_threshold = $3, queue_depth_degraded = $4, queue_depth_unhealthy = $5, \
@@ -387,7 +387,7 @@ pub struct StoredRetryConfig {
 }
 
 /// Writes the executor's retry settings where SQL and the API read them (`retry_config`).
-pub async fn store_retry_config(db: &PgPool, c: &attune_core::retry::RetryConfig) -> Result<(), sqlx::Error> {
+pub async fn store_retry_config(db: &PgPool, c: &attune_core::retry::RetrySettings) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE retry_config SET enabled = $1, base_backoff_secs = $2, max_backoff_secs = $3, \
             backoff_multiplier = $4, jitter_factor = $5, updated = now()",
