@@ -314,3 +314,77 @@ async fn a_second_process_with_a_live_workers_name_refuses_to_start() {
     assert_eq!(system.wait_terminal(id(&done), DEADLINE).await["status"], "completed");
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_name_was_taken_while_it_was_frozen_stops_and_leaves_the_new_holder_alone() {
+    let name = unique_name("displaced");
+    let mut system = System::builder().env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "3").worker(&name, &[]).start().await;
+    let pool = system.db.pool.clone();
+    let holder_pid = |pool: sqlx::PgPool, name: String| async move {
+        sqlx::query_scalar::<_, Option<i64>>(
+            "SELECT (capabilities->'instance'->>'pid')::bigint FROM worker WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let first_pid = holder_pid(pool.clone(), name.clone()).await.unwrap();
+    // frozen past the heartbeat limit: its name is free for a new process
+    system.signal(&name, SIGSTOP);
+    wait_for("the frozen worker's heartbeat to go stale", DEADLINE, || {
+        let (pool, name) = (pool.clone(), name.clone());
+        async move {
+            let stale: bool = sqlx::query_scalar(
+                "SELECT now() - last_heartbeat > interval '3.5 seconds' FROM worker WHERE name = $1",
+            )
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+            stale.then_some(())
+        }
+    })
+    .await;
+    let mut successor = system
+        .command("attune-worker")
+        .env("ATTUNE_WORKER_NAME", &name)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let successor_pid = i64::from(successor.id());
+    wait_for("the new process to hold the name", DEADLINE, || {
+        let (pool, name) = (pool.clone(), name.clone());
+        async move {
+            let status: String = sqlx::query_scalar("SELECT status FROM worker WHERE name = $1")
+                .bind(&name)
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+            (holder_pid(pool, name).await == Some(successor_pid) && status == "active").then_some(())
+        }
+    })
+    .await;
+    // thawed, the old process finds its heartbeat fenced out and stops without touching the
+    // row, the queue or the new holder's work
+    system.signal(&name, SIGCONT);
+    system.wait_log(&name, "another process took this worker's name").await;
+    system.wait_log(&name, "worker stopped: its name belongs to another process now").await;
+    assert_ne!(first_pid, successor_pid);
+    for _ in 0..3 {
+        let done = system.submit("core.echo", json!({"message": "new holder"})).await;
+        assert_eq!(system.wait_terminal(id(&done), DEADLINE).await["status"], "completed");
+    }
+    let (status, pid): (String, Option<i64>) =
+        sqlx::query_as("SELECT status, (capabilities->'instance'->>'pid')::bigint FROM worker WHERE name = $1")
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), pid), ("active", Some(successor_pid)));
+    let _ = successor.kill();
+    let _ = successor.wait();
+    system.stop().await;
+}

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use attune_core::health::{FailureRecord, HealthClass, HealthReport, HealthSignals, HealthThresholds, classify};
+use attune_core::health::{FailureRecord, HealthReport, HealthSignals, HealthThresholds, classify};
 use chrono::Utc;
 
 struct Counters {
@@ -127,13 +127,19 @@ impl HealthState {
         let recent_executions = recent("recent_executions", "total_executions", recent_executions, total_executions);
         let recent_failed_executions =
             recent("recent_failed_executions", "failed_executions", recent_failed_executions, failed_executions);
+        // a forced failure count (an operator's drain) is not a failure to recover from: no
+        // probation for it
+        let forced = ["consecutive_failures", "failed_executions", "recent_failed_executions"]
+            .iter()
+            .any(|field| overrides.contains_key(*field));
+        let last_failure_at = record.last_failure_at.filter(|_| !forced);
         let signals = HealthSignals {
             last_heartbeat: Some(now),
             consecutive_failures: field("consecutive_failures", record.consecutive_failures),
             total_executions: recent_executions,
             failed_executions: recent_failed_executions,
             queue_depth: field("queue_depth", self.in_flight.load(Ordering::Relaxed)),
-            last_failure_at: record.last_failure_at,
+            last_failure_at,
         };
         HealthReport {
             status: Some(classify(&self.config, &signals, now)),
@@ -146,13 +152,8 @@ impl HealthState {
             recent_executions: Some(recent_executions),
             recent_failed_executions: Some(recent_failed_executions),
             window_secs: Some(record.window_secs()),
-            last_failure_at: record.last_failure_at,
+            last_failure_at,
         }
-    }
-
-    /// The class the next report will give.
-    pub fn class(&self) -> HealthClass {
-        self.report().status.unwrap_or(HealthClass::Healthy)
     }
 }
 

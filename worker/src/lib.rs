@@ -147,7 +147,7 @@ struct Worker {
     draining: std::sync::atomic::AtomicBool,
     /// What its last heartbeat reported that executors schedule by (its look-ahead and its
     /// health class); a change sends a heartbeat early.
-    reported: tokio::sync::watch::Sender<(u16, HealthClass)>,
+    reported: tokio::sync::watch::Sender<Reported>,
     settings: Settings,
     db: PgPool,
     publisher: Publisher,
@@ -157,6 +157,9 @@ struct Worker {
     abort: CancellationToken,
     /// The worker's shutdown: fired by the worker itself if another process takes its name.
     shutdown: CancellationToken,
+    /// Another process took this worker's name: this one stops its own runs and exits, and
+    /// touches nothing it shares with the new holder (the row, the queue, their dispatches).
+    displaced: std::sync::atomic::AtomicBool,
 }
 
 /// Makes this process non-dumpable, so an action running as the same (non-root) user cannot read
@@ -174,8 +177,18 @@ fn protect_process() {
 
 /// This process as the holder of its worker name.
 fn this_instance() -> db::worker::Instance {
-    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
-    db::worker::Instance { host, pid: std::process::id() }
+    static INSTANCE: std::sync::OnceLock<db::worker::Instance> = std::sync::OnceLock::new();
+    INSTANCE
+        .get_or_init(|| {
+            let read = |path: &str| std::fs::read_to_string(path).map(|t| t.trim().to_string()).unwrap_or_default();
+            db::worker::Instance {
+                host: read("/etc/hostname"),
+                pid: std::process::id(),
+                boot: read("/proc/sys/kernel/random/boot_id"),
+                pid_ns: std::fs::read_link("/proc/self/ns/pid").map(|l| l.display().to_string()).unwrap_or_default(),
+            }
+        })
+        .clone()
 }
 
 /// Whether a process of this host is alive (signal 0 probes without signalling).
@@ -256,7 +269,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         busy: Default::default(),
         consuming: tokio::sync::watch::Sender::new(false),
         draining: Default::default(),
-        reported: tokio::sync::watch::Sender::new((settings.lookahead(None), HealthClass::Healthy)),
+        reported: tokio::sync::watch::Sender::new((settings.lookahead(None), HealthClass::Healthy, None)),
         settings: settings.clone(),
         db: pool,
         publisher,
@@ -264,6 +277,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         health,
         abort: CancellationToken::new(),
         shutdown: shutdown.clone(),
+        displaced: Default::default(),
     });
     worker.recover_previous_run().await?;
 
@@ -328,6 +342,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     stop_heartbeats.cancel();
     let _ = heartbeat.await;
     let _ = cancel_check.await;
+    if worker.displaced.load(std::sync::atomic::Ordering::SeqCst) {
+        tracing::warn!(worker_id, "worker stopped: its name belongs to another process now");
+        return Ok(());
+    }
     if shutdown.is_cancelled() {
         // whatever is still dispatched here and not started (its message lost with a channel,
         // say) waits again; a late message for it is stale
@@ -401,7 +419,7 @@ impl Worker {
     }
 
     /// Heartbeats every interval, at once when its consumer goes up or down, and early (at most
-    /// once a second) when its look-ahead or its health class changed; after a failed one (the database away) it
+    /// once a second) when its look-ahead, its health class or its last failure changed; after a failed one (the database away) it
     /// tries again every second, so the worker is not taken for dead once the database is back.
     /// Each heartbeat also marks the dispatches it holds as held.
     async fn heartbeat_loop(self: Arc<Self>, stop: CancellationToken) {
@@ -440,10 +458,12 @@ impl Worker {
                     tracing::error!(
                         worker_id = self.id,
                         name = %self.settings.name,
-                        "another process took this worker's name (its heartbeat looked stale): stopping"
+                        "another process took this worker's name (its heartbeat looked stale): stopping its runs and exiting"
                     );
+                    self.displaced.store(true, std::sync::atomic::Ordering::SeqCst);
+                    self.abort.cancel();
                     self.shutdown.cancel();
-                    self.settings.heartbeat_interval
+                    return;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "heartbeat failed");
@@ -496,6 +516,14 @@ impl Worker {
     /// documentation).
     async fn drain_when_asked(self: Arc<Self>, shutdown: CancellationToken, stop_consuming: CancellationToken) {
         shutdown.cancelled().await;
+        if self.displaced.load(std::sync::atomic::Ordering::SeqCst) {
+            // the row and the queue are the new holder's: only wait for the own runs to end
+            while self.busy.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            stop_consuming.cancel();
+            return;
+        }
         tracing::info!(worker_id = self.id, "stopping: draining");
         self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Err(e) =
@@ -599,15 +627,23 @@ impl Worker {
             return Disposition::Retry;
         }
         let Some(_permit) = permit.filter(|_| !shutdown.is_cancelled()) else {
+            if self.displaced.load(std::sync::atomic::Ordering::SeqCst) {
+                // back to the queue, for the new holder of the name
+                return Disposition::Retry;
+            }
             return self.hand_back(execution_id).await;
         };
-        if self.running.lock().expect("running map poisoned").tokens.contains_key(&execution_id) {
-            // a second delivery of what already runs here (its claim is the first one's)
-            tracing::debug!(execution_id, "dispatch is a duplicate of a running one");
+        // one claim per execution in this process at a time: a second delivery of the same one
+        // waits for nothing (so a claim read back after a lost acknowledgement is this one's)
+        if !self.running.lock().expect("running map poisoned").reserve(execution_id) {
+            tracing::debug!(execution_id, "dispatch is a duplicate of one claimed or running here");
             return Disposition::Ack;
         }
         let claim = Transition::claim(self.id);
         let claimed = db::execution::transition_surely(&self.db, "claiming an execution", execution_id, &claim).await;
+        if !matches!(claimed, Ok(Some(_))) {
+            self.running.lock().expect("running map poisoned").release(execution_id);
+        }
         match claimed {
             Ok(Some(_)) => {}
             Ok(None) => {
@@ -649,7 +685,9 @@ impl Worker {
         self.health.finish(worker_failed, duration_ms);
         // executors dispatch by the slots of the last heartbeat: a new look-ahead is sent early
         self.reported.send_if_modified(|reported| {
-            let now = (self.settings.lookahead(self.health.recent_duration_ms()), self.health.class());
+            let report = self.health.report();
+            let class = report.status.unwrap_or(HealthClass::Healthy);
+            let now = (self.settings.lookahead(self.health.recent_duration_ms()), class, report.last_failure_at);
             std::mem::replace(reported, now) != now
         });
         let result = ExecutionResult {
@@ -741,6 +779,10 @@ impl Worker {
     }
 }
 
+/// What a heartbeat reports that executors schedule by: the look-ahead, the health class and the
+/// last failure (a probe that failed must restart the probation at once).
+type Reported = (u16, HealthClass, Option<chrono::DateTime<chrono::Utc>>);
+
 /// Counts a delivery as being handled until dropped.
 struct Busy<'a>(&'a std::sync::atomic::AtomicUsize);
 
@@ -763,11 +805,25 @@ impl Drop for Busy<'_> {
 struct Running {
     tokens: std::collections::HashMap<i64, CancellationToken>,
     canceled_early: std::collections::HashSet<i64>,
+    /// Executions being claimed here (between `reserve` and `start` or `release`).
+    claiming: std::collections::HashSet<i64>,
 }
 
 impl Running {
+    /// Reserves the claim of an execution for this delivery: `false` if it is being claimed or
+    /// runs here already (a duplicate delivery).
+    fn reserve(&mut self, execution_id: i64) -> bool {
+        !self.tokens.contains_key(&execution_id) && self.claiming.insert(execution_id)
+    }
+
+    /// Gives up a reservation (the claim did not happen).
+    fn release(&mut self, execution_id: i64) {
+        self.claiming.remove(&execution_id);
+    }
+
     /// Registers a starting execution; a notice that already came cancels it at once.
     fn start(&mut self, execution_id: i64, token: &CancellationToken) {
+        self.claiming.remove(&execution_id);
         if self.canceled_early.remove(&execution_id) {
             token.cancel();
         }
@@ -823,5 +879,28 @@ mod settings_tests {
         );
         assert!(s.name.ends_with(&format!("-{}", std::process::id())), "host name and pid: {}", s.name);
         assert_eq!(s.health_override_file, None);
+    }
+}
+
+#[cfg(test)]
+mod running_tests {
+    use super::*;
+
+    #[test]
+    fn one_claim_per_execution_at_a_time_and_early_notices_are_kept() {
+        let mut running = Running::default();
+        assert!(running.reserve(1));
+        assert!(!running.reserve(1), "a second delivery while the first claims");
+        running.release(1);
+        assert!(running.reserve(1), "a claim that did not happen frees the execution");
+        let token = CancellationToken::new();
+        running.start(1, &token);
+        assert!(!running.reserve(1), "a second delivery while it runs");
+        assert!(!running.cancel(2), "a notice before its run starts");
+        assert!(running.reserve(2));
+        let early = CancellationToken::new();
+        running.start(2, &early);
+        assert!(early.is_cancelled(), "the early notice cancels it as it starts");
+        assert!(running.cancel(1) && token.is_cancelled());
     }
 }

@@ -268,6 +268,8 @@ async fn run_process(
         Err(e) => return not_started(format!("could not start {}: {e}", script.display())),
     };
     let process_group = child.id().map(|id| id as i32);
+    // if this future is dropped mid-run (its task aborted), the whole group goes with it
+    let _group = process_group.map(GroupGuard);
     let stdin_body = run.parameters.to_string();
     let mut stdin = child.stdin.take().expect("stdin is piped");
     let feed = tokio::spawn(async move {
@@ -314,6 +316,15 @@ async fn terminate(child: &mut tokio::process::Child, process_group: Option<i32>
             signal_group(pgid, libc::SIGKILL);
             child.wait().await.ok()
         }
+    }
+}
+
+/// SIGKILLs a process group when dropped (`kill_on_drop` reaches only the direct child).
+struct GroupGuard(i32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        signal_group(self.0, libc::SIGKILL);
     }
 }
 

@@ -122,9 +122,12 @@ fn mirror(status: std::process::ExitStatus) -> i32 {
         return code;
     }
     let signal = status.signal().unwrap_or(libc::SIGKILL);
-    // SAFETY: restores the default action for `signal`, unblocks it and raises it on this
+    // SAFETY: no core file for the supervisor (the action's crash is the action's), then
+    // restores the default action for `signal`, unblocks it and raises it on this
     // single-threaded process, which then ends as the action did.
     unsafe {
+        let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
         libc::signal(signal, libc::SIG_DFL);
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);

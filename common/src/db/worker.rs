@@ -28,6 +28,20 @@ pub async fn register(db: &PgPool, name: &str, capabilities: &Value) -> Result<i
 pub struct Instance {
     pub host: String,
     pub pid: u32,
+    /// The kernel's boot id and the process's pid namespace: with the host name, they say
+    /// whether a pid can be checked from here (the same machine, since the same boot, in the
+    /// same pid namespace; containers sharing a host name do not share pids).
+    #[serde(default)]
+    pub boot: String,
+    #[serde(default)]
+    pub pid_ns: String,
+}
+
+impl Instance {
+    /// Whether `other` ran where this process can see its pid.
+    fn same_pid_space(&self, other: &Instance) -> bool {
+        !self.boot.is_empty() && self.host == other.host && self.boot == other.boot && self.pid_ns == other.pid_ns
+    }
 }
 
 /// The answer to a process that asks for a worker name.
@@ -41,7 +55,7 @@ pub enum NameClaim {
 
 /// Whether a worker name's holder still holds it (pure): it has not stopped, its heartbeat is
 /// younger than `max_age_secs`, and it is not a dead process of this host (a worker restarted
-/// after a crash takes its name back at once; the same pid on the same host is this process's
+/// after a crash takes its name back at once; the same pid in the same pid space is this process's
 /// own earlier life, as in a container that restarted).
 pub fn still_held(
     status: &str,
@@ -52,7 +66,7 @@ pub fn still_held(
     alive: impl Fn(u32) -> bool,
 ) -> bool {
     let fresh = heartbeat_age_secs.is_some_and(|age| age < max_age_secs);
-    let dead_here = holder.is_some_and(|h| h.host == me.host && (h.pid == me.pid || !alive(h.pid)));
+    let dead_here = holder.is_some_and(|h| me.same_pid_space(h) && (h.pid == me.pid || !alive(h.pid)));
     status != "inactive" && fresh && !dead_here
 }
 
@@ -62,7 +76,8 @@ type NameRow = (i64, String, Option<Value>, Option<f64>, DateTime<Utc>);
 /// Registers the worker called `name` for this process (keeping its id if the name was used
 /// before), unless a live process holds the name (`still_held`). It stays `inactive`, so nothing
 /// is dispatched to it, until its first heartbeat: by then its queue exists and its capabilities
-/// are known. Concurrent claims of a free name: one wins, the other sees it held.
+/// are known. Of two processes claiming a free name at once, the second takes it (the first has
+/// not heartbeated yet) and the first, fenced out at its first heartbeat, stops: one process wins.
 pub async fn claim_name(
     db: &PgPool,
     name: &str,
@@ -422,9 +437,13 @@ mod name_tests {
 
     #[test]
     fn a_name_is_held_by_a_live_process_with_a_fresh_heartbeat_only() {
-        let me = Instance { host: "h1".into(), pid: 100 };
-        let other_host = Instance { host: "h2".into(), pid: 7 };
-        let here = Instance { host: "h1".into(), pid: 7 };
+        let instance =
+            |host: &str, pid: u32| Instance { host: host.into(), pid, boot: "b1".into(), pid_ns: "ns1".into() };
+        let me = instance("h1", 100);
+        let other_host = instance("h2", 7);
+        let here = instance("h1", 7);
+        let other_container = Instance { pid_ns: "ns2".into(), ..here.clone() };
+        let before_reboot = Instance { boot: "b0".into(), ..here.clone() };
         let alive = |pid: u32| pid == 7;
         let dead = |_: u32| false;
         assert!(still_held("active", Some(3.0), 30.0, Some(&other_host), &me, alive));
@@ -438,5 +457,11 @@ mod name_tests {
         assert!(!still_held("active", None, 30.0, Some(&other_host), &me, alive), "never heartbeated");
         assert!(!still_held("inactive", Some(1.0), 30.0, Some(&other_host), &me, alive), "stopped");
         assert!(still_held("active", Some(1.0), 30.0, None, &me, alive), "an older worker that does not say who");
+        let dead = |_: u32| false;
+        assert!(
+            still_held("active", Some(1.0), 30.0, Some(&other_container), &me, dead),
+            "its pid is not ours to check"
+        );
+        assert!(still_held("active", Some(1.0), 30.0, Some(&before_reboot), &me, dead), "another boot's pid");
     }
 }
