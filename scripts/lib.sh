@@ -108,6 +108,16 @@ ensure_schemathesis() {
     target/fuzz/venv/bin/pip install --quiet 'schemathesis==4.32.5'
 }
 
+# sqlx-cli (the `sqlx migrate run` of the quick reference, which the `migrations` system test
+# runs), built once into target/sqlx-cli and kept between runs.
+SQLX_CLI=target/sqlx-cli/bin/sqlx
+ensure_sqlx_cli() {
+    [ -x "$SQLX_CLI" ] && return 0
+    log "installing sqlx-cli 0.9.0 into target/sqlx-cli (once; a few minutes)"
+    cargo install sqlx-cli --version 0.9.0 --locked --no-default-features --features postgres,rustls \
+        --root target/sqlx-cli --quiet
+}
+
 ensure_services() {
     ensure_postgres
     ensure_rabbitmq

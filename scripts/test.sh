@@ -9,6 +9,7 @@ ensure_rust
 ensure_services
 ensure_chromium
 ensure_schemathesis
+ensure_sqlx_cli
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
