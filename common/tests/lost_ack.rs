@@ -20,20 +20,7 @@ async fn execution_in(pool: &PgPool, status: ExecutionStatus, worker: i64) -> i6
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
     db::pack::register(pool, &attune_common::pack::load_pack(&dir).unwrap()).await.unwrap();
     let action = db::action::get_by_ref(pool, "core.echo").await.unwrap().unwrap();
-    let new = NewExecution {
-        action: Some(action.id),
-        action_ref: action.action_ref.clone(),
-        runtime: Some(action.runtime.clone()),
-        parameters: json!({"message": "hi"}),
-        config: json!({}),
-        status: Requested,
-        max_retries: 0,
-        timeout_seconds: 30,
-        retry_count: 0,
-        retry_reason: None,
-        original_execution: None,
-        not_before: None,
-    };
+    let new = NewExecution { runtime: Some(action.runtime.clone()), ..attune_testkit::echo_execution(&action) };
     let id = db::execution::insert(pool, &new).await.unwrap().id;
     sqlx::query("UPDATE execution SET status = $2, worker = $3 WHERE id = $1")
         .bind(id)

@@ -14,20 +14,7 @@ async fn core_pack(pool: &PgPool) -> db::action::Action {
 }
 
 fn new_execution(action: &db::action::Action) -> NewExecution {
-    NewExecution {
-        action: Some(action.id),
-        action_ref: action.action_ref.clone(),
-        runtime: None,
-        parameters: json!({"message": "hi"}),
-        config: json!({}),
-        status: Requested,
-        max_retries: 0,
-        timeout_seconds: 30,
-        retry_count: 0,
-        retry_reason: None,
-        original_execution: None,
-        not_before: None,
-    }
+    attune_testkit::echo_execution(action)
 }
 
 /// Puts an execution into `status` directly (test set-up only).

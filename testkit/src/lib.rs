@@ -153,6 +153,37 @@ where
     }
 }
 
+/// A requested `message: hi` execution of `action` (a `core.echo`), for repository tests.
+pub fn echo_execution(action: &attune_common::db::action::Action) -> attune_common::db::execution::NewExecution {
+    attune_common::db::execution::NewExecution {
+        action: Some(action.id),
+        action_ref: action.action_ref.clone(),
+        runtime: None,
+        parameters: serde_json::json!({"message": "hi"}),
+        config: serde_json::json!({}),
+        status: attune_core::ExecutionStatus::Requested,
+        max_retries: 0,
+        timeout_seconds: 30,
+        retry_count: 0,
+        retry_reason: None,
+        original_execution: None,
+        not_before: None,
+    }
+}
+
+/// Copies a directory tree (a pack a test changes or removes).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
 /// Force-closes the broker connections whose client properties contain `name` (attune's
 /// processes name their connections: `attune-worker-<name>-consumer`, `...-control-consumer`);
 /// returns how many. Needs RabbitMQ's CLI with the rights to use it (root here).

@@ -57,7 +57,7 @@ async fn high_retry_rate() {
     assert!(told.contains("idempotent: true") && told.contains("decision: retried"), "{told}");
     // "Adjust max_retries if retries are unhelpful": change the YAML, register the pack again
     let pack = std::env::temp_dir().join(format!("attune-trouble-{:08x}", rand::random::<u32>()));
-    copy_dir(&repo_root().join("packs/core"), &pack);
+    attune_testkit::copy_dir(&repo_root().join("packs/core"), &pack);
     let yaml = pack.join("actions/flaky.yaml");
     let text = std::fs::read_to_string(&yaml).unwrap().replace("max_retries: 3", "max_retries: 1");
     std::fs::write(&yaml, text).unwrap();
@@ -72,18 +72,6 @@ async fn high_retry_rate() {
     assert_eq!(chain.len(), 2, "one retry at most now: {chain:#?}");
     let _ = std::fs::remove_dir_all(&pack);
     system.stop().await;
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

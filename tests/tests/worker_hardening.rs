@@ -143,22 +143,10 @@ async fn what_cannot_start_because_of_the_request_is_the_requests_fault() {
     system.stop().await;
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unhealthy_worker_gets_a_probe_after_its_probation_and_comes_back() {
     let pack = std::env::temp_dir().join(format!("attune-probation-{:08x}", rand::random::<u32>()));
-    copy_dir(&repo_root().join("testkit/packs/e2e"), &pack);
+    attune_testkit::copy_dir(&repo_root().join("testkit/packs/e2e"), &pack);
     let moved = pack.with_extension("moved");
     let name = unique_name("probation");
     let system = System::builder()
