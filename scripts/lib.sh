@@ -73,15 +73,30 @@ psql_admin() {
     fi
 }
 
+# The attune role logs in with its password over TCP (scram-sha-256), as on a stock Debian, also
+# where the machine trusts local TCP connections: one line for that role alone goes first in
+# pg_hba.conf (other roles keep what the machine has), then PostgreSQL reloads.
+ensure_password_auth() {
+    local hba
+    hba=$(psql_admin -tAc 'SHOW hba_file') || return 0
+    if ! as_root grep -Eq "^host[[:space:]]+all[[:space:]]+$ATTUNE_DB_USER[[:space:]]+127\.0\.0\.1/32[[:space:]]+scram-sha-256" "$hba"; then
+        log "PostgreSQL: the '$ATTUNE_DB_USER' role logs in with its password (scram-sha-256) over TCP ($hba)"
+        as_root sed -i "1i host all $ATTUNE_DB_USER 127.0.0.1/32 scram-sha-256\nhost all $ATTUNE_DB_USER ::1/128 scram-sha-256" "$hba"
+        psql_admin -c 'SELECT pg_reload_conf()' >/dev/null
+    fi
+}
+
 ensure_database() {
+    ensure_password_auth
     if PGPASSWORD=$ATTUNE_DB_PASSWORD psql -h "$PGHOST_ADDR" -p "$PGPORT" -U "$ATTUNE_DB_USER" -d "$ATTUNE_DB_NAME" -tAc 'SELECT 1' >/dev/null 2>&1 </dev/null; then
         return 0
     fi
     log "creating PostgreSQL role and database '$ATTUNE_DB_NAME'"
     psql_admin -c "DO \$\$ BEGIN
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$ATTUNE_DB_USER') THEN
-            CREATE ROLE $ATTUNE_DB_USER LOGIN CREATEDB PASSWORD '$ATTUNE_DB_PASSWORD';
+            CREATE ROLE $ATTUNE_DB_USER LOGIN CREATEDB;
         END IF; END \$\$;"
+    psql_admin -c "SET password_encryption = 'scram-sha-256'; ALTER ROLE $ATTUNE_DB_USER PASSWORD '$ATTUNE_DB_PASSWORD'"
     if [ -z "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$ATTUNE_DB_NAME'")" ]; then
         psql_admin -c "CREATE DATABASE $ATTUNE_DB_NAME OWNER $ATTUNE_DB_USER"
     fi
