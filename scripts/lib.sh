@@ -34,6 +34,22 @@ ensure_rust() {
     command -v cargo >/dev/null || die "cargo not found: install Rust 1.94 or newer (https://rustup.rs), then run this again"
 }
 
+# What the build and the tests use that a fresh Debian server lacks; each is checked by the
+# command that needs it and installed (apt) only when missing.
+ensure_tools() {
+    local missing=()
+    command -v cc >/dev/null || missing+=(gcc libc6-dev)          # Rust links with cc; ring compiles C
+    command -v make >/dev/null || missing+=(make)                 # `make test`, `make bench`, ...
+    command -v curl >/dev/null || missing+=(curl)                 # readiness checks and the README's examples
+    command -v python3 >/dev/null || missing+=(python3)           # the OpenAPI fuzzer, pyenv-free actions
+    command -v pkill >/dev/null || missing+=(procps)              # kill/pkill in scripts and tests
+    [ -e /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)  # crates.io, PyPI over TLS
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "missing build and test tools: ${missing[*]}"
+        apt_install "${missing[@]}"
+    fi
+}
+
 ensure_postgres() {
     if ! command -v psql >/dev/null || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
         if ! port_open "$PGHOST_ADDR" "$PGPORT"; then apt_install postgresql; fi

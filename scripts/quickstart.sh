@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 ensure_rust
+ensure_tools
 ensure_services
 mkdir -p .attune
 

@@ -28,7 +28,10 @@ pub async fn connect(database_url: &str, max_connections: u32, deadline: Duratio
             .connect(database_url)
             .await;
         match attempt {
-            Ok(pool) => return Ok(pool),
+            Ok(pool) => {
+                warm(&pool, max_connections).await;
+                return Ok(pool);
+            }
             Err(e) if started.elapsed() < deadline => {
                 tracing::warn!(error = %e, "database not reachable yet, retrying");
                 tokio::time::sleep(delay).await;
@@ -37,6 +40,15 @@ pub async fn connect(database_url: &str, max_connections: u32, deadline: Duratio
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Opens the pool's connections now, all at once, rather than one by one under the first load:
+/// a login costs tens of milliseconds of CPU with `scram-sha-256` (more in a debug build), and a
+/// service that reports ready should not make its first requests pay for it. A connection that
+/// cannot be opened now is opened later, on demand.
+async fn warm(pool: &PgPool, connections: u32) {
+    let opening = futures_util::future::join_all((0..connections).map(|_| pool.acquire()));
+    let _ = tokio::time::timeout(Duration::from_secs(5), opening).await;
 }
 
 /// Whether an error means the database is unreachable or the statement lost a race (so the same
