@@ -73,6 +73,12 @@ mkdir -p "$ROOT/opt/rust" "$ROOT/root/attune"
 cp -a "$TOOLCHAIN/." "$ROOT/opt/rust/"
 git -C "$REPO" archive HEAD | tar -x -C "$ROOT/root/attune"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# the network's own certificate authorities (a TLS-inspecting proxy's, say): a new user on this
+# network has them too; Debian's ca-certificates adds them to the system store when it installs
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$ROOT/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$ROOT/usr/local/share/ca-certificates/"
+fi
 mount -t proc proc "$ROOT/proc"
 mount -t sysfs sys "$ROOT/sys"
 mount --bind /dev "$ROOT/dev"
@@ -92,8 +98,13 @@ if [ -n "$host_rabbit" ]; then
 fi
 
 # --- the README's two commands, as a new user runs them
+# this network's settings for TLS clients (where to find the certificate store), as set here
+network_env=()
+for name in SSL_CERT_FILE SSL_CERT_DIR PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE http_proxy https_proxy no_proxy; do
+    [ -n "${!name:-}" ] && network_env+=("$name=${!name}")
+done
 in_chroot() {
-    chroot "$ROOT" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
+    chroot "$ROOT" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 "${network_env[@]}" \
         PATH=/opt/rust/bin:/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         bash -c "cd /root/attune && $1"
 }
