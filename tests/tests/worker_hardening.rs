@@ -214,7 +214,7 @@ async fn a_cancel_always_stops_the_run_even_when_its_notice_is_lost() {
     let cancels = (0..30).map(|_| {
         let (system, log) = (&system, log.clone());
         async move {
-            let submitted = system.submit("e2e.steps", json!({"log": log, "seconds": 5})).await;
+            let submitted = system.submit("e2e.steps", json!({"log": log, "seconds": 10})).await;
             tokio::time::sleep(Duration::from_millis(rand::random_range(0..2500))).await;
             cancel(system, id(&submitted)).await;
             id(&submitted)
@@ -238,7 +238,8 @@ async fn a_cancel_always_stops_the_run_even_when_its_notice_is_lost() {
     let _ = std::fs::remove_file(&log);
     let mut running = Vec::new();
     for _ in 0..4 {
-        running.push(id(&system.submit("e2e.steps", json!({"log": log, "seconds": 8})).await));
+        // long enough that the freeze, two rabbitmqctl calls and the cancels fit in, however slow
+        running.push(id(&system.submit("e2e.steps", json!({"log": log, "seconds": 30})).await));
     }
     wait_for("four actions to start", DEADLINE, || async { (steps_log(&log).0.len() == 4).then_some(()) }).await;
     system.signal(&name, SIGSTOP);
@@ -248,7 +249,8 @@ async fn a_cancel_always_stops_the_run_even_when_its_notice_is_lost() {
         cancel(&system, *execution).await;
     }
     system.signal(&name, SIGCONT);
-    wait_for("the canceled actions' processes to be gone", Duration::from_secs(6), || async {
+    // the database check every second, then the kill's grace: well inside the 30 s run
+    wait_for("the canceled actions' processes to be gone", Duration::from_secs(15), || async {
         processes_with_env(&entry).is_empty().then_some(())
     })
     .await;

@@ -29,7 +29,7 @@ pub async fn connect(database_url: &str, max_connections: u32, deadline: Duratio
             .await;
         match attempt {
             Ok(pool) => {
-                warm(&pool, max_connections).await;
+                warm(&pool, max_connections.min(WARM_CONNECTIONS)).await;
                 return Ok(pool);
             }
             Err(e) if started.elapsed() < deadline => {
@@ -42,10 +42,14 @@ pub async fn connect(database_url: &str, max_connections: u32, deadline: Duratio
     }
 }
 
-/// Opens the pool's connections now, all at once, rather than one by one under the first load:
-/// a login costs tens of milliseconds of CPU with `scram-sha-256` (more in a debug build), and a
-/// service that reports ready should not make its first requests pay for it. A connection that
-/// cannot be opened now is opened later, on demand.
+/// Connections a pool opens at start (the rest on demand, as load asks for them).
+const WARM_CONNECTIONS: u32 = 2;
+
+/// Opens a few of the pool's connections now, at once, rather than under the first load: a
+/// service that reports ready should not make its first requests wait for logins (a
+/// `scram-sha-256` login is a few milliseconds of CPU on each side). Not all of them: every
+/// process opening its whole pool at start would crowd the server's `max_connections` and its
+/// CPU. A connection that cannot be opened now is opened later, on demand.
 async fn warm(pool: &PgPool, connections: u32) {
     let opening = futures_util::future::join_all((0..connections).map(|_| pool.acquire()));
     let _ = tokio::time::timeout(Duration::from_secs(5), opening).await;
