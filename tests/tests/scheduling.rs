@@ -156,9 +156,10 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
     assert_eq!((waiting, claimed), (30 - slots, 0), "the rest of the burst waits, unclaimed");
     std::fs::write(&gate, "open").unwrap();
     for id in &ids {
-        // the bound holds at every moment of the drain
+        // once runs are timed the look-ahead may grow; the health bound holds at every moment
+        // of the drain: at 5 in flight the worker is unhealthy and gets nothing more
         let in_flight = system.count_on(w1, &["scheduled", "running"]).await;
-        assert!(in_flight <= slots, "no more than its slots in flight: {in_flight}");
+        assert!(in_flight <= 5, "no more than the unhealthy queue depth in flight: {in_flight}");
         let execution = system.wait_terminal(*id, DEADLINE).await;
         assert_eq!(execution["status"], "completed", "{execution}");
         assert_eq!(execution["retry_count"], 0, "waiting spent no retry: {execution}");
