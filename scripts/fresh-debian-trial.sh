@@ -7,7 +7,8 @@
 # The chroot shares this machine's network, so its PostgreSQL and RabbitMQ need the ports this
 # machine's own may hold: those are stopped for the trial and started again when it ends, however
 # it ends. Needs root, network access (Debian's mirror, crates.io, PyPI) and about 6 GB in
-# $ATTUNE_TRIAL_DIR (default /var/tmp/attune-trial), which is removed at the start of each trial.
+# $ATTUNE_TRIAL_DIR (default /var/tmp/attune-trial), which is removed at the start of each trial;
+# after a trial that passed only its logs stay there (ATTUNE_TRIAL_KEEP=1 keeps the root too).
 #
 #   sudo scripts/fresh-debian-trial.sh
 set -euo pipefail
@@ -49,6 +50,11 @@ restore() {
     for m in dev/shm dev/pts dev sys proc; do
         mountpoint -q "$ROOT/$m" && umount -l "$ROOT/$m"
     done
+    # a trial that passed leaves its logs, not its 6 GB root (kept after a failure, to look into;
+    # never removed while anything is still mounted under it)
+    if [ "$status" = 0 ] && [ -z "${ATTUNE_TRIAL_KEEP:-}" ] && ! grep -q " $ROOT" /proc/mounts; then
+        rm -rf --one-file-system "$ROOT"
+    fi
     if [ -n "$host_pg" ] && ! port_open 127.0.0.1 5432; then
         version=$(ls /etc/postgresql | sort -V | tail -n1)
         pg_ctlcluster --skip-systemctl-redirect "$version" main start || service postgresql start
