@@ -105,13 +105,16 @@ export function executionPage(id) {
   const notice = el('div', { id: 'notice' });
   const body = el('div', { id: 'execution' }, el('p', { class: 'muted' }, 'loading…'));
   render(notice, body);
-  let polling = false;
+  // one refresh loop at a time: an action starts a new one, and a load of an older loop (whose
+  // answers may be older than the action) stops its loop without rendering
+  let generation = 0;
   let shown = null;
   // survives re-rendering: a cancel armed by a first click is confirmed by the second
   const ui = { cancelArmed: false, cancelTimer: null };
-  const load = async () => {
+  const load = async (gen) => {
     const [execution, chain, names] = await Promise.all([api('GET', `/api/v1/executions/${id}`),
       api('GET', `/api/v1/executions/${id}/chain`), workerNames()]);
+    if (gen !== generation) throw new LeftPage();
     // re-render only what changed, so a button is not replaced under the user's pointer
     const key = JSON.stringify([execution, chain, [...names]]);
     if (key !== shown) {
@@ -122,13 +125,9 @@ export function executionPage(id) {
   };
   // refreshes while anything in the chain is still moving, and stops once all of it is finished
   const follow = () => {
-    if (polling) return;
-    polling = true;
+    const gen = ++generation;
     poll(EXECUTION_POLL_MS, async () => {
-      if (await load()) {
-        polling = false;
-        throw new LeftPage();
-      }
+      if (await load(gen)) throw new LeftPage();
     });
   };
   const act = async (what, path) => {
@@ -144,7 +143,6 @@ export function executionPage(id) {
     }
     shown = null; // render afresh, also to re-enable a button whose action the API refused
     follow();
-    if (polling) await load().catch(() => {});
   };
   const retry = () => act('retry', `/api/v1/executions/${id}/retry`);
   const cancel = () => act('cancel', `/api/v1/executions/${id}/cancel`);
