@@ -278,6 +278,11 @@ impl FailureRecord {
 
     /// Whether the failures alone make the worker unhealthy now.
     fn condemns(&self, config: &HealthThresholds, now: DateTime<Utc>) -> bool {
+        self.class(config, now) == HealthClass::Unhealthy
+    }
+
+    /// The class these failures alone give (a fresh heartbeat, nothing queued).
+    pub fn class(&self, config: &HealthThresholds, now: DateTime<Utc>) -> HealthClass {
         let (total, failed) = self.recent(now);
         let signals = HealthSignals {
             last_heartbeat: Some(now),
@@ -287,7 +292,7 @@ impl FailureRecord {
             queue_depth: 0,
             last_failure_at: self.last_failure_at,
         };
-        classify(config, &signals, now) == HealthClass::Unhealthy
+        classify(config, &signals, now)
     }
 }
 

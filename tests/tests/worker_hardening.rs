@@ -260,6 +260,19 @@ async fn a_cancel_always_stops_the_run_even_when_its_notice_is_lost() {
     system.stop().await;
 }
 
+/// One more `attune-worker` process named `name`, outside the system's own processes, its output
+/// to `output()` (piped to read it, null to drop it).
+fn another_worker(system: &System, name: &str, output: fn() -> std::process::Stdio) -> std::process::Child {
+    system
+        .command("attune-worker")
+        .env("ATTUNE_WORKER_NAME", name)
+        .stdin(std::process::Stdio::null())
+        .stdout(output())
+        .stderr(output())
+        .spawn()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_with_a_live_workers_name_refuses_to_start() {
     let name = unique_name("twin");
@@ -269,14 +282,7 @@ async fn a_second_process_with_a_live_workers_name_refuses_to_start() {
         .fetch_one(&system.db.pool)
         .await
         .unwrap();
-    let mut twin = system
-        .command("attune-worker")
-        .env("ATTUNE_WORKER_NAME", &name)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut twin = another_worker(&system, &name, std::process::Stdio::piped);
     let started = Instant::now();
     let status = loop {
         if let Some(status) = twin.try_wait().unwrap() {
@@ -336,14 +342,7 @@ async fn a_worker_whose_name_was_taken_while_it_was_frozen_stops_and_leaves_the_
         }
     })
     .await;
-    let mut successor = system
-        .command("attune-worker")
-        .env("ATTUNE_WORKER_NAME", &name)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut successor = another_worker(&system, &name, std::process::Stdio::null);
     let successor_pid = i64::from(successor.id());
     wait_for("the new process to hold the name", DEADLINE, || {
         let (pool, name) = (pool.clone(), name.clone());

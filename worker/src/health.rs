@@ -38,6 +38,15 @@ struct Counters {
 /// The weight of the newest execution in `recent_duration_ms`.
 const RECENT_WEIGHT: f64 = 0.2;
 
+/// After an execution: its recent execution time, the class its failures give and its last
+/// failure (a change in either is heartbeated early).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AfterRun {
+    pub recent_duration_ms: Option<f64>,
+    pub class: attune_core::health::HealthClass,
+    pub last_failure_at: Option<chrono::DateTime<Utc>>,
+}
+
 pub struct HealthState {
     config: HealthThresholds,
     override_file: Option<PathBuf>,
@@ -85,15 +94,23 @@ impl HealthState {
     }
 
     /// Counts a finished execution; `worker_failed` when the worker, not the action, failed.
-    pub fn finish(&self, worker_failed: bool, duration_ms: u64) {
+    /// Returns what the executors schedule by, from the counters alone (no override file is read
+    /// on this path: once per execution).
+    pub fn finish(&self, worker_failed: bool, duration_ms: u64) -> AfterRun {
+        let now = Utc::now();
         let mut c = self.counters.lock().expect("health counters poisoned");
-        c.record.record(&self.config, Utc::now(), worker_failed);
+        c.record.record(&self.config, now, worker_failed);
         c.total_executions += 1;
         c.total_duration_ms += duration_ms;
         let newest = duration_ms as f64;
         c.recent_duration_ms =
             Some(c.recent_duration_ms.map_or(newest, |recent| recent + RECENT_WEIGHT * (newest - recent)));
         c.failed_executions += i64::from(worker_failed);
+        AfterRun {
+            recent_duration_ms: c.recent_duration_ms,
+            class: c.record.class(&self.config, now),
+            last_failure_at: c.record.last_failure_at,
+        }
     }
 
     /// The recent execution time (ms), once the worker has run anything.

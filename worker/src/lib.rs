@@ -682,12 +682,11 @@ impl Worker {
         let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);
         let duration_ms = started.elapsed().as_millis() as u64;
         let worker_failed = outcome.failure_kind.is_some_and(FailureKind::counts_against_worker);
-        self.health.finish(worker_failed, duration_ms);
-        // executors dispatch by the slots of the last heartbeat: a new look-ahead is sent early
+        let after = self.health.finish(worker_failed, duration_ms);
+        // executors dispatch by the slots and the health of the last heartbeat: a change of either
+        // is sent early
         self.reported.send_if_modified(|reported| {
-            let report = self.health.report();
-            let class = report.status.unwrap_or(HealthClass::Healthy);
-            let now = (self.settings.lookahead(self.health.recent_duration_ms()), class, report.last_failure_at);
+            let now = (self.settings.lookahead(after.recent_duration_ms), after.class, after.last_failure_at);
             std::mem::replace(reported, now) != now
         });
         let result = ExecutionResult {
