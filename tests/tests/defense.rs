@@ -184,6 +184,25 @@ async fn executions_survive_their_database_connections_being_terminated() {
     system.stop().await;
 }
 
+/// The pid an `e2e.hold` run writes to its pidfile once it runs.
+async fn started_pid(pidfile: &std::path::Path) -> i32 {
+    wait_for(
+        "the action to start",
+        DEADLINE,
+        || async move { std::fs::read_to_string(pidfile).ok()?.trim().parse().ok() },
+    )
+    .await
+}
+
+/// Waits until the process is gone (or a zombie).
+async fn killed(pid: i32) {
+    wait_for("the action's process to be killed", DEADLINE, || async move {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        (stat.is_empty() || stat.contains(") Z")).then_some(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_queued_and_running_executions() {
     let mut system = fast_recovery().worker("w1", &[]).start().await;
@@ -191,37 +210,21 @@ async fn cancel_stops_queued_and_running_executions() {
     // running: its process is killed, and it is not retried
     let pidfile = std::env::temp_dir().join(format!("attune-hold-{}", std::process::id()));
     let running = system.submit("e2e.hold", json!({"pidfile": pidfile})).await;
-    let pid: i32 = wait_for("the action to start", DEADLINE, || {
-        let pidfile = pidfile.clone();
-        async move { std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok() }
-    })
-    .await;
+    let pid = started_pid(&pidfile).await;
     let (status, canceled) = system.post(&format!("/api/v1/executions/{}/cancel", id(&running)), &json!({})).await;
     assert_eq!((status, canceled["status"].as_str()), (200, Some("canceled")), "{canceled}");
-    wait_for("the action's process to be killed", DEADLINE, || async move {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        (stat.is_empty() || stat.contains(") Z")).then_some(())
-    })
-    .await;
+    killed(pid).await;
     system.wait_log("w1", "stopped while running (canceled or failed by hand); process group killed").await;
 
     // failed by hand while running (the quick reference's "manually fail execution if stuck"):
     // its process is killed the same way, and it is not retried
     let failed_pidfile = std::env::temp_dir().join(format!("attune-hold-failed-{}", std::process::id()));
     let stuck = system.submit("e2e.hold", json!({"pidfile": failed_pidfile})).await;
-    let pid: i32 = wait_for("the second action to start", DEADLINE, || {
-        let pidfile = failed_pidfile.clone();
-        async move { std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok() }
-    })
-    .await;
+    let pid = started_pid(&failed_pidfile).await;
     let (status, failed) =
         system.post(&format!("/api/v1/executions/{}/fail", id(&stuck)), &json!({"reason": "stuck"})).await;
     assert_eq!((status, failed["failure_kind"].as_str()), (200, Some("operator_failed")), "{failed}");
-    wait_for("the failed action's process to be killed", DEADLINE, || async move {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        (stat.is_empty() || stat.contains(") Z")).then_some(())
-    })
-    .await;
+    killed(pid).await;
 
     // queued: it never runs
     system.signal("w1", SIGSTOP);
