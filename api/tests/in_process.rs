@@ -368,6 +368,7 @@ async fn the_settings_in_force_are_readable_in_sql_and_through_the_api() {
         max_backoff_secs: 60.0,
         backoff_multiplier: 3.0,
         jitter_factor: 0.1,
+        circuit: None,
     };
     // what an executor writes at start
     db::worker::store_retry_config(&api.db.pool, &config).await.unwrap();

@@ -84,6 +84,15 @@ impl FromEnv for RetrySettings {
             max_backoff_secs: read(source, "ATTUNE_RETRY_MAX_BACKOFF_SECS")?,
             backoff_multiplier: read(source, "ATTUNE_RETRY_BACKOFF_MULTIPLIER")?,
             jitter_factor: read(source, "ATTUNE_RETRY_JITTER_FACTOR")?,
+            circuit: match read_optional(source, "ATTUNE_CIRCUIT_FAILURE_RATE") {
+                None => None,
+                Some(rate) => Some(attune_core::pack::CircuitSpec {
+                    failure_rate: parse("ATTUNE_CIRCUIT_FAILURE_RATE", &rate)?,
+                    window_secs: read(source, "ATTUNE_CIRCUIT_WINDOW_SECS")?,
+                    min_executions: read(source, "ATTUNE_CIRCUIT_MIN_EXECUTIONS")?,
+                    open_secs: read(source, "ATTUNE_CIRCUIT_OPEN_SECS")?,
+                }),
+            },
         };
         config.validate().map_err(|e| ConfigError {
             name: e.name.to_string(),

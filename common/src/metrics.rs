@@ -115,6 +115,11 @@ pub const WORKER_QUEUE_DEPTH: Gauge = Gauge {
     help: "Executions dispatched to an active worker and not finished (or its reported depth, if more).",
 };
 
+pub const ACTION_CIRCUIT_STATE: Gauge = Gauge {
+    name: "attune_action_circuit_state",
+    help: "Each action's circuit breaker, once evaluated: 0 closed, 1 open, 2 half-open.",
+};
+
 /// Renders one gauge with its samples.
 pub fn render_gauge(out: &mut String, gauge: &Gauge, samples: &[(Vec<(&'static str, String)>, f64)]) {
     let _ = writeln!(out, "# HELP {} {}\n# TYPE {} gauge", gauge.name, gauge.help, gauge.name);

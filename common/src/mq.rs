@@ -268,6 +268,12 @@ pub struct Dispatch {
     /// Exit codes the action's retry policy treats as transient (besides 75).
     #[serde(default)]
     pub transient_exit_codes: Vec<i32>,
+    /// The request of an `http` action (its `http:` block, `attune_core::pack::HttpSpec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<Value>,
+    /// The chain's idempotency key (`ATTUNE_IDEMPOTENCY_KEY`, and `Idempotency-Key` for http).
+    #[serde(default)]
+    pub idempotency_key: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -319,6 +325,12 @@ pub struct ExecutionResult {
     pub stdout: String,
     pub stderr: String,
     pub duration_ms: u64,
+    /// The HTTP status an `http` action got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<i32>,
+    /// The wait a `Retry-After` response header asked for, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl ExecutionResult {
@@ -331,6 +343,8 @@ impl ExecutionResult {
             exit_code: self.exit_code,
             stdout: Some(self.stdout.clone()),
             stderr: Some(self.stderr.clone()),
+            http_status: self.http_status,
+            retry_after: self.retry_after_ms.map(std::time::Duration::from_millis),
         }
     }
 

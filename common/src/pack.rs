@@ -32,7 +32,11 @@ pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
         if actions.iter().any(|a| a.action_ref == action_ref) {
             return Err(PackError::new(&file, Some("name"), format!("duplicate action '{action_ref}'")));
         }
-        actions.push(LoadedAction { action_ref, spec });
+        let warnings: Vec<String> = spec.warnings().into_iter().map(|w| format!("{}: {w}", file.display())).collect();
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
+        actions.push(LoadedAction { action_ref, spec, warnings });
     }
     Ok(LoadedPack { manifest, path: dir.to_path_buf(), actions })
 }

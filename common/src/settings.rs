@@ -257,6 +257,30 @@ pub const SETTINGS: &[Setting] = &[
         doc: "backoffs vary by up to this fraction either way",
     },
     Setting {
+        name: "ATTUNE_CIRCUIT_FAILURE_RATE",
+        default: Described("unset: no circuit breaker"),
+        read_by: &[Executor],
+        doc: "a circuit breaker for every action without its own `retry.circuit`: opens at this failure rate (0-1]",
+    },
+    Setting {
+        name: "ATTUNE_CIRCUIT_WINDOW_SECS",
+        default: Value("60"),
+        read_by: &[Executor],
+        doc: "the global circuit breaker's window",
+    },
+    Setting {
+        name: "ATTUNE_CIRCUIT_MIN_EXECUTIONS",
+        default: Value("10"),
+        read_by: &[Executor],
+        doc: "the global circuit breaker opens only after this many executions finished in its window",
+    },
+    Setting {
+        name: "ATTUNE_CIRCUIT_OPEN_SECS",
+        default: Value("30"),
+        read_by: &[Executor],
+        doc: "how long the global circuit breaker stays open before a trial",
+    },
+    Setting {
         name: "ATTUNE_RETRY_POLL_MS",
         default: Value("100"),
         read_by: &[Executor],

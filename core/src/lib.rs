@@ -10,6 +10,7 @@
 //! `tests/tidy.rs` keeps it that way: it fails if this crate names a database, broker, async
 //! runtime, file system, network, environment or clock API.
 
+pub mod circuit;
 pub mod failure;
 pub mod health;
 pub mod pack;
@@ -19,6 +20,7 @@ pub mod retry;
 pub mod selection;
 mod sql;
 pub mod status;
+pub mod template;
 
 pub use failure::FailureKind;
 pub use status::ExecutionStatus;

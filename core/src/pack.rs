@@ -4,16 +4,20 @@
 //! An invalid file names the file, the field and the reason, e.g.
 //! `packs/core/actions/echo.yaml: field 'timeout_seconds': must be at least 1`.
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::failure::FailureKind;
 use crate::params::{self, ParamSpecs};
 
 /// Runtimes a worker may offer. `builtin` actions run inside the worker without a process
-/// (`core.noop`, for measuring the platform itself).
-pub const RUNTIMES: [&str; 3] = ["shell", "python", "builtin"];
+/// (`core.noop`, for measuring the platform itself); `http` actions make one HTTP request,
+/// described by their `http:` block, from the worker.
+pub const RUNTIMES: [&str; 4] = ["shell", "python", "builtin", "http"];
+pub const HTTP_METHODS: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
 pub const BUILTIN_ENTRYPOINTS: [&str; 1] = ["noop"];
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -33,17 +37,84 @@ pub struct ActionSpec {
     #[serde(default)]
     pub description: Option<String>,
     pub runtime: String,
+    /// The script, relative to the pack directory (the builtin's name for `builtin`; none for
+    /// `http`).
+    #[serde(default)]
     pub entrypoint: String,
     /// Overrides the global default (300 s) when set.
     #[serde(default)]
     pub timeout_seconds: Option<i32>,
-    /// Retries after the first attempt.
+    /// Retries after the first attempt; -1: unlimited (still capped in delay, stopped by a
+    /// cancel and held back by an open circuit).
     #[serde(default)]
     pub max_retries: Option<i32>,
     #[serde(default)]
     pub parameters: ParamSpecs,
     #[serde(default)]
     pub retry: Option<RetryPolicy>,
+    /// The request of a `runtime: http` action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpSpec>,
+}
+
+impl ActionSpec {
+    /// The retries after the first attempt this action allows: `max_retries`, else Tasker's
+    /// `retry.max_attempts` less the first attempt, else none; none at all with
+    /// `retry.retryable: false`. -1 is unlimited.
+    pub fn max_retries_in_force(&self) -> i32 {
+        let retry = self.retry.as_ref();
+        if retry.and_then(|r| r.retryable) == Some(false) {
+            return 0;
+        }
+        match (self.max_retries, retry.and_then(|r| r.max_attempts)) {
+            (Some(retries), _) => retries,
+            (None, Some(attempts)) => (attempts - 1).max(0),
+            (None, None) => 0,
+        }
+    }
+
+    /// What is allowed but most likely not meant, in words naming the field.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let retry = self.retry.as_ref();
+        if retry.and_then(|r| r.max_attempts) == Some(0) {
+            warnings.push(
+                "field 'retry.max_attempts': 0 attempts is a configuration error: the first attempt still runs, and \
+                 nothing after it (write max_attempts: 1 to say so)"
+                    .to_string(),
+            );
+        }
+        if retry.and_then(|r| r.retryable) == Some(false) && retry.and_then(|r| r.max_attempts).is_some_and(|a| a > 1) {
+            warnings.push(
+                "field 'retry.retryable': false, so retry.max_attempts above 1 has no effect: only the first attempt runs"
+                    .to_string(),
+            );
+        }
+        warnings
+    }
+}
+
+/// The request an HTTP action makes. `{{ name }}` in `url`, `headers` and `body` is replaced by
+/// the parameter `name` (URL-encoded in the URL, JSON-encoded in a JSON body, as text in a
+/// header; see `crate::template`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSpec {
+    #[serde(default = "HttpSpec::default_method")]
+    pub method: String,
+    pub url: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// A mapping or list is sent as JSON; a string is sent as written (JSON-encoding the values
+    /// unless a `Content-Type` header says it is not JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Value>,
+}
+
+impl HttpSpec {
+    fn default_method() -> String {
+        "GET".to_string()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -77,12 +148,115 @@ pub struct RetryPolicy {
     /// `false`: an execution that may have started is not retried after its worker vanished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotent: Option<bool>,
+    /// Ordered rules: the first whose `when` matches a failure decides it (`then`); a failure no
+    /// rule matches is decided by `on` and `max_retries` as without rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<Vec<RetryRule>>,
+    /// Tasker's form: total attempts, the first included (`max_attempts: 3` = `max_retries: 2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<i32>,
+    /// Tasker's form: `false` never retries (the first attempt always runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+    /// A circuit breaker for this action (see `crate::circuit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit: Option<CircuitSpec>,
+}
+
+/// One retry rule: `when` a failure matches, `then` retry or fail.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryRule {
+    pub when: RuleWhen,
+    pub then: RuleThen,
+}
+
+/// What a rule matches. It matches a failure when **any** listed condition holds: its exit code is
+/// one of `exit_codes`, its kind one of `failure_kinds`, its HTTP status one of `http_status`, or
+/// the value at `result.path` of its result is the one given. Structured data only, never text.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleWhen {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_codes: Option<Vec<i32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_kinds: Option<Vec<FailureKind>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<Vec<i32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ResultMatch>,
+}
+
+/// A value in the action's result: `path` is keys and array indices joined by `.`
+/// (`error.code`, `items.0.state`); `equals` one value or `in` a list of them (JSON equality).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultMatch {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equals: Option<Value>,
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    pub one_of: Option<Vec<Value>>,
+}
+
+impl ResultMatch {
+    /// The path's segments.
+    pub fn segments(&self) -> Vec<&str> {
+        self.path.split('.').collect()
+    }
+
+    /// The values that match.
+    pub fn values(&self) -> Vec<&Value> {
+        self.equals.iter().chain(self.one_of.iter().flatten()).collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleDo {
+    Retry,
+    Fail,
+}
+
+/// What a matching rule decides. `retry` with its own `attempts` (total, the first included;
+/// without it the action's `max_retries` applies) and its own backoff (each unset field falls
+/// back to the action's `retry:` block, then to the global settings).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleThen {
+    #[serde(rename = "do")]
+    pub action: RuleDo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_secs: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay_secs: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiplier: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<f64>,
+}
+
+/// A circuit breaker: when at least `min_executions` of the action finished in the last
+/// `window_secs` and at least `failure_rate` of them failed, the circuit opens for `open_secs`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitSpec {
+    pub failure_rate: f64,
+    pub window_secs: f64,
+    pub min_executions: i32,
+    pub open_secs: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadedAction {
     pub action_ref: String,
     pub spec: ActionSpec,
+    /// `ActionSpec::warnings`, prefixed with the file.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -170,7 +344,22 @@ fn validate_action(
             format!("unknown runtime '{}' (expected one of: {})", spec.runtime, RUNTIMES.join(", ")),
         );
     }
-    if spec.runtime == "builtin" {
+    if spec.runtime == "http" {
+        if !spec.entrypoint.is_empty() {
+            return fail("entrypoint", "an http action has no entrypoint: its request is the 'http' block".into());
+        }
+        let Some(http) = &spec.http else {
+            return fail("http", "missing: an http action needs an 'http' block with at least 'url'".into());
+        };
+        validate_http(http, &spec.parameters).or_else(|(field, reason)| fail(&format!("http.{field}"), reason))?;
+    } else if spec.http.is_some() {
+        return fail(
+            "http",
+            format!("only an http action has an 'http' block (this one's runtime is '{}')", spec.runtime),
+        );
+    } else if spec.entrypoint.is_empty() {
+        return fail("entrypoint", "missing field `entrypoint`".into());
+    } else if spec.runtime == "builtin" {
         if !BUILTIN_ENTRYPOINTS.contains(&spec.entrypoint.as_str()) {
             return fail(
                 "entrypoint",
@@ -192,9 +381,16 @@ fn validate_action(
         return fail("timeout_seconds", "must be at least 1".into());
     }
     if let Some(max_retries) = spec.max_retries
-        && !(0..=100).contains(&max_retries)
+        && !(-1..=100).contains(&max_retries)
     {
-        return fail("max_retries", "must be between 0 and 100".into());
+        return fail("max_retries", "must be between 0 and 100, or -1 for unlimited".into());
+    }
+    if spec.max_retries.is_some() && spec.retry.as_ref().is_some_and(|r| r.max_attempts.is_some()) {
+        return fail(
+            "max_retries",
+            "both 'max_retries' and 'retry.max_attempts' are given; give one (max_attempts counts the first attempt)"
+                .into(),
+        );
     }
     for (name, param) in &spec.parameters {
         if let Err(e) = params::check_spec(name, param) {
@@ -207,7 +403,155 @@ fn validate_action(
     Ok(())
 }
 
-fn validate_retry(retry: &RetryPolicy) -> Result<(), (&'static str, String)> {
+fn validate_http(http: &HttpSpec, parameters: &ParamSpecs) -> Result<(), (String, String)> {
+    let declared = |field: &str, names: Vec<String>| match names.into_iter().find(|n| !parameters.contains_key(n)) {
+        Some(name) => Err((field.to_string(), format!("'{{{{ {name} }}}}' names no declared parameter"))),
+        None => Ok(()),
+    };
+    let owned = |names: Vec<&str>| names.into_iter().map(str::to_string).collect::<Vec<_>>();
+    if !HTTP_METHODS.contains(&http.method.as_str()) {
+        return Err((
+            "method".into(),
+            format!("unknown method '{}' (expected one of: {})", http.method, HTTP_METHODS.join(", ")),
+        ));
+    }
+    if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
+        return Err(("url".into(), "must start with http:// or https://".into()));
+    }
+    let names = crate::template::names(&http.url).map_err(|e| ("url".to_string(), e))?;
+    if http.url.split("://").nth(1).is_some_and(|rest| rest.starts_with("{{")) {
+        return Err(("url".into(), "the host must be written in the URL, not taken from a parameter".into()));
+    }
+    declared("url", owned(names))?;
+    for (name, value) in &http.headers {
+        let field = format!("headers.{name}");
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
+            return Err((field, "is not a valid header name".into()));
+        }
+        if value.contains(['\r', '\n']) {
+            return Err((field, "must not contain a line break".into()));
+        }
+        declared(&field, owned(crate::template::names(value).map_err(|e| (field.clone(), e))?))?;
+    }
+    if let Some(body) = &http.body {
+        declared("body", crate::template::json_names(body).map_err(|e| ("body".to_string(), e))?)?;
+    }
+    Ok(())
+}
+
+fn validate_retry(retry: &RetryPolicy) -> Result<(), (String, String)> {
+    validate_retry_fields(retry).map_err(|(field, reason)| (field.to_string(), reason))?;
+    if let Some(attempts) = retry.max_attempts
+        && !(0..=101).contains(&attempts)
+    {
+        return Err(("max_attempts".into(), format!("must be between 1 and 101, got {attempts}")));
+    }
+    for (i, rule) in retry.rules.iter().flatten().enumerate() {
+        validate_rule(rule).map_err(|(field, reason)| (format!("rules[{i}].{field}"), reason))?;
+    }
+    if let Some(circuit) = &retry.circuit {
+        let field = |f: &str| format!("circuit.{f}");
+        if !(circuit.failure_rate > 0.0 && circuit.failure_rate <= 1.0) {
+            return Err((
+                field("failure_rate"),
+                format!("must be above 0 and at most 1, got {}", circuit.failure_rate),
+            ));
+        }
+        if !(circuit.window_secs.is_finite() && circuit.window_secs > 0.0) {
+            return Err((
+                field("window_secs"),
+                format!("must be a positive number of seconds, got {}", circuit.window_secs),
+            ));
+        }
+        if !(circuit.open_secs.is_finite() && circuit.open_secs > 0.0) {
+            return Err((
+                field("open_secs"),
+                format!("must be a positive number of seconds, got {}", circuit.open_secs),
+            ));
+        }
+        if circuit.min_executions < 1 {
+            return Err((field("min_executions"), format!("must be at least 1, got {}", circuit.min_executions)));
+        }
+    }
+    Ok(())
+}
+
+fn validate_rule(rule: &RetryRule) -> Result<(), (String, String)> {
+    let when = &rule.when;
+    let err = |field: &str, reason: String| Err((field.to_string(), reason));
+    if when.exit_codes.is_none() && when.failure_kinds.is_none() && when.http_status.is_none() && when.result.is_none()
+    {
+        return err("when", "needs at least one of exit_codes, failure_kinds, http_status, result".into());
+    }
+    if let Some(code) = when.exit_codes.iter().flatten().find(|c| !(1..=255).contains(*c)) {
+        return err("when.exit_codes", format!("{code} is not a failing exit code (1-255)"));
+    }
+    if let Some(kind) = when.failure_kinds.iter().flatten().find(|k| k.is_never_retried()) {
+        return err("when.failure_kinds", format!("'{kind}' executions are never retried automatically"));
+    }
+    if let Some(status) = when.http_status.iter().flatten().find(|s| !(100..=599).contains(*s)) {
+        return err("when.http_status", format!("{status} is not an HTTP status (100-599)"));
+    }
+    if let Some(result) = &when.result {
+        if let Some(segment) =
+            result.segments().into_iter().find(|s| s.is_empty() || s.parse::<i64>().is_ok_and(|n| n < 0))
+        {
+            return err(
+                "when.result.path",
+                format!(
+                    "'{}': segment '{segment}' is not a key or an index (keys and indices >= 0, joined by '.')",
+                    result.path
+                ),
+            );
+        }
+        match (&result.equals, &result.one_of) {
+            (Some(_), None) | (None, Some(_)) => {}
+            _ => {
+                return err("when.result", "needs exactly one of 'equals' (a value) and 'in' (a list of values)".into());
+            }
+        }
+    }
+    let then = &rule.then;
+    if then.action == RuleDo::Fail {
+        let extra = [
+            ("attempts", then.attempts.is_some()),
+            ("backoff", then.backoff.is_some()),
+            ("delay_secs", then.delay_secs.is_some()),
+            ("max_delay_secs", then.max_delay_secs.is_some()),
+            ("multiplier", then.multiplier.is_some()),
+            ("jitter", then.jitter.is_some()),
+        ];
+        if let Some((name, _)) = extra.iter().find(|(_, set)| *set) {
+            return err(&format!("then.{name}"), "means nothing with 'do: fail'".into());
+        }
+        return Ok(());
+    }
+    if let Some(attempts) = then.attempts
+        && !(1..=1000).contains(&attempts)
+    {
+        return err(
+            "then.attempts",
+            format!("must be between 1 and 1000 (total attempts, the first included), got {attempts}"),
+        );
+    }
+    let as_policy = RetryPolicy {
+        backoff: then.backoff,
+        base_delay_secs: then.delay_secs,
+        max_delay_secs: then.max_delay_secs,
+        multiplier: then.multiplier,
+        jitter: then.jitter,
+        ..Default::default()
+    };
+    validate_retry_fields(&as_policy).map_err(|(field, reason)| {
+        let field = match field {
+            "base_delay_secs" => "delay_secs",
+            other => other,
+        };
+        (format!("then.{field}"), reason.replace("base_delay_secs", "delay_secs"))
+    })
+}
+
+fn validate_retry_fields(retry: &RetryPolicy) -> Result<(), (&'static str, String)> {
     let positive = |value: Option<f64>, field: &'static str| match value {
         Some(v) if !(v.is_finite() && v > 0.0) => {
             Err((field, format!("must be a positive number of seconds, got {v}")))
@@ -276,7 +620,7 @@ mod tests {
                 "at least 1",
             ),
             (
-                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nmax_retries: -1\n",
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nmax_retries: -2\n",
                 "max_retries",
                 "between 0 and 100",
             ),

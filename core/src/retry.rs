@@ -19,7 +19,8 @@ use rand::{Rng, RngExt};
 
 use crate::ExecutionStatus;
 use crate::failure::FailureKind;
-use crate::pack::{BackoffKind, RetryPolicy};
+use crate::pack::{BackoffKind, CircuitSpec, RetryPolicy, RetryRule, RuleDo, RuleThen};
+use serde_json::Value;
 
 /// The quick reference's retry configuration, field for field: its literal compiles as written.
 ///
@@ -55,6 +56,7 @@ impl From<RetryConfig> for RetrySettings {
             max_backoff_secs: c.max_backoff_secs as f64,
             backoff_multiplier: c.backoff_multiplier,
             jitter_factor: c.jitter_factor,
+            circuit: None,
         }
     }
 }
@@ -68,6 +70,9 @@ pub struct RetrySettings {
     pub max_backoff_secs: f64,
     pub backoff_multiplier: f64,
     pub jitter_factor: f64,
+    /// The circuit breaker of every action without its own `retry.circuit` (`ATTUNE_CIRCUIT_*`);
+    /// off by default.
+    pub circuit: Option<CircuitSpec>,
 }
 
 impl Default for RetrySettings {
@@ -78,6 +83,7 @@ impl Default for RetrySettings {
             max_backoff_secs: 300.0,
             backoff_multiplier: 2.0,
             jitter_factor: 0.2,
+            circuit: None,
         }
     }
 }
@@ -109,6 +115,20 @@ impl RetrySettings {
         if !(0.0..=1.0).contains(&self.jitter_factor) {
             return invalid("ATTUNE_RETRY_JITTER_FACTOR", self.jitter_factor, "must be between 0 and 1");
         }
+        if let Some(c) = &self.circuit {
+            if !(c.failure_rate > 0.0 && c.failure_rate <= 1.0) {
+                return invalid("ATTUNE_CIRCUIT_FAILURE_RATE", c.failure_rate, "must be above 0 and at most 1");
+            }
+            if !(c.window_secs.is_finite() && c.window_secs > 0.0) {
+                return invalid("ATTUNE_CIRCUIT_WINDOW_SECS", c.window_secs, "must be > 0");
+            }
+            if !(c.open_secs.is_finite() && c.open_secs > 0.0) {
+                return invalid("ATTUNE_CIRCUIT_OPEN_SECS", c.open_secs, "must be > 0");
+            }
+            if c.min_executions < 1 {
+                return invalid("ATTUNE_CIRCUIT_MIN_EXECUTIONS", f64::from(c.min_executions), "must be at least 1");
+            }
+        }
         Ok(())
     }
 }
@@ -124,6 +144,19 @@ pub struct EffectivePolicy {
     pub jitter: f64,
     pub retry_on: Vec<FailureKind>,
     pub idempotent: bool,
+    /// Tasker's `retryable`: `false` never retries, whatever the rules say.
+    #[serde(default = "yes")]
+    pub retryable: bool,
+    /// The action's `retry.rules`, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RetryRule>,
+    /// The action's circuit breaker, else the global one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit: Option<CircuitSpec>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl EffectivePolicy {
@@ -139,7 +172,28 @@ impl EffectivePolicy {
             jitter: p.jitter.unwrap_or(config.jitter_factor),
             retry_on: p.on.unwrap_or_else(|| FailureKind::RETRIABLE_BY_DEFAULT.to_vec()),
             idempotent: p.idempotent.unwrap_or(true),
+            retryable: p.retryable.unwrap_or(true),
+            rules: p.rules.unwrap_or_default(),
+            circuit: p.circuit.or_else(|| config.circuit.clone()),
         }
+    }
+
+    /// This policy's backoff with a rule's own fields over it.
+    fn with_rule(&self, then: &RuleThen) -> EffectivePolicy {
+        let base_secs = then.delay_secs.unwrap_or(self.base_secs);
+        EffectivePolicy {
+            backoff: then.backoff.unwrap_or(self.backoff),
+            base_secs,
+            max_secs: then.max_delay_secs.unwrap_or(self.max_secs).max(base_secs),
+            multiplier: then.multiplier.unwrap_or(self.multiplier),
+            jitter: then.jitter.unwrap_or(self.jitter),
+            ..self.clone()
+        }
+    }
+
+    /// The index of the first rule whose `when` matches the attempt.
+    pub fn matching_rule(&self, attempt: &FailedAttempt) -> Option<usize> {
+        self.rules.iter().position(|rule| rule_matches(rule, attempt))
     }
 
     /// The backoff before retry `n` without jitter, capped at `max`.
@@ -163,6 +217,45 @@ impl EffectivePolicy {
     }
 }
 
+/// Whether `rule`'s `when` matches the failed attempt: any listed condition holding.
+pub fn rule_matches(rule: &RetryRule, attempt: &FailedAttempt) -> bool {
+    let when = &rule.when;
+    let listed = |list: &Option<Vec<i32>>, value: Option<i32>| {
+        value.is_some_and(|v| list.as_ref().is_some_and(|l| l.contains(&v)))
+    };
+    listed(&when.exit_codes, attempt.exit_code)
+        || when.failure_kinds.as_ref().is_some_and(|kinds| kinds.contains(&attempt.failure))
+        || listed(&when.http_status, attempt.http_status)
+        || when.result.as_ref().is_some_and(|m| {
+            let found = attempt.result.as_ref().and_then(|result| value_at(result, &m.segments()));
+            found.is_some_and(|found| m.values().into_iter().any(|want| json_equal(found, want)))
+        })
+}
+
+/// The value at `path` (object keys, array indices) in `value`, as PostgreSQL's `#>` finds it.
+pub fn value_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(value, |at, segment| match at {
+        Value::Object(map) => map.get(*segment),
+        Value::Array(items) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
+        _ => None,
+    })
+}
+
+/// JSON equality as `jsonb` has it: numbers by value (`1` = `1.0`), objects whatever the key order.
+pub fn json_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => x.as_f64() == y.as_f64(),
+        },
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_equal(x, y)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_equal(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 /// The rule of `decide` that settled a failed execution's fate, in its order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -173,6 +266,10 @@ pub enum Rule {
     NotIdempotent,
     /// Retries are disabled (`ATTUNE_RETRY_ENABLED=false`).
     Disabled,
+    /// The action says `retry.retryable: false`.
+    NotRetryable,
+    /// A `retry.rules` entry matched and says `do: fail`.
+    RuleSaysFail,
     /// Its failure kind is not one the action's policy retries (`retry.on`, else the retriable kinds).
     KindNotRetried,
     /// Its retries are used up (`retry_count >= max_retries`).
@@ -198,6 +295,15 @@ pub struct DecisionRecord {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub policy: EffectivePolicy,
     pub decided_at: DateTime<Utc>,
+    /// The `retry.rules` entry (from 0) that matched, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_rule: Option<usize>,
+    /// The earliest next attempt a `Retry-After` header asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<DateTime<Utc>>,
+    /// The end of the open period of the action's circuit, which held the retry back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_until: Option<DateTime<Utc>>,
 }
 
 impl DecisionRecord {
@@ -208,29 +314,52 @@ impl DecisionRecord {
         now: DateTime<Utc>,
     ) -> Self {
         let kind = attempt.failure;
+        let matched_rule = match decision {
+            RetryDecision::GiveUp(GiveUp::RuleSaysFail { rule }) => Some(*rule),
+            RetryDecision::GiveUp(GiveUp::Exhausted { rule, .. }) => *rule,
+            RetryDecision::Retry { rule, .. } => *rule,
+            RetryDecision::GiveUp(_) => None,
+        };
         let (rule, reason, delay_ms, next_attempt_at) = match decision {
-            RetryDecision::Retry { at, delay, .. } => (
-                Rule::Retried,
-                format!(
-                    "'{kind}' is retried by this action's policy, and {} of {} retries were used: retry {} runs after {:.3} s",
-                    attempt.retry_count,
-                    attempt.max_retries,
+            RetryDecision::Retry { at, delay, rule, .. } => {
+                let by = match rule {
+                    Some(i) => format!("retry.rules[{i}] matched ({})", describe_when(&policy.rules[*i])),
+                    None => format!("'{kind}' is retried by this action's policy"),
+                };
+                let budget = match (rule.and_then(|i| policy.rules[i].then.attempts), attempt.max_retries) {
+                    (Some(attempts), _) => format!("attempt {} of {attempts}", attempt.retry_count + 1),
+                    (None, max) if max < 0 => format!("attempt {} of unlimited", attempt.retry_count + 1),
+                    (None, max) => format!("{} of {max} retries used", attempt.retry_count),
+                };
+                let mut reason = format!(
+                    "{by}, {budget}: retry {} runs after {:.3} s",
                     attempt.retry_count + 1,
                     delay.as_secs_f64()
-                ),
-                Some(delay.as_millis() as u64),
-                Some(*at),
-            ),
+                );
+                if attempt.held_until.is_some_and(|held| held >= *at) {
+                    reason.push_str(" (held back until the action's circuit half-opens)");
+                } else if attempt.retry_after.is_some_and(|after| after >= *at) {
+                    reason.push_str(" (as the response's Retry-After asked)");
+                }
+                (Rule::Retried, reason, Some(delay.as_millis() as u64), Some(*at))
+            }
             RetryDecision::GiveUp(why) => {
                 let rule = match why {
                     GiveUp::NotRetriable(kind) if kind.is_never_retried() => Rule::EndedByHand,
                     GiveUp::NotRetriable(_) => Rule::KindNotRetried,
                     GiveUp::NotIdempotent(_) => Rule::NotIdempotent,
                     GiveUp::Disabled => Rule::Disabled,
+                    GiveUp::NotRetryable => Rule::NotRetryable,
+                    GiveUp::RuleSaysFail { .. } => Rule::RuleSaysFail,
                     GiveUp::Exhausted { .. } => Rule::Exhausted,
                 };
                 let reason = match why {
-                    GiveUp::NotRetriable(_) | GiveUp::NotIdempotent(_) => format!("not retried: {why}"),
+                    GiveUp::RuleSaysFail { rule } => {
+                        format!("not retried: {why} ({})", describe_when(&policy.rules[*rule]))
+                    }
+                    GiveUp::NotRetriable(_) | GiveUp::NotIdempotent(_) | GiveUp::NotRetryable => {
+                        format!("not retried: {why}")
+                    }
                     GiveUp::Disabled | GiveUp::Exhausted { .. } => format!("'{kind}' is not retried: {why}"),
                 };
                 (rule, reason, None, None)
@@ -247,8 +376,31 @@ impl DecisionRecord {
             next_attempt_at,
             policy: policy.clone(),
             decided_at: now,
+            matched_rule,
+            retry_after: attempt.retry_after,
+            held_until: attempt.held_until,
         }
     }
+}
+
+/// A rule's `when` in words: `http_status 503, 429 or exit code 3`.
+pub fn describe_when(rule: &RetryRule) -> String {
+    let when = &rule.when;
+    let list = |name: &str, items: Vec<String>| format!("{name} {}", items.join(", "));
+    let mut parts = Vec::new();
+    if let Some(codes) = &when.exit_codes {
+        parts.push(list("exit code", codes.iter().map(i32::to_string).collect()));
+    }
+    if let Some(kinds) = &when.failure_kinds {
+        parts.push(list("failure kind", kinds.iter().map(|k| k.to_string()).collect()));
+    }
+    if let Some(statuses) = &when.http_status {
+        parts.push(list("HTTP status", statuses.iter().map(i32::to_string).collect()));
+    }
+    if let Some(m) = &when.result {
+        parts.push(list(&format!("result.{} in", m.path), m.values().iter().map(|v| v.to_string()).collect()));
+    }
+    parts.join(" or ")
 }
 
 /// Whether the execution "may have started" on a worker that then vanished.
@@ -260,9 +412,17 @@ fn worker_vanished_after_start(kind: FailureKind, started: bool) -> bool {
 pub enum GiveUp {
     Disabled,
     NotRetriable(FailureKind),
+    /// `retry.retryable: false`.
+    NotRetryable,
+    /// `retry.rules[rule]` matched and says `do: fail`.
+    RuleSaysFail {
+        rule: usize,
+    },
+    /// No retries left: `max_retries` (`rule: None`) or the matching rule's `attempts`.
     Exhausted {
         retry_count: i32,
         max_retries: i32,
+        rule: Option<usize>,
     },
     /// The action is not idempotent and may have started: the execution is `abandoned`.
     NotIdempotent(FailureKind),
@@ -273,9 +433,17 @@ impl std::fmt::Display for GiveUp {
         match self {
             GiveUp::Disabled => write!(f, "retries are disabled"),
             GiveUp::NotRetriable(kind) => write!(f, "'{kind}' is not retried for this action"),
-            GiveUp::Exhausted { retry_count, max_retries } => {
+            GiveUp::NotRetryable => write!(f, "the action is not retryable (retry.retryable: false)"),
+            GiveUp::RuleSaysFail { rule } => write!(f, "retry.rules[{rule}] matched and says fail"),
+            GiveUp::Exhausted { retry_count, max_retries, rule: None } => {
                 write!(f, "retries exhausted ({retry_count} of {max_retries})")
             }
+            GiveUp::Exhausted { retry_count, max_retries, rule: Some(rule) } => write!(
+                f,
+                "retry.rules[{rule}] allows {} attempts and this was attempt {}",
+                max_retries + 1,
+                retry_count + 1
+            ),
             GiveUp::NotIdempotent(kind) => {
                 write!(f, "'{kind}' after the action may have started, and the action is not idempotent")
             }
@@ -285,7 +453,13 @@ impl std::fmt::Display for GiveUp {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum RetryDecision {
-    Retry { at: DateTime<Utc>, delay: Duration, reason: FailureKind },
+    /// Retried at `at`, `delay` after now; `rule`: the `retry.rules` entry that decided it.
+    Retry {
+        at: DateTime<Utc>,
+        delay: Duration,
+        reason: FailureKind,
+        rule: Option<usize>,
+    },
     GiveUp(GiveUp),
 }
 
@@ -294,9 +468,35 @@ pub enum RetryDecision {
 pub struct FailedAttempt {
     pub failure: FailureKind,
     pub retry_count: i32,
+    /// Retries after the first attempt; below 0: unlimited.
     pub max_retries: i32,
     /// The execution had started running (a worker claimed it).
     pub started: bool,
+    pub exit_code: Option<i32>,
+    /// The HTTP status an `http` action got.
+    pub http_status: Option<i32>,
+    /// The action's result.
+    pub result: Option<Value>,
+    /// The earliest next attempt the response asked for (`Retry-After`).
+    pub retry_after: Option<DateTime<Utc>>,
+    /// The end of the open period of the action's circuit: no retry runs before it.
+    pub held_until: Option<DateTime<Utc>>,
+}
+
+impl FailedAttempt {
+    pub fn new(failure: FailureKind, retry_count: i32, max_retries: i32, started: bool) -> Self {
+        FailedAttempt {
+            failure,
+            retry_count,
+            max_retries,
+            started,
+            exit_code: None,
+            http_status: None,
+            result: None,
+            retry_after: None,
+            held_until: None,
+        }
+    }
 }
 
 /// The pure retry decision.
@@ -316,18 +516,26 @@ pub fn decide(
     if !policy.enabled {
         return RetryDecision::GiveUp(GiveUp::Disabled);
     }
-    if !policy.retry_on.contains(&kind) {
-        return RetryDecision::GiveUp(GiveUp::NotRetriable(kind));
+    if !policy.retryable {
+        return RetryDecision::GiveUp(GiveUp::NotRetryable);
     }
-    if attempt.retry_count >= attempt.max_retries {
-        return RetryDecision::GiveUp(GiveUp::Exhausted {
-            retry_count: attempt.retry_count,
-            max_retries: attempt.max_retries,
-        });
+    let rule = policy.matching_rule(attempt);
+    let (backoff, max_retries) = match rule.map(|i| (i, &policy.rules[i].then)) {
+        Some((i, then)) if then.action == RuleDo::Fail => {
+            return RetryDecision::GiveUp(GiveUp::RuleSaysFail { rule: i });
+        }
+        Some((_, then)) => (policy.with_rule(then), then.attempts.map_or(attempt.max_retries, |a| a - 1)),
+        None if !policy.retry_on.contains(&kind) => return RetryDecision::GiveUp(GiveUp::NotRetriable(kind)),
+        None => (policy.clone(), attempt.max_retries),
+    };
+    if max_retries >= 0 && attempt.retry_count >= max_retries {
+        return RetryDecision::GiveUp(GiveUp::Exhausted { retry_count: attempt.retry_count, max_retries, rule });
     }
-    let delay = policy.delay(attempt.retry_count, rng);
-    let at = now + chrono::Duration::milliseconds(delay.as_millis() as i64);
-    RetryDecision::Retry { at, delay, reason: kind }
+    let backed_off = now + chrono::Duration::milliseconds(backoff.delay(attempt.retry_count, rng).as_millis() as i64);
+    let at =
+        [Some(backed_off), attempt.retry_after, attempt.held_until].into_iter().flatten().max().unwrap_or(backed_off);
+    let delay = (at - now).to_std().unwrap_or_default();
+    RetryDecision::Retry { at, delay, reason: kind, rule }
 }
 
 /// The status a failure is recorded with: `abandoned` when the action may have run on a worker
@@ -354,7 +562,7 @@ mod tests {
     }
 
     fn attempt(failure: FailureKind, retry_count: i32, max_retries: i32) -> FailedAttempt {
-        FailedAttempt { failure, retry_count, max_retries, started: true }
+        FailedAttempt::new(failure, retry_count, max_retries, true)
     }
 
     #[test]
@@ -365,7 +573,7 @@ mod tests {
         let now = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
         let mut rng = StdRng::seed_from_u64(1);
         for kind in FailureKind::ALL {
-            let attempt = FailedAttempt { failure: kind, retry_count: 0, max_retries: 5, started: true };
+            let attempt = FailedAttempt::new(kind, 0, 5, true);
             let decision = decide(&policy, &attempt, now, &mut rng);
             assert_eq!(
                 matches!(decision, RetryDecision::GiveUp(GiveUp::NotRetriable(_))),
@@ -418,6 +626,9 @@ mod tests {
                 jitter: rng.random_range(0.0..=1.0),
                 retry_on: vec![],
                 idempotent: true,
+                retryable: true,
+                rules: vec![],
+                circuit: None,
             };
             let n = rng.random_range(0..200);
             let nominal = policy.base_delay(n);
@@ -486,7 +697,7 @@ mod tests {
         assert_eq!(attempts, 4);
         assert_eq!(
             decide(&policy, &attempt(FailureKind::TransientError, 3, 3), now(), &mut rng),
-            RetryDecision::GiveUp(GiveUp::Exhausted { retry_count: 3, max_retries: 3 })
+            RetryDecision::GiveUp(GiveUp::Exhausted { retry_count: 3, max_retries: 3, rule: None })
         );
     }
 
@@ -495,7 +706,7 @@ mod tests {
         let policy = default_policy();
         let mut rng = StdRng::seed_from_u64(5);
         match decide(&policy, &attempt(FailureKind::QueueTimeout, 2, 5), now(), &mut rng) {
-            RetryDecision::Retry { at, delay, reason } => {
+            RetryDecision::Retry { at, delay, reason, .. } => {
                 assert_eq!(reason, FailureKind::QueueTimeout);
                 assert_eq!((at - now()).num_milliseconds(), delay.as_millis() as i64);
                 assert!((3200..=4800).contains(&delay.as_millis()), "{delay:?}");
@@ -545,7 +756,7 @@ mod tests {
     fn every_decision_is_recorded_with_the_rule_that_made_it() {
         let now = now();
         let policy = EffectivePolicy::resolve(&RetrySettings::default(), None);
-        let attempt = |failure, retry_count, started| FailedAttempt { failure, retry_count, max_retries: 2, started };
+        let attempt = |failure, retry_count, started| FailedAttempt::new(failure, retry_count, 2, started);
         let mut rng = StdRng::seed_from_u64(7);
         let cases = [
             (attempt(FailureKind::TransientError, 0, true), Rule::Retried),

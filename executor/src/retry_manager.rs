@@ -36,6 +36,46 @@ impl RetryManager {
         &self.config
     }
 
+    /// The circuit of the execution's action after this failure, evaluated and stored in `tx`
+    /// (with its row locked), when the policy has a circuit breaker: the end of the open period
+    /// that holds a retry back, if the circuit is not closed.
+    async fn circuit(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        policy: &EffectivePolicy,
+        current: &Execution,
+        failure: FailureKind,
+        now: DateTime<Utc>,
+    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        use attune_core::circuit::{self, Window};
+        let (Some(spec), Some(action)) = (&policy.circuit, current.action) else {
+            return Ok(None);
+        };
+        if !circuit::counts(failure) {
+            let held = db::circuit::get(&mut *tx, action).await?.and_then(|c| c.held_until(spec, now));
+            return Ok(held);
+        }
+        let before = db::circuit::lock(&mut *tx, action).await?;
+        let counted =
+            db::circuit::window(&mut *tx, &current.action_ref, circuit::window_start(spec, &before, now)).await?;
+        // this failure is not written yet: count it
+        let window = Window { finished: counted.finished + 1, failed: counted.failed + 1 };
+        let after = circuit::after_failure(spec, &before, window, current.id, now);
+        db::circuit::store(&mut *tx, action, &before, &after, window).await?;
+        if after.state != before.state || after.open_until != before.open_until {
+            tracing::warn!(
+                action = %current.action_ref,
+                state = after.state.as_str(),
+                open_until = ?after.open_until,
+                finished = window.finished,
+                failed = window.failed,
+                "circuit {}",
+                if after.state == circuit::CircuitState::Open { "opened" } else { "changed" }
+            );
+        }
+        Ok(after.held_until(spec, now))
+    }
+
     /// The effective policy of the execution's action.
     async fn policy(&self, current: &Execution) -> Result<EffectivePolicy, sqlx::Error> {
         let stored: Option<Value> = match current.action {
@@ -61,11 +101,23 @@ impl RetryManager {
         let policy = self.policy(current).await?;
         let mut tx = self.pool.begin().await?;
         let now: DateTime<Utc> = db::now(&mut *tx).await?;
+        // a report the transition below misses rolls this back with the rest
+        let held_until = self.circuit(&mut tx, &policy, current, failure, now).await?;
         let attempt = FailedAttempt {
-            failure,
-            retry_count: current.retry_count,
-            max_retries: current.max_retries.unwrap_or(0),
-            started: current.started.is_some(),
+            exit_code: outcome.exit_code.or(current.exit_code),
+            http_status: outcome.http_status.or(current.http_status),
+            result: outcome.result.clone().or_else(|| current.result.clone()),
+            retry_after: outcome
+                .retry_after
+                .and_then(|after| chrono::Duration::from_std(after).ok())
+                .map(|after| now + after),
+            held_until,
+            ..FailedAttempt::new(
+                failure,
+                current.retry_count,
+                current.max_retries.unwrap_or(0),
+                current.started.is_some(),
+            )
         };
         let decision = retry::decide(&policy, &attempt, now, &mut rand::rng());
         let record = serde_json::to_value(retry::DecisionRecord::new(&policy, &attempt, &decision, now))

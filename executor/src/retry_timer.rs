@@ -32,8 +32,12 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
-/// One pass: promote what is due and wake the scheduler for its runtimes.
+/// One pass: move the circuits on (see `db::circuit::advance`), promote what is due, and wake
+/// the scheduler for their runtimes.
 pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
+    for runtime in db::circuit::advance(&context.db).await? {
+        context.waiting.mark(&runtime);
+    }
     let due = db::execution::promote_due_retries(&context.db, BATCH).await?;
     for (execution_id, runtime) in &due {
         tracing::debug!(execution_id, "retry due, requesting it");

@@ -258,6 +258,7 @@ async fn claim_one_by_one(
                 retry_count: row.retry_count,
                 not_before: row.not_before,
                 created: row.created,
+                idempotency_key: row.idempotency_key,
             }),
             Ok(None) => {}
             Err(e) if db::is_transient(&e) => return Err(e.into()),
@@ -337,6 +338,8 @@ async fn dispatch(context: &Context, claimed: Claimed) {
         timeout_seconds: claimed.timeout_seconds.unwrap_or(context.settings.common.default_timeout_secs),
         retry_count: claimed.retry_count,
         transient_exit_codes,
+        http: action.http.clone(),
+        idempotency_key: claimed.idempotency_key.clone(),
     };
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);

@@ -45,6 +45,7 @@ fn new(action: i64, retry_count: i32, max_retries: i32) -> NewExecution {
         retry_reason: None,
         original_execution: None,
         not_before: None,
+        idempotency_key: None,
     }
 }
 
@@ -175,7 +176,7 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
         let rust = matches!(status, ExecutionStatus::Failed | ExecutionStatus::Timeout) && !already_retried && {
             // as the RetryManager reads it: no kind is the action's own failure
             let failure = kind.unwrap_or(FailureKind::ActionFailed);
-            let attempt = FailedAttempt { failure, retry_count, max_retries, started };
+            let attempt = FailedAttempt::new(failure, retry_count, max_retries, started);
             matches!(decide(&effective, &attempt, chrono::Utc::now(), &mut rng), RetryDecision::Retry { .. })
         };
         assert_eq!(

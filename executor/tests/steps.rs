@@ -101,6 +101,7 @@ impl Step {
             retry_reason: None,
             original_execution: None,
             not_before: None,
+            idempotency_key: None,
         };
         let id = db::execution::insert(self.pool(), &new).await.unwrap().id;
         let path: &[ExecutionStatus] = match status {
@@ -199,6 +200,8 @@ async fn a_recorded_failure_creates_one_retry_that_the_timer_requests() {
         stdout: String::new(),
         stderr: String::new(),
         duration_ms: 5,
+        http_status: None,
+        retry_after_ms: None,
     };
     // a result from a worker that does not own the execution changes nothing
     completion::record(&step.context, &ExecutionResult { worker_id: worker + 1, ..result.clone() }).await.unwrap();

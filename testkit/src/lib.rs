@@ -168,6 +168,7 @@ pub fn echo_execution(action: &attune_common::db::action::Action) -> attune_comm
         retry_reason: None,
         original_execution: None,
         not_before: None,
+        idempotency_key: None,
     }
 }
 

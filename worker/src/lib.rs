@@ -700,6 +700,8 @@ impl Worker {
             stdout: finished.stdout,
             stderr: finished.stderr,
             duration_ms,
+            http_status: None,
+            retry_after_ms: None,
         };
         attune_common::metrics::increment(
             &attune_common::metrics::ACTIONS_RUN,
@@ -859,6 +861,8 @@ fn failure_result(execution_id: i64, worker_id: i64, kind: FailureKind, error: S
         stdout: String::new(),
         stderr: String::new(),
         duration_ms: 0,
+        http_status: None,
+        retry_after_ms: None,
     }
 }
 

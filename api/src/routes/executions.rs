@@ -91,6 +91,7 @@ pub async fn create(
         retry_reason: None,
         original_execution: None,
         not_before: None,
+        idempotency_key: None,
     };
     let execution = db::execution::insert(&state.db, &new).await?;
     publish_request(&state, &execution).await;

@@ -47,5 +47,11 @@ pub async fn metrics(State(state): State<crate::State>) -> Result<impl IntoRespo
     render_gauge(&mut out, &m::WORKERS_BY_HEALTH, &by_class);
     let depths: Vec<_> = active.iter().map(|w| (vec![("worker", w.name.clone())], w.queue_depth as f64)).collect();
     render_gauge(&mut out, &m::WORKER_QUEUE_DEPTH, &depths);
+    let circuits: Vec<_> = attune_common::db::circuit::states(&state.db)
+        .await?
+        .into_iter()
+        .map(|(action, circuit)| (vec![("action", action)], circuit.gauge()))
+        .collect();
+    render_gauge(&mut out, &m::ACTION_CIRCUIT_STATE, &circuits);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
 }

@@ -46,11 +46,15 @@ pub struct Execution {
     /// `next_attempt_at`, `policy`, `decided_at`); null when no decision was made.
     #[schema(value_type = Option<Object>)]
     pub retry_decision: Option<Value>,
+    /// The HTTP status an `http` action got.
+    pub http_status: Option<i32>,
+    /// The same for every attempt of a retry chain (`ATTUNE_IDEMPOTENCY_KEY` to the action).
+    pub idempotency_key: String,
 }
 
 const COLUMNS: &str = "id, action, action_ref, runtime, parameters, config, status, worker, result, failure_kind, \
     error, exit_code, stdout, stderr, retry_count, max_retries, retry_reason, original_execution, \
-    not_before, timeout_seconds, started, finished, created, updated, retry_decision";
+    not_before, timeout_seconds, started, finished, created, updated, retry_decision, http_status, idempotency_key";
 
 #[derive(Debug, Clone)]
 pub struct NewExecution {
@@ -67,6 +71,8 @@ pub struct NewExecution {
     pub retry_reason: Option<String>,
     pub original_execution: Option<i64>,
     pub not_before: Option<DateTime<Utc>>,
+    /// The chain's key: a retry's is its parent's; `None` draws a new one.
+    pub idempotency_key: Option<String>,
 }
 
 impl NewExecution {
@@ -96,6 +102,7 @@ impl NewExecution {
             retry_reason: Some(reason.as_str().to_string()),
             original_execution: Some(parent.id),
             not_before,
+            idempotency_key: Some(parent.idempotency_key.clone()),
         }
     }
 }
@@ -133,8 +140,9 @@ impl NewExecution {
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
     let sql = format!(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
-         timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {COLUMNS}"
+         timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime, idempotency_key) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text)) \
+         RETURNING {COLUMNS}"
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(new.action)
@@ -149,6 +157,7 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execu
         .bind(new.original_execution)
         .bind(new.not_before)
         .bind(&new.runtime)
+        .bind(&new.idempotency_key)
         .fetch_one(db)
         .await
 }
@@ -206,6 +215,11 @@ pub struct Outcome {
     pub exit_code: Option<i32>,
     pub stdout: Option<String>,
     pub stderr: Option<String>,
+    /// The HTTP status an `http` action got.
+    pub http_status: Option<i32>,
+    /// How long the response asked to wait before the next attempt (`Retry-After`); not stored,
+    /// read by the retry decision.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl Outcome {
@@ -229,6 +243,8 @@ impl Outcome {
             exit_code: self.exit_code,
             stdout: text(&self.stdout),
             stderr: text(&self.stderr),
+            http_status: self.http_status,
+            retry_after: self.retry_after,
         }
     }
 }
@@ -414,7 +430,7 @@ async fn transition_as<R: TransitionRow>(
             result = COALESCE($6, result), failure_kind = COALESCE($7, failure_kind), \
             error = COALESCE($8, error), exit_code = COALESCE($9, exit_code), \
             stdout = COALESCE($10, stdout), stderr = COALESCE($11, stderr), \
-            retry_decision = COALESCE($13, retry_decision) \
+            retry_decision = COALESCE($13, retry_decision), http_status = COALESCE($14, http_status) \
          WHERE id = $1 AND status = ANY($3) AND ($5::bigint IS NULL OR worker = $5) \
          RETURNING {}",
         R::COLUMNS
@@ -433,6 +449,7 @@ async fn transition_as<R: TransitionRow>(
         .bind(&outcome.stderr)
         .bind(&ExecutionStatus::TERMINAL[..])
         .bind(transition.retry_decision)
+        .bind(outcome.http_status)
         .fetch_optional(db)
         .await?;
     if let Some(row) = &applied {
@@ -537,6 +554,7 @@ pub struct Claimed {
     pub retry_count: i32,
     pub not_before: Option<DateTime<Utc>>,
     pub created: DateTime<Utc>,
+    pub idempotency_key: String,
 }
 
 /// The batch form of `transition` for the scheduler: requested → scheduled for the oldest
@@ -550,16 +568,18 @@ pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<V
     Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).check();
     sqlx::query_as(
         "WITH picked AS ( \
-            SELECT id, COALESCE(not_before, created) AS since FROM execution \
+            SELECT id, COALESCE(not_before, created) AS since FROM execution w \
             WHERE status = 'requested' AND runtime = $1 \
-            ORDER BY COALESCE(not_before, created), id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+              AND NOT EXISTS (SELECT 1 FROM action_circuit c WHERE c.action = w.action \
+                              AND c.state <> 'closed' AND c.trial IS DISTINCT FROM w.id) \
+            ORDER BY COALESCE(not_before, created), id LIMIT $3 FOR UPDATE OF w SKIP LOCKED), \
          numbered AS (SELECT id, row_number() OVER (ORDER BY since, id) AS n FROM picked), \
          plan AS (SELECT worker, n FROM unnest($2::bigint[]) WITH ORDINALITY AS p(worker, n)) \
          UPDATE execution e SET status = 'scheduled', worker = plan.worker, updated = now() \
          FROM numbered JOIN plan USING (n) \
          WHERE e.id = numbered.id AND e.status = 'requested' \
          RETURNING e.id, e.worker, e.action, e.action_ref, e.parameters, e.timeout_seconds, e.retry_count, \
-            e.not_before, e.created",
+            e.not_before, e.created, e.idempotency_key",
     )
     .bind(runtime)
     .bind(plan)
@@ -596,7 +616,8 @@ async fn claimed_since(
     since: DateTime<Utc>,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created \
+        "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
+            idempotency_key \
          FROM execution WHERE status = 'scheduled' AND runtime = $1 AND worker = ANY($2) AND updated >= $3 \
          ORDER BY id",
     )

@@ -3,6 +3,7 @@
 
 pub mod action;
 pub mod bench;
+pub mod circuit;
 pub mod execution;
 pub mod pack;
 pub mod stats;

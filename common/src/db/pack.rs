@@ -44,11 +44,11 @@ pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, sqlx::Erro
         let spec = &action.spec;
         sqlx::query(
             "INSERT INTO action (ref, pack, name, description, runtime, entrypoint, parameters, \
-                timeout_seconds, max_retries, retry_policy) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                timeout_seconds, max_retries, retry_policy, http) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
              ON CONFLICT (ref) DO UPDATE SET pack = $2, name = $3, description = $4, runtime = $5, \
                 entrypoint = $6, parameters = $7, timeout_seconds = $8, max_retries = $9, \
-                retry_policy = $10, updated = now()",
+                retry_policy = $10, http = $11, updated = now()",
         )
         .bind(&action.action_ref)
         .bind(pack_id)
@@ -58,8 +58,9 @@ pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, sqlx::Erro
         .bind(&spec.entrypoint)
         .bind(serde_json::to_value(&spec.parameters).expect("parameters serialize"))
         .bind(spec.timeout_seconds)
-        .bind(spec.max_retries.unwrap_or(0))
+        .bind(spec.max_retries_in_force())
         .bind(spec.retry.as_ref().map(|r| serde_json::to_value(r).expect("retry policy serializes")))
+        .bind(spec.http.as_ref().map(|h| serde_json::to_value(h).expect("an http block serializes")))
         .execute(&mut *tx)
         .await?;
         refs.push(action.action_ref.clone());
