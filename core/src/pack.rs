@@ -507,7 +507,10 @@ fn validate_rule(rule: &RetryRule) -> Result<(), (String, String)> {
         match (&result.equals, &result.one_of) {
             (Some(_), None) | (None, Some(_)) => {}
             _ => {
-                return err("when.result", "needs exactly one of 'equals' (a value) and 'in' (a list of values)".into());
+                return err(
+                    "when.result",
+                    "needs exactly one of 'equals' (a value) and 'in' (a list of values)".into(),
+                );
             }
         }
     }
@@ -650,6 +653,75 @@ mod tests {
                 "parameters.url.default",
                 "NUL",
             ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  rules:\n    - when: {}\n      then: {do: retry}\n",
+                "retry.rules[0].when",
+                "at least one of",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  rules:\n    - when: {exit_codes: [3]}\n      then: {do: retry}\n    - when: {http_status: [700]}\n      then: {do: fail}\n",
+                "retry.rules[1].when.http_status",
+                "not an HTTP status",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  rules:\n    - when: {failure_kinds: [canceled]}\n      then: {do: retry}\n",
+                "retry.rules[0].when.failure_kinds",
+                "never retried",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  rules:\n    - when: {http_status: [401]}\n      then: {do: fail, attempts: 3}\n",
+                "retry.rules[0].then.attempts",
+                "means nothing with 'do: fail'",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  rules:\n    - when: {http_status: [503]}\n      then: {do: retry, delay_secs: -1}\n",
+                "retry.rules[0].then.delay_secs",
+                "positive",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  rules:\n    - when: {result: {path: a..b, equals: 1}}\n      then: {do: fail}\n",
+                "retry.rules[0].when.result.path",
+                "not a key or an index",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  rules:\n    - when: {result: {path: a}}\n      then: {do: fail}\n",
+                "retry.rules[0].when.result",
+                "exactly one of",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  circuit: {failure_rate: 1.5, window_secs: 60, min_executions: 5, open_secs: 30}\n",
+                "retry.circuit.failure_rate",
+                "at most 1",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  id:\n    type: string\nhttp:\n  url: \"http://h/{{ other }}\"\n",
+                "http.url",
+                "'{{ other }}' names no declared parameter",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\nhttp:\n  url: \"https://{{ host }}/x\"\n",
+                "http.url",
+                "host must be written",
+            ),
+            ("name: x\nruntime: http\nhttp:\n  url: \"ftp://h/\"\n", "http.url", "http:// or https://"),
+            ("name: x\nruntime: http\nhttp:\n  method: FETCH\n  url: \"http://h/\"\n", "http.method", "unknown method"),
+            ("name: x\nruntime: http\n", "http", "needs an 'http' block"),
+            (
+                "name: x\nruntime: http\nentrypoint: actions/flaky_api.py\nhttp:\n  url: \"http://h/\"\n",
+                "entrypoint",
+                "no entrypoint",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nhttp:\n  url: \"http://h/\"\n",
+                "http",
+                "only an http action",
+            ),
+            ("name: x\nruntime: python\n", "entrypoint", "missing field"),
+            (
+                "name: x\nruntime: http\nparameters:\n  t:\n    type: string\nhttp:\n  url: \"http://h/\"\n  body: {\"{{ t }}\": \"{{ u }}\"}\n",
+                "http.body",
+                "'{{ u }}' names no declared parameter",
+            ),
         ];
         for (yaml, field, reason) in cases {
             let err = parse(yaml).unwrap_err();
@@ -678,5 +750,44 @@ mod tests {
     fn a_manifest_ref_must_be_an_identifier() {
         let err = parse_manifest(Path::new("p/pack.yaml"), "ref: My Pack\nversion: 1\n").unwrap_err();
         assert_eq!(err.field.as_deref(), Some("ref"), "{err}");
+    }
+
+    #[test]
+    fn the_retry_forms_of_every_seed_parse() {
+        let spec = parse(
+            "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nmax_retries: -1\nretry:\n  rules:\n    - when: {http_status: [429, 500, 502, 503, 504]}\n      then: {do: retry, attempts: 10, backoff: exponential, delay_secs: 2}\n    - when: {exit_codes: [3], failure_kinds: [timeout]}\n      then: {do: retry, attempts: 2, backoff: fixed, delay_secs: 5}\n    - when: {http_status: [401, 403]}\n      then: {do: fail}\n  circuit: {failure_rate: 0.5, window_secs: 60, min_executions: 5, open_secs: 30}\n",
+        )
+        .unwrap();
+        assert_eq!(spec.max_retries_in_force(), -1);
+        let retry = spec.retry.as_ref().unwrap();
+        let rules = retry.rules.as_ref().unwrap();
+        assert_eq!(rules.len(), 3);
+        assert_eq!(rules[1].when.failure_kinds, Some(vec![FailureKind::Timeout]));
+        assert_eq!((rules[2].then.action, rules[0].then.attempts), (RuleDo::Fail, Some(10)));
+        assert_eq!(retry.circuit.as_ref().unwrap().min_executions, 5);
+        // stored as JSON and read back by the executor unchanged
+        let stored = serde_json::to_value(retry).unwrap();
+        assert_eq!(&serde_json::from_value::<RetryPolicy>(stored).unwrap(), retry);
+
+        let tasker = |retry: &str| {
+            parse(&format!("name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n{retry}")).unwrap()
+        };
+        assert_eq!(tasker("  max_attempts: 3\n").max_retries_in_force(), 2);
+        assert_eq!(tasker("  max_attempts: 1\n").max_retries_in_force(), 0);
+        assert_eq!(tasker("  max_attempts: 0\n").max_retries_in_force(), 0);
+        assert_eq!(tasker("  retryable: false\n  max_attempts: 3\n").max_retries_in_force(), 0);
+        assert!(tasker("  max_attempts: 0\n").warnings()[0].contains("configuration error"));
+        assert!(tasker("  max_attempts: 3\n").warnings().is_empty());
+    }
+
+    #[test]
+    fn an_http_action_parses_with_templates_naming_its_parameters() {
+        let spec = parse(
+            "name: x\nruntime: http\nparameters:\n  id:\n    type: string\n  token:\n    type: string\nhttp:\n  method: POST\n  url: \"http://127.0.0.1:8080/items/{{ id }}?q={{id}}\"\n  headers:\n    Authorization: \"Bearer {{ token }}\"\n  body: {id: \"{{ id }}\", n: 3}\n",
+        )
+        .unwrap();
+        let http = spec.http.unwrap();
+        assert_eq!((http.method.as_str(), http.headers.len()), ("POST", 1));
+        assert_eq!(spec.entrypoint, "");
     }
 }

@@ -552,6 +552,7 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
+    use serde_json::json;
 
     fn now() -> DateTime<Utc> {
         DateTime::parse_from_rfc3339("2026-02-09T12:00:00Z").unwrap().with_timezone(&Utc)
@@ -782,5 +783,161 @@ mod tests {
         let transient = attempt(FailureKind::TransientError, 0, true);
         let decision = decide(&disabled, &transient, now, &mut rng);
         assert_eq!(DecisionRecord::new(&disabled, &transient, &decision, now).rule, Rule::Disabled);
+    }
+
+    /// The issue's rules, as a pack author writes them.
+    const RULES: &str = "
+rules:
+  - when: {http_status: [429, 500, 502, 503, 504]}
+    then: {do: retry, attempts: 10, backoff: exponential, delay_secs: 2}
+  - when: {exit_codes: [3], failure_kinds: [timeout]}
+    then: {do: retry, attempts: 2, backoff: fixed, delay_secs: 5}
+  - when: {http_status: [401, 403]}
+    then: {do: fail}
+  - when: {result: {path: error.code, in: [rate_limited, busy]}}
+    then: {do: retry, backoff: linear, delay_secs: 1, jitter: 0}
+";
+
+    fn ruled() -> EffectivePolicy {
+        let policy: RetryPolicy = serde_yaml_ng::from_str(RULES).unwrap();
+        EffectivePolicy::resolve(&RetrySettings { jitter_factor: 0.0, ..RetrySettings::default() }, Some(&policy))
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides_every_rule_form() {
+        let policy = ruled();
+        let mut rng = StdRng::seed_from_u64(8);
+        let failed = |kind, retry_count| FailedAttempt::new(kind, retry_count, 3, true);
+        let http = |status, retry_count| FailedAttempt {
+            http_status: Some(status),
+            ..failed(FailureKind::TransientError, retry_count)
+        };
+        let exit = |code, retry_count| FailedAttempt {
+            exit_code: Some(code),
+            ..failed(FailureKind::ActionFailed, retry_count)
+        };
+        let result = |value: Value| FailedAttempt { result: Some(value), ..failed(FailureKind::ActionFailed, 0) };
+        // (attempt, matched rule, retried, delay in ms when retried)
+        let table: Vec<(FailedAttempt, Option<usize>, bool, Option<u128>)> = vec![
+            // http_status: 10 attempts, exponential from 2 s, past max_retries 3
+            (http(503, 0), Some(0), true, Some(2000)),
+            (http(429, 5), Some(0), true, Some(64_000)),
+            (http(500, 9), Some(0), false, None),
+            // exit code 3 or a timeout: 2 attempts, fixed 5 s (either condition matches)
+            (exit(3, 0), Some(1), true, Some(5000)),
+            (failed(FailureKind::Timeout, 0), Some(1), true, Some(5000)),
+            (exit(3, 1), Some(1), false, None),
+            // 401/403: fail, even with a retriable kind and budget left
+            (http(401, 0), Some(2), false, None),
+            (http(403, 0), Some(2), false, None),
+            // a value in the result, `in` a list: linear from 1 s, the action's max_retries
+            (result(json!({"error": {"code": "busy"}})), Some(3), true, Some(1000)),
+            (
+                FailedAttempt { retry_count: 2, ..result(json!({"error": {"code": "rate_limited"}})) },
+                Some(3),
+                true,
+                Some(3000),
+            ),
+            (FailedAttempt { retry_count: 3, ..result(json!({"error": {"code": "busy"}})) }, Some(3), false, None),
+            (result(json!({"error": {"code": "other"}})), None, false, None),
+            (result(json!({"error": "busy"})), None, false, None),
+            // no rule matches: the kind and max_retries decide, as without rules
+            (http(404, 0), None, true, Some(1000)),
+            (exit(1, 0), None, false, None),
+            (failed(FailureKind::QueueTimeout, 3), None, false, None),
+        ];
+        for (attempt, rule, retried, delay) in table {
+            assert_eq!(policy.matching_rule(&attempt), rule, "{attempt:?}");
+            let decision = decide(&policy, &attempt, now(), &mut rng);
+            let record = DecisionRecord::new(&policy, &attempt, &decision, now());
+            assert_eq!(record.matched_rule, rule, "{attempt:?}: {decision:?}");
+            match decision {
+                RetryDecision::Retry { delay: got, rule: by, .. } => {
+                    assert!(retried, "{attempt:?} was retried");
+                    assert_eq!((Some(got.as_millis()), by), (delay, rule), "{attempt:?}");
+                    if let Some(i) = rule {
+                        assert!(record.reason.contains(&format!("retry.rules[{i}]")), "{}", record.reason);
+                    }
+                }
+                RetryDecision::GiveUp(why) => {
+                    assert!(!retried, "{attempt:?} was not retried: {why}");
+                    if rule == Some(2) {
+                        assert_eq!(why, GiveUp::RuleSaysFail { rule: 2 });
+                        assert_eq!(record.rule, Rule::RuleSaysFail);
+                        assert!(record.reason.contains("HTTP status 401, 403"), "{}", record.reason);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn result_paths_and_json_equality_are_postgresql_s() {
+        let value = json!({"a": {"b": [10, {"c": 1.0}]}, "n": 2});
+        assert_eq!(value_at(&value, &["a", "b", "0"]), Some(&json!(10)));
+        assert_eq!(value_at(&value, &["a", "b", "1", "c"]), Some(&json!(1.0)));
+        assert_eq!(value_at(&value, &["a", "b", "5"]), None);
+        assert_eq!(value_at(&value, &["n", "x"]), None);
+        assert!(json_equal(&json!(1), &json!(1.0)));
+        assert!(json_equal(&json!({"x": [1, 2.0]}), &json!({"x": [1.0, 2]})));
+        assert!(!json_equal(&json!("1"), &json!(1)));
+        assert!(!json_equal(&json!([1, 2]), &json!([2, 1])));
+    }
+
+    #[test]
+    fn unlimited_retries_never_run_out_but_stay_capped_in_delay() {
+        let policy = default_policy();
+        let mut rng = StdRng::seed_from_u64(9);
+        for retry_count in [0, 10, 1000, 100_000] {
+            match decide(&policy, &attempt(FailureKind::TransientError, retry_count, -1), now(), &mut rng) {
+                RetryDecision::Retry { delay, .. } => assert!(delay <= Duration::from_secs(300), "{delay:?}"),
+                other => panic!("unlimited retry {retry_count}: {other:?}"),
+            }
+        }
+        // a person still ends it, and a kind not retried still is not
+        assert!(matches!(
+            decide(&policy, &attempt(FailureKind::Canceled, 5, -1), now(), &mut rng),
+            RetryDecision::GiveUp(GiveUp::NotRetriable(_))
+        ));
+        assert!(matches!(
+            decide(&policy, &attempt(FailureKind::ActionFailed, 5, -1), now(), &mut rng),
+            RetryDecision::GiveUp(GiveUp::NotRetriable(_))
+        ));
+    }
+
+    #[test]
+    fn retry_after_and_an_open_circuit_push_the_next_attempt_back() {
+        let policy = EffectivePolicy { jitter: 0.0, ..default_policy() };
+        let mut rng = StdRng::seed_from_u64(10);
+        let later = |secs| now() + chrono::Duration::seconds(secs);
+        let base = attempt(FailureKind::TransientError, 0, 3);
+        // (Retry-After, circuit hold, expected delay in s): the latest wins
+        let table = [
+            (None, None, 1),
+            (Some(later(2)), None, 2),
+            (None, Some(later(30)), 30),
+            (Some(later(40)), Some(later(30)), 40),
+            (Some(later(0)), None, 1),
+        ];
+        for (retry_after, held_until, want) in table {
+            let attempt = FailedAttempt { retry_after, held_until, ..base.clone() };
+            let decision = decide(&policy, &attempt, now(), &mut rng);
+            let RetryDecision::Retry { at, delay, .. } = &decision else { panic!("{decision:?}") };
+            assert_eq!((delay.as_secs(), *at), (want, later(want as i64)), "{attempt:?}");
+            let record = DecisionRecord::new(&policy, &attempt, &decision, now());
+            assert_eq!(record.held_until, held_until);
+            if held_until.is_some_and(|h| h >= *at) {
+                assert!(record.reason.contains("circuit"), "{}", record.reason);
+            }
+        }
+    }
+
+    #[test]
+    fn retryable_false_wins_over_every_rule() {
+        let policy = EffectivePolicy { retryable: false, ..ruled() };
+        let attempt = FailedAttempt { http_status: Some(503), ..attempt(FailureKind::TransientError, 0, 3) };
+        let decision = decide(&policy, &attempt, now(), &mut StdRng::seed_from_u64(11));
+        assert_eq!(decision, RetryDecision::GiveUp(GiveUp::NotRetryable));
+        assert_eq!(DecisionRecord::new(&policy, &attempt, &decision, now()).rule, Rule::NotRetryable);
     }
 }

@@ -2,6 +2,7 @@
 //! `is_execution_retriable` (SQL) agreeing with `retry::decide` (Rust) on random executions.
 
 use attune_common::db::{self, execution::NewExecution, execution::Outcome};
+use attune_common::pack::{ResultMatch, RetryPolicy, RetryRule, RuleDo, RuleThen, RuleWhen};
 use attune_core::retry::{EffectivePolicy, FailedAttempt, RetryDecision, RetrySettings, decide};
 use attune_core::{ExecutionStatus, FailureKind};
 use attune_executor::retry_manager::RetryManager;
@@ -116,6 +117,52 @@ async fn concurrent_reports_of_one_failure_create_exactly_one_retry() {
     test.drop_database().await;
 }
 
+/// A random `retry.rules` list over the conditions the executions below are drawn from.
+fn random_rules(rng: &mut StdRng, kinds: &[FailureKind]) -> Option<Vec<RetryRule>> {
+    if rng.random_bool(0.3) {
+        return None;
+    }
+    let pick = |all: &[i32], rng: &mut StdRng| -> Option<Vec<i32>> {
+        rng.random_bool(0.4).then(|| all.iter().copied().filter(|_| rng.random_bool(0.5)).collect())
+    };
+    let rules = (0..rng.random_range(1..4))
+        .map(|_| {
+            let result = rng.random_bool(0.3).then(|| match rng.random_range(0..3) {
+                0 => ResultMatch {
+                    path: "error.code".into(),
+                    equals: None,
+                    one_of: Some(vec![json!("busy"), json!("x")]),
+                },
+                1 => ResultMatch { path: "items.0".into(), equals: Some(json!(1)), one_of: None },
+                _ => ResultMatch { path: "error".into(), equals: Some(json!({"code": "busy"})), one_of: None },
+            });
+            let when = RuleWhen {
+                exit_codes: pick(&[1, 2, 3, 75], rng),
+                failure_kinds: rng
+                    .random_bool(0.4)
+                    .then(|| kinds.iter().copied().filter(|k| !k.is_never_retried() && rng.random_bool(0.3)).collect()),
+                http_status: pick(&[404, 429, 503], rng),
+                result,
+            };
+            let action = if rng.random_bool(0.3) { RuleDo::Fail } else { RuleDo::Retry };
+            let attempts = (action == RuleDo::Retry && rng.random_bool(0.6)).then(|| rng.random_range(1..5));
+            RetryRule {
+                when,
+                then: RuleThen {
+                    action,
+                    attempts,
+                    backoff: None,
+                    delay_secs: None,
+                    max_delay_secs: None,
+                    multiplier: None,
+                    jitter: None,
+                },
+            }
+        })
+        .collect();
+    Some(rules)
+}
+
 #[tokio::test]
 async fn sql_and_rust_agree_on_retry_eligibility() {
     let test = TestDb::new().await;
@@ -123,15 +170,22 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
     let mut rng = StdRng::seed_from_u64(0x2e7a1);
     let config = RetrySettings::default();
     let kinds: Vec<FailureKind> = FailureKind::ALL.into_iter().filter(|k| *k != FailureKind::Canceled).collect();
-    let mut policies: Vec<(i64, Option<attune_common::pack::RetryPolicy>)> = Vec::new();
-    for i in 0..12 {
+    let mut policies: Vec<(i64, Option<RetryPolicy>)> = Vec::new();
+    for i in 0..24 {
         let policy = match i % 4 {
             0 => None,
             _ => {
                 let on: Option<Vec<FailureKind>> =
                     rng.random_bool(0.6).then(|| kinds.iter().copied().filter(|_| rng.random_bool(0.4)).collect());
                 let idempotent = if rng.random_bool(0.5) { Some(rng.random_bool(0.5)) } else { None };
-                Some(attune_common::pack::RetryPolicy { on, idempotent, ..Default::default() })
+                let retryable = rng.random_bool(0.2).then(|| rng.random_bool(0.5));
+                Some(RetryPolicy {
+                    on,
+                    idempotent,
+                    retryable,
+                    rules: random_rules(&mut rng, &kinds),
+                    ..Default::default()
+                })
             }
         };
         let stored = policy.as_ref().map(|p| serde_json::to_value(p).unwrap());
@@ -139,28 +193,39 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
     }
     let statuses = [
         ExecutionStatus::Failed,
+        ExecutionStatus::Failed,
         ExecutionStatus::Timeout,
         ExecutionStatus::Completed,
-        ExecutionStatus::Abandoned,
         ExecutionStatus::Canceled,
+        ExecutionStatus::Abandoned,
     ];
+    let results =
+        [None, Some(json!({"error": {"code": "busy"}})), Some(json!({"items": [1.0]})), Some(json!({"error": "busy"}))];
     let mut retriable = 0;
-    for _ in 0..1000 {
+    let mut by_rule = 0;
+    for _ in 0..1500 {
         let (action, policy) = &policies[rng.random_range(0..policies.len())];
         let status = statuses[rng.random_range(0..statuses.len())];
         let kind = rng.random_bool(0.95).then(|| kinds[rng.random_range(0..kinds.len())]);
         let retry_count = rng.random_range(0..4);
-        let max_retries = rng.random_range(0..4);
+        // -1: unlimited
+        let max_retries = rng.random_range(-1..4);
         let started = rng.random_bool(0.5);
+        let exit_code = [None, Some(1), Some(3), Some(75)][rng.random_range(0..4)];
+        let http_status = [None, Some(404), Some(429), Some(503)][rng.random_range(0..4)];
+        let result = results[rng.random_range(0..results.len())].clone();
         let execution = db::execution::insert(pool, &new(*action, retry_count, max_retries)).await.unwrap();
         sqlx::query(
             "UPDATE execution SET status = $2, failure_kind = $3, finished = now(), \
-             started = CASE WHEN $4 THEN now() END WHERE id = $1",
+             started = CASE WHEN $4 THEN now() END, exit_code = $5, http_status = $6, result = $7 WHERE id = $1",
         )
         .bind(execution.id)
         .bind(status)
         .bind(kind.map(|k| k.as_str()))
         .bind(started)
+        .bind(exit_code)
+        .bind(http_status)
+        .bind(&result)
         .execute(pool)
         .await
         .unwrap();
@@ -173,19 +238,26 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
         let sql: bool =
             sqlx::query_scalar("SELECT is_execution_retriable($1)").bind(execution.id).fetch_one(pool).await.unwrap();
         let effective = EffectivePolicy::resolve(&config, policy.as_ref());
+        // as the RetryManager reads it: no kind is the action's own failure
+        let attempt = FailedAttempt {
+            exit_code,
+            http_status,
+            result: result.clone(),
+            ..FailedAttempt::new(kind.unwrap_or(FailureKind::ActionFailed), retry_count, max_retries, started)
+        };
         let rust = matches!(status, ExecutionStatus::Failed | ExecutionStatus::Timeout) && !already_retried && {
-            // as the RetryManager reads it: no kind is the action's own failure
-            let failure = kind.unwrap_or(FailureKind::ActionFailed);
-            let attempt = FailedAttempt::new(failure, retry_count, max_retries, started);
             matches!(decide(&effective, &attempt, chrono::Utc::now(), &mut rng), RetryDecision::Retry { .. })
         };
         assert_eq!(
             sql, rust,
-            "{status} {kind:?} {retry_count}/{max_retries} started={started} retried={already_retried} {policy:?}"
+            "{status} {kind:?} {retry_count}/{max_retries} started={started} retried={already_retried} \
+             exit={exit_code:?} http={http_status:?} result={result:?} {policy:?}"
         );
         retriable += usize::from(rust);
+        by_rule += usize::from(rust && effective.matching_rule(&attempt).is_some());
     }
-    assert!(retriable > 30, "the sample exercises both answers ({retriable} retriable)");
+    assert!(retriable > 100, "the sample exercises both answers ({retriable} retriable)");
+    assert!(by_rule > 30, "the sample exercises the rules ({by_rule} retried by a rule)");
     test.drop_database().await;
 }
 
