@@ -94,17 +94,37 @@ pub fn explain(view: &Value) -> String {
         if view["failure_kind"].is_null() { String::new() } else { format!(" ({kind})") },
         view["retry_count"].as_i64().unwrap_or(0) + 1,
         text(&view["retry_count"]),
-        text(&view["max_retries"]),
+        if view["max_retries"].as_i64().is_some_and(|m| m < 0) {
+            "unlimited".to_string()
+        } else {
+            text(&view["max_retries"])
+        },
     )];
     let decision = &view["retry_decision"];
     if decision.is_object() {
         let verdict = if decision["retried"] == true { "retried" } else { "not retried" };
         lines.push(format!("decision: {verdict} (rule: {})", text(&decision["rule"])));
         lines.push(format!("why: {}", text(&decision["reason"])));
+        if let Some(i) = decision["matched_rule"].as_u64() {
+            let rule = &decision["policy"]["rules"][i as usize];
+            lines.push(format!("matched: retry.rules[{i}]: when {} then {}", rule["when"], rule["then"]));
+        }
+        if !decision["retry_after"].is_null() {
+            lines.push(format!(
+                "retry-after: the response asked for no attempt before {}",
+                text(&decision["retry_after"])
+            ));
+        }
+        if !decision["held_until"].is_null() {
+            lines.push(format!(
+                "circuit: the action's circuit held the retry back until {}",
+                text(&decision["held_until"])
+            ));
+        }
         let policy = &decision["policy"];
         let on: Vec<String> = policy["retry_on"].as_array().into_iter().flatten().map(text).collect();
         lines.push(format!(
-            "policy: retries {}, {} backoff from {} s (x{}) up to {} s, jitter {}, retried kinds: {}, idempotent: {}",
+            "policy: retries {}, {} backoff from {} s (x{}) up to {} s, jitter {}, retried kinds: {}, idempotent: {}{}",
             if policy["enabled"] == true { "enabled" } else { "disabled" },
             text(&policy["backoff"]),
             text(&policy["base_secs"]),
@@ -113,6 +133,7 @@ pub fn explain(view: &Value) -> String {
             text(&policy["jitter"]),
             on.join(", "),
             text(&policy["idempotent"]),
+            if policy["retryable"] == false { ", retryable: false" } else { "" },
         ));
     } else {
         let why = match (status, kind.as_str()) {
@@ -177,5 +198,33 @@ mod explain_tests {
             let view = json!({"id": 1, "status": status, "failure_kind": kind, "retry_count": 0, "max_retries": 0});
             assert!(explain(&view).contains(expected), "{status}: {}", explain(&view));
         }
+    }
+
+    #[test]
+    fn a_decision_by_a_rule_names_the_rule_and_what_held_the_retry() {
+        let view = json!({
+            "id": 9, "status": "failed", "failure_kind": "transient_error", "retry_count": 1, "max_retries": -1,
+            "retried_by": 10, "next_attempt_at": "2026-11-23T12:00:40Z",
+            "retry_decision": {
+                "retried": true, "rule": "retried", "matched_rule": 0,
+                "reason": "retry.rules[0] matched (HTTP status 503), attempt 2 of 10: retry 2 runs after 40.000 s",
+                "retry_after": "2026-11-23T12:00:02Z", "held_until": "2026-11-23T12:00:40Z",
+                "policy": {"enabled": true, "backoff": "exponential", "base_secs": 1.0, "multiplier": 2.0,
+                    "max_secs": 300.0, "jitter": 0.2, "retry_on": ["transient_error"], "idempotent": true,
+                    "retryable": true,
+                    "rules": [{"when": {"http_status": [503]}, "then": {"do": "retry", "attempts": 10}}]}
+            }
+        });
+        let told = explain(&view);
+        assert!(told.contains("max_retries unlimited"), "{told}");
+        assert!(
+            told.contains(r#"matched: retry.rules[0]: when {"http_status":[503]} then {"attempts":10,"do":"retry"}"#),
+            "{told}"
+        );
+        assert!(told.contains("retry-after: the response asked for no attempt before 2026-11-23T12:00:02Z"), "{told}");
+        assert!(
+            told.contains("circuit: the action's circuit held the retry back until 2026-11-23T12:00:40Z"),
+            "{told}"
+        );
     }
 }

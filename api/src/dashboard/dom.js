@@ -96,6 +96,14 @@ export function healthBadge(health) {
     el('span', { class: 'dot', 'aria-hidden': 'true' }), health);
 }
 
+// an action's circuit breaker: closed, open (until when) or half-open
+export function circuitBadge(circuit) {
+  const state = circuit ? circuit.state : 'closed';
+  const text = state === 'open' ? `circuit open until ${formatTime(circuit.open_until)}`
+    : state === 'half_open' ? 'circuit half-open (one trial)' : 'circuit closed';
+  return el('span', { class: `badge circuit-${state}`, 'data-circuit': state }, text);
+}
+
 export function isTerminal(status) {
   return TERMINAL.includes(status);
 }

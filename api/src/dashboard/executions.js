@@ -2,7 +2,7 @@
 // execution's page: its details, parameters, result and output, its whole retry chain as a
 // timeline, and the Retry and Cancel buttons, which call the API and show what it answers.
 
-import { STATUSES, between, el, fill, formatSeconds, formatTime, isTerminal, render, select, statusBadge } from './dom.js';
+import { STATUSES, between, circuitBadge, el, fill, formatSeconds, formatTime, isTerminal, render, select, statusBadge } from './dom.js';
 import { LeftPage, api, errorBox, poll } from './api.js';
 
 const EXECUTION_POLL_MS = 2000;
@@ -114,12 +114,14 @@ export function executionPage(id) {
   const load = async (gen) => {
     const [execution, chain, names] = await Promise.all([api('GET', `/api/v1/executions/${id}`),
       api('GET', `/api/v1/executions/${id}/chain`), workerNames()]);
+    // the action's circuit breaker (gone with a removed action: no badge then)
+    const action = await api('GET', `/api/v1/actions/${encodeURIComponent(execution.action_ref)}`).catch(() => null);
     if (gen !== generation) throw new LeftPage();
     // re-render only what changed, so a button is not replaced under the user's pointer
-    const key = JSON.stringify([execution, chain, [...names]]);
+    const key = JSON.stringify([execution, chain, [...names], action && action.circuit]);
     if (key !== shown) {
       shown = key;
-      fill(body, executionView(execution, chain, names, { retry, cancel, ui }));
+      fill(body, executionView(execution, chain, names, { retry, cancel, ui }, action));
     }
     return chain.attempts.every((a) => isTerminal(a.status)) && isTerminal(execution.status);
   };
@@ -153,7 +155,7 @@ function fact(label, ...value) {
   return [el('dt', {}, label), el('dd', { 'data-fact': label }, ...value)];
 }
 
-function executionView(e, chain, names, actions) {
+function executionView(e, chain, names, actions, action) {
   const retryButton = el('button', { type: 'button', id: 'retry', disabled: !isTerminal(e.status) || e.retried_by !== null,
     title: e.retried_by !== null ? `already retried by #${e.retried_by}` : 'run it again as a manual retry' }, 'Retry');
   retryButton.addEventListener('click', () => {
@@ -185,8 +187,12 @@ function executionView(e, chain, names, actions) {
     fact('failure kind', e.failure_kind || '—'),
     fact('error', e.error || '—'),
     fact('exit code', e.exit_code === null ? '—' : String(e.exit_code)),
+    e.http_status !== null && e.http_status !== undefined ? fact('HTTP status', String(e.http_status)) : null,
+    action && (action.circuit || (action.retry_policy && action.retry_policy.circuit))
+      ? fact('circuit', circuitBadge(action.circuit)) : null,
     fact('worker', workerLabel(names, e.worker)),
-    fact('attempt', `${e.retry_count} (max retries ${e.max_retries ?? 0})`),
+    fact('attempt', `${e.retry_count} (max retries ${e.max_retries < 0 ? 'unlimited' : e.max_retries ?? 0})`),
+    e.retry_decision ? fact('retry decision', decisionText(e.retry_decision)) : null,
     fact('retry reason', e.retry_reason || '—'),
     fact('retry of', e.original_execution !== null ? ['#', executionLink(e.original_execution, String(e.original_execution))] : '—'),
     fact('retried by', e.retried_by !== null ? ['#', executionLink(e.retried_by, String(e.retried_by))] : '—'),
@@ -208,6 +214,11 @@ function executionView(e, chain, names, actions) {
     block('stdout', 'stdout', e.stdout),
     block('stderr', 'stderr', e.stderr),
   ];
+}
+
+// what the RetryManager decided for a failed attempt (its reason names the rule that matched)
+function decisionText(d) {
+  return d.reason;
 }
 
 function block(title, id, text) {
@@ -234,7 +245,9 @@ function timeline(attempts, current, names) {
     gap,
     el('div', { 'data-field': 'worker' }, `worker: ${workerLabel(names, a.worker)}`),
     a.failure_kind ? el('div', { 'data-field': 'failure' },
-      `failed: ${a.failure_kind}${a.exit_code !== null ? ` (exit ${a.exit_code})` : ''}`) : null,
+      `failed: ${a.failure_kind}${a.exit_code !== null ? ` (exit ${a.exit_code})` : ''}`
+      + `${a.http_status !== null && a.http_status !== undefined ? ` (HTTP ${a.http_status})` : ''}`) : null,
+    a.retry_decision ? el('div', { 'data-field': 'decision' }, `decision: ${decisionText(a.retry_decision)}`) : null,
     when);
   }));
 }

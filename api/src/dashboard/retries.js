@@ -1,7 +1,7 @@
 // attune dashboard: the retries page. Retry rate, retry success rate and retries by reason over
 // time as charts with the quick reference's alert thresholds marked, and the reasons table.
 
-import { card, el, fill, formatClock, formatPercent, formatSeconds, render, select, svg } from './dom.js';
+import { card, circuitBadge, el, fill, formatClock, formatPercent, formatSeconds, render, select, svg } from './dom.js';
 import { api, poll } from './api.js';
 import { barChart, chartBox } from './charts.js';
 
@@ -22,11 +22,13 @@ export function retriesPage() {
   const summary = el('section', { id: 'retry-summary' });
   const charts = el('section', { id: 'retry-charts' });
   const reasons = el('section', { id: 'retry-reasons' });
-  render(el('div', { class: 'title' }, el('h1', {}, 'Retries'), updated), form, summary, charts, reasons);
+  const circuits = el('section', { id: 'circuits' });
+  render(el('div', { class: 'title' }, el('h1', {}, 'Retries'), updated), form, summary, circuits, charts, reasons);
   poll(RETRIES_POLL_MS, async () => {
-    const [stats, series] = await Promise.all([api('GET', `/api/v1/stats/retries?window_secs=${since}`),
-      api('GET', `/api/v1/stats/retries/series?window_secs=${since}&buckets=30`)]);
+    const [stats, series, actions] = await Promise.all([api('GET', `/api/v1/stats/retries?window_secs=${since}`),
+      api('GET', `/api/v1/stats/retries/series?window_secs=${since}&buckets=30`), api('GET', '/api/v1/actions')]);
     fill(summary, retrySummary(stats, series.thresholds));
+    fill(circuits, circuitTable(actions));
     fill(charts, retryCharts(series));
     fill(reasons, reasonTable(stats));
     updated.textContent = `updated ${formatClock(new Date())}`;
@@ -57,6 +59,21 @@ function retrySummary(stats, thresholds) {
         : stats.average_retries_per_execution.toFixed(2), {})),
     alerts,
   ];
+}
+
+// the actions with a circuit breaker, open ones first: an open circuit holds the action's retries
+// and waiting executions back
+function circuitTable(actions) {
+  const order = { open: 0, half_open: 1, closed: 2 };
+  const guarded = actions.filter((a) => a.circuit || (a.retry_policy && a.retry_policy.circuit))
+    .sort((a, b) => order[a.circuit ? a.circuit.state : 'closed'] - order[b.circuit ? b.circuit.state : 'closed']);
+  if (guarded.length === 0) return [];
+  return [el('h2', {}, 'Circuit breakers'), el('table', { class: 'grid', id: 'circuit-table' },
+    el('thead', {}, el('tr', {}, ['action', 'circuit', 'failed / finished in window', 'opened'].map((h) => el('th', {}, h)))),
+    el('tbody', {}, guarded.map((a) => el('tr', { 'data-action': a.ref },
+      el('td', { class: 'name' }, a.ref), el('td', {}, circuitBadge(a.circuit)),
+      el('td', { class: 'num' }, a.circuit ? `${a.circuit.window_failed} / ${a.circuit.window_finished}` : '—'),
+      el('td', { class: 'num' }, a.circuit ? String(a.circuit.opened_count) : '0')))))];
 }
 
 function reasonTable(stats) {

@@ -81,7 +81,8 @@ pub async fn register_pack(
                 }),
             )
         })?;
-    let registered = db::pack::register(&state.db, &pack).await?;
+    let mut registered = db::pack::register(&state.db, &pack).await?;
+    registered.warnings = pack.actions.iter().flat_map(|a| a.warnings.iter().cloned()).collect();
     state.actions.clear();
     tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
     Ok((StatusCode::CREATED, Json(registered)))

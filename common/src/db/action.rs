@@ -28,13 +28,20 @@ pub struct Action {
     /// The request of an `http` action.
     #[schema(value_type = Option<Object>)]
     pub http: Option<Value>,
+    /// The action's circuit breaker (its `retry.circuit`, else the global one), once evaluated:
+    /// `state` is `closed`, `open` (nothing of the action is dispatched until `open_until`) or
+    /// `half_open` (one trial runs); null while it never was.
+    #[schema(value_type = Option<crate::db::circuit::CircuitView>)]
+    pub circuit: Option<Value>,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,
 }
 
 const SELECT: &str = "SELECT a.id, a.ref, a.pack, p.ref AS pack_ref, p.path AS pack_path, a.name, \
     a.description, a.runtime, a.entrypoint, a.parameters, a.timeout_seconds, a.max_retries, \
-    a.retry_policy, a.http, a.created, a.updated FROM action a JOIN pack p ON p.id = a.pack";
+    a.retry_policy, a.http, \
+    (SELECT to_jsonb(c) - 'action' FROM action_circuit c WHERE c.action = a.id) AS circuit, \
+    a.created, a.updated FROM action a JOIN pack p ON p.id = a.pack";
 
 pub async fn get_by_ref(db: impl PgExecutor<'_>, action_ref: &str) -> Result<Option<Action>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.ref = $1"))).bind(action_ref).fetch_optional(db).await

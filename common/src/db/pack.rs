@@ -18,6 +18,11 @@ pub struct Pack {
     pub action_count: i64,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,
+    /// What the loader allowed but most likely is not meant (`retry.max_attempts: 0`, …), each
+    /// naming its file and field; only in the answer to a registration.
+    #[sqlx(skip)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 const SELECT: &str = "SELECT p.id, p.ref, p.version, p.description, p.path, \
