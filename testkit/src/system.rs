@@ -233,6 +233,20 @@ impl System {
         command
     }
 
+    /// Runs the `attune` CLI against this system (its API, token and database) and returns its
+    /// stdout; panics unless it succeeds.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(workspace_binary("attune"))
+            .args(args)
+            .env("ATTUNE_API_URL", &self.api_url)
+            .env("ATTUNE_TOKEN", &self.token)
+            .env("DATABASE_URL", &self.db.url)
+            .output()
+            .expect("run attune");
+        assert!(out.status.success(), "attune {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("the CLI writes UTF-8")
+    }
+
     fn health_override_file(&self, worker: &str) -> PathBuf {
         self.logs.join(format!("{worker}.health.json"))
     }

@@ -2,7 +2,6 @@
 //! the README's "Troubleshooting" shows it (the seed's own statement where it gives one) checked
 //! to tell the truth.
 
-use std::process::Command;
 use std::time::Duration;
 
 use attune_testkit::system::repo_root;
@@ -18,15 +17,7 @@ fn id(v: &Value) -> i64 {
 
 /// `attune <args>` against the system: stdout, or a panic with stderr.
 fn attune(system: &System, args: &[&str]) -> String {
-    let out = Command::new(attune_testkit::workspace_binary("attune"))
-        .args(args)
-        .env("ATTUNE_API_URL", &system.api_url)
-        .env("ATTUNE_TOKEN", &system.token)
-        .env("DATABASE_URL", &system.db.url)
-        .output()
-        .expect("run attune");
-    assert!(out.status.success(), "attune {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
+    system.cli(args)
 }
 
 fn fast_retries() -> attune_testkit::SystemBuilder {

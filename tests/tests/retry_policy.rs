@@ -1,0 +1,184 @@
+//! The retry policy beyond the seeds, end to end with the real binaries: `retry.rules` decide by
+//! exit code and by a value in the result, and each decision is recorded with its rule;
+//! `max_retries: -1` retries without end, capped in delay, until a cancel stops it; a circuit
+//! breaker keeps a failing action's executions away from what it calls.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use attune_testkit::{System, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+/// A pack written for one test, removed with it.
+struct TempPack(PathBuf);
+
+impl TempPack {
+    fn new(actions: &[(&str, &str)], scripts: &[(&str, &str)]) -> TempPack {
+        let dir = std::env::temp_dir().join(format!("attune-policy-pack-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(dir.join("actions")).unwrap();
+        std::fs::write(dir.join("pack.yaml"), "ref: policy\nversion: 1.0.0\n").unwrap();
+        for (name, yaml) in actions {
+            std::fs::write(dir.join(format!("actions/{name}.yaml")), yaml).unwrap();
+        }
+        for (name, body) in scripts {
+            std::fs::write(dir.join(format!("actions/{name}")), body).unwrap();
+        }
+        TempPack(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempPack {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Exits with `codes[ATTUNE_RETRY_COUNT]` (the last one after that), printing `result` as JSON on
+/// the way when given.
+const EXITS: &str = r#"#!/bin/sh
+set -- $ATTUNE_PARAM_CODES
+shift "$(( ATTUNE_RETRY_COUNT < $# ? ATTUNE_RETRY_COUNT : $# - 1 ))"
+[ -n "$ATTUNE_PARAM_RESULT" ] && printf '%s\n' "$ATTUNE_PARAM_RESULT"
+exit "$1"
+"#;
+
+const RULED: &str = r#"name: ruled
+runtime: shell
+entrypoint: actions/exits.sh
+max_retries: 1
+parameters:
+  codes: {type: string, required: true}
+  result: {type: string, default: ""}
+retry:
+  base_delay_secs: 0.2
+  jitter: 0
+  rules:
+    - when: {exit_codes: [3], failure_kinds: [timeout]}
+      then: {do: retry, attempts: 3, backoff: fixed, delay_secs: 0.3}
+    - when: {exit_codes: [4]}
+      then: {do: fail}
+    - when: {result: {path: error.code, in: [busy]}}
+      then: {do: retry, attempts: 2, delay_secs: 0.1}
+"#;
+
+const FOREVER: &str = r#"name: forever
+runtime: shell
+entrypoint: actions/exits.sh
+max_retries: -1
+parameters:
+  codes: {type: string, default: "75"}
+retry:
+  base_delay_secs: 0.1
+  max_delay_secs: 0.3
+  jitter: 0
+"#;
+
+async fn system(pack: &TempPack) -> System {
+    System::builder().worker("w1", &[]).pack(pack.path()).start().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_decide_by_exit_code_and_result_and_each_decision_names_its_rule() {
+    let pack = TempPack::new(&[("ruled", RULED)], &[("exits.sh", EXITS)]);
+    let system = system(&pack).await;
+
+    // exit 3 is action_failed, not retried by kind, but rule 0 retries it: 3 attempts in all,
+    // past max_retries 1, at its fixed 0.3 s
+    let first = system.submit("policy.ruled", json!({"codes": "3 3 3 3"})).await;
+    let chain = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(chain.len(), 3, "{chain:#?}");
+    for (n, attempt) in chain.iter().enumerate() {
+        assert_eq!((attempt["failure_kind"].as_str(), attempt["exit_code"].as_i64()), (Some("action_failed"), Some(3)));
+        let decision = &attempt["retry_decision"];
+        assert_eq!(decision["matched_rule"], 0, "{decision}");
+        assert_eq!(decision["retried"], n < 2, "{decision}");
+        if n > 0 {
+            let backoff = attempt["backoff_secs"].as_f64().unwrap();
+            assert!((0.29..=0.35).contains(&backoff), "the rule's fixed delay: {backoff}");
+        }
+    }
+    assert_eq!(chain[2]["retry_decision"]["rule"], "exhausted");
+    assert!(chain[2]["retry_decision"]["reason"].as_str().unwrap().contains("retry.rules[0] allows 3 attempts"));
+
+    // exit 75 (transient) then 4: the first is retried by kind (no rule), the second fails by rule 1
+    let first = system.submit("policy.ruled", json!({"codes": "75 4"})).await;
+    let chain = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(chain.len(), 2, "{chain:#?}");
+    assert_eq!(chain[0]["retry_decision"]["matched_rule"], Value::Null);
+    assert_eq!(chain[0]["retry_decision"]["rule"], "retried");
+    assert_eq!(
+        (chain[1]["retry_decision"]["rule"].as_str(), chain[1]["retry_decision"]["matched_rule"].as_i64()),
+        (Some("rule_says_fail"), Some(1))
+    );
+
+    // a value in the result: {"error": {"code": "busy"}} is retried by rule 2, twice in all
+    let first =
+        system.submit("policy.ruled", json!({"codes": "1", "result": "{\"error\": {\"code\": \"busy\"}}"})).await;
+    let chain = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(chain.len(), 2, "{chain:#?}");
+    assert_eq!(chain[0]["result"], json!({"error": {"code": "busy"}}));
+    assert_eq!(chain[0]["retry_decision"]["matched_rule"], 2);
+    // and the SQL function agrees with each recorded decision
+    for attempt in &chain {
+        let retriable: bool = sqlx::query_scalar(
+            "SELECT is_execution_retriable($1) OR EXISTS (SELECT 1 FROM execution WHERE original_execution = $1)",
+        )
+        .bind(id(attempt))
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(retriable, attempt["retry_decision"]["retried"] == true, "{attempt}");
+    }
+    // the CLI tells the decision with its rule
+    let told = system.cli(&["execution", "explain", &chain[0]["id"].to_string()]);
+    assert!(told.contains("matched: retry.rules[2]"), "{told}");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlimited_retries_go_on_capped_in_delay_until_a_cancel_stops_them() {
+    let pack = TempPack::new(&[("forever", FOREVER)], &[("exits.sh", EXITS)]);
+    let system = system(&pack).await;
+    let first = system.submit("policy.forever", json!({})).await;
+    assert_eq!(first["max_retries"], -1);
+    // past any ordinary budget
+    let waiting = wait_for("the 8th attempt to wait for its turn", DEADLINE, || async {
+        let (_, chain) = system.get(&format!("/api/v1/executions/{}/chain", id(&first))).await;
+        let attempts = chain["attempts"].as_array()?.clone();
+        let last = attempts.last()?.clone();
+        (attempts.len() >= 8 && last["status"] == "delayed").then_some((attempts, last))
+    })
+    .await;
+    let (attempts, last) = waiting;
+    for attempt in &attempts[1..] {
+        let backoff = attempt["backoff_secs"].as_f64().unwrap();
+        assert!(backoff <= 0.3 + 0.01, "capped at max_delay_secs: {backoff}");
+    }
+    assert!(attempts[..attempts.len() - 1].iter().all(|a| a["retry_decision"]["retried"] == true));
+    // a cancel of the waiting retry ends the chain
+    let (status, canceled) = system.post(&format!("/api/v1/executions/{}/cancel", id(&last)), &json!({})).await;
+    assert_eq!((status, canceled["status"].as_str()), (200, Some("canceled")), "{canceled}");
+    let chain = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(chain.last().unwrap()["id"], last["id"]);
+    assert_eq!(chain.last().unwrap()["status"], "canceled");
+    // nothing is left to run or wait for the action
+    let alive: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM execution WHERE action_ref = 'policy.forever' \
+         AND status NOT IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned')",
+    )
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(alive, 0);
+    system.stop().await;
+}
