@@ -47,12 +47,16 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 std::fs::canonicalize(&path).with_context(|| format!("pack directory {} not found", path.display()))?;
             let pack = client.post("/api/v1/packs", &json!({"path": path})).await?;
             print(out, &pack, |p| {
-                format!(
+                let mut told = format!(
                     "registered pack {} {} ({} actions)",
                     text(&p["ref"]),
                     text(&p["version"]),
                     text(&p["action_count"])
-                )
+                );
+                for warning in p["warnings"].as_array().into_iter().flatten() {
+                    told.push_str(&format!("\nwarning: {}", text(warning)));
+                }
+                told
             });
             Ok(0)
         }
