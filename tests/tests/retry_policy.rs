@@ -182,3 +182,20 @@ async fn unlimited_retries_go_on_capped_in_delay_until_a_cancel_stops_them() {
     assert_eq!(alive, 0);
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_with_max_attempts_zero_registers_with_a_warning_and_its_first_attempt_runs() {
+    let zero = "name: zero\nruntime: shell\nentrypoint: actions/exits.sh\nparameters:\n  codes: {type: string, default: \"75\"}\nretry:\n  max_attempts: 0\n";
+    let pack = TempPack::new(&[("zero", zero)], &[("exits.sh", EXITS)]);
+    let system = System::builder().worker("w1", &[]).start().await;
+    let told = system.cli(&["pack", "register", pack.path().to_str().unwrap()]);
+    assert!(told.starts_with("registered pack policy 1.0.0 (1 actions)"), "{told}");
+    assert!(told.contains("warning: ") && told.contains("zero.yaml: field 'retry.max_attempts'"), "{told}");
+    // the first attempt runs (and fails, transiently), and nothing after it
+    let first = system.submit("policy.zero", json!({})).await;
+    let chain = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(chain.len(), 1, "{chain:#?}");
+    assert_eq!((chain[0]["status"].as_str(), chain[0]["exit_code"].as_i64()), (Some("failed"), Some(75)));
+    assert_eq!(chain[0]["retry_decision"]["rule"], "exhausted");
+    system.stop().await;
+}
