@@ -138,7 +138,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: "ATTUNE_WORKER_RUNTIMES",
-        default: Value("shell,python,builtin"),
+        default: Value("shell,python,builtin,http"),
         read_by: &[Worker],
         doc: "runtimes the worker offers, comma separated",
     },

@@ -56,6 +56,7 @@ fn every_variable_the_code_reads_is_in_the_table() {
         "ATTUNE_EXECUTION_ID",
         "ATTUNE_ACTION_REF",
         "ATTUNE_RETRY_COUNT",
+        "ATTUNE_IDEMPOTENCY_KEY",
         "ATTUNE_PARAMETERS",
         "ATTUNE_PARAM_MESSAGE",
         "ATTUNE_NOT_A_SETTING",

@@ -11,6 +11,7 @@
 //! allowed to create databases; `AMQP_URL` as for the services.
 
 pub mod browser;
+pub mod http_server;
 pub mod pgcut;
 pub mod system;
 

@@ -1,6 +1,7 @@
 //! attune-worker: registers itself, heartbeats its capabilities and health, consumes its own
-//! queue, runs each action as a child process, records a success itself and reports a failure to
-//! the executors (their RetryManager decides on the retry).
+//! queue, runs each action (a child process, or in the worker for `builtin` and `http`), records a
+//! success itself and reports a failure to the executors (their RetryManager decides on the
+//! retry).
 //!
 //! Capacity: the worker runs `ATTUNE_WORKER_CONCURRENCY` actions at once and takes a few more
 //! dispatches ahead (delivered, held, not started: a message delivered to a consumer does not
@@ -18,6 +19,7 @@
 //! (up to `ATTUNE_WORKER_DRAIN_SECS`), then deletes its queue and marks itself inactive.
 
 pub mod health;
+pub mod http;
 pub mod runner;
 pub mod supervise;
 
@@ -49,7 +51,7 @@ pub struct Settings {
     /// `ATTUNE_WORKER_NAME`; unique per worker (default, also when empty: host name and process
     /// id).
     pub name: String,
-    /// `ATTUNE_WORKER_RUNTIMES`, comma separated (default `shell,python,builtin`).
+    /// `ATTUNE_WORKER_RUNTIMES`, comma separated (default `shell,python,builtin,http`).
     pub runtimes: Vec<String>,
     /// `ATTUNE_WORKER_CONCURRENCY`: actions run at once (default 4).
     pub concurrency: u16,
@@ -666,20 +668,24 @@ impl Worker {
             timeout: Duration::from_secs(dispatch.timeout_seconds.max(1) as u64),
             retry_count: dispatch.retry_count,
             output_limit: self.settings.output_limit,
+            transient_exit_codes: &dispatch.transient_exit_codes,
+            http: dispatch.http.as_ref(),
+            idempotency_key: &dispatch.idempotency_key,
         };
         let cancel = self.abort.child_token();
         self.running.lock().expect("running map poisoned").start(dispatch.execution_id, &cancel);
-        let finished = self.runtimes.run(&run, &cancel).await;
+        let ran = self.runtimes.execute(&run, &cancel).await;
         self.running.lock().expect("running map poisoned").tokens.remove(&dispatch.execution_id);
         if cancel.is_cancelled() && !self.abort.is_cancelled() {
             // A client canceled it (or an operator failed it): the record already says so.
-            tracing::info!(
-                execution_id = dispatch.execution_id,
-                "stopped while running (canceled or failed by hand); process group killed"
-            );
+            let stopped = match dispatch.runtime.as_str() {
+                "http" => "stopped while running (canceled or failed by hand); request aborted",
+                _ => "stopped while running (canceled or failed by hand); process group killed",
+            };
+            tracing::info!(execution_id = dispatch.execution_id, "{stopped}");
             return Disposition::Ack;
         }
-        let outcome = runner::classify(&finished, &dispatch.transient_exit_codes);
+        let outcome = ran.outcome;
         let duration_ms = started.elapsed().as_millis() as u64;
         let worker_failed = outcome.failure_kind.is_some_and(FailureKind::counts_against_worker);
         let after = self.health.finish(worker_failed, duration_ms);
@@ -696,12 +702,12 @@ impl Worker {
             result: outcome.result,
             failure_kind: outcome.failure_kind,
             error: outcome.error,
-            exit_code: finished.exit_code,
-            stdout: finished.stdout,
-            stderr: finished.stderr,
+            exit_code: ran.exit_code,
+            stdout: ran.stdout,
+            stderr: ran.stderr,
             duration_ms,
-            http_status: None,
-            retry_after_ms: None,
+            http_status: ran.http_status,
+            retry_after_ms: ran.retry_after.map(|after| after.as_millis() as u64),
         };
         attune_common::metrics::increment(
             &attune_common::metrics::ACTIONS_RUN,
@@ -874,7 +880,7 @@ mod settings_tests {
     #[test]
     fn the_defaults_are_the_documented_ones() {
         let s = Settings::from_source(&Defaults).unwrap();
-        assert_eq!(s.runtimes, ["shell", "python", "builtin"]);
+        assert_eq!(s.runtimes, ["shell", "python", "builtin", "http"]);
         assert_eq!((s.concurrency, s.prefetch, s.output_limit), (4, 16, 65536));
         assert_eq!(
             (s.heartbeat_interval, s.queue_ttl, s.drain),

@@ -1,10 +1,13 @@
 //! Running one action: a child process in its own process group, parameters passed as data
 //! (environment variables and JSON on stdin, never a shell line), stdout and stderr drained
 //! concurrently into bounded buffers, and the timeout raced against the exit (SIGTERM to the
-//! group, then SIGKILL after a grace period).
+//! group, then SIGKILL after a grace period). `builtin` and `http` actions run inside the worker
+//! (`crate::http` makes an http action's request); `Runtimes::execute` runs any of them and
+//! reports a `Ran`.
 //!
 //! Script contract: parameter `foo_bar` arrives as `ATTUNE_PARAM_FOO_BAR` (strings as is, other
-//! types as JSON) and all parameters as one JSON object on stdin. If the last non-empty line of
+//! types as JSON) and all parameters as one JSON object on stdin; `ATTUNE_IDEMPOTENCY_KEY` is
+//! the same for every attempt of a retry chain (to tell a retry from a new request). If the last non-empty line of
 //! stdout is a JSON object, it is the execution's `result`. Exit code 0 is success; exit code 75
 //! (EX_TEMPFAIL), or a result containing `{"attune": {"transient": true}}`, reports a transient
 //! failure that the retry policy may retry; any other exit code is `action_failed`.
@@ -42,6 +45,12 @@ pub struct ActionRun<'a> {
     pub timeout: Duration,
     pub retry_count: i32,
     pub output_limit: usize,
+    /// Exit codes the action's retry policy treats as transient (besides 75).
+    pub transient_exit_codes: &'a [i32],
+    /// The request of an `http` action (`attune_core::pack::HttpSpec` as JSON).
+    pub http: Option<&'a Value>,
+    /// The retry chain's idempotency key.
+    pub idempotency_key: &'a str,
 }
 
 /// What happened to the process.
@@ -74,6 +83,39 @@ pub struct Outcome {
     pub failure_kind: Option<FailureKind>,
     pub error: Option<String>,
     pub result: Option<Value>,
+}
+
+/// How a run ended, whatever its runtime: what its result reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ran {
+    pub outcome: Outcome,
+    pub exit_code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// The status of an `http` action's response, if one came.
+    pub http_status: Option<i32>,
+    /// The wait a `Retry-After` header asked for.
+    pub retry_after: Option<Duration>,
+}
+
+impl Ran {
+    /// An outcome with nothing else to report.
+    pub fn of(outcome: Outcome) -> Self {
+        Ran {
+            outcome,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            http_status: None,
+            retry_after: None,
+        }
+    }
+
+    /// A finished process (or builtin), classified.
+    pub fn of_process(finished: Finished, transient_exit_codes: &[i32]) -> Self {
+        let outcome = classify(&finished, transient_exit_codes);
+        Ran { exit_code: finished.exit_code, stdout: finished.stdout, stderr: finished.stderr, ..Ran::of(outcome) }
+    }
 }
 
 /// Parses the result line: the last non-empty line of stdout, if it is a JSON object.
@@ -123,6 +165,7 @@ pub struct Runtimes {
     shell: Option<PathBuf>,
     python: Option<PathBuf>,
     builtin: bool,
+    http: Option<crate::http::HttpClient>,
     /// The program that supervises each action (see `crate::supervise`), if any.
     supervisor: Option<PathBuf>,
 }
@@ -138,6 +181,7 @@ impl Runtimes {
             shell: wants("shell").then(|| PathBuf::from("/bin/sh")),
             python,
             builtin: wants("builtin"),
+            http: wants("http").then(crate::http::HttpClient::new),
             supervisor,
         }
     }
@@ -153,9 +197,23 @@ impl Runtimes {
         if self.builtin {
             offered.push("builtin");
         }
+        if self.http.is_some() {
+            offered.push("http");
+        }
         offered
     }
 
+    /// Runs an action of any runtime until it ends, its timeout passes or `abort` fires.
+    pub async fn execute(&self, run: &ActionRun<'_>, abort: &CancellationToken) -> Ran {
+        if run.runtime == "http"
+            && let Some(http) = &self.http
+        {
+            return http.run(run, abort).await;
+        }
+        Ran::of_process(self.run(run, abort).await, run.transient_exit_codes)
+    }
+
+    /// Runs a process (or builtin) action; see `execute` for every runtime.
     pub async fn run(&self, run: &ActionRun<'_>, abort: &CancellationToken) -> Finished {
         let interpreter = match run.runtime {
             "builtin" if self.builtin => return run_builtin(run),
@@ -245,6 +303,7 @@ async fn run_process(
         .env("ATTUNE_EXECUTION_ID", run.execution_id.to_string())
         .env("ATTUNE_ACTION_REF", run.action_ref)
         .env("ATTUNE_RETRY_COUNT", run.retry_count.to_string())
+        .env("ATTUNE_IDEMPOTENCY_KEY", run.idempotency_key)
         .env("ATTUNE_PARAMETERS", run.parameters.to_string());
     if let Some(parameters) = run.parameters.as_object() {
         for (name, value) in parameters {
@@ -442,6 +501,9 @@ mod tests {
             timeout,
             retry_count: 0,
             output_limit: limit,
+            transient_exit_codes: &[],
+            http: None,
+            idempotency_key: "key-7",
         }
     }
 
@@ -462,6 +524,16 @@ mod tests {
         assert!(first.starts_with("$(touch /tmp/pwned); `id`; 'q\"|3|"), "{first}");
         assert!(first.ends_with(&parameters.to_string()), "{first}");
         assert_eq!(lines.next(), Some("0"), "the worker's environment must not reach actions");
+    }
+
+    #[tokio::test]
+    async fn the_chains_idempotency_key_reaches_the_action() {
+        let dir = temp_pack("printf '%s' \"$ATTUNE_IDEMPOTENCY_KEY\"\n");
+        let parameters = json!({"idempotency_key": "not this"});
+        let runtimes = Runtimes::detect(&["shell".into()], None).await;
+        let ran =
+            runtimes.execute(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new()).await;
+        assert_eq!((ran.outcome.status, ran.stdout.as_str()), (ResultStatus::Completed, "key-7"), "{ran:?}");
     }
 
     #[tokio::test]
