@@ -199,3 +199,95 @@ async fn a_pack_with_max_attempts_zero_registers_with_a_warning_and_its_first_at
     assert_eq!(chain[0]["retry_decision"]["rule"], "exhausted");
     system.stop().await;
 }
+
+/// An http action calling a dependency that always fails, guarded by a circuit.
+const GUARDED: &str = r#"name: guarded
+runtime: http
+max_retries: 3
+parameters:
+  port: {type: integer, required: true}
+http:
+  url: "http://127.0.0.1:{{ port }}/dependency"
+retry:
+  base_delay_secs: 0.2
+  jitter: 0
+  circuit: {failure_rate: 0.5, window_secs: 60, min_executions: 5, open_secs: 2}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_circuit_keeps_fifty_submissions_and_their_retries_away_from_a_failing_dependency() {
+    use attune_testkit::http_server::{HttpServer, Reply};
+    async fn circuit(system: &System) -> Value {
+        system.get("/api/v1/actions/policy.guarded").await.1["circuit"].clone()
+    }
+    let server = HttpServer::start().await;
+    server.script("/dependency", [Reply::status(503)]);
+    let pack = TempPack::new(&[("guarded", GUARDED)], &[]);
+    let system = system(&pack).await;
+    let (_, worker) = system.get("/api/v1/workers").await;
+    let slots = worker[0]["capabilities"]["slots"].as_u64().unwrap() as usize;
+
+    let mut submitted = Vec::new();
+    for _ in 0..50 {
+        submitted.push(id(&system.submit("policy.guarded", json!({"port": server.port()})).await));
+    }
+    wait_for("the circuit to open", DEADLINE, || async {
+        let c = circuit(&system).await;
+        (c["state"] == "open").then_some(())
+    })
+    .await;
+    let calls_at_open = server.requests_to("/dependency").len();
+    // while open: the gauge and the dashboard say so
+    let (_, metrics) = system.request(reqwest::Method::GET, "/metrics", None, None).await;
+    let metrics = metrics.as_str().unwrap().to_string();
+    assert!(
+        metrics.contains("attune_action_circuit_state{action=\"policy.guarded\"} 1")
+            || metrics.contains("attune_action_circuit_state{action=\"policy.guarded\"} 2"),
+        "{metrics}"
+    );
+    let browser = attune_testkit::browser::Browser::start().await;
+    browser.goto(&format!("{}/ui/login?next=%2Fui%2Fretries", system.api_url)).await;
+    browser.type_into("#token", &system.token).await;
+    browser.click("#login-submit").await;
+    browser.wait("the retries page", "return location.pathname === '/ui/retries'").await;
+    let badge = browser
+        .wait(
+            "the circuit badge",
+            "const b = document.querySelector('#circuit-table [data-action=\"policy.guarded\"] [data-circuit]'); return b && b.dataset.circuit",
+        )
+        .await;
+    assert!(badge == "open" || badge == "half_open", "{badge}");
+
+    // three more open periods: each lets one trial through, which fails and opens it again
+    wait_for("the circuit to have opened 4 times", DEADLINE, || async {
+        let c = circuit(&system).await;
+        (c["opened_count"].as_i64().unwrap_or(0) >= 4).then_some(())
+    })
+    .await;
+    let calls = server.requests_to("/dependency").len();
+    eprintln!(
+        "circuit: {calls_at_open} calls to the dependency when it opened, {calls} after 4 open periods ({slots} slots)"
+    );
+    // before it opened: at most the executions that finished to open it and what was already
+    // dispatched (the worker's slots); after: one trial per open period
+    assert!(calls_at_open <= 5 + slots, "{calls_at_open} calls before the circuit opened ({slots} slots)");
+    assert!(calls <= calls_at_open + 4, "{calls} calls in all, {calls_at_open} when it opened");
+    // nothing was failed for it: the rest wait, and their retries were held, not spent
+    let (_, page) = system.get("/api/v1/executions?action_ref=policy.guarded&limit=200").await;
+    let finished_without_retry = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["status"] == "failed" && e["retry_decision"]["retried"] != true)
+        .count();
+    assert_eq!(finished_without_retry, 0, "every failure so far was retried (held), none given up");
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM execution WHERE action_ref = 'policy.guarded' AND status IN ('requested', 'delayed')",
+    )
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    assert!(held >= 40, "{held} executions wait for the dependency");
+    assert_eq!(submitted.len(), 50);
+    system.stop().await;
+}
