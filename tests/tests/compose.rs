@@ -41,6 +41,7 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
         assert!(mounts.iter().any(|m| m.starts_with("./packs:/packs")), "{service} mounts ./packs");
     }
     assert_eq!(compose["services"]["worker-python"]["environment"]["ATTUNE_WORKER_RUNTIMES"], "python");
+    assert_eq!(compose["services"]["worker-shell"]["environment"]["ATTUNE_WORKER_RUNTIMES"], "shell,builtin,http");
     // the Dockerfile builds every binary the services run
     let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).unwrap();
     for binary in ["attune-api", "attune-executor", "attune-worker", "attune"] {
