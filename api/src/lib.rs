@@ -70,7 +70,7 @@ impl FromEnv for Settings {
 pub struct AppState {
     pub db: PgPool,
     /// Token hashes verified recently, with when to check them again (see `auth`).
-    pub verified_tokens: std::sync::Mutex<std::collections::HashMap<Vec<u8>, std::time::Instant>>,
+    pub verified_tokens: auth::VerifiedTokens,
     /// Actions read recently, for submissions.
     pub actions: db::action::ActionCache,
     pub publisher: Publisher,
@@ -132,6 +132,10 @@ pub enum PackDirError {
     Pack(#[from] attune_common::pack::PackError),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Register(#[from] db::pack::RegisterError),
+    #[error(transparent)]
+    Location(#[from] attune_common::pack::PackLocationError),
 }
 
 /// Registers (or updates) every pack directory (one with a `pack.yaml`) under `dir`. A missing
@@ -145,12 +149,32 @@ pub async fn register_packs(pool: &PgPool, dir: &std::path::Path) -> Result<usiz
     let mut dirs: Vec<_> =
         entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("pack.yaml").is_file()).collect();
     dirs.sort();
+    let mut first_error = None;
     for pack_dir in &dirs {
-        let loaded = attune_common::pack::load_pack(pack_dir)?;
-        let registered = db::pack::register(pool, &loaded).await?;
-        tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
+        // one pack that does not load (or whose ref is registered from elsewhere: only an admin's
+        // force takes a ref over) does not keep the others out
+        let registered = match attune_common::pack::resolve_in_packs_dir(dir, pack_dir)
+            .map_err(PackDirError::from)
+            .and_then(|resolved| attune_common::pack::load_pack(&resolved).map_err(PackDirError::from))
+        {
+            Ok(loaded) => db::pack::register(pool, &loaded).await.map_err(PackDirError::from),
+            Err(e) => Err(e),
+        };
+        match registered {
+            Ok(registered) => {
+                tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered")
+            }
+            Err(PackDirError::Register(db::pack::RegisterError::Database(e))) => return Err(e.into()),
+            Err(e) => {
+                tracing::error!(dir = %pack_dir.display(), error = %e, "pack not registered");
+                first_error.get_or_insert(e);
+            }
+        }
     }
-    Ok(dirs.len())
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(dirs.len()),
+    }
 }
 
 /// Serves on `listener` until `shutdown` fires.

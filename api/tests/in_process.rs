@@ -384,3 +384,88 @@ async fn the_settings_in_force_are_readable_in_sql_and_through_the_api() {
     assert!(!enabled, "the quick reference's check reads it in SQL");
     api.stop().await;
 }
+
+/// Writes a pack with `pack_ref` and one action into `dir`.
+fn write_pack(dir: &std::path::Path, pack_ref: &str, action: &str) {
+    std::fs::create_dir_all(dir.join("actions")).unwrap();
+    std::fs::write(dir.join("pack.yaml"), format!("ref: {pack_ref}\nversion: 1.0.0\n")).unwrap();
+    std::fs::write(dir.join("actions/a.sh"), "echo hi\n").unwrap();
+    std::fs::write(dir.join("actions/a.yaml"), action).unwrap();
+}
+
+#[tokio::test]
+async fn packs_are_registered_only_from_the_packs_dir_and_a_ref_is_not_taken_over_unasked() {
+    let root = std::env::temp_dir().join(format!("attune-packs-dir-{}", api_unique()));
+    let packs = root.join("packs");
+    let outside = root.join("outside");
+    let action = "name: a\nruntime: shell\nentrypoint: actions/a.sh\n";
+    write_pack(&packs.join("mine"), "mine", action);
+    write_pack(&packs.join("mine2"), "mine", action);
+    write_pack(&outside.join("evil"), "evil", action);
+    std::os::unix::fs::symlink(outside.join("evil"), packs.join("link")).unwrap();
+    // a pack inside whose pack.yaml, or whose entrypoint, is a link to a file outside
+    write_pack(&packs.join("sneaky"), "sneaky", action);
+    std::fs::remove_file(packs.join("sneaky/pack.yaml")).unwrap();
+    std::os::unix::fs::symlink(outside.join("evil/pack.yaml"), packs.join("sneaky/pack.yaml")).unwrap();
+    write_pack(&packs.join("sneaky2"), "sneaky2", action);
+    std::fs::remove_file(packs.join("sneaky2/actions/a.sh")).unwrap();
+    std::os::unix::fs::symlink(outside.join("evil/actions/a.sh"), packs.join("sneaky2/actions/a.sh")).unwrap();
+    // a type error must not echo the file
+    write_pack(
+        &packs.join("typo"),
+        "typo",
+        "name: a\nruntime: shell\nentrypoint: actions/a.sh\nmax_retries: hunter2-secret\n",
+    );
+    let dir = packs.clone();
+    let api = Api::start_with(move |settings| settings.common.packs_dir = dir).await;
+    let path = |p: &std::path::Path| json!({"path": p});
+
+    // registered at start: the one pack that is what it says; nothing else
+    let (_, listed) = api.call(reqwest::Method::GET, "/api/v1/packs", None).await;
+    let refs: Vec<&str> = listed.as_array().unwrap().iter().map(|p| p["ref"].as_str().unwrap()).collect();
+    assert_eq!(refs, ["mine"], "{listed}");
+
+    for outside_path in [outside.join("evil"), packs.join("link"), packs.join("mine/../../outside/evil")] {
+        let (status, answer) = api.post("/api/v1/packs", path(&outside_path)).await;
+        assert_eq!(
+            (status, error_of(&answer)),
+            (StatusCode::FORBIDDEN, ("outside_packs_dir", Some("path"))),
+            "{}: {answer}",
+            outside_path.display()
+        );
+    }
+    for (sneaky, file) in [("sneaky", "pack.yaml"), ("sneaky2", "a.yaml")] {
+        let (status, answer) = api.post("/api/v1/packs", json!({"path": sneaky})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(file) && message.contains("outside"), "{message}");
+    }
+    let (status, answer) = api.post("/api/v1/packs", json!({"path": "typo"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert!(!answer.to_string().contains("hunter2"), "the file's content is not echoed: {answer}");
+    assert!(answer.to_string().contains("max_retries"), "{answer}");
+
+    // the same ref from another directory: refused, then taken over with force
+    let (status, answer) = api.post("/api/v1/packs", json!({"path": "mine2"})).await;
+    assert_eq!((status, error_of(&answer)), (StatusCode::CONFLICT, ("pack_exists", Some("path"))), "{answer}");
+    let registered_from: String =
+        sqlx::query_scalar("SELECT path FROM pack WHERE ref = 'mine'").fetch_one(&api.db.pool).await.unwrap();
+    assert!(registered_from.ends_with("/packs/mine"), "unchanged: {registered_from}");
+    let (status, answer) = api.post("/api/v1/packs", json!({"path": "mine2", "force": true})).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert!(answer["path"].as_str().unwrap().ends_with("/packs/mine2"), "{answer}");
+    // and the same directory again is an update, not a takeover
+    let (status, answer) = api.post("/api/v1/packs", json!({"path": packs.join("mine2")})).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    api.stop().await;
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A name no other test run uses at the same time.
+fn api_unique() -> String {
+    format!(
+        "{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    )
+}

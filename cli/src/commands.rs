@@ -42,10 +42,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Command::Pack(PackCommand::Register { path }) => {
+        Command::Pack(PackCommand::Register { path, force }) => {
             let path =
                 std::fs::canonicalize(&path).with_context(|| format!("pack directory {} not found", path.display()))?;
-            let pack = client.post("/api/v1/packs", &json!({"path": path})).await?;
+            let pack = client.post("/api/v1/packs", &json!({"path": path, "force": force})).await?;
             print(out, &pack, |p| {
                 let mut told = format!(
                     "registered pack {} {} ({} actions)",

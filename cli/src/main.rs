@@ -153,8 +153,13 @@ pub enum WorkerCommand {
 
 #[derive(Subcommand)]
 pub enum PackCommand {
-    /// Register (or update) the pack in PATH through the API
-    Register { path: std::path::PathBuf },
+    /// Register (or update) the pack in PATH (a directory under the API's ATTUNE_PACKS_DIR)
+    Register {
+        path: std::path::PathBuf,
+        /// Take the pack's ref over from the directory it is registered from
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand)]

@@ -5,14 +5,63 @@ use std::path::{Path, PathBuf};
 
 pub use attune_core::pack::*;
 
-fn read(file: &Path) -> Result<String, PackError> {
+/// Reads `file`, which must lie inside `root` (the pack directory, resolved) once every symbolic
+/// link is followed.
+fn read(root: &Path, file: &Path) -> Result<String, PackError> {
+    inside(root, file)?;
     std::fs::read_to_string(file).map_err(|e| PackError::new(file, None, format!("cannot read: {e}")))
 }
 
-/// Loads and validates the pack in `dir`.
+/// Refuses a `file` that resolves outside `root`.
+fn inside(root: &Path, file: &Path) -> Result<(), PackError> {
+    let resolved = std::fs::canonicalize(file).map_err(|e| PackError::new(file, None, format!("cannot read: {e}")))?;
+    if resolved.starts_with(root) {
+        Ok(())
+    } else {
+        Err(PackError::new(file, None, "is a symbolic link leading outside the pack directory"))
+    }
+}
+
+/// Where a pack may be registered from: `path` (relative to `packs_dir`, or absolute) resolved
+/// with every symbolic link followed, which must be a directory strictly under `packs_dir`
+/// (`ATTUNE_PACKS_DIR`, resolved too). Whoever can register a pack chooses code that workers run:
+/// it comes only from where the operator put packs.
+pub fn resolve_in_packs_dir(packs_dir: &Path, path: &Path) -> Result<PathBuf, PackLocationError> {
+    let root = std::fs::canonicalize(packs_dir)
+        .map_err(|e| PackLocationError::NoPacksDir(packs_dir.display().to_string(), e.to_string()))?;
+    let wanted = if path.is_absolute() { path.to_path_buf() } else { root.join(path) };
+    let resolved =
+        std::fs::canonicalize(&wanted).map_err(|_| PackLocationError::NotFound(path.display().to_string()))?;
+    if !resolved.starts_with(&root) || resolved == root {
+        return Err(PackLocationError::Outside {
+            path: path.display().to_string(),
+            packs_dir: root.display().to_string(),
+        });
+    }
+    if !resolved.join("pack.yaml").is_file() {
+        return Err(PackLocationError::NotFound(path.display().to_string()));
+    }
+    Ok(resolved)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackLocationError {
+    #[error("the packs directory {0} (ATTUNE_PACKS_DIR) cannot be read: {1}")]
+    NoPacksDir(String, String),
+    #[error("no pack at '{0}' (a directory with a pack.yaml)")]
+    NotFound(String),
+    #[error(
+        "'{path}' is not under the packs directory {packs_dir} (ATTUNE_PACKS_DIR), once symbolic links are followed: packs are registered only from there"
+    )]
+    Outside { path: String, packs_dir: String },
+}
+
+/// Loads and validates the pack in `dir`. Every file it reads, and every entrypoint, must lie
+/// inside the pack directory once symbolic links are followed.
 pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
+    let root = std::fs::canonicalize(dir).map_err(|e| PackError::new(dir, None, format!("cannot read: {e}")))?;
     let manifest_file = dir.join("pack.yaml");
-    let manifest = parse_manifest(&manifest_file, &read(&manifest_file)?)?;
+    let manifest = parse_manifest(&manifest_file, &read(&root, &manifest_file)?)?;
     let actions_dir = dir.join("actions");
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&actions_dir) {
         Ok(entries) => entries
@@ -27,7 +76,9 @@ pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
     files.sort();
     let mut actions: Vec<LoadedAction> = Vec::new();
     for file in files {
-        let spec = parse_action(dir, &file, &read(&file)?, |path| path.is_file())?;
+        let spec = parse_action(dir, &file, &read(&root, &file)?, |path| {
+            std::fs::canonicalize(path).is_ok_and(|resolved| resolved.starts_with(&root) && resolved.is_file())
+        })?;
         let action_ref = format!("{}.{}", manifest.pack_ref, spec.name);
         if actions.iter().any(|a| a.action_ref == action_ref) {
             return Err(PackError::new(&file, Some("name"), format!("duplicate action '{action_ref}'")));

@@ -284,12 +284,37 @@ impl PackError {
 /// the field.
 pub fn parse_yaml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Result<T, PackError> {
     serde_yaml_ng::from_str(text).map_err(|e| {
-        let message = e.to_string();
+        let message = without_content(&e.to_string());
         // serde names the field in "missing field `x`" / "unknown field `x`"; lift it out so the
         // error has the same shape as the semantic checks below.
         let field = message.split('`').nth(1).filter(|_| message.contains(" field `"));
         PackError::new(file, field, message.clone())
     })
+}
+
+/// A parser's message with the file's own text taken out: serde quotes the value it could not
+/// use (`invalid type: string "…", expected i32`), and an error answered to an API client must
+/// name the file, the field and the reason, never echo what the file holds. What stays: the kind
+/// of value found, what was expected, field names and the position.
+pub fn without_content(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    for marker in ["invalid type: ", "invalid value: ", "unknown variant "] {
+        if let Some(at) = rest.find(marker) {
+            let (before, after) = rest.split_at(at + marker.len());
+            out.push_str(before);
+            // the kind of value (`string`, `integer`, …) is the first word; the value follows it
+            let kind_end = if marker == "unknown variant " { 0 } else { after.find([' ', ',']).unwrap_or(after.len()) };
+            out.push_str(&after[..kind_end]);
+            let skip_to = after.find(", expected").unwrap_or(after.len());
+            rest = &after[skip_to.max(kind_end)..];
+            if marker == "unknown variant " {
+                out.truncate(out.len() - 1);
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 pub fn is_identifier(text: &str) -> bool {
@@ -372,7 +397,10 @@ fn validate_action(
             return fail("entrypoint", "must be a path inside the pack directory".into());
         }
         if !entrypoint_exists(&pack_dir.join(relative)) {
-            return fail("entrypoint", format!("file '{}' not found in the pack", spec.entrypoint));
+            return fail(
+                "entrypoint",
+                format!("file '{}' not found in the pack (a symbolic link must not lead outside it)", spec.entrypoint),
+            );
         }
     }
     if let Some(timeout) = spec.timeout_seconds
@@ -789,5 +817,33 @@ mod tests {
         let http = spec.http.unwrap();
         assert_eq!((http.method.as_str(), http.headers.len()), ("POST", 1));
         assert_eq!(spec.entrypoint, "");
+    }
+
+    #[test]
+    fn a_parse_error_names_the_field_but_never_echoes_the_file() {
+        let secret = "s3cr3t-value";
+        let cases = [
+            format!("name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nmax_retries: {secret}\n"),
+            format!("name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretry:\n  backoff: {secret}\n"),
+            format!("name: x\nruntime: python\nentrypoint: actions/flaky_api.py\ntimeout_seconds: [\"{secret}\"]\n"),
+            format!("name: [{secret}]\nruntime: python\nentrypoint: actions/flaky_api.py\n"),
+        ];
+        for yaml in &cases {
+            let err = parse(yaml).unwrap_err();
+            let shown = err.to_string();
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(
+                shown.contains("flaky-api.yaml") && (shown.contains("expected") || shown.contains("invalid")),
+                "{shown}"
+            );
+        }
+        assert_eq!(
+            without_content("max_retries: invalid type: string \"abc\", expected i32 at line 4 column 14"),
+            "max_retries: invalid type: string, expected i32 at line 4 column 14"
+        );
+        assert_eq!(
+            without_content("retry.backoff: unknown variant `zig`, expected one of `fixed`, `linear`"),
+            "retry.backoff: unknown variant, expected one of `fixed`, `linear`"
+        );
     }
 }

@@ -58,7 +58,17 @@ impl SystemBuilder {
         system.env.insert("AMQP_URL".into(), amqp_url());
         system.env.insert("ATTUNE_MQ_NAMESPACE".into(), system.namespace.name.clone());
         system.env.insert("ATTUNE_API_ADDR".into(), format!("127.0.0.1:{port}"));
-        system.env.insert("ATTUNE_PACKS_DIR".into(), repo_root().join("packs").display().to_string());
+        // packs are registered only from ATTUNE_PACKS_DIR: each system has its own, holding a
+        // copy of packs/core and of every pack the test gave
+        let packs_dir = system.packs_dir();
+        crate::copy_dir(&repo_root().join("packs/core"), &packs_dir.join("core"));
+        let mut packs = vec![packs_dir.join("core")];
+        for (n, pack) in self.packs.iter().enumerate() {
+            let name = pack.file_name().map_or_else(|| format!("pack-{n}"), |n| n.to_string_lossy().into_owned());
+            crate::copy_dir(pack, &packs_dir.join(&name));
+            packs.push(packs_dir.join(name));
+        }
+        system.env.insert("ATTUNE_PACKS_DIR".into(), packs_dir.display().to_string());
         system.env.entry("ATTUNE_HEARTBEAT_INTERVAL_SECS".into()).or_insert_with(|| "1".into());
         // tests force worker health and act on it at once: the scheduler reads the fleet fresh
         system.env.entry("ATTUNE_WORKER_CACHE_MS".into()).or_insert_with(|| "0".into());
@@ -99,8 +109,6 @@ impl SystemBuilder {
             }
         })
         .await;
-        let mut packs = vec![repo_root().join("packs/core")];
-        packs.extend(self.packs);
         for pack in packs {
             let (status, body) = system.post("/api/v1/packs", &json!({"path": pack})).await;
             assert_eq!(status, 201, "registering {}: {body}", pack.display());
@@ -231,6 +239,11 @@ impl System {
         let mut command = Command::new(workspace_binary(binary));
         command.envs(&self.env);
         command
+    }
+
+    /// This system's `ATTUNE_PACKS_DIR` (a test writes a pack here to register it).
+    pub fn packs_dir(&self) -> PathBuf {
+        self.logs.join("packs")
     }
 
     /// Runs the `attune` CLI against this system (its API, token and database) and returns its

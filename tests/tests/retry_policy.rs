@@ -186,9 +186,12 @@ async fn unlimited_retries_go_on_capped_in_delay_until_a_cancel_stops_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pack_with_max_attempts_zero_registers_with_a_warning_and_its_first_attempt_runs() {
     let zero = "name: zero\nruntime: shell\nentrypoint: actions/exits.sh\nparameters:\n  codes: {type: string, default: \"75\"}\nretry:\n  max_attempts: 0\n";
-    let pack = TempPack::new(&[("zero", zero)], &[("exits.sh", EXITS)]);
     let system = System::builder().worker("w1", &[]).start().await;
-    let told = system.cli(&["pack", "register", pack.path().to_str().unwrap()]);
+    // written where the operator puts packs, after the API started
+    let pack = TempPack::new(&[("zero", zero)], &[("exits.sh", EXITS)]);
+    let dir = system.packs_dir().join("policy");
+    attune_testkit::copy_dir(pack.path(), &dir);
+    let told = system.cli(&["pack", "register", dir.to_str().unwrap()]);
     assert!(told.starts_with("registered pack policy 1.0.0 (1 actions)"), "{told}");
     assert!(told.contains("warning: ") && told.contains("zero.yaml: field 'retry.max_attempts'"), "{told}");
     // the first attempt runs (and fails, transiently), and nothing after it

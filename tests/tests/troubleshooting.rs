@@ -47,8 +47,7 @@ async fn high_retry_rate() {
     let told = attune(&system, &["execution", "explain", &failed.to_string()]);
     assert!(told.contains("idempotent: true") && told.contains("decision: retried"), "{told}");
     // "Adjust max_retries if retries are unhelpful": change the YAML, register the pack again
-    let pack = std::env::temp_dir().join(format!("attune-trouble-{:08x}", rand::random::<u32>()));
-    attune_testkit::copy_dir(&repo_root().join("packs/core"), &pack);
+    let pack = system.packs_dir().join("core");
     let yaml = pack.join("actions/flaky.yaml");
     let text = std::fs::read_to_string(&yaml).unwrap().replace("max_retries: 3", "max_retries: 1");
     std::fs::write(&yaml, text).unwrap();
@@ -61,7 +60,6 @@ async fn high_retry_rate() {
     let next = system.submit("core.flaky", json!({"fail_times": 5})).await;
     let chain = system.wait_chain(id(&next), DEADLINE).await;
     assert_eq!(chain.len(), 2, "one retry at most now: {chain:#?}");
-    let _ = std::fs::remove_dir_all(&pack);
     system.stop().await;
 }
 

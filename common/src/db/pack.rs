@@ -28,11 +28,45 @@ pub struct Pack {
 const SELECT: &str = "SELECT p.id, p.ref, p.version, p.description, p.path, \
     (SELECT count(*) FROM action a WHERE a.pack = p.id) AS action_count, p.created, p.updated FROM pack p";
 
+/// Why a pack was not registered.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// The ref belongs to a pack registered from another directory: taking it over replaces the
+    /// code every execution of its actions runs, so it needs an explicit force.
+    #[error(
+        "pack '{pack_ref}' is already registered from {existing}; registering it from another directory needs force"
+    )]
+    Taken { pack_ref: String, existing: String },
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
 /// Creates or updates the pack and its actions; actions no longer in the pack are removed
-/// (executions keep their `action_ref`).
-pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, sqlx::Error> {
+/// (executions keep their `action_ref`). A pack already registered under the same ref from
+/// another directory is refused (`RegisterError::Taken`); `register_replacing` takes it over.
+pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, RegisterError> {
+    register_with(db, pack, false).await
+}
+
+/// `register`, taking the ref over from another directory if it is registered from one (an
+/// admin's explicit force).
+pub async fn register_replacing(db: &PgPool, pack: &LoadedPack) -> Result<Pack, RegisterError> {
+    register_with(db, pack, true).await
+}
+
+async fn register_with(db: &PgPool, pack: &LoadedPack, replace: bool) -> Result<Pack, RegisterError> {
     let mut tx = db.begin().await?;
     let path = std::fs::canonicalize(&pack.path).unwrap_or_else(|_| pack.path.clone());
+    let existing: Option<Option<String>> = sqlx::query_scalar("SELECT path FROM pack WHERE ref = $1 FOR UPDATE")
+        .bind(&pack.manifest.pack_ref)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some(Some(existing)) = existing
+        && !replace
+        && std::path::Path::new(&existing) != path
+    {
+        return Err(RegisterError::Taken { pack_ref: pack.manifest.pack_ref.clone(), existing });
+    }
     let pack_id: i64 = sqlx::query_scalar(
         "INSERT INTO pack (ref, version, description, path) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (ref) DO UPDATE SET version = $2, description = $3, path = $4, updated = now() \
@@ -49,11 +83,11 @@ pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, sqlx::Erro
         let spec = &action.spec;
         sqlx::query(
             "INSERT INTO action (ref, pack, name, description, runtime, entrypoint, parameters, \
-                timeout_seconds, max_retries, retry_policy, http) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                timeout_seconds, max_retries, retry_policy, http, limits) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
              ON CONFLICT (ref) DO UPDATE SET pack = $2, name = $3, description = $4, runtime = $5, \
                 entrypoint = $6, parameters = $7, timeout_seconds = $8, max_retries = $9, \
-                retry_policy = $10, http = $11, updated = now()",
+                retry_policy = $10, http = $11, limits = $12, updated = now()",
         )
         .bind(&action.action_ref)
         .bind(pack_id)
@@ -66,6 +100,7 @@ pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, sqlx::Erro
         .bind(spec.max_retries_in_force())
         .bind(spec.retry.as_ref().map(|r| serde_json::to_value(r).expect("retry policy serializes")))
         .bind(spec.http.as_ref().map(|h| serde_json::to_value(h).expect("an http block serializes")))
+        .bind(spec.limits.as_ref().map(|l| serde_json::to_value(l).expect("a limits block serializes")))
         .execute(&mut *tx)
         .await?;
         refs.push(action.action_ref.clone());
