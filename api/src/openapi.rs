@@ -17,13 +17,17 @@ pub struct ErrorDetail {
     /// Stable machine-readable code: `invalid_parameter`, `bad_request`, `unauthorized`,
     /// `unsupported_media_type`, `payload_too_large`, `method_not_allowed`, `not_found`,
     /// `execution_not_found`, `action_not_found`, `pack_not_found`, `already_retried`,
-    /// `not_terminal`, `already_finished`, `not_stuck`, `invalid_pack`, `unavailable`, `internal`.
+    /// `not_terminal`, `already_finished`, `not_stuck`, `idempotency_key_reused`, `invalid_pack`,
+    /// `unavailable`, `internal`.
     pub code: String,
     pub message: String,
-    /// The request parameter that was wrong (`parameters.message`, `status`, `config.retry_of`, ...).
+    /// The request parameter that was wrong (`parameters.message`, `status`, `config.retry_of`,
+    /// the `Idempotency-Key` header, ...).
     pub parameter: Option<String>,
     /// With `already_retried`: the id of the existing retry.
     pub retry_execution: Option<i64>,
+    /// With `idempotency_key_reused`: the execution the key's first request created.
+    pub execution_id: Option<i64>,
 }
 
 #[derive(OpenApi)]

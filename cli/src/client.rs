@@ -23,10 +23,25 @@ impl Client {
         query: &[(&str, String)],
         body: Option<&impl Serialize>,
     ) -> anyhow::Result<Value> {
+        self.request_with_headers(method, path, query, &[], body).await
+    }
+
+    /// `request` with extra headers (an `Idempotency-Key`).
+    pub async fn request_with_headers(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        headers: &[(&str, String)],
+        body: Option<&impl Serialize>,
+    ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method, &url).query(query);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, value);
         }
         if let Some(body) = body {
             request = request.json(body);

@@ -214,11 +214,15 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             });
             Ok(0)
         }
-        Command::Run { action_ref, params, wait, wait_timeout } => {
+        Command::Run { action_ref, params, wait, wait_timeout, idempotency_key } => {
             let action = client.get(&format!("/api/v1/actions/{action_ref}"), &[]).await?;
             let parameters = parse_params(&action["parameters"], &params)?;
-            let execution =
-                client.post("/api/v1/executions", &json!({"action_ref": action_ref, "parameters": parameters})).await?;
+            let body = json!({"action_ref": action_ref, "parameters": parameters});
+            let headers: Vec<(&str, String)> =
+                idempotency_key.map(|key| ("Idempotency-Key", key)).into_iter().collect();
+            let execution = client
+                .request_with_headers(reqwest::Method::POST, "/api/v1/executions", &[], &headers, Some(&body))
+                .await?;
             finish(&client, out, execution, wait, wait_timeout).await
         }
     }

@@ -81,6 +81,10 @@ pub enum Command {
         /// Give up waiting after this many seconds
         #[arg(long, default_value_t = 600)]
         wait_timeout: u64,
+        /// Sent as the Idempotency-Key header: running the command again with the same key and
+        /// parameters within 24 hours gives the first execution back instead of a new one
+        #[arg(long, value_name = "KEY")]
+        idempotency_key: Option<String>,
     },
     /// Read executions
     #[command(subcommand)]

@@ -1,17 +1,21 @@
-//! Executions: submit, read, list.
+//! Executions: submit (with an optional `Idempotency-Key`, see `idempotency`), read, list, retry,
+//! cancel, fail.
 
 use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
 use attune_common::mq::{CancelNotice, ExecutionRequest, MqError, REQUEST_KEY};
 use attune_core::{ExecutionStatus, FailureKind, params, recovery};
-use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use sqlx::PgExecutor;
 
 use crate::ApiError;
+
+mod idempotency;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -38,17 +42,35 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
 }
 
 #[utoipa::path(post, path = "/executions", operation_id = "create_execution", tag = "executions", request_body = CreateExecution,
+    params(("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = r"^[\x21-\x7E]+$",
+        description = "Makes the submission safe to repeat: for 24 hours, the same key (per API token) with the same body answers 200 with the execution the first request created, and creates nothing; with a different body, 409")),
     responses(
+        (status = 200, description = "A repeat of an earlier submission with the same `Idempotency-Key` and body: the execution it created (nothing new is created)", body = Execution),
         (status = 201, description = "The new execution (a manual retry with `config.retry_of`)", body = Execution),
+        (status = 400, description = "A malformed `Idempotency-Key` header (empty, over 255 bytes, not visible ASCII, or sent twice; `parameter` names it), or a body that is not JSON", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such action (or execution to retry)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "Already retried, or not finished", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Already retried, or not finished; or (`idempotency_key_reused`) the `Idempotency-Key` was used with a different body within 24 hours, `execution_id` naming the execution it created", body = crate::openapi::ErrorBody),
         (status = 413, description = "The parameters are too large (ATTUNE_API_MAX_PARAMETERS_BYTES, ATTUNE_API_MAX_PARAMETER_VALUE_BYTES); `parameter` names the one", body = crate::openapi::ErrorBody),
         (status = 422, description = "A parameter is invalid; `parameter` names it", body = crate::openapi::ErrorBody),
     ))]
 pub async fn create(
     State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    headers: HeaderMap,
     crate::error::JsonObject(body): crate::error::JsonObject<CreateExecution>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
+    let Some(key) = idempotency::key(&headers)? else {
+        let new = plan(&state, body).await?;
+        let execution = insert(&state, &state.db, &new).await?;
+        announce(&state, &execution).await;
+        return Ok((StatusCode::CREATED, Json(execution)));
+    };
+    idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, body).await
+}
+
+/// Checks a submission and returns what to insert: a first attempt of the action, or (the seed's
+/// Example 4, `config.retry_of`) a manual retry.
+async fn plan(state: &crate::AppState, body: CreateExecution) -> Result<NewExecution, ApiError> {
     crate::error::storable("action_ref", &body.action_ref)?;
     for (field, value) in [("parameters", &body.parameters), ("config", &body.config)] {
         if let Some(value) = value {
@@ -66,7 +88,7 @@ pub async fn create(
         // without `parameters` the retry keeps the retried execution's own
         let parameters = parameters_given.then_some(given);
         let request = ManualRetry { parent, action_ref: Some(body.action_ref), parameters, config };
-        return manual_retry(&state, request).await.map(|e| (StatusCode::CREATED, Json(e)));
+        return plan_manual_retry(state, request).await;
     }
     let action = state
         .actions
@@ -77,8 +99,8 @@ pub async fn create(
         .map_err(|e| ApiError::internal("stored parameter declarations are unreadable", e))?;
     let resolved = params::validate(&specs, &given)
         .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
-    within_limits(&state, &resolved)?;
-    let new = NewExecution {
+    within_limits(state, &resolved)?;
+    Ok(NewExecution {
         action: Some(action.id),
         action_ref: action.action_ref.clone(),
         runtime: Some(action.runtime.clone()),
@@ -92,10 +114,31 @@ pub async fn create(
         original_execution: None,
         not_before: None,
         idempotency_key: None,
-    };
-    let execution = db::execution::insert(&state.db, &new).await?;
-    publish_request(&state, &execution).await;
-    Ok((StatusCode::CREATED, Json(execution)))
+    })
+}
+
+/// Inserts a planned execution. A manual retry that another retry of the same execution beat
+/// (the unique index on `original_execution`) is a 409 naming that retry.
+async fn insert(state: &crate::AppState, db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, ApiError> {
+    match db::execution::insert(db, new).await {
+        Ok(execution) => Ok(execution),
+        Err(sqlx::Error::Database(e)) if e.constraint() == Some("execution_one_retry_per_parent") => {
+            let parent = new.original_execution.unwrap_or_default();
+            let existing = db::execution::retry_of(&state.db, parent).await?.map(|e| e.id).unwrap_or_default();
+            Err(already_retried(parent, existing))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// After an execution is committed: a manual retry is logged and counted, and the request hint
+/// is published (only ever for a new execution, never for a repeat answered from its key).
+async fn announce(state: &crate::AppState, execution: &Execution) {
+    if let Some(retried) = execution.original_execution {
+        tracing::info!(execution_id = execution.id, retried, "manual retry requested");
+        attune_common::metrics::increment(&attune_common::metrics::RETRIES_CREATED, &[("reason", "manual_retry")], 1);
+    }
+    publish_request(state, execution).await;
 }
 
 /// Refuses parameters larger than the API's limits (413, naming the parameter, or the largest one
@@ -237,7 +280,10 @@ pub async fn retry(
         some => Some(object("parameters", some)?),
     };
     let request = ManualRetry { parent, action_ref: None, parameters, config: Map::new() };
-    manual_retry(&state, request).await.map(|e| (StatusCode::CREATED, Json(e)))
+    let new = plan_manual_retry(&state, request).await?;
+    let execution = insert(&state, &state.db, &new).await?;
+    announce(&state, &execution).await;
+    Ok((StatusCode::CREATED, Json(execution)))
 }
 
 struct ManualRetry {
@@ -250,8 +296,9 @@ struct ManualRetry {
 }
 
 /// An operator's retry: allowed on any terminal execution that has not been retried yet, whatever
-/// its failure kind or retry count; recorded as `manual_retry` and requested at once.
-async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<Execution, ApiError> {
+/// its failure kind or retry count; recorded as `manual_retry` and requested at once. Returns the
+/// retry to insert.
+async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<NewExecution, ApiError> {
     let parent = db::execution::get(&state.db, request.parent).await?.ok_or_else(|| {
         let mut error = ApiError::not_found("execution", format!("execution {} does not exist", request.parent));
         error.parameter = Some(if request.action_ref.is_some() { "config.retry_of" } else { "id" }.to_string());
@@ -298,18 +345,7 @@ async fn manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<E
             new.config[key] = value;
         }
     }
-    let execution = match db::execution::insert(&state.db, &new).await {
-        Ok(execution) => execution,
-        Err(sqlx::Error::Database(e)) if e.constraint() == Some("execution_one_retry_per_parent") => {
-            let existing = db::execution::retry_of(&state.db, parent.id).await?.map(|e| e.id).unwrap_or_default();
-            return Err(already_retried(parent.id, existing));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    tracing::info!(execution_id = execution.id, retried = parent.id, "manual retry requested");
-    attune_common::metrics::increment(&attune_common::metrics::RETRIES_CREATED, &[("reason", "manual_retry")], 1);
-    publish_request(state, &execution).await;
-    Ok(execution)
+    Ok(new)
 }
 
 /// Cancels an execution that has not finished: a queued one never runs; a running one's process

@@ -5,6 +5,7 @@ pub mod action;
 pub mod bench;
 pub mod circuit;
 pub mod execution;
+pub mod idempotency;
 pub mod pack;
 pub mod stats;
 pub mod token;
