@@ -33,12 +33,16 @@ pub enum FailureKind {
     /// A message about the execution failed processing on every one of its deliveries and was
     /// dead-lettered (see `mq::DELIVERY_LIMIT`); not retried, as it would most likely fail again.
     PoisonMessage,
+    /// The action passed one of its resource limits (memory, CPU time; see the action's
+    /// `limits:`) and was killed: the action's fault, not the worker's; not retried by default,
+    /// as the same run would most likely pass the same limit again.
+    ResourceLimit,
 }
 
 use FailureKind::*;
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 14] = [
+    pub const ALL: [FailureKind; 15] = [
         WorkerUnavailable,
         QueueTimeout,
         WorkerHeartbeatStale,
@@ -53,6 +57,7 @@ impl FailureKind {
         Canceled,
         OperatorFailed,
         PoisonMessage,
+        ResourceLimit,
     ];
 
     /// The kinds retried automatically when an action's policy does not say otherwise.
@@ -99,6 +104,7 @@ impl FailureKind {
             Canceled => "canceled",
             OperatorFailed => "operator_failed",
             PoisonMessage => "poison_message",
+            ResourceLimit => "resource_limit",
         }
     }
 
@@ -136,6 +142,7 @@ mod tests {
             (Canceled, false, ExecutionStatus::Failed),
             (OperatorFailed, false, ExecutionStatus::Failed),
             (PoisonMessage, false, ExecutionStatus::Failed),
+            (ResourceLimit, false, ExecutionStatus::Failed),
         ];
         assert_eq!(table.len(), FailureKind::ALL.len(), "every kind has a row");
         for (kind, against_worker, status) in table {
@@ -158,6 +165,7 @@ mod tests {
             "canceled",
             "operator_failed",
             "poison_message",
+            "resource_limit",
         ];
         for name in retriable {
             assert!(FailureKind::parse(name).unwrap().is_retriable_by_default(), "{name}");

@@ -55,6 +55,9 @@ pub struct ActionSpec {
     /// The request of a `runtime: http` action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpSpec>,
+    /// What one run may take (see `ActionLimits`); unset fields take the worker's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ActionLimits>,
 }
 
 impl ActionSpec {
@@ -114,6 +117,90 @@ pub struct HttpSpec {
 impl HttpSpec {
     fn default_method() -> String {
         "GET".to_string()
+    }
+}
+
+/// The optional `limits:` block of an action: what one run of it may take. Each field unset takes
+/// the worker's default (`ATTUNE_ACTION_MEMORY_MB`, `ATTUNE_ACTION_CPU_SECS`,
+/// `ATTUNE_ACTION_OPEN_FILES`, `ATTUNE_WORKER_OUTPUT_LIMIT_BYTES`); an action may ask for less or
+/// more, and the worker grants at most its maximum (`ATTUNE_ACTION_MAX_*`; see `LimitSettings`).
+///
+/// - `memory_mb`: the resident memory of the action's processes together, in MiB; passing it
+///   kills them and fails the run as `resource_limit`.
+/// - `cpu_secs`: the CPU time of the action's processes together, in seconds; the same.
+/// - `open_files`: file descriptors per process (`RLIMIT_NOFILE`); one more cannot be opened, and
+///   the action fails with its own error.
+/// - `output_kb`: stdout and stderr kept, each, in KiB; more only cuts the output (its tail is
+///   kept), it does not fail the run.
+///
+/// Written as signed numbers so that a negative one is refused naming its field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_secs: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_files: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_kb: Option<i64>,
+}
+
+/// The bounds of each field of `limits:` (inclusive): below them an action could not start
+/// (an interpreter alone takes about 10 MiB and 3 descriptors are stdin, stdout and stderr),
+/// above them the number means nothing on a real host.
+pub const LIMIT_BOUNDS: [(&str, i64, i64); 4] = [
+    ("memory_mb", 16, 1 << 20),
+    ("cpu_secs", 1, 366 * 24 * 3600),
+    ("open_files", 16, 1 << 20),
+    ("output_kb", 1, 1 << 20),
+];
+
+/// A worker's defaults and maximums for action limits (read from `ATTUNE_ACTION_*` and
+/// `ATTUNE_WORKER_OUTPUT_LIMIT_BYTES` by the worker). `None` for CPU time: no limit (the
+/// action's timeout still bounds its run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitSettings {
+    pub memory_mb: u64,
+    pub max_memory_mb: u64,
+    pub cpu_secs: Option<u64>,
+    pub max_cpu_secs: Option<u64>,
+    pub open_files: u64,
+    pub max_open_files: u64,
+    pub output_bytes: u64,
+    pub max_output_bytes: u64,
+}
+
+/// The limits one run is held to: what the action asked, else the worker's default, at most the
+/// worker's maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_mb: u64,
+    pub cpu_secs: Option<u64>,
+    pub open_files: u64,
+    pub output_bytes: u64,
+}
+
+impl LimitSettings {
+    /// The limits in force for an action that asked for `asked` (a value the pack check let pass).
+    pub fn in_force(&self, asked: Option<&ActionLimits>) -> Limits {
+        let asked = asked.copied().unwrap_or_default();
+        let positive = |value: Option<i64>| value.and_then(|v| u64::try_from(v).ok()).filter(|v| *v > 0);
+        let capped = |value: u64, max: u64| value.min(max.max(1));
+        Limits {
+            memory_mb: capped(positive(asked.memory_mb).unwrap_or(self.memory_mb), self.max_memory_mb),
+            cpu_secs: match (positive(asked.cpu_secs).or(self.cpu_secs), self.max_cpu_secs) {
+                (Some(secs), Some(max)) => Some(capped(secs, max)),
+                (None, Some(max)) => Some(max.max(1)),
+                (secs, None) => secs,
+            },
+            open_files: capped(positive(asked.open_files).unwrap_or(self.open_files), self.max_open_files),
+            output_bytes: capped(
+                positive(asked.output_kb).map_or(self.output_bytes, |kb| kb.saturating_mul(1024)),
+                self.max_output_bytes,
+            ),
+        }
     }
 }
 
@@ -427,6 +514,22 @@ fn validate_action(
     }
     if let Some(retry) = &spec.retry {
         validate_retry(retry).or_else(|(field, reason)| fail(&format!("retry.{field}"), reason))?;
+    }
+    if let Some(limits) = &spec.limits {
+        if spec.runtime == "builtin" || spec.runtime == "http" {
+            return fail(
+                "limits",
+                format!("a {} action runs inside the worker, without a process to limit", spec.runtime),
+            );
+        }
+        let asked = [limits.memory_mb, limits.cpu_secs, limits.open_files, limits.output_kb];
+        for ((name, least, most), value) in LIMIT_BOUNDS.into_iter().zip(asked) {
+            if let Some(value) = value
+                && !(least..=most).contains(&value)
+            {
+                return fail(&format!("limits.{name}"), format!("must be between {least} and {most}, got {value}"));
+            }
+        }
     }
     Ok(())
 }
@@ -746,6 +849,36 @@ mod tests {
             ),
             ("name: x\nruntime: python\n", "entrypoint", "missing field"),
             (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nlimits:\n  memory_mb: 8\n",
+                "limits.memory_mb",
+                "between 16 and 1048576, got 8",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nlimits: {memory_mb: 64, cpu_secs: -1}\n",
+                "limits.cpu_secs",
+                "between 1 and",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nlimits: {open_files: 3}\n",
+                "limits.open_files",
+                "between 16 and",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nlimits: {output_kb: 0}\n",
+                "limits.output_kb",
+                "between 1 and",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nlimits: {memory: 64}\n",
+                "memory",
+                "unknown field `memory`, expected one of `memory_mb`",
+            ),
+            (
+                "name: x\nruntime: http\nhttp:\n  url: \"http://h/\"\nlimits: {memory_mb: 64}\n",
+                "limits",
+                "inside the worker",
+            ),
+            (
                 "name: x\nruntime: http\nparameters:\n  t:\n    type: string\nhttp:\n  url: \"http://h/\"\n  body: {\"{{ t }}\": \"{{ u }}\"}\n",
                 "http.body",
                 "'{{ u }}' names no declared parameter",
@@ -806,6 +939,59 @@ mod tests {
         assert_eq!(tasker("  retryable: false\n  max_attempts: 3\n").max_retries_in_force(), 0);
         assert!(tasker("  max_attempts: 0\n").warnings()[0].contains("configuration error"));
         assert!(tasker("  max_attempts: 3\n").warnings().is_empty());
+    }
+
+    #[test]
+    fn limits_parse_and_take_the_workers_defaults_within_its_maximums() {
+        let spec = parse(
+            "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nlimits:\n  memory_mb: 128\n  cpu_secs: 1\n  open_files: 16\n  output_kb: 4\n",
+        )
+        .unwrap();
+        let asked = spec.limits.unwrap();
+        assert_eq!(
+            asked,
+            ActionLimits { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), output_kb: Some(4) }
+        );
+        // stored as JSON and read back by the worker unchanged
+        assert_eq!(serde_json::from_value::<ActionLimits>(serde_json::to_value(asked).unwrap()).unwrap(), asked);
+        let worker = LimitSettings {
+            memory_mb: 1024,
+            max_memory_mb: 4096,
+            cpu_secs: None,
+            max_cpu_secs: None,
+            open_files: 1024,
+            max_open_files: 65536,
+            output_bytes: 65536,
+            max_output_bytes: 1 << 20,
+        };
+        // (asked, worker settings, in force)
+        let cases = [
+            (None, worker, Limits { memory_mb: 1024, cpu_secs: None, open_files: 1024, output_bytes: 65536 }),
+            (Some(asked), worker, Limits { memory_mb: 128, cpu_secs: Some(1), open_files: 16, output_bytes: 4096 }),
+            (
+                Some(ActionLimits { memory_mb: Some(8192), output_kb: Some(4096), ..Default::default() }),
+                worker,
+                Limits { memory_mb: 4096, cpu_secs: None, open_files: 1024, output_bytes: 1 << 20 },
+            ),
+            (
+                Some(ActionLimits { cpu_secs: Some(600), ..Default::default() }),
+                LimitSettings { cpu_secs: Some(60), max_cpu_secs: Some(300), ..worker },
+                Limits { memory_mb: 1024, cpu_secs: Some(300), open_files: 1024, output_bytes: 65536 },
+            ),
+            (
+                None,
+                LimitSettings { cpu_secs: None, max_cpu_secs: Some(300), ..worker },
+                Limits { memory_mb: 1024, cpu_secs: Some(300), open_files: 1024, output_bytes: 65536 },
+            ),
+            (
+                None,
+                LimitSettings { cpu_secs: Some(60), max_cpu_secs: None, max_open_files: 256, ..worker },
+                Limits { memory_mb: 1024, cpu_secs: Some(60), open_files: 256, output_bytes: 65536 },
+            ),
+        ];
+        for (asked, settings, expected) in cases {
+            assert_eq!(settings.in_force(asked.as_ref()), expected, "{asked:?} on {settings:?}");
+        }
     }
 
     #[test]

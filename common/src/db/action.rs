@@ -28,6 +28,11 @@ pub struct Action {
     /// The request of an `http` action.
     #[schema(value_type = Option<Object>)]
     pub http: Option<Value>,
+    /// The action's `limits:` block as written (`memory_mb`, `cpu_secs`, `open_files`,
+    /// `output_kb`); what is unset takes the worker's defaults, and the worker caps each at its
+    /// maximum.
+    #[schema(value_type = Option<Object>)]
+    pub limits: Option<Value>,
     /// The action's circuit breaker (its `retry.circuit`, else the global one), once evaluated:
     /// `state` is `closed`, `open` (nothing of the action is dispatched until `open_until`) or
     /// `half_open` (one trial runs); null while it never was.
@@ -39,7 +44,7 @@ pub struct Action {
 
 const SELECT: &str = "SELECT a.id, a.ref, a.pack, p.ref AS pack_ref, p.path AS pack_path, a.name, \
     a.description, a.runtime, a.entrypoint, a.parameters, a.timeout_seconds, a.max_retries, \
-    a.retry_policy, a.http, \
+    a.retry_policy, a.http, a.limits, \
     (SELECT to_jsonb(c) - 'action' FROM action_circuit c WHERE c.action = a.id) AS circuit, \
     a.created, a.updated FROM action a JOIN pack p ON p.id = a.pack";
 
