@@ -73,6 +73,17 @@ async fn claim(pool: &PgPool, worker: i64) -> Vec<i64> {
 
 /// Runs `id` on `worker` and fails it as the action's own transient failure; returns its retry.
 async fn fail(pool: &PgPool, manager: &RetryManager, id: i64, worker: i64) -> Option<db::execution::Execution> {
+    fail_as(pool, manager, id, worker, FailureKind::TransientError).await
+}
+
+/// Runs `id` on `worker` and fails it with `kind`; returns its retry.
+async fn fail_as(
+    pool: &PgPool,
+    manager: &RetryManager,
+    id: i64,
+    worker: i64,
+    kind: FailureKind,
+) -> Option<db::execution::Execution> {
     sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
         .bind(id)
         .bind(worker)
@@ -80,8 +91,7 @@ async fn fail(pool: &PgPool, manager: &RetryManager, id: i64, worker: i64) -> Op
         .await
         .unwrap();
     let current = db::execution::get(pool, id).await.unwrap().unwrap();
-    let outcome =
-        Outcome { failure_kind: Some(FailureKind::TransientError), exit_code: Some(75), ..Default::default() };
+    let outcome = Outcome { failure_kind: Some(kind), exit_code: Some(75), ..Default::default() };
     let recorded = manager
         .record_failure(&current, ExecutionStatus::Failed, &[ExecutionStatus::Running], Some(worker), &outcome)
         .await
@@ -186,19 +196,7 @@ async fn failures_that_say_nothing_about_the_action_do_not_count() {
     let manager = RetryManager::new(pool.clone(), RetrySettings::default());
     for _ in 0..5 {
         let id = db::execution::insert(pool, &request(action)).await.unwrap().id;
-        sqlx::query("UPDATE execution SET status = 'running', worker = $2, started = now() WHERE id = $1")
-            .bind(id)
-            .bind(worker)
-            .execute(pool)
-            .await
-            .unwrap();
-        let current = db::execution::get(pool, id).await.unwrap().unwrap();
-        let outcome = Outcome { failure_kind: Some(FailureKind::WorkerHeartbeatStale), ..Default::default() };
-        manager
-            .record_failure(&current, ExecutionStatus::Failed, &[ExecutionStatus::Running], Some(worker), &outcome)
-            .await
-            .unwrap()
-            .unwrap();
+        fail_as(pool, &manager, id, worker, FailureKind::WorkerHeartbeatStale).await;
     }
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM action_circuit WHERE state <> 'closed'")
         .fetch_one(pool)
