@@ -249,7 +249,14 @@ impl System {
     /// Runs the `attune` CLI against this system (its API, token and database) and returns its
     /// stdout; panics unless it succeeds.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(workspace_binary("attune"))
+        let out = self.cli_output(args);
+        assert!(out.status.success(), "attune {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("the CLI writes UTF-8")
+    }
+
+    /// Runs the `attune` CLI against this system, succeeding or not.
+    pub fn cli_output(&self, args: &[&str]) -> std::process::Output {
+        Command::new(workspace_binary("attune"))
             .args(args)
             .env("ATTUNE_API_URL", &self.api_url)
             .env("ATTUNE_TOKEN", &self.token)
