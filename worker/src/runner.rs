@@ -144,6 +144,12 @@ pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
     if finished.timed_out {
         return failure(FailureKind::Timeout, "the action exceeded its timeout and was killed".into());
     }
+    // killed by its supervisor (or the kernel's backstop) for a limit, which the supervisor said
+    if finished.signal.is_some()
+        && let Some(report) = crate::supervise::LimitReport::find(&finished.stderr)
+    {
+        return failure(FailureKind::ResourceLimit, report.error());
+    }
     let says_transient =
         result.as_ref().and_then(|r| r.pointer("/attune/transient")).and_then(Value::as_bool) == Some(true);
     match (finished.exit_code, finished.signal) {
@@ -434,6 +440,8 @@ mod tests {
 
     #[test]
     fn classification_of_finished_processes() {
+        let limit_line =
+            format!("{}{{\"limit\":\"memory_mb\",\"value\":128,\"used\":140.2}}", crate::supervise::REPORT_PREFIX);
         let cases = [
             (exited(0, "hello\n"), ResultStatus::Completed, None),
             (exited(1, ""), ResultStatus::Failed, Some(FailureKind::ActionFailed)),
@@ -460,6 +468,17 @@ mod tests {
                 Finished { spawn_error: Some(StartFailure::Request("x".into())), ..Default::default() },
                 ResultStatus::Failed,
                 Some(FailureKind::InvalidParameters),
+            ),
+            (
+                Finished { signal: Some(9), stderr: format!("{limit_line}\n"), ..Default::default() },
+                ResultStatus::Failed,
+                Some(FailureKind::ResourceLimit),
+            ),
+            // a report line is believed only from a run that a signal ended
+            (
+                Finished { exit_code: Some(1), stderr: limit_line.clone(), ..Default::default() },
+                ResultStatus::Failed,
+                Some(FailureKind::ActionFailed),
             ),
         ];
         for (finished, status, kind) in cases {

@@ -1,53 +1,161 @@
 //! The supervisor between the worker and an action: a small process that owns the action's
-//! process group and takes it down when the worker dies.
+//! process group, holds it to its resource limits, and takes it down when the worker dies.
 //!
 //! A process group alone does not do it: the worker kills the group when an action ends, times
 //! out or is canceled, but a worker that is SIGKILLed, killed by the OOM killer or aborted by a
 //! panic kills nothing, and the action (with every grandchild it started) would run on outside
 //! the record while its execution is retried elsewhere. So the worker starts each action through
-//! its own binary in supervisor mode (`attune-worker supervise <worker pid> <program> <args>`):
+//! its own binary in supervisor mode
+//! (`attune-worker supervise <worker pid> [--memory-mb=N] [--cpu-secs=N] [--open-files=N] <program> <args>`):
 //!
 //! - the supervisor is the leader of a new process group, and the action and everything it starts
 //!   (unless it leaves the group on purpose, with `setsid`) belong to it;
 //! - it asks the kernel for a signal when its parent dies (`PR_SET_PDEATHSIG`), and also checks
-//!   its parent every 250 ms (the signal is tied to the thread that started it); when the worker
-//!   is gone it SIGKILLs the whole group, itself included: within about a quarter of a second;
+//!   its parent at every look, every 50 ms (the signal is tied to the thread that started it);
+//!   when the worker is gone it SIGKILLs the whole group, itself included;
 //! - otherwise it waits for the action and exits as the action did (the same code, or the same
 //!   signal), so the worker reads the action's status as if it had started it directly.
 //!
-//! A cgroup per action would also catch processes that leave the group with `setsid`; it needs a
-//! delegated cgroup hierarchy, which a worker running as an ordinary user rarely has.
+//! Limits (the action's `limits:`, filled and capped by the worker, see
+//! `attune_core::pack::LimitSettings`):
+//!
+//! - memory: every 50 ms the supervisor sums the resident memory (RSS, shared pages counted in
+//!   each process) of the processes in its group; past the limit it kills the group. The action's
+//!   process also gets `RLIMIT_AS` at twice the limit plus 1 GiB, a backstop for an allocation
+//!   faster than one look: it is address space, which programs reserve more of than they use, and
+//!   when it is hit the program's allocation fails (its own error, `action_failed`).
+//! - CPU time: the same look sums the CPU time of the group's processes (with the children they
+//!   reaped); past the limit it kills the group. `RLIMIT_CPU` one second later (SIGXCPU, then
+//!   SIGKILL a second after that) is the kernel's backstop, per process.
+//! - open files: `RLIMIT_NOFILE`, per process (never above the supervisor's own hard limit); an
+//!   open past it fails in the action (EMFILE), which fails with its own error (`action_failed`).
+//!
+//! The group is found by a scan of `/proc` every 250 ms (a new process is counted from the next
+//! scan on; the ones already found are read at every look), so a look costs a few reads.
+//!
+//! When it kills the group for a limit, the supervisor first writes one line on its stderr (the
+//! action's stderr pipe, which the worker reads): [`REPORT_PREFIX`] and a JSON [`LimitReport`],
+//! in one write. The worker takes a run that ended by a signal with such a line in its stderr
+//! for a `resource_limit` failure ([`LimitReport::find`]). The line is the simplest channel that
+//! needs no descriptor of its own: an action could print one too, but only to fail as
+//! `resource_limit` instead of `action_failed`, neither retried nor counted against the worker.
+//!
+//! A cgroup per action would also catch processes that leave the group with `setsid`, and count
+//! memory exactly; it needs a delegated cgroup hierarchy, which a worker running as an ordinary
+//! user rarely has.
 
-use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
+use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::time::Duration;
+
+use attune_common::config::{ConfigError, Source, parse, read, read_optional};
+use attune_core::pack::{LimitSettings, Limits};
+use serde::{Deserialize, Serialize};
 
 /// The first argument that starts the worker's binary as a supervisor.
 pub const MODE: &str = "supervise";
 
-/// How often the supervisor checks that its worker is alive, besides the parent-death signal.
-const PARENT_CHECK: Duration = Duration::from_millis(250);
+/// How often the supervisor looks at its worker (besides the parent-death signal), and at the
+/// group's memory and CPU time.
+const LOOK: Duration = Duration::from_millis(50);
+
+/// Every this many looks, the supervisor scans `/proc` for the processes of its group.
+const SCAN_EVERY: u32 = 5;
 
 /// Exit code when the action's program could not be started (as a shell would say).
 pub const CANNOT_START: i32 = 127;
 
+/// The start of the line a supervisor writes on stderr when it kills the group for a limit.
+pub const REPORT_PREFIX: &str = "attune-worker supervise: limit exceeded ";
+
 /// If this process was started as a supervisor, supervises and exits; otherwise returns.
 pub fn run_if_asked() {
     let mut args = std::env::args_os().skip(1);
-    if args.next().as_deref() != Some(std::ffi::OsStr::new(MODE)) {
+    if args.next().as_deref() != Some(OsStr::new(MODE)) {
         return;
     }
     let rest: Vec<OsString> = args.collect();
     std::process::exit(supervise(&rest));
 }
 
-/// `[worker pid, program, args...]`; returns the exit code (or never returns, when it re-raises
-/// the signal that killed the action, or kills its group).
+/// A worker's defaults and maximums for action limits, from its settings (`ATTUNE_ACTION_*`,
+/// `ATTUNE_WORKER_OUTPUT_LIMIT_BYTES`).
+pub fn limit_settings(source: &dyn Source) -> Result<LimitSettings, ConfigError> {
+    let optional = |name: &str| read_optional(source, name).map(|value| parse::<u64>(name, &value)).transpose();
+    Ok(LimitSettings {
+        memory_mb: read(source, "ATTUNE_ACTION_MEMORY_MB")?,
+        max_memory_mb: read(source, "ATTUNE_ACTION_MAX_MEMORY_MB")?,
+        cpu_secs: optional("ATTUNE_ACTION_CPU_SECS")?,
+        max_cpu_secs: optional("ATTUNE_ACTION_MAX_CPU_SECS")?,
+        open_files: read(source, "ATTUNE_ACTION_OPEN_FILES")?,
+        max_open_files: read(source, "ATTUNE_ACTION_MAX_OPEN_FILES")?,
+        output_bytes: read(source, "ATTUNE_WORKER_OUTPUT_LIMIT_BYTES")?,
+        max_output_bytes: read::<u64>(source, "ATTUNE_ACTION_MAX_OUTPUT_KB")?.saturating_mul(1024),
+    })
+}
+
+/// The limits in force for an action whose stored `limits:` block is `asked` (`action.limits`),
+/// under this worker's settings (read from its environment once), with `output_limit` (the
+/// worker's `ATTUNE_WORKER_OUTPUT_LIMIT_BYTES`) as the default output. A block that does not
+/// parse (stored by a newer version) is as none: the worker's defaults hold. The error names a
+/// setting that does not parse.
+pub fn limits_for(asked: Option<&serde_json::Value>, output_limit: usize) -> Result<Limits, String> {
+    static SETTINGS: std::sync::OnceLock<Result<LimitSettings, String>> = std::sync::OnceLock::new();
+    let settings = SETTINGS
+        .get_or_init(|| limit_settings(&attune_common::settings::Environment).map_err(|e| e.to_string()))
+        .clone()?;
+    let settings = LimitSettings { output_bytes: output_limit as u64, ..settings };
+    let asked = asked.and_then(|value| serde_json::from_value(value.clone()).ok());
+    Ok(settings.in_force(asked.as_ref()))
+}
+
+/// The supervisor's options for `limits` (what it enforces; the output limit is the worker's).
+pub fn limit_args(limits: &Limits) -> Vec<String> {
+    let mut args = vec![format!("--memory-mb={}", limits.memory_mb), format!("--open-files={}", limits.open_files)];
+    if let Some(secs) = limits.cpu_secs {
+        args.push(format!("--cpu-secs={secs}"));
+    }
+    args
+}
+
+/// What the supervisor holds the action to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Enforced {
+    memory_mb: Option<u64>,
+    cpu_secs: Option<u64>,
+    open_files: Option<u64>,
+}
+
+/// `[worker pid, options..., program, args...]`.
+fn parse_args(args: &[OsString]) -> Option<(i32, Enforced, &OsString, &[OsString])> {
+    let parent = args.first()?.to_str()?.parse::<i32>().ok()?;
+    let mut enforced = Enforced::default();
+    let mut rest = &args[1..];
+    while let Some(option) = rest.first().and_then(|a| a.to_str()).and_then(|a| a.strip_prefix("--")) {
+        let (name, value) = option.split_once('=')?;
+        let value = Some(value.parse::<u64>().ok().filter(|v| *v > 0)?);
+        match name {
+            "memory-mb" => enforced.memory_mb = value,
+            "cpu-secs" => enforced.cpu_secs = value,
+            "open-files" => enforced.open_files = value,
+            _ => return None,
+        }
+        rest = &rest[1..];
+    }
+    let (program, program_args) = rest.split_first()?;
+    Some((parent, enforced, program, program_args))
+}
+
+/// Returns the exit code (or never returns, when it re-raises the signal that killed the action,
+/// or kills its group).
 #[allow(unsafe_code)]
 fn supervise(args: &[OsString]) -> i32 {
-    let (Some(parent), Some(program)) = (args.first().and_then(|p| p.to_str()?.parse::<i32>().ok()), args.get(1))
-    else {
-        eprintln!("attune-worker {MODE}: usage: attune-worker {MODE} <worker pid> <program> [args...]");
+    let Some((parent, enforced, program, program_args)) = parse_args(args) else {
+        eprintln!(
+            "attune-worker {MODE}: usage: attune-worker {MODE} <worker pid> [--memory-mb=N] [--cpu-secs=N] \
+             [--open-files=N] <program> [args...]"
+        );
         return 2;
     };
     // SAFETY: sigset manipulation on a local set, sigprocmask and prctl on this process, and
@@ -66,15 +174,32 @@ fn supervise(args: &[OsString]) -> i32 {
         // the worker died before the signal was asked for: nothing was started
         return CANNOT_START;
     }
+    let rlimits = rlimits(&enforced);
+    let mut command = std::process::Command::new(program);
+    command.args(program_args);
+    // SAFETY: the closure runs in the forked child before exec and calls only setrlimit, which
+    // is async-signal-safe, on values computed before the fork; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            for (resource, limit) in &rlimits {
+                if libc::setrlimit(*resource, limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
     // std resets the signal mask and dispositions in the child before it runs the program
-    let mut child = match std::process::Command::new(program).args(&args[2..]).spawn() {
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             eprintln!("attune-worker: could not start {}: {e}", program.to_string_lossy());
             return CANNOT_START;
         }
     };
-    let timeout = libc::timespec { tv_sec: 0, tv_nsec: PARENT_CHECK.as_nanos() as libc::c_long };
+    let timeout = libc::timespec { tv_sec: 0, tv_nsec: LOOK.as_nanos() as libc::c_long };
+    let mut group = Group::default();
+    let mut looks: u32 = 0;
     loop {
         // SAFETY: waits for one of the blocked signals in `watched`; the info struct is local.
         let signal = unsafe {
@@ -87,14 +212,193 @@ fn supervise(args: &[OsString]) -> i32 {
             kill_group();
         }
         match child.try_wait() {
-            Ok(Some(status)) => return mirror(status),
+            Ok(Some(status)) => {
+                if let (Some(libc::SIGXCPU), Some(secs)) = (status.signal(), enforced.cpu_secs) {
+                    // the kernel's backstop stopped it before a look did
+                    report(&LimitReport {
+                        limit: LimitKind::CpuSecs,
+                        value: secs,
+                        used: group.cpu_secs.max(secs as f64),
+                    });
+                }
+                return mirror(status);
+            }
             Ok(None) => {}
             Err(e) => {
                 eprintln!("attune-worker {MODE}: lost the action: {e}");
                 kill_group();
             }
         }
+        if enforced.memory_mb.is_some() || enforced.cpu_secs.is_some() {
+            group.look(looks % SCAN_EVERY == 0);
+            looks = looks.wrapping_add(1);
+            if let Some(exceeded) = exceeded(&enforced, &group) {
+                report(&exceeded);
+                kill_group();
+            }
+        }
     }
+}
+
+/// The rlimits the action's process starts with: the backstops for memory and CPU time (see the
+/// module's comment) and the open files, each at most the supervisor's own hard limit (which an
+/// ordinary user cannot raise).
+#[allow(unsafe_code)]
+fn rlimits(enforced: &Enforced) -> Vec<(libc::__rlimit_resource_t, libc::rlimit)> {
+    const MIB: u64 = 1 << 20;
+    let wanted = [
+        (libc::RLIMIT_AS, enforced.memory_mb.map(|mb| (mb.saturating_mul(2 * MIB).saturating_add(1024 * MIB), 0))),
+        (libc::RLIMIT_CPU, enforced.cpu_secs.map(|secs| (secs.saturating_add(1), 1))),
+        (libc::RLIMIT_NOFILE, enforced.open_files.map(|files| (files, 0))),
+    ];
+    let mut limits = Vec::new();
+    for (resource, value) in wanted {
+        let Some((soft, hard_margin)) = value else { continue };
+        // SAFETY: getrlimit writes into a local struct.
+        let current = unsafe {
+            let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            libc::getrlimit(resource, &mut current);
+            current
+        };
+        let soft = soft.min(current.rlim_max);
+        let hard = soft.saturating_add(hard_margin).min(current.rlim_max);
+        limits.push((resource, libc::rlimit { rlim_cur: soft, rlim_max: hard }));
+    }
+    limits
+}
+
+/// The processes of the supervisor's group (itself excepted) and what they took at the last look.
+#[derive(Debug, Default)]
+struct Group {
+    members: Vec<i32>,
+    resident_bytes: u64,
+    cpu_secs: f64,
+}
+
+impl Group {
+    /// Reads the members' memory and CPU time; with `scan`, finds the members anew in `/proc`.
+    fn look(&mut self, scan: bool) {
+        let me = std::process::id() as i32;
+        if scan {
+            self.members = std::fs::read_dir("/proc")
+                .map(|dir| dir.flatten().filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok()).collect())
+                .unwrap_or_default();
+        }
+        let (page, tick) = units();
+        let (mut pages, mut ticks) = (0u64, 0u64);
+        self.members.retain(|pid| {
+            let Some(stat) = (*pid != me).then(|| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()).flatten()
+            else {
+                return false;
+            };
+            match parse_stat(&stat) {
+                Some(sample) if sample.group == me => {
+                    pages += sample.resident_pages;
+                    ticks += sample.cpu_ticks;
+                    true
+                }
+                _ => false,
+            }
+        });
+        self.resident_bytes = pages.saturating_mul(page);
+        self.cpu_secs = ticks as f64 / tick as f64;
+    }
+}
+
+/// The page size and the clock ticks per second `/proc/<pid>/stat` counts in.
+#[allow(unsafe_code)]
+fn units() -> (u64, u64) {
+    // SAFETY: sysconf has no preconditions.
+    let (page, tick) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_CLK_TCK)) };
+    (u64::try_from(page).unwrap_or(4096).max(1), u64::try_from(tick).unwrap_or(100).max(1))
+}
+
+/// One process, from its `/proc/<pid>/stat` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sample {
+    /// Its process group.
+    group: i32,
+    resident_pages: u64,
+    /// User and system time, its own and its reaped children's, in clock ticks.
+    cpu_ticks: u64,
+}
+
+/// `pid (comm) state ppid pgrp ...`: the command may hold spaces and parentheses, so the fields
+/// are counted from the last `)` (state is field 3; pgrp 5, utime 14, stime 15, cutime 16,
+/// cstime 17, rss 24; proc(5)).
+fn parse_stat(stat: &str) -> Option<Sample> {
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<i64>().ok();
+    let cpu: i64 = [14, 15, 16, 17].into_iter().map(field).sum::<Option<i64>>()?;
+    Some(Sample {
+        group: i32::try_from(field(5)?).ok()?,
+        resident_pages: u64::try_from(field(24)?).unwrap_or(0),
+        cpu_ticks: u64::try_from(cpu).unwrap_or(0),
+    })
+}
+
+/// The limit the group passed at its last look, if any.
+fn exceeded(enforced: &Enforced, group: &Group) -> Option<LimitReport> {
+    if let Some(mb) = enforced.memory_mb
+        && group.resident_bytes > mb.saturating_mul(1 << 20)
+    {
+        return Some(LimitReport {
+            limit: LimitKind::MemoryMb,
+            value: mb,
+            used: group.resident_bytes as f64 / (1 << 20) as f64,
+        });
+    }
+    if let Some(secs) = enforced.cpu_secs
+        && group.cpu_secs >= secs as f64
+    {
+        return Some(LimitReport { limit: LimitKind::CpuSecs, value: secs, used: group.cpu_secs });
+    }
+    None
+}
+
+/// Which limit a run passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitKind {
+    MemoryMb,
+    CpuSecs,
+}
+
+/// What the supervisor says when it kills the group for a limit: the limit, its value (MiB or
+/// seconds) and what the group had taken (the same unit).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LimitReport {
+    pub limit: LimitKind,
+    pub value: u64,
+    pub used: f64,
+}
+
+impl LimitReport {
+    /// The last report line in an action's stderr, if there is one.
+    pub fn find(stderr: &str) -> Option<LimitReport> {
+        stderr.lines().rev().find_map(|line| serde_json::from_str(line.strip_prefix(REPORT_PREFIX)?).ok())
+    }
+
+    /// The execution's error.
+    pub fn error(&self) -> String {
+        match self.limit {
+            LimitKind::MemoryMb => format!(
+                "memory limit {} MiB exceeded (resident {} MiB); the action's processes were killed",
+                self.value,
+                self.used.ceil() as u64
+            ),
+            LimitKind::CpuSecs => format!(
+                "cpu time limit {} s exceeded (used {:.2} s); the action's processes were killed",
+                self.value, self.used
+            ),
+        }
+    }
+}
+
+/// Writes the report line on stderr in one write (a pipe keeps a write this short whole).
+fn report(report: &LimitReport) {
+    let line = format!("\n{REPORT_PREFIX}{}\n", serde_json::to_string(report).expect("a report serializes"));
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Whether the worker is still this process's parent (after its death the process is adopted by
@@ -136,4 +440,113 @@ fn mirror(status: std::process::ExitStatus) -> i32 {
         libc::raise(signal);
     }
     128 + signal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attune_common::settings::{Defaults, Vars};
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn the_options_come_between_the_worker_pid_and_the_program() {
+        let args = os(&["42", "--memory-mb=128", "--cpu-secs=1", "--open-files=16", "/usr/bin/python3", "--x=1"]);
+        let (parent, enforced, program, rest) = parse_args(&args).unwrap();
+        assert_eq!((parent, program.to_str(), rest), (42, Some("/usr/bin/python3"), &os(&["--x=1"])[..]));
+        assert_eq!(enforced, Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16) });
+        let plain = os(&["42", "/bin/sh", "run.sh"]);
+        let (_, enforced, program, _) = parse_args(&plain).unwrap();
+        assert_eq!((enforced, program.to_str()), (Enforced::default(), Some("/bin/sh")));
+        for bad in [&["x", "/bin/sh"][..], &["42"], &["42", "--memory-mb=0", "/bin/sh"], &["42", "--swap=1", "/bin/sh"]]
+        {
+            assert_eq!(parse_args(&os(bad)), None, "{bad:?}");
+        }
+        let limits = Limits { memory_mb: 128, cpu_secs: Some(1), open_files: 16, output_bytes: 1024 };
+        let mut args = vec!["42".to_string()];
+        args.extend(limit_args(&limits));
+        args.push("/bin/sh".into());
+        let args: Vec<OsString> = args.into_iter().map(OsString::from).collect();
+        assert_eq!(
+            parse_args(&args).unwrap().1,
+            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16) }
+        );
+    }
+
+    #[test]
+    fn a_report_line_is_found_in_stderr_and_names_the_limit() {
+        let memory = LimitReport { limit: LimitKind::MemoryMb, value: 256, used: 256.3 };
+        let cpu = LimitReport { limit: LimitKind::CpuSecs, value: 1, used: 1.004 };
+        let line = |r: &LimitReport| format!("{REPORT_PREFIX}{}", serde_json::to_string(r).unwrap());
+        assert_eq!(line(&memory), format!("{REPORT_PREFIX}{{\"limit\":\"memory_mb\",\"value\":256,\"used\":256.3}}"));
+        let stderr = format!("Traceback ...\n{}\nlate output of a dying child\n", line(&memory));
+        assert_eq!(LimitReport::find(&stderr), Some(memory));
+        assert_eq!(LimitReport::find(&format!("{}\n{}", line(&memory), line(&cpu))), Some(cpu), "the last one");
+        for none in
+            ["", "plain stderr\n", "attune-worker supervise: limit exceeded {oops}\n", "  {\"limit\":\"memory_mb\"}"]
+        {
+            assert_eq!(LimitReport::find(none), None, "{none}");
+        }
+        assert_eq!(
+            memory.error(),
+            "memory limit 256 MiB exceeded (resident 257 MiB); the action's processes were killed"
+        );
+        assert_eq!(cpu.error(), "cpu time limit 1 s exceeded (used 1.00 s); the action's processes were killed");
+    }
+
+    #[test]
+    fn a_stat_line_gives_group_memory_and_cpu_time() {
+        let stat = "4242 (a (weird) name) S 1 4200 4200 0 -1 4194560 100 0 0 0 150 50 7 3 20 0 1 0 \
+                    1000 300000000 2560 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
+        assert_eq!(parse_stat(stat), Some(Sample { group: 4200, resident_pages: 2560, cpu_ticks: 210 }));
+        assert_eq!(parse_stat("4242 (sh) S 1"), None);
+        let mine = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(parse_stat(&mine).unwrap().resident_pages > 0, "{mine}");
+    }
+
+    #[test]
+    fn the_first_limit_passed_is_reported() {
+        let enforced = Enforced { memory_mb: Some(100), cpu_secs: Some(2), open_files: None };
+        let group = |mb: u64, secs: f64| Group { members: vec![], resident_bytes: mb << 20, cpu_secs: secs };
+        assert_eq!(exceeded(&enforced, &group(100, 1.99)), None, "at the limit is within it");
+        assert_eq!(exceeded(&enforced, &group(101, 1.0)).unwrap().limit, LimitKind::MemoryMb);
+        assert_eq!(exceeded(&enforced, &group(10, 2.0)).unwrap().limit, LimitKind::CpuSecs);
+        assert_eq!(exceeded(&Enforced::default(), &group(1 << 20, 1e9)), None);
+    }
+
+    #[test]
+    fn the_settings_default_and_parse() {
+        let defaults = limit_settings(&Defaults).unwrap();
+        assert_eq!(
+            defaults,
+            LimitSettings {
+                memory_mb: 1024,
+                max_memory_mb: 4096,
+                cpu_secs: None,
+                max_cpu_secs: None,
+                open_files: 1024,
+                max_open_files: 65536,
+                output_bytes: 65536,
+                max_output_bytes: 1 << 20,
+            }
+        );
+        let set =
+            limit_settings(&Vars(&[("ATTUNE_ACTION_CPU_SECS", "60"), ("ATTUNE_ACTION_MAX_CPU_SECS", "600")])).unwrap();
+        assert_eq!((set.cpu_secs, set.max_cpu_secs), (Some(60), Some(600)));
+        let err = limit_settings(&Vars(&[("ATTUNE_ACTION_MEMORY_MB", "lots")])).unwrap_err();
+        assert!(err.to_string().contains("ATTUNE_ACTION_MEMORY_MB"), "{err}");
+    }
+
+    #[test]
+    fn the_backstops_sit_above_the_limits() {
+        let limits = rlimits(&Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16) });
+        let of = |resource| limits.iter().find(|(r, _)| *r == resource).map(|(_, l)| (l.rlim_cur, l.rlim_max));
+        // (the test's own hard limits are far above these)
+        assert_eq!(of(libc::RLIMIT_AS), Some(((256 + 1024) << 20, (256 + 1024) << 20)));
+        assert_eq!(of(libc::RLIMIT_CPU), Some((2, 3)), "SIGXCPU a second past the limit, SIGKILL one more");
+        assert_eq!(of(libc::RLIMIT_NOFILE), Some((16, 16)));
+        assert!(rlimits(&Enforced::default()).is_empty());
+    }
 }
