@@ -37,12 +37,23 @@ impl ApiError {
             "execution" => "execution_not_found",
             "action" => "action_not_found",
             "pack" => "pack_not_found",
+            "token" => "token_not_found",
             _ => "not_found",
         };
         Self::new(StatusCode::NOT_FOUND, code, message)
     }
     pub fn unauthorized(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+    /// A call beyond the caller's role: 403 `forbidden`, naming the role it needs
+    /// (`required_role`) and the caller's (`role`).
+    pub fn forbidden(required: attune_common::db::token::Role, role: attune_common::db::token::Role) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this call needs the role {required} (or above); the token's role is {role}"),
+        )
+        .with_extra(json!({"required_role": required, "role": role}))
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)

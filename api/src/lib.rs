@@ -8,6 +8,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod error;
 pub mod openapi;
+pub mod roles;
 pub mod routes;
 
 use std::net::SocketAddr;
@@ -82,7 +83,10 @@ pub type State = Arc<AppState>;
 /// The router and the OpenAPI document describing it (as served, JSON).
 pub fn router_and_openapi(state: State) -> (Router<State>, serde_json::Value) {
     use utoipa::OpenApi;
-    let api = routes::api_routes().layer(axum::middleware::from_fn_with_state(state, auth::require_token));
+    // the token is verified first (the outer layer), then its role checked against the route's
+    let api = routes::api_routes()
+        .layer(axum::middleware::from_fn(roles::enforce))
+        .layer(axum::middleware::from_fn_with_state(state, auth::require_token));
     let (router, mut document) = utoipa_axum::router::OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .nest("/api/v1", api)
         .merge(routes::probe_routes())

@@ -18,7 +18,7 @@ pub struct ErrorDetail {
     /// `unsupported_media_type`, `payload_too_large`, `method_not_allowed`, `not_found`,
     /// `execution_not_found`, `action_not_found`, `pack_not_found`, `already_retried`,
     /// `not_terminal`, `already_finished`, `not_stuck`, `idempotency_key_reused`, `invalid_pack`,
-    /// `unavailable`, `internal`.
+    /// `forbidden`, `token_not_found`, `own_token`, `unavailable`, `internal`.
     pub code: String,
     pub message: String,
     /// The request parameter that was wrong (`parameters.message`, `status`, `config.retry_of`,
@@ -28,6 +28,10 @@ pub struct ErrorDetail {
     pub retry_execution: Option<i64>,
     /// With `idempotency_key_reused`: the execution the key's first request created.
     pub execution_id: Option<i64>,
+    /// With `forbidden`: the least role the call needs.
+    pub required_role: Option<attune_common::db::token::Role>,
+    /// With `forbidden`: the role of the request's token.
+    pub role: Option<attune_common::db::token::Role>,
 }
 
 #[derive(OpenApi)]
@@ -39,14 +43,16 @@ pub struct ErrorDetail {
 )]
 pub struct ApiDoc;
 
-/// Documents the answers every route can give besides its own: 401 on `/api/v1` (no, a malformed
-/// or an unknown token), 400 where a path or query parameter can fail to parse (or an unknown
+/// Documents the answers every route can give besides its own: 401 on `/api/v1` (no, a malformed,
+/// an unknown, a revoked or an expired token), 403 where the route needs more than the `read`
+/// role (`roles::REQUIRED`), 400 where a path or query parameter can fail to parse (or an unknown
 /// query parameter is sent) or a body is not JSON, 415 and 413 where a body is read, 422 where a
 /// body can fail its schema. All in the one error shape, so that the document lists every status
 /// the server can answer with (the framework's own rejections go through `ApiError`).
 pub fn document_rejections(openapi: &mut utoipa::openapi::OpenApi) {
+    use attune_common::db::token::Role;
     use utoipa::openapi::path::Operation;
-    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
     let error = |description: &str| {
         ResponseBuilder::new()
             .description(description)
@@ -54,13 +60,40 @@ pub fn document_rejections(openapi: &mut utoipa::openapi::OpenApi) {
             .build()
     };
     for (path, item) in openapi.paths.paths.iter_mut() {
-        let operations: [&mut Option<Operation>; 4] = [&mut item.get, &mut item.post, &mut item.put, &mut item.delete];
-        for operation in operations.into_iter().flatten() {
+        use axum::http::Method;
+        let operations: [(Method, &mut Option<Operation>); 4] = [
+            (Method::GET, &mut item.get),
+            (Method::POST, &mut item.post),
+            (Method::PUT, &mut item.put),
+            (Method::DELETE, &mut item.delete),
+        ];
+        for (method, operation) in operations {
+            let Some(operation) = operation else { continue };
+            if path.starts_with("/api/v1") {
+                let needed = crate::roles::required(&method, path);
+                if needed > Role::Read {
+                    let forbidden = format!(
+                        "`forbidden`: the token's role is below {needed}, the least role this call needs (`required_role`; the token's is `role`)"
+                    );
+                    match operation.responses.responses.get_mut("403") {
+                        // the route's own 403 (a pack outside the packs directory) and this one
+                        Some(RefOr::T(response)) => {
+                            response.description = format!("{}; or {forbidden}", response.description)
+                        }
+                        _ => {
+                            operation.responses.responses.insert("403".to_string(), error(&forbidden).into());
+                        }
+                    }
+                }
+            }
             let mut add = |status: &str, description: &str| {
                 operation.responses.responses.entry(status.to_string()).or_insert_with(|| error(description).into());
             };
             if path.starts_with("/api/v1") {
-                add("401", "No bearer token, a malformed one, or one that is unknown or revoked");
+                add(
+                    "401",
+                    "No bearer token, a malformed one, or one that is unknown, revoked or expired (`token expired`)",
+                );
             }
             let has_parameters = operation.parameters.as_ref().is_some_and(|p| !p.is_empty());
             let has_body = operation.request_body.is_some();

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use crate::client::Client;
 use crate::output::{self, text};
-use crate::{Cli, Command, ExecutionCommand, Output, PackCommand, TokenCommand, WorkerCommand};
+use crate::{Cli, Command, ExecutionCommand, Output, PackCommand, WorkerCommand};
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
     match output {
@@ -29,19 +29,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let out = cli.output;
     match cli.command {
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
-        Command::Token(TokenCommand::Create { name }) => {
-            let url: String = attune_common::settings::get("DATABASE_URL")?;
-            let pool = attune_common::db::connect(&url, 1, Duration::from_secs(10))
-                .await
-                .with_context(|| "cannot connect to the database (DATABASE_URL)")?;
-            attune_common::db::migrate(&pool).await?;
-            let token = attune_common::db::token::create(&pool, &name).await?;
-            match out {
-                Output::Json => println!("{}", json!({"name": name, "token": token})),
-                Output::Table => println!("{token}"),
-            }
-            Ok(0)
-        }
+        Command::Token(command) => crate::tokens::run(command, out).await,
         Command::Pack(PackCommand::Register { path, force }) => {
             let path =
                 std::fs::canonicalize(&path).with_context(|| format!("pack directory {} not found", path.display()))?;

@@ -1,6 +1,7 @@
 //! `attune`: the command line for API clients and operators.
 
 mod commands;
+mod tokens;
 mod up;
 
 use attune_cli::{client, output};
@@ -97,7 +98,7 @@ pub enum Command {
     /// Register packs
     #[command(subcommand)]
     Pack(PackCommand),
-    /// Manage API tokens (talks to the database directly: DATABASE_URL)
+    /// Manage API tokens and their roles (talks to the database directly: DATABASE_URL)
     #[command(subcommand)]
     Token(TokenCommand),
 }
@@ -168,11 +169,30 @@ pub enum PackCommand {
 
 #[derive(Subcommand)]
 pub enum TokenCommand {
-    /// Create a token and print it alone on stdout
+    /// Create a token and print it alone on stdout (it is shown this once)
     Create {
         #[arg(long)]
         name: String,
+        /// What it may do: read (every GET but the token list), operator (also submit, retry,
+        /// cancel and fail executions) or admin (also register packs and manage tokens)
+        #[arg(long, default_value = "admin", value_parser = parse_role)]
+        role: attune_common::db::token::Role,
+        /// Make it expire after this long: a number and a unit, s, m, h, d or w (30d, 12h);
+        /// without it, it never expires
+        #[arg(long, value_name = "DURATION", value_parser = tokens::parse_lifetime)]
+        expires_in: Option<chrono::Duration>,
     },
+    /// List the tokens: id, name, role, created, expires, revoked (never the tokens themselves)
+    List,
+    /// Revoke a token by its id (digits) or name (a name several live tokens share is refused)
+    Revoke {
+        #[arg(value_name = "NAME-OR-ID")]
+        token: String,
+    },
+}
+
+fn parse_role(text: &str) -> Result<attune_common::db::token::Role, String> {
+    text.parse().map_err(|e: attune_common::db::token::UnknownRole| e.to_string())
 }
 
 fn main() {

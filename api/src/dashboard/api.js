@@ -1,6 +1,7 @@
 // attune dashboard: the JSON API client. Every call carries `Authorization: Bearer <token>` from
 // sessionStorage; a 401 clears the token and returns to the login form with the API's message.
-// Also the error box and the poller the live pages refresh with.
+// Also who the token is (`whoami`: its name and role, so pages hide what the role may not do),
+// the error box and the poller the live pages refresh with.
 
 import { el, main } from './dom.js';
 
@@ -63,6 +64,24 @@ export async function api(method, path, body) {
     }
     throw error;
   }
+}
+
+let me = null;
+
+/** The caller's token as `GET /api/v1/whoami` tells it (`{token_id, name, role}`), read once a page. */
+export function whoami() {
+  if (!me) {
+    me = api('GET', '/api/v1/whoami').catch((error) => {
+      me = null; // asked again next time
+      throw error;
+    });
+  }
+  return me;
+}
+
+/** Whether `role` may submit, retry, cancel and fail executions (the API's roles table decides). */
+export function mayOperate(role) {
+  return role === 'operator' || role === 'admin';
 }
 
 export function toLogin(message) {

@@ -1,9 +1,10 @@
 // attune dashboard: the executions list (status, action and time filters, pagination) and one
 // execution's page: its details, parameters, result and output, its whole retry chain as a
-// timeline, and the Retry and Cancel buttons, which call the API and show what it answers.
+// timeline, and the Retry and Cancel buttons, which call the API and show what it answers (shown
+// only to a token whose role may use them: operator or admin).
 
 import { STATUSES, between, circuitBadge, el, fill, formatSeconds, formatTime, isTerminal, render, select, statusBadge } from './dom.js';
-import { LeftPage, api, errorBox, poll } from './api.js';
+import { LeftPage, api, errorBox, mayOperate, poll, whoami } from './api.js';
 
 const EXECUTION_POLL_MS = 2000;
 
@@ -98,7 +99,8 @@ function pager(page, params, bounds) {
   return el('div', { class: 'pager' },
     page.offset > 0 ? link(Math.max(0, page.offset - page.limit), '← newer', 'page-prev') : null,
     el('span', { id: 'page-range' }, `${first}–${last} of ${page.total}`),
-    last < page.total ? link(page.offset + page.limit, 'older →', 'page-next') : null);
+    // a page the byte budget cut short says where the next starts
+    page.next_offset !== null && page.next_offset !== undefined ? link(page.next_offset, 'older →', 'page-next') : null);
 }
 
 export function executionPage(id) {
@@ -112,16 +114,17 @@ export function executionPage(id) {
   // survives re-rendering: a cancel armed by a first click is confirmed by the second
   const ui = { cancelArmed: false, cancelTimer: null };
   const load = async (gen) => {
-    const [execution, chain, names] = await Promise.all([api('GET', `/api/v1/executions/${id}`),
-      api('GET', `/api/v1/executions/${id}/chain`), workerNames()]);
+    const [execution, chain, names, me] = await Promise.all([api('GET', `/api/v1/executions/${id}`),
+      api('GET', `/api/v1/executions/${id}/chain`), workerNames(), whoami()]);
     // the action's circuit breaker (gone with a removed action: no badge then)
     const action = await api('GET', `/api/v1/actions/${encodeURIComponent(execution.action_ref)}`).catch(() => null);
     if (gen !== generation) throw new LeftPage();
     // re-render only what changed, so a button is not replaced under the user's pointer
-    const key = JSON.stringify([execution, chain, [...names], action && action.circuit]);
+    const key = JSON.stringify([execution, chain, [...names], action && action.circuit, me.role]);
     if (key !== shown) {
       shown = key;
-      fill(body, executionView(execution, chain, names, { retry, cancel, ui }, action));
+      const operate = mayOperate(me.role);
+      fill(body, executionView(execution, chain, names, { retry, cancel, ui, operate }, action));
     }
     return chain.attempts.every((a) => isTerminal(a.status)) && isTerminal(execution.status);
   };
@@ -191,6 +194,8 @@ function executionView(e, chain, names, actions, action) {
     action && (action.circuit || (action.retry_policy && action.retry_policy.circuit))
       ? fact('circuit', circuitBadge(action.circuit)) : null,
     fact('worker', workerLabel(names, e.worker)),
+    fact('submitted by', tokenLabel(e.submitted_by_name, e.submitted_by)),
+    e.ended_by !== null && e.ended_by !== undefined ? fact('ended by', tokenLabel(e.ended_by_name, e.ended_by)) : null,
     fact('attempt', `${e.retry_count} (max retries ${e.max_retries < 0 ? 'unlimited' : e.max_retries ?? 0})`),
     e.retry_decision ? fact('retry decision', decisionText(e.retry_decision)) : null,
     fact('retry reason', e.retry_reason || '—'),
@@ -204,7 +209,7 @@ function executionView(e, chain, names, actions, action) {
   return [
     el('div', { class: 'title' },
       el('h1', {}, `Execution #${e.id}`, el('span', { class: 'muted' }, ` ${e.action_ref}`)),
-      statusBadge(e.status), el('span', { class: 'spacer' }), retryButton, cancelButton),
+      statusBadge(e.status), el('span', { class: 'spacer' }), actions.operate ? [retryButton, cancelButton] : null),
     el('div', { class: 'columns' },
       el('section', {}, el('h2', {}, 'Details'), facts),
       el('section', {}, el('h2', {}, `Retry chain (${chain.attempts.length} attempt${chain.attempts.length === 1 ? '' : 's'})`),
@@ -214,6 +219,12 @@ function executionView(e, chain, names, actions, action) {
     block('stdout', 'stdout', e.stdout),
     block('stderr', 'stderr', e.stderr),
   ];
+}
+
+// an API token as the execution names it: its name and id ("—" when no token asked)
+function tokenLabel(name, id) {
+  if (id === null || id === undefined) return '—';
+  return name ? `${name} (token #${id})` : `token #${id}`;
 }
 
 // what the RetryManager decided for a failed attempt (its reason names the rule that matched)

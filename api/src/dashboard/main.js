@@ -1,7 +1,7 @@
 // attune dashboard: the entry point. Picks the page for the current /ui path; every page other
 // than the login form needs a token in the browser session.
 
-import { TOKEN_KEY, toLogin } from './api.js';
+import { LeftPage, TOKEN_KEY, toLogin, whoami } from './api.js';
 import { loginPage } from './login.js';
 import { workersPage } from './workers.js';
 import { executionPage, executionsPage } from './executions.js';
@@ -21,6 +21,11 @@ function route() {
   document.getElementById('logout').addEventListener('click', () => {
     sessionStorage.removeItem(TOKEN_KEY);
     location.assign('/ui/login');
+  });
+  whoami().then((me) => {
+    document.getElementById('whoami').textContent = `${me.name} (${me.role})`;
+  }).catch((error) => {
+    if (!(error instanceof LeftPage)) console.warn('whoami', error);
   });
   const section = path.split('/')[2] || 'workers';
   document.querySelector(`[data-nav="${section}"]`)?.classList.add('active');

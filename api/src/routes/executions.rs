@@ -61,7 +61,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let Some(key) = idempotency::key(&headers)? else {
         let new = plan(&state, body).await?;
-        let execution = insert(&state, &state.db, &new).await?;
+        let execution = insert(&state, &state.db, &new, caller.token_id).await?;
         announce(&state, &execution).await;
         return Ok((StatusCode::CREATED, Json(execution)));
     };
@@ -117,10 +117,16 @@ async fn plan(state: &crate::AppState, body: CreateExecution) -> Result<NewExecu
     })
 }
 
-/// Inserts a planned execution. A manual retry that another retry of the same execution beat
-/// (the unique index on `original_execution`) is a 409 naming that retry.
-async fn insert(state: &crate::AppState, db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, ApiError> {
-    match db::execution::insert(db, new).await {
+/// Inserts a planned execution, submitted by the token `submitted_by`. A manual retry that another
+/// retry of the same execution beat (the unique index on `original_execution`) is a 409 naming
+/// that retry.
+async fn insert(
+    state: &crate::AppState,
+    db: impl PgExecutor<'_>,
+    new: &NewExecution,
+    submitted_by: i64,
+) -> Result<Execution, ApiError> {
+    match db::execution::insert_submitted(db, new, Some(submitted_by)).await {
         Ok(execution) => Ok(execution),
         Err(sqlx::Error::Database(e)) if e.constraint() == Some("execution_one_retry_per_parent") => {
             let parent = new.original_execution.unwrap_or_default();
@@ -162,11 +168,16 @@ fn within_limits(state: &crate::AppState, resolved: &Map<String, Value>) -> Resu
     })
 }
 
-/// An execution with where its retry chain goes next.
+/// An execution with where its retry chain goes next, and the names of the tokens that submitted
+/// and ended it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ExecutionView {
     #[serde(flatten)]
     pub execution: Execution,
+    /// The name of the token `submitted_by` names.
+    pub submitted_by_name: Option<String>,
+    /// The name of the token `ended_by` names.
+    pub ended_by_name: Option<String>,
     /// The execution that retries this one, if any.
     pub retried_by: Option<i64>,
     /// When the next attempt runs, while a retry is waiting out its backoff.
@@ -194,7 +205,16 @@ pub async fn get(
         (Some(retry), _) if retry.status == ExecutionStatus::Delayed => retry.not_before,
         _ => None,
     };
-    Ok(Json(ExecutionView { retried_by: retry.map(|r| r.id), next_attempt_at, execution }))
+    let tokens: Vec<i64> = [execution.submitted_by, execution.ended_by].into_iter().flatten().collect();
+    let names = if tokens.is_empty() { Vec::new() } else { db::token::names(&state.db, &tokens).await? };
+    let name_of = |token: Option<i64>| names.iter().find(|(id, _)| Some(*id) == token).map(|(_, name)| name.clone());
+    Ok(Json(ExecutionView {
+        retried_by: retry.map(|r| r.id),
+        next_attempt_at,
+        submitted_by_name: name_of(execution.submitted_by),
+        ended_by_name: name_of(execution.ended_by),
+        execution,
+    }))
 }
 
 /// One attempt of a retry chain, with the timing between it and the attempt it retries.
@@ -261,6 +281,7 @@ pub struct RetryBody {
         (status = 422, description = "A parameter is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn retry(
     State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
     id: Result<Path<i64>, PathRejection>,
     body: Result<Option<Json<Value>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
@@ -281,7 +302,7 @@ pub async fn retry(
     };
     let request = ManualRetry { parent, action_ref: None, parameters, config: Map::new() };
     let new = plan_manual_retry(&state, request).await?;
-    let execution = insert(&state, &state.db, &new).await?;
+    let execution = insert(&state, &state.db, &new, caller.token_id).await?;
     announce(&state, &execution).await;
     Ok((StatusCode::CREATED, Json(execution)))
 }
@@ -357,22 +378,26 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
         (status = 409, description = "Already finished", body = crate::openapi::ErrorBody),))]
 pub async fn cancel(
     State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Execution>, ApiError> {
     let Path(id) = id?;
+    let by = caller.token_id;
     let (canceled, was) =
-        end_by_hand(&state, id, FailureKind::Canceled, "canceled by a client".into(), "canceled", |_| Ok(())).await?;
-    tracing::info!(execution_id = id, %was, "execution canceled");
+        end_by_hand(&state, id, by, FailureKind::Canceled, "canceled by a client".into(), "canceled", |_| Ok(()))
+            .await?;
+    tracing::info!(execution_id = id, %was, token_id = by, "execution canceled");
     Ok(Json(canceled))
 }
 
-/// Ends an unfinished execution by hand (a cancel, an operator's fail): `check` sees it first,
-/// then the guarded transition to the status of `kind` (`canceled`, else `failed`) records
-/// `kind` and `error`, and the worker the changed row names is told to stop. Returns the ended
-/// row and the status it had.
+/// Ends an unfinished execution by hand (a cancel, an operator's fail) for the token `by`: `check`
+/// sees it first, then the guarded transition to the status of `kind` (`canceled`, else `failed`)
+/// records `kind` and `error`, and `ended_by` in the same transaction, and the worker the changed
+/// row names is told to stop. Returns the ended row and the status it had.
 async fn end_by_hand(
     state: &crate::AppState,
     id: i64,
+    by: i64,
     kind: FailureKind,
     error: String,
     done: &str,
@@ -390,7 +415,9 @@ async fn end_by_hand(
     let to = if kind == FailureKind::Canceled { ExecutionStatus::Canceled } else { ExecutionStatus::Failed };
     let outcome = db::execution::Outcome { failure_kind: Some(kind), error: Some(error), ..Default::default() };
     let transition = db::execution::Transition::to(to).outcome(&outcome);
-    let Some(ended) = db::execution::transition(&state.db, id, &transition).await? else {
+    let mut transaction = state.db.begin().await?;
+    let Some(mut ended) = db::execution::transition(&mut *transaction, id, &transition).await? else {
+        drop(transaction);
         let now = find(state, id).await?;
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -398,6 +425,9 @@ async fn end_by_hand(
             format!("execution {id} finished ({}) before it could be {done}", now.status),
         ));
     };
+    db::execution::record_ended_by(&mut *transaction, id, by).await?;
+    transaction.commit().await?;
+    ended.ended_by = Some(by);
     if ended.worker.is_some() {
         stop_on_worker(state, id).await;
     }
@@ -437,6 +467,7 @@ pub struct FailBody {
         (status = 409, description = "Already finished (`already_finished`), or a delayed retry (`not_stuck`)", body = crate::openapi::ErrorBody),))]
 pub async fn fail(
     State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
     id: Result<Path<i64>, PathRejection>,
     crate::error::JsonObject(body): crate::error::JsonObject<FailBody>,
 ) -> Result<Json<Execution>, ApiError> {
@@ -446,7 +477,8 @@ pub async fn fail(
         return Err(ApiError::invalid("reason", "'reason' must say why the execution is failed"));
     }
     let error = format!("failed by an operator: {}", body.reason);
-    let (failed, was) = end_by_hand(&state, id, FailureKind::OperatorFailed, error, "failed", |current| {
+    let by = caller.token_id;
+    let (failed, was) = end_by_hand(&state, id, by, FailureKind::OperatorFailed, error, "failed", |current| {
         if current.status == ExecutionStatus::Delayed {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -457,7 +489,7 @@ pub async fn fail(
         Ok(())
     })
     .await?;
-    tracing::warn!(execution_id = id, %was, reason = %body.reason, "execution failed by an operator");
+    tracing::warn!(execution_id = id, %was, reason = %body.reason, token_id = by, "execution failed by an operator");
     Ok(Json(failed))
 }
 

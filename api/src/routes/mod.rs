@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod executions;
 pub mod probes;
 pub mod stats;
+pub mod tokens;
 pub mod workers;
 
 use utoipa_axum::router::OpenApiRouter;
@@ -12,7 +13,7 @@ use utoipa_axum::routes;
 
 use crate::State;
 
-/// `/api/v1` (token required).
+/// `/api/v1` (token required; the role each route needs is in `roles::REQUIRED`).
 pub fn api_routes() -> OpenApiRouter<State> {
     OpenApiRouter::new()
         .routes(routes!(executions::create, executions::list))
@@ -29,6 +30,9 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(stats::retries))
         .routes(routes!(stats::retry_series))
         .routes(routes!(stats::workers))
+        .routes(routes!(tokens::whoami))
+        .routes(routes!(tokens::list, tokens::create))
+        .routes(routes!(tokens::revoke))
 }
 
 /// Probes and metrics (no token).

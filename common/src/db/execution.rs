@@ -50,11 +50,17 @@ pub struct Execution {
     pub http_status: Option<i32>,
     /// The same for every attempt of a retry chain (`ATTUNE_IDEMPOTENCY_KEY` to the action).
     pub idempotency_key: String,
+    /// The API token (`api_token.id`) that submitted it; for a manual retry, the one that asked
+    /// for the retry; an automatic retry keeps its parent's. Null when no token asked.
+    pub submitted_by: Option<i64>,
+    /// The API token that ended it by hand (a cancel, or an operator's fail); null otherwise.
+    pub ended_by: Option<i64>,
 }
 
 const COLUMNS: &str = "id, action, action_ref, runtime, parameters, config, status, worker, result, failure_kind, \
     error, exit_code, stdout, stderr, retry_count, max_retries, retry_reason, original_execution, \
-    not_before, timeout_seconds, started, finished, created, updated, retry_decision, http_status, idempotency_key";
+    not_before, timeout_seconds, started, finished, created, updated, retry_decision, http_status, idempotency_key, \
+    submitted_by, ended_by";
 
 #[derive(Debug, Clone)]
 pub struct NewExecution {
@@ -137,11 +143,23 @@ impl NewExecution {
     }
 }
 
+/// Inserts `new` on no token's behalf (an automatic retry keeps its parent's `submitted_by`).
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
+    insert_submitted(db, new, None).await
+}
+
+/// Inserts `new`, submitted by the API token `submitted_by`; `None`: a retry's parent's.
+pub async fn insert_submitted(
+    db: impl PgExecutor<'_>,
+    new: &NewExecution,
+    submitted_by: Option<i64>,
+) -> Result<Execution, sqlx::Error> {
     let sql = format!(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
-         timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime, idempotency_key) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text)) \
+         timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime, idempotency_key, \
+         submitted_by) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text), \
+         COALESCE($14, (SELECT parent.submitted_by FROM execution parent WHERE parent.id = $10))) \
          RETURNING {COLUMNS}"
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -158,8 +176,16 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execu
         .bind(new.not_before)
         .bind(&new.runtime)
         .bind(&new.idempotency_key)
+        .bind(submitted_by)
         .fetch_one(db)
         .await
+}
+
+/// Records that the API token `token` ended execution `id` by hand (a cancel, an operator's fail),
+/// in the transaction of the transition that ended it.
+pub async fn record_ended_by(db: impl PgExecutor<'_>, id: i64, token: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE execution SET ended_by = $2 WHERE id = $1").bind(id).bind(token).execute(db).await?;
+    Ok(())
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Execution>, sqlx::Error> {

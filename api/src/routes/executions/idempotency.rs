@@ -76,7 +76,7 @@ impl Keyed {
         let created = async {
             let new = super::plan(state, body).await?;
             let mut transaction = state.db.begin().await?;
-            let execution = super::insert(state, &mut *transaction, &new).await?;
+            let execution = super::insert(state, &mut *transaction, &new, self.token).await?;
             let claimed =
                 db::idempotency::claim(&mut *transaction, self.token, &self.key, &self.request_sha256, execution.id)
                     .await?;

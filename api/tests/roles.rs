@@ -1,0 +1,342 @@
+//! Roles, in process: the router served on port 0 against a database and a broker namespace of
+//! the test's own (no executor or worker), called with a token of each role. Every route of the
+//! OpenAPI document is called with every role, so a new route is covered the day it is added;
+//! expired and revoked tokens are refused; executions record who submitted, retried, canceled
+//! and failed them; the admin token routes.
+
+use attune_api::roles::{REQUIRED, Role, required};
+use attune_common::config::{CommonSettings, Defaults, FromEnv};
+use attune_common::db;
+use attune_testkit::{Namespace, TestDb};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// A token of the test's: its id and the token itself.
+struct Token {
+    id: i64,
+    secret: String,
+}
+
+/// One API process's worth of state, served in this test's runtime, with a token of each role.
+struct Api {
+    url: String,
+    http: reqwest::Client,
+    db: TestDb,
+    namespace: Namespace,
+    shutdown: CancellationToken,
+    /// One token of each role, in `Role::ALL`'s order.
+    tokens: Vec<Token>,
+}
+
+impl Api {
+    async fn start() -> Api {
+        let db = TestDb::new().await;
+        let namespace = Namespace::new();
+        let packs_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs");
+        // the documented defaults (a token verified once is trusted for a while, as in
+        // production), against this test's database, broker namespace and the repository's packs
+        let mut settings = attune_api::Settings::from_source(&Defaults).unwrap();
+        settings.common = CommonSettings {
+            database_url: db.url.clone(),
+            amqp_url: attune_testkit::amqp_url(),
+            mq_namespace: namespace.name.clone(),
+            packs_dir,
+            default_timeout_secs: 300,
+        };
+        settings.addr = ([127, 0, 0, 1], 0).into();
+        let state = attune_api::state(settings).await.expect("api state");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        tokio::spawn(attune_api::serve(listener, state, shutdown.clone()));
+        let mut tokens = Vec::new();
+        for role in Role::ALL {
+            let (info, secret) = db::token::create_with(&db.pool, role.as_str(), role, None).await.unwrap();
+            tokens.push(Token { id: info.id, secret });
+        }
+        Api { url, http: reqwest::Client::new(), db, namespace, shutdown, tokens }
+    }
+
+    fn token(&self, role: Role) -> &Token {
+        &self.tokens[Role::ALL.iter().position(|r| *r == role).unwrap()]
+    }
+
+    async fn call_with(&self, secret: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut request = self.http.request(method.clone(), format!("{}{path}", self.url)).bearer_auth(secret);
+        if let Some(body) = &body {
+            request = request.json(body);
+        }
+        let response = request.send().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or_else(|_| json!({ "text": text })))
+    }
+
+    async fn call(&self, role: Role, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        self.call_with(&self.token(role).secret, method, path, body).await
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.namespace.delete(&[]).await;
+        self.db.drop_database().await;
+    }
+}
+
+/// `path` with its parameters filled in with values that name nothing (so that an allowed call
+/// changes nothing: it is a 404 or a 422).
+fn concrete(path: &str) -> String {
+    let filled = path.replace("{id}", "987654321").replace("{action_ref}", "core.nope");
+    assert!(!filled.contains('{'), "{path}: give its path parameter a value in roles.rs `concrete`");
+    filled
+}
+
+#[tokio::test]
+async fn every_route_of_the_document_answers_every_role_as_the_roles_table_says() {
+    let api = Api::start().await;
+    let (status, document) = api.call(Role::Read, Method::GET, "/api/v1/openapi.json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut calls = 0;
+    let mut refusals = 0;
+    for (path, item) in document["paths"].as_object().unwrap() {
+        if !path.starts_with("/api/v1") {
+            continue;
+        }
+        for (method, operation) in item.as_object().unwrap() {
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let listed: Vec<Role> =
+                REQUIRED.iter().filter(|(m, p, _)| *m == method && p == path).map(|(_, _, role)| *role).collect();
+            assert_eq!(listed.len(), 1, "{method} {path}: decide who may call it in attune_api::roles::REQUIRED");
+            let needed = listed[0];
+            assert_eq!(required(&method, path), needed);
+            if needed > Role::Read {
+                let documented = operation["responses"]["403"]["description"].as_str().unwrap_or_default();
+                assert!(documented.contains("forbidden"), "{method} {path} does not document its 403: {operation}");
+            }
+            for role in Role::ALL {
+                let body = (method == Method::POST).then(|| json!({}));
+                let (status, answer) = api.call(role, method.clone(), &concrete(path), body).await;
+                calls += 1;
+                if role >= needed {
+                    assert!(
+                        status != StatusCode::FORBIDDEN && status != StatusCode::UNAUTHORIZED,
+                        "{method} {path} as {role} (needs {needed}): {status} {answer}"
+                    );
+                } else {
+                    refusals += 1;
+                    assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path} as {role}: {answer}");
+                    let error = &answer["error"];
+                    assert_eq!(error["code"], "forbidden", "{method} {path} as {role}: {answer}");
+                    assert_eq!(
+                        (error["required_role"].as_str(), error["role"].as_str()),
+                        (Some(needed.as_str()), Some(role.as_str()))
+                    );
+                    let message = error["message"].as_str().unwrap();
+                    assert!(message.contains(needed.as_str()) && message.contains(role.as_str()), "{message}");
+                }
+            }
+        }
+    }
+    // every entry of the table was a route of the document, called with each role, and refused
+    // to each role below the one it needs
+    let expected_refusals: usize =
+        REQUIRED.iter().map(|(_, _, needed)| Role::ALL.iter().filter(|role| *role < needed).count()).sum();
+    assert_eq!((calls, refusals), (REQUIRED.len() * Role::ALL.len(), expected_refusals));
+    assert!(REQUIRED.len() >= 20 && refusals >= 12, "{} routes, {refusals} refusals", REQUIRED.len());
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn expired_and_revoked_tokens_are_refused_and_a_revocation_here_counts_at_once() {
+    let api = Api::start().await;
+    let yesterday = chrono::Utc::now() - chrono::Duration::days(1);
+    let (_, expired) = db::token::create_with(&api.db.pool, "old", Role::Admin, Some(yesterday)).await.unwrap();
+    let (status, answer) = api.call_with(&expired, Method::GET, "/api/v1/workers", None).await;
+    assert_eq!((status, answer["error"]["message"].as_str()), (StatusCode::UNAUTHORIZED, Some("token expired")));
+    assert_eq!(db::token::verify(&api.db.pool, &expired).await.unwrap(), None);
+    // one that expires later works until then
+    let tomorrow = chrono::Utc::now() + chrono::Duration::days(1);
+    let (info, later) = db::token::create_with(&api.db.pool, "later", Role::Read, Some(tomorrow)).await.unwrap();
+    let (status, me) = api.call_with(&later, Method::GET, "/api/v1/whoami", None).await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(
+        (me["token_id"].as_i64(), me["name"].as_str(), me["role"].as_str()),
+        (Some(info.id), Some("later"), Some("read"))
+    );
+    assert!(me["expires"].is_string(), "{me}");
+
+    // revoked in the database before its first use
+    let (revoked_info, revoked) = db::token::create_with(&api.db.pool, "gone", Role::Operator, None).await.unwrap();
+    db::token::revoke(&api.db.pool, revoked_info.id).await.unwrap().unwrap();
+    let (status, answer) = api.call_with(&revoked, Method::GET, "/api/v1/workers", None).await;
+    assert_eq!(
+        (status, answer["error"]["message"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("unknown or revoked token"))
+    );
+
+    // revoked through this API while it is trusted from the cache: refused at the next call
+    let operator = api.token(Role::Operator);
+    let (status, _) = api.call_with(&operator.secret, Method::GET, "/api/v1/workers", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let path = format!("/api/v1/tokens/{}", operator.id);
+    let (status, answer) = api.call(Role::Admin, Method::DELETE, &path, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer["revoked"].is_string() && answer.get("token").is_none(), "{answer}");
+    let (status, answer) = api.call_with(&operator.secret, Method::GET, "/api/v1/workers", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn admins_create_list_and_revoke_tokens_through_the_api() {
+    let api = Api::start().await;
+    let (status, created) = api
+        .call(
+            Role::Admin,
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"name": "ci", "role": "read", "expires_in_secs": 3600})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let secret = created["token"].as_str().unwrap();
+    assert!(secret.starts_with("attune_"), "{created}");
+    let expires = chrono::DateTime::parse_from_rfc3339(created["expires"].as_str().unwrap()).unwrap();
+    let lifetime = expires.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    assert!(lifetime > chrono::Duration::minutes(59) && lifetime <= chrono::Duration::hours(1), "{lifetime}");
+    let (status, me) = api.call_with(secret, Method::GET, "/api/v1/whoami", None).await;
+    assert_eq!((status, me["role"].as_str(), me["name"].as_str()), (StatusCode::OK, Some("read"), Some("ci")));
+    // JSON Schema's integers include 60.0
+    let body = json!({"name": "whole", "role": "operator", "expires_in_secs": 60.0});
+    let (status, whole) = api.call(Role::Admin, Method::POST, "/api/v1/tokens", Some(body)).await;
+    assert_eq!((status, whole["role"].as_str()), (StatusCode::CREATED, Some("operator")), "{whole}");
+
+    // the list: every token, never a token or its hash
+    let (status, list) = api.call(Role::Admin, Method::GET, "/api/v1/tokens", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<(&str, &str)> =
+        list.as_array().unwrap().iter().map(|t| (t["name"].as_str().unwrap(), t["role"].as_str().unwrap())).collect();
+    assert_eq!(
+        names,
+        [("read", "read"), ("operator", "operator"), ("admin", "admin"), ("ci", "read"), ("whole", "operator")]
+    );
+    let text = list.to_string();
+    assert!(!text.contains(secret) && !text.contains("token_hash") && !text.contains("\"token\""), "{text}");
+
+    // bad requests name their field; an admin cannot revoke the token it calls with
+    for (body, parameter) in [
+        (json!({"name": "x", "role": "root"}), "role"),
+        (json!({"name": "", "role": "read"}), "name"),
+        (json!({"name": "x", "role": "read", "expires_in_secs": 0}), "expires_in_secs"),
+        (json!({"name": "x", "role": "read", "expires_in_secs": 1.5}), "expires_in_secs"),
+        (json!({"name": "x", "role": "read", "expires_in_secs": 315_360_001}), "expires_in_secs"),
+        (json!({"name": "x"}), "role"),
+    ] {
+        let (status, answer) = api.call(Role::Admin, Method::POST, "/api/v1/tokens", Some(body.clone())).await;
+        assert_eq!(
+            (status, answer["error"]["parameter"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(parameter)),
+            "{body}: {answer}"
+        );
+    }
+    let own = format!("/api/v1/tokens/{}", api.token(Role::Admin).id);
+    let (status, answer) = api.call(Role::Admin, Method::DELETE, &own, None).await;
+    assert_eq!((status, answer["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("own_token")), "{answer}");
+    let (status, answer) = api.call(Role::Admin, Method::DELETE, "/api/v1/tokens/987654321", None).await;
+    assert_eq!((status, answer["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("token_not_found")));
+    let ci = created["id"].as_i64().unwrap();
+    let (status, first) = api.call(Role::Admin, Method::DELETE, &format!("/api/v1/tokens/{ci}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, again) = api.call(Role::Admin, Method::DELETE, &format!("/api/v1/tokens/{ci}"), None).await;
+    assert_eq!(
+        (status, &again["revoked"]),
+        (StatusCode::OK, &first["revoked"]),
+        "a second revoke keeps the first time"
+    );
+    let (status, _) = api.call_with(secret, Method::GET, "/api/v1/whoami", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn executions_record_who_submitted_retried_canceled_and_failed_them() {
+    let api = Api::start().await;
+    let (operator, admin) = (api.token(Role::Operator).id, api.token(Role::Admin).id);
+    let submit = |role: Role, key: Option<&'static str>| {
+        let api = &api;
+        async move {
+            let mut request = api
+                .http
+                .post(format!("{}/api/v1/executions", api.url))
+                .bearer_auth(&api.token(role).secret)
+                .json(&json!({"action_ref": "core.echo", "parameters": {"message": "hi"}}));
+            if let Some(key) = key {
+                request = request.header("Idempotency-Key", key);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::CREATED);
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    // a submission names its token, with or without an Idempotency-Key
+    let first = submit(Role::Operator, None).await;
+    assert_eq!((first["submitted_by"].as_i64(), &first["ended_by"]), (Some(operator), &Value::Null), "{first}");
+    let keyed = submit(Role::Admin, Some("roles-test")).await;
+    assert_eq!(keyed["submitted_by"].as_i64(), Some(admin), "{keyed}");
+    let id = first["id"].as_i64().unwrap();
+
+    // the admin cancels it: recorded in the row and shown with the token's name
+    let (status, canceled) =
+        api.call(Role::Admin, Method::POST, &format!("/api/v1/executions/{id}/cancel"), None).await;
+    assert_eq!((status, canceled["status"].as_str()), (StatusCode::OK, Some("canceled")), "{canceled}");
+    assert_eq!(canceled["ended_by"].as_i64(), Some(admin));
+    let (_, view) = api.call(Role::Read, Method::GET, &format!("/api/v1/executions/{id}"), None).await;
+    assert_eq!(
+        (
+            view["submitted_by"].as_i64(),
+            view["submitted_by_name"].as_str(),
+            view["ended_by"].as_i64(),
+            view["ended_by_name"].as_str()
+        ),
+        (Some(operator), Some("operator"), Some(admin), Some("admin")),
+        "{view}"
+    );
+    let stored = db::execution::get(&api.db.pool, id).await.unwrap().unwrap();
+    assert_eq!((stored.submitted_by, stored.ended_by), (Some(operator), Some(admin)));
+
+    // a manual retry is the asking token's (here the admin's, of the operator's execution)
+    let (status, retry) = api.call(Role::Admin, Method::POST, &format!("/api/v1/executions/{id}/retry"), None).await;
+    assert_eq!(status, StatusCode::CREATED, "{retry}");
+    assert_eq!((retry["submitted_by"].as_i64(), retry["retry_reason"].as_str()), (Some(admin), Some("manual_retry")));
+    // ... and the operator fails it, stuck: recorded too
+    let retry_id = retry["id"].as_i64().unwrap();
+    let (status, failed) = api
+        .call(
+            Role::Operator,
+            Method::POST,
+            &format!("/api/v1/executions/{retry_id}/fail"),
+            Some(json!({"reason": "stuck"})),
+        )
+        .await;
+    assert_eq!((status, failed["ended_by"].as_i64()), (StatusCode::OK, Some(operator)), "{failed}");
+
+    // an automatic retry (inserted by the RetryManager, with no token) keeps its parent's submitter
+    let parent = db::execution::get(&api.db.pool, retry_id).await.unwrap().unwrap();
+    let automatic = db::execution::NewExecution::retry_of(
+        &parent,
+        attune_core::ExecutionStatus::Delayed,
+        attune_core::FailureKind::Timeout,
+        None,
+        Some(chrono::Utc::now()),
+    );
+    let automatic = db::execution::insert(&api.db.pool, &automatic).await.unwrap();
+    assert_eq!((automatic.submitted_by, automatic.ended_by), (Some(admin), None));
+    // ... and a row no token asked for names none
+    let action = db::action::get_by_ref(&api.db.pool, "core.echo").await.unwrap().unwrap();
+    let system_row = db::execution::insert(&api.db.pool, &attune_testkit::echo_execution(&action)).await.unwrap();
+    assert_eq!(system_row.submitted_by, None);
+    let (_, view) = api.call(Role::Read, Method::GET, &format!("/api/v1/executions/{}", system_row.id), None).await;
+    assert_eq!((&view["submitted_by"], &view["submitted_by_name"]), (&Value::Null, &Value::Null), "{view}");
+    api.stop().await;
+}

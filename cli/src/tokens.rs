@@ -1,0 +1,155 @@
+//! `attune token create | list | revoke`: API tokens and their roles, through the database
+//! (`DATABASE_URL`), so the first token can be made before any exists. The API's admin routes
+//! (`/api/v1/tokens`) do the same over HTTP.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use attune_common::db::token::{self, TokenInfo};
+use chrono::Utc;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::output;
+use crate::{Output, TokenCommand};
+
+pub async fn run(command: TokenCommand, out: Output) -> anyhow::Result<i32> {
+    let pool = database().await?;
+    match command {
+        TokenCommand::Create { name, role, expires_in } => {
+            let expires = expires_in.map(|lifetime| Utc::now() + lifetime);
+            let (info, token) = token::create_with(&pool, &name, role, expires).await?;
+            match out {
+                Output::Json => {
+                    let mut shown = serde_json::to_value(&info)?;
+                    shown["token"] = json!(token);
+                    println!("{shown}");
+                }
+                // the token alone, for `TOKEN=$(attune token create ...)`
+                Output::Table => println!("{token}"),
+            }
+        }
+        TokenCommand::List => {
+            let tokens = token::list(&pool).await?;
+            match out {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&tokens)?),
+                Output::Table => println!("{}", table(&tokens)),
+            }
+        }
+        TokenCommand::Revoke { token: which } => {
+            let target = find(&pool, &which).await?;
+            let revoked = token::revoke(&pool, target.id).await?.context("the token vanished")?;
+            match out {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&revoked)?),
+                Output::Table => println!(
+                    "revoked token {} ({}, {}) at {}",
+                    revoked.id,
+                    revoked.name,
+                    revoked.role,
+                    when(revoked.revoked)
+                ),
+            }
+        }
+    }
+    Ok(0)
+}
+
+async fn database() -> anyhow::Result<PgPool> {
+    let url: String = attune_common::settings::get("DATABASE_URL")?;
+    let pool = attune_common::db::connect(&url, 1, Duration::from_secs(10))
+        .await
+        .with_context(|| "cannot connect to the database (DATABASE_URL)")?;
+    attune_common::db::migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// The token `which` names: an id (all digits) if a token has it, else the one live token of that
+/// name (several are refused: revoke by id then).
+async fn find(pool: &PgPool, which: &str) -> anyhow::Result<TokenInfo> {
+    if let Ok(id) = which.parse::<i64>()
+        && let Some(found) = token::get(pool, id).await?
+    {
+        return Ok(found);
+    }
+    let named = token::named(pool, which).await?;
+    let live: Vec<&TokenInfo> = named.iter().filter(|t| t.revoked.is_none()).collect();
+    match live.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] if named.is_empty() => bail!("no token has the id or name '{which}' (attune token list shows them)"),
+        [] => bail!("every token called '{which}' is revoked already"),
+        several => {
+            let ids: Vec<String> = several.iter().map(|t| t.id.to_string()).collect();
+            bail!("{} live tokens are called '{which}' (ids {}): revoke one by its id", several.len(), ids.join(", "))
+        }
+    }
+}
+
+/// A time as the tables show it (in UTC, to the second), `-` for none.
+fn when(time: Option<chrono::DateTime<Utc>>) -> String {
+    time.map_or_else(|| "-".to_string(), |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+}
+
+fn table(tokens: &[TokenInfo]) -> String {
+    let now = Utc::now();
+    let rows: Vec<Vec<String>> = tokens
+        .iter()
+        .map(|t| {
+            let state = match (t.revoked, t.expires) {
+                (Some(_), _) => "revoked",
+                (None, Some(expires)) if expires <= now => "expired",
+                _ => "live",
+            };
+            vec![
+                t.id.to_string(),
+                t.name.clone(),
+                t.role.to_string(),
+                state.to_string(),
+                when(Some(t.created)),
+                when(t.expires),
+                when(t.revoked),
+            ]
+        })
+        .collect();
+    output::table(&["id", "name", "role", "state", "created", "expires", "revoked"], &rows)
+}
+
+/// A token's lifetime as `--expires-in` takes it: a whole number and a unit, `s`, `m`, `h`, `d`
+/// or `w` (`30d`, `12h`), from one second to ten years.
+pub fn parse_lifetime(text: &str) -> Result<chrono::Duration, String> {
+    let unit_at = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(unit_at);
+    let number: i64 = number.parse().map_err(|_| format!("'{text}' is not a number and a unit (30d, 12h)"))?;
+    let unit_secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return Err(format!("'{text}' has no unit of s, m, h, d or w (30d, 12h)")),
+    };
+    let secs = number.checked_mul(unit_secs).unwrap_or(i64::MAX);
+    let max = attune_api::routes::tokens::MAX_EXPIRES_IN_SECS;
+    if !(1..=max).contains(&secs) {
+        return Err(format!("'{text}' is not between one second and ten years"));
+    }
+    Ok(chrono::Duration::seconds(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifetimes_are_a_number_and_a_unit_from_a_second_to_ten_years() {
+        let secs = |text| parse_lifetime(text).map(|d| d.num_seconds());
+        assert_eq!(secs("30d"), Ok(30 * 86_400));
+        assert_eq!(secs("12h"), Ok(12 * 3600));
+        assert_eq!(secs("90m"), Ok(5400));
+        assert_eq!(secs("1s"), Ok(1));
+        assert_eq!(secs("2w"), Ok(14 * 86_400));
+        assert_eq!(secs("3650d"), Ok(3650 * 86_400));
+        for bad in ["", "30", "d", "0d", "3651d", "-1d", "1.5h", "30 d", "30days", "99999999999999999999w"] {
+            assert!(parse_lifetime(bad).is_err(), "{bad:?} was taken");
+        }
+    }
+}

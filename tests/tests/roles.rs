@@ -1,0 +1,126 @@
+//! Roles with the real binaries, as an operator sets them up: `attune token create --role`, a
+//! `read` token refused a submission (403 naming `operator`) and shown no Retry or Cancel on the
+//! dashboard, an `operator` token whose submission and cancel are recorded as its own, `attune
+//! token list` (never a token) and `attune token revoke` (by name, by id, refusing an ambiguous
+//! name), after which the token is refused.
+
+use std::process::{Command, Output};
+
+use attune_testkit::System;
+use attune_testkit::browser::Browser;
+use serde_json::{Value, json};
+
+/// `attune` against `system`, with `token` as its API token.
+fn attune(system: &System, token: &str, args: &[&str]) -> Output {
+    Command::new(attune_testkit::workspace_binary("attune"))
+        .args(args)
+        .env("ATTUNE_API_URL", &system.api_url)
+        .env("ATTUNE_TOKEN", token)
+        .env("DATABASE_URL", &system.db.url)
+        .output()
+        .expect("run attune")
+}
+
+/// `attune ... --output json`, which must succeed, as JSON.
+fn attune_json(system: &System, token: &str, args: &[&str]) -> Value {
+    let out = attune(system, token, &[args, &["--output", "json"]].concat());
+    assert!(out.status.success(), "attune {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("attune {args:?}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_made_with_the_cli_carry_their_role_and_record_what_they_did() {
+    // no worker: submissions stay requested, to be canceled; revocations count at once
+    let system = System::builder().env("ATTUNE_TOKEN_CACHE_SECS", "0").start().await;
+
+    // A read token: it reads, and a submission is refused naming the role it needs.
+    let viewer = attune_json(&system, &system.token, &["token", "create", "--name", "viewer", "--role", "read"]);
+    assert_eq!((viewer["role"].as_str(), &viewer["expires"]), (Some("read"), &Value::Null), "{viewer}");
+    let viewer_token = viewer["token"].as_str().unwrap();
+    let (status, _) = system.request(reqwest::Method::GET, "/api/v1/executions", None, Some(viewer_token)).await;
+    assert_eq!(status, 200);
+    let submission = json!({"action_ref": "core.echo", "parameters": {"message": "hi"}});
+    let (status, refused) =
+        system.request(reqwest::Method::POST, "/api/v1/executions", Some(&submission), Some(viewer_token)).await;
+    assert_eq!(status, 403, "{refused}");
+    let error = &refused["error"];
+    assert_eq!(
+        (error["code"].as_str(), error["required_role"].as_str(), error["role"].as_str()),
+        (Some("forbidden"), Some("operator"), Some("read"))
+    );
+    // ... and the CLI says so
+    let out = attune(&system, viewer_token, &["run", "core.echo", "message=hi"]);
+    let told = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && told.contains("operator") && told.contains("read"), "{told}");
+
+    // An operator token that expires in 30 days: its submission and its cancel are its own.
+    let operator = attune_json(
+        &system,
+        &system.token,
+        &["token", "create", "--name", "ops", "--role", "operator", "--expires-in", "30d"],
+    );
+    let expires = chrono::DateTime::parse_from_rfc3339(operator["expires"].as_str().unwrap()).unwrap();
+    let lifetime = expires.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    assert!(lifetime > chrono::Duration::days(29) && lifetime <= chrono::Duration::days(30), "{lifetime}");
+    let (operator_id, operator_token) = (operator["id"].as_i64().unwrap(), operator["token"].as_str().unwrap());
+    let submitted = attune_json(&system, operator_token, &["run", "core.echo", "message=hi"]);
+    assert_eq!(submitted["submitted_by"].as_i64(), Some(operator_id), "{submitted}");
+    let id = submitted["id"].as_i64().unwrap().to_string();
+    let canceled = attune_json(&system, operator_token, &["execution", "cancel", &id]);
+    assert_eq!((canceled["status"].as_str(), canceled["ended_by"].as_i64()), (Some("canceled"), Some(operator_id)));
+    let (_, shown) = system.get(&format!("/api/v1/executions/{id}")).await;
+    assert_eq!((shown["submitted_by_name"].as_str(), shown["ended_by_name"].as_str()), (Some("ops"), Some("ops")));
+    // the operator may not register packs or see the tokens
+    let out =
+        attune(&system, operator_token, &["pack", "register", &system.packs_dir().join("core").display().to_string()]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("admin"), "{out:?}");
+
+    // The dashboard: the read token sees who it is and no Retry or Cancel; the operator sees both.
+    let browser = Browser::start().await;
+    let page = format!("{}/ui/executions/{id}", system.api_url);
+    for (token, who, buttons) in [(viewer_token, "viewer (read)", false), (operator_token, "ops (operator)", true)] {
+        browser.goto(&format!("{}/ui/login", system.api_url)).await;
+        browser.eval(&format!("sessionStorage.setItem('attune.token', {}); return null", json!(token))).await;
+        browser.goto(&page).await;
+        browser
+            .wait("the execution page", "return document.querySelector('[data-fact=\"submitted by\"]')?.textContent")
+            .await;
+        assert_eq!(browser.wait("who is signed in", "return document.querySelector('#whoami').textContent").await, who);
+        let shown = browser
+            .eval("return [document.querySelector('#retry') !== null, document.querySelector('#cancel') !== null]")
+            .await;
+        assert_eq!(shown, json!([buttons, buttons]), "{who}");
+        assert_eq!(browser.text("[data-fact=\"submitted by\"]").await, format!("ops (token #{operator_id})"));
+        assert_eq!(browser.text("[data-fact=\"ended by\"]").await, format!("ops (token #{operator_id})"));
+    }
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "{errors:#?}");
+
+    // The list: every token with its role and state, never a token.
+    let listed = attune_json(&system, &system.token, &["token", "list"]);
+    let rows: Vec<(&str, &str)> =
+        listed.as_array().unwrap().iter().map(|t| (t["name"].as_str().unwrap(), t["role"].as_str().unwrap())).collect();
+    assert_eq!(rows, [("test", "admin"), ("viewer", "read"), ("ops", "operator")]);
+    let out = attune(&system, &system.token, &["token", "list"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<Vec<&str>> = table.lines().map(|line| line.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["ID", "NAME", "ROLE", "STATE", "CREATED", "EXPIRES", "REVOKED"], "{table}");
+    assert_eq!(lines[2][1..4], ["viewer", "read", "live"], "{table}");
+    assert_eq!(lines[3][1..4], ["ops", "operator", "live"], "{table}");
+    assert_eq!(lines[3].last(), Some(&"-"), "not revoked: {table}");
+    assert!(!table.contains("attune_") && !listed.to_string().contains("attune_"), "{table}");
+
+    // Revoked by name: refused from the next request.
+    let revoked = attune_json(&system, &system.token, &["token", "revoke", "viewer"]);
+    assert!(revoked["revoked"].is_string(), "{revoked}");
+    let (status, answer) = system.request(reqwest::Method::GET, "/api/v1/executions", None, Some(viewer_token)).await;
+    assert_eq!((status, answer["error"]["message"].as_str()), (401, Some("unknown or revoked token")));
+    // two live tokens of one name: revoked by id only
+    let first = attune_json(&system, &system.token, &["token", "create", "--name", "twin", "--role", "read"]);
+    attune_json(&system, &system.token, &["token", "create", "--name", "twin", "--role", "read"]);
+    let out = attune(&system, &system.token, &["token", "revoke", "twin"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("revoke one by its id"), "{out:?}");
+    let by_id = attune_json(&system, &system.token, &["token", "revoke", &first["id"].to_string()]);
+    assert_eq!((by_id["id"].as_i64(), by_id["name"].as_str()), (first["id"].as_i64(), Some("twin")));
+    system.stop().await;
+}
