@@ -79,10 +79,12 @@ pub async fn get(db: impl PgExecutor<'_>, action: i64) -> Result<Option<Circuit>
 /// The action's executions that finished since `since` (among its newest `WINDOW_ROWS`), and
 /// those of them that failed by a counted kind (`attune_core::circuit::counts`).
 pub async fn window(db: impl PgExecutor<'_>, action_ref: &str, since: DateTime<Utc>) -> Result<Window, sqlx::Error> {
+    use attune_core::{ExecutionStatus::*, FailureKind};
+    let counted: Vec<&str> =
+        FailureKind::ALL.into_iter().filter(|k| attune_core::circuit::counts(*k)).map(FailureKind::as_str).collect();
     let (finished, failed): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'timeout')), \
-                count(*) FILTER (WHERE status IN ('failed', 'timeout') \
-                    AND failure_kind IN ('transient_error', 'action_failed', 'timeout')) \
+        "SELECT count(*) FILTER (WHERE status = ANY($4)), \
+                count(*) FILTER (WHERE status = ANY($5) AND failure_kind = ANY($6)) \
          FROM (SELECT status, failure_kind, finished FROM execution WHERE action_ref = $1 \
                ORDER BY id DESC LIMIT $3) newest \
          WHERE finished >= $2",
@@ -90,6 +92,9 @@ pub async fn window(db: impl PgExecutor<'_>, action_ref: &str, since: DateTime<U
     .bind(action_ref)
     .bind(since)
     .bind(WINDOW_ROWS)
+    .bind(&[Completed, Failed, Timeout][..])
+    .bind(&[Failed, Timeout][..])
+    .bind(&counted)
     .fetch_one(db)
     .await?;
     Ok(Window { finished, failed })
@@ -141,8 +146,7 @@ pub async fn advance(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
             SELECT c.action FROM action_circuit c \
             WHERE (c.state = 'open' AND c.open_until <= now()) \
                OR (c.state = 'half_open' AND (c.trial IS NULL OR NOT EXISTS ( \
-                    SELECT 1 FROM execution t WHERE t.id = c.trial \
-                    AND t.status IN ('requested', 'scheduled', 'running', 'delayed')))) \
+                    SELECT 1 FROM execution t WHERE t.id = c.trial AND NOT (t.status = ANY($1))))) \
             FOR UPDATE SKIP LOCKED), \
          picked AS ( \
             SELECT due.action, ( \
@@ -153,6 +157,7 @@ pub async fn advance(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
          FROM picked WHERE c.action = picked.action \
          RETURNING (SELECT e.runtime FROM execution e WHERE e.id = picked.trial)",
     )
+    .bind(&attune_core::ExecutionStatus::TERMINAL[..])
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
