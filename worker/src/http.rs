@@ -528,6 +528,7 @@ mod tests {
             transient_exit_codes: &[],
             http: Some(http),
             idempotency_key: "chain-1",
+            limits: None,
         }
     }
 

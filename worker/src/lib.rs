@@ -671,6 +671,8 @@ impl Worker {
             transient_exit_codes: &dispatch.transient_exit_codes,
             http: dispatch.http.as_ref(),
             idempotency_key: &dispatch.idempotency_key,
+            // (the action's own block comes with the claim that reads the action from the database)
+            limits: None,
         };
         let cancel = self.abort.child_token();
         self.running.lock().expect("running map poisoned").start(dispatch.execution_id, &cancel);

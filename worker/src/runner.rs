@@ -51,6 +51,9 @@ pub struct ActionRun<'a> {
     pub http: Option<&'a Value>,
     /// The retry chain's idempotency key.
     pub idempotency_key: &'a str,
+    /// The action's `limits:` block as stored (`action.limits`); the worker fills in and caps
+    /// what it enforces (`crate::supervise::limits_for`).
+    pub limits: Option<&'a Value>,
 }
 
 /// What happened to the process.
@@ -283,10 +286,15 @@ async fn run_process(
             return not_started(format!("the {what} {} is missing on this worker", path.display()));
         }
     }
+    let limits = match crate::supervise::limits_for(run.limits, run.output_limit) {
+        Ok(limits) => limits,
+        Err(error) => return not_started(format!("this worker's limit settings are invalid: {error}")),
+    };
     let mut command = match supervisor {
         Some(supervisor) => {
             let mut command = tokio::process::Command::new(supervisor);
-            command.arg(crate::supervise::MODE).arg(std::process::id().to_string()).arg(interpreter);
+            command.arg(crate::supervise::MODE).arg(std::process::id().to_string());
+            command.args(crate::supervise::limit_args(&limits)).arg(interpreter);
             command
         }
         None => tokio::process::Command::new(interpreter),
@@ -341,8 +349,9 @@ async fn run_process(
         // A script that does not read stdin closes it early; that is not an error.
         let _ = stdin.write_all(stdin_body.as_bytes()).await;
     });
-    let stdout = tokio::spawn(read_bounded(child.stdout.take().expect("stdout is piped"), run.output_limit));
-    let stderr = tokio::spawn(read_bounded(child.stderr.take().expect("stderr is piped"), run.output_limit));
+    let output_limit = usize::try_from(limits.output_bytes).unwrap_or(usize::MAX);
+    let stdout = tokio::spawn(read_bounded(child.stdout.take().expect("stdout is piped"), output_limit));
+    let stderr = tokio::spawn(read_bounded(child.stderr.take().expect("stderr is piped"), output_limit));
 
     let mut finished = Finished::default();
     let status = tokio::select! {
@@ -523,6 +532,7 @@ mod tests {
             transient_exit_codes: &[],
             http: None,
             idempotency_key: "key-7",
+            limits: None,
         }
     }
 
