@@ -212,7 +212,9 @@ impl Topology {
     }
 }
 
-/// API → every worker (fanout): stop this execution if you are running it.
+/// API → every worker (fanout): stop this execution if you are running it. A notice is not
+/// believed by itself: a worker stops a run only when the database no longer has it running there
+/// (the API changes the row before it sends the notice).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CancelNotice {
     pub execution_id: i64,
@@ -253,27 +255,17 @@ pub struct ExecutionRequest {
     pub action_id: Option<i64>,
 }
 
-/// Executor → worker: run this execution.
+/// Executor → worker: claim and run this execution. It names only the execution and the worker:
+/// the worker reads what to run (the action's runtime, entrypoint, pack directory, `http` block
+/// and retry policy, the execution's parameters, timeout, retry count and idempotency key) from
+/// PostgreSQL in its claim (`db::execution::claim`), so whoever can publish to the broker cannot
+/// choose what runs. The fields an earlier version also sent (`action_ref`, `runtime`,
+/// `entrypoint`, `pack_path`, `parameters`, ...) are ignored when a message still in a queue
+/// carries them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Dispatch {
     pub execution_id: i64,
     pub worker_id: i64,
-    pub action_ref: String,
-    pub runtime: String,
-    pub entrypoint: String,
-    pub pack_path: String,
-    pub parameters: Value,
-    pub timeout_seconds: i32,
-    pub retry_count: i32,
-    /// Exit codes the action's retry policy treats as transient (besides 75).
-    #[serde(default)]
-    pub transient_exit_codes: Vec<i32>,
-    /// The request of an `http` action (its `http:` block, `attune_core::pack::HttpSpec`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http: Option<Value>,
-    /// The chain's idempotency key (`ATTUNE_IDEMPOTENCY_KEY`, and `Idempotency-Key` for http).
-    #[serde(default)]
-    pub idempotency_key: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -331,6 +323,12 @@ pub struct ExecutionResult {
     /// The wait a `Retry-After` response header asked for, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// The token the worker drew when it claimed this run (32 hex digits, stored on the row): an
+    /// executor records the result only if it is the row's, so a result cannot be forged by
+    /// whoever can publish to the broker. Absent from the results of an earlier version's
+    /// workers, which match only runs claimed without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_token: Option<String>,
 }
 
 impl ExecutionResult {
@@ -680,5 +678,30 @@ mod tests {
         for status in [ResultStatus::Completed, ResultStatus::Failed, ResultStatus::Timeout] {
             assert_eq!(serde_json::to_string(&status).unwrap(), format!("\"{}\"", status.as_str()));
         }
+    }
+
+    #[test]
+    fn a_dispatch_names_only_the_execution_and_the_worker() {
+        let sent = serde_json::to_value(Dispatch { execution_id: 7, worker_id: 3 }).unwrap();
+        assert_eq!(sent, serde_json::json!({"execution_id": 7, "worker_id": 3}));
+        // one an earlier version sent, still in a queue during an upgrade: read, what it names
+        // to run left out
+        let earlier = r#"{"execution_id": 7, "worker_id": 3, "action_ref": "core.echo", "runtime": "shell",
+            "entrypoint": "/tmp/evil.sh", "pack_path": "/", "parameters": {"message": "x"},
+            "timeout_seconds": 30, "retry_count": 0, "transient_exit_codes": [3], "idempotency_key": "k"}"#;
+        assert_eq!(serde_json::from_str::<Dispatch>(earlier).unwrap(), Dispatch { execution_id: 7, worker_id: 3 });
+    }
+
+    #[test]
+    fn a_result_carries_its_run_token_and_one_without_is_still_read() {
+        let without = r#"{"execution_id": 7, "worker_id": 3, "status": "failed", "result": null,
+            "failure_kind": "transient_error", "error": "e", "exit_code": 75, "stdout": "", "stderr": "",
+            "duration_ms": 1}"#;
+        let mut result: ExecutionResult = serde_json::from_str(without).unwrap();
+        assert_eq!(result.run_token, None);
+        assert!(!serde_json::to_string(&result).unwrap().contains("run_token"));
+        result.run_token = Some("0123456789abcdef0123456789abcdef".into());
+        let sent = serde_json::to_value(&result).unwrap();
+        assert_eq!(sent["run_token"], "0123456789abcdef0123456789abcdef");
     }
 }

@@ -1,8 +1,14 @@
 //! Completion: a worker's result becomes the execution's terminal state. Workers record their
 //! successes themselves (see `attune_worker`); what arrives here are failures and timeouts, for the
 //! RetryManager, and whatever a worker could not record.
+//!
+//! A result is recorded only for the run it names: `running` on its worker, with the run token
+//! that worker drew at its claim (`ExecutionResult::run_token`, in the transition's guard). One
+//! that misses is acked and dropped: a duplicate or a stale result quietly; one for an execution
+//! still running on its worker, so whose token was wrong or missing (forged, or from an earlier
+//! claim), with a warning naming the execution.
 
-use attune_common::db;
+use attune_common::db::{self, execution::Transition};
 use attune_common::mq::{Disposition, ExecutionResult, Incoming, ResultStatus};
 use attune_core::{ExecutionStatus, FailureKind};
 
@@ -24,11 +30,12 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 
 pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), crate::Error> {
     let outcome = result.outcome();
-    result.observe_duration();
     // the status and failure kind recorded, if the result was not stale
+    let run_token = result.run_token.as_deref();
     let recorded: Option<(ExecutionStatus, Option<FailureKind>)> = match result.status {
         ResultStatus::Completed => {
-            db::execution::complete(&context.db, result.execution_id, result.worker_id, &outcome)
+            let complete = Transition::completion(result.worker_id, &outcome).run_token(run_token);
+            db::execution::transition_brief(&context.db, result.execution_id, &complete)
                 .await?
                 .map(|changed| (changed.status, None))
         }
@@ -37,7 +44,7 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
             match db::execution::get(&context.db, result.execution_id).await? {
                 Some(current) => context
                     .retry_manager
-                    .record_failure(&current, reported, &[ExecutionStatus::Running], Some(result.worker_id), &outcome)
+                    .record_reported_failure(&current, reported, result.worker_id, run_token, &outcome)
                     .await?
                     .map(|recorded| (recorded.execution.status, recorded.execution.failure_kind)),
                 None => None,
@@ -46,6 +53,7 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
     };
     match recorded {
         Some((status, failure_kind)) => {
+            result.observe_duration();
             // one finished execution frees a slot: the scheduler looks again
             context.waiting.wake();
             tracing::info!(
@@ -57,7 +65,24 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
                 "execution finished"
             )
         }
-        None => tracing::debug!(execution_id = result.execution_id, "result is stale or a duplicate"),
+        None => {
+            // the guard's other conditions hold: only the token can have missed (read after the
+            // miss, which is rare, not before every result)
+            let current = db::execution::get(&context.db, result.execution_id).await?;
+            let forged = current.is_some_and(|current| {
+                current.status == ExecutionStatus::Running && current.worker == Some(result.worker_id)
+            });
+            if forged {
+                tracing::warn!(
+                    execution_id = result.execution_id,
+                    worker_id = result.worker_id,
+                    run_token = if run_token.is_some() { "wrong" } else { "missing" },
+                    "result dropped: its run token is not the execution's"
+                );
+            } else {
+                tracing::debug!(execution_id = result.execution_id, "result is stale or a duplicate");
+            }
+        }
     }
     Ok(())
 }

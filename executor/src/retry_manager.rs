@@ -97,6 +97,32 @@ impl RetryManager {
         owned_by: Option<i64>,
         outcome: &Outcome,
     ) -> Result<Option<Recorded>, sqlx::Error> {
+        self.record(current, reported, from, owned_by, None, outcome).await
+    }
+
+    /// `record_failure` for a worker's result: `running` on `worker_id`, and guarded by the run
+    /// token the result carries too (`Transition::run_token`), so a forged result misses.
+    pub async fn record_reported_failure(
+        &self,
+        current: &Execution,
+        reported: ExecutionStatus,
+        worker_id: i64,
+        run_token: Option<&str>,
+        outcome: &Outcome,
+    ) -> Result<Option<Recorded>, sqlx::Error> {
+        let from = [ExecutionStatus::Running];
+        self.record(current, reported, &from, Some(worker_id), Some(run_token), outcome).await
+    }
+
+    async fn record(
+        &self,
+        current: &Execution,
+        reported: ExecutionStatus,
+        from: &[ExecutionStatus],
+        owned_by: Option<i64>,
+        run_token: Option<Option<&str>>,
+        outcome: &Outcome,
+    ) -> Result<Option<Recorded>, sqlx::Error> {
         let failure = outcome.failure_kind.unwrap_or(FailureKind::ActionFailed);
         let policy = self.policy(current).await?;
         let mut tx = self.pool.begin().await?;
@@ -128,6 +154,9 @@ impl RetryManager {
         let mut transition = Transition::to(status).from(&from).outcome(outcome).retry_decision(&record);
         if let Some(worker) = owned_by {
             transition = transition.owned_by(worker);
+        }
+        if let Some(run_token) = run_token {
+            transition = transition.run_token(run_token);
         }
         let Some(execution) = db::execution::transition(&mut *tx, current.id, &transition).await? else {
             return Ok(None);

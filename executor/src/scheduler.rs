@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use attune_common::db::{self, execution::Claimed, execution::Execution, execution::Outcome};
 use attune_common::metrics;
 use attune_common::mq::{DELIVERY_LIMIT, Dispatch, Disposition, ExecutionRequest, Incoming, MqError, Topology};
-use attune_common::pack::RetryPolicy;
 use attune_core::{ExecutionStatus, FailureKind, selection};
 use tokio_util::sync::CancellationToken;
 
@@ -294,9 +293,11 @@ async fn fail_unplaceable(context: &Context, runtime: &str) -> Result<usize, cra
     Ok(stranded.len())
 }
 
-/// Publishes a claimed execution's dispatch to its worker. A publish that fails is tried again
-/// with backoff for `DISPATCH_PATIENCE` (at once given up if the worker's queue is gone); then
-/// the execution goes back to waiting, with no retry spent.
+/// Publishes a claimed execution's dispatch to its worker: the execution's and the worker's ids,
+/// nothing of what to run (the worker reads that in its claim). An execution whose action is gone
+/// fails here as `action_not_found`. A publish that fails is tried again with backoff for
+/// `DISPATCH_PATIENCE` (at once given up if the worker's queue is gone); then the execution goes
+/// back to waiting, with no retry spent.
 async fn dispatch(context: &Context, claimed: Claimed) {
     let execution_id = claimed.id;
     let worker_id = claimed.worker;
@@ -321,26 +322,8 @@ async fn dispatch(context: &Context, claimed: Claimed) {
             return;
         }
     };
-    let transient_exit_codes = action
-        .retry_policy
-        .as_ref()
-        .and_then(|p| serde_json::from_value::<RetryPolicy>(p.clone()).ok())
-        .and_then(|p| p.exit_codes)
-        .unwrap_or_default();
-    let message = Dispatch {
-        execution_id,
-        worker_id,
-        action_ref: action.action_ref.clone(),
-        runtime: action.runtime.clone(),
-        entrypoint: action.entrypoint.clone(),
-        pack_path: action.pack_path.clone().unwrap_or_default(),
-        parameters: claimed.parameters.clone(),
-        timeout_seconds: claimed.timeout_seconds.unwrap_or(context.settings.common.default_timeout_secs),
-        retry_count: claimed.retry_count,
-        transient_exit_codes,
-        http: action.http.clone(),
-        idempotency_key: claimed.idempotency_key.clone(),
-    };
+    // the ids only: the worker reads what to run from the database when it claims the execution
+    let message = Dispatch { execution_id, worker_id };
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
     let error = loop {

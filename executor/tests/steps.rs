@@ -202,6 +202,7 @@ async fn a_recorded_failure_creates_one_retry_that_the_timer_requests() {
         duration_ms: 5,
         http_status: None,
         retry_after_ms: None,
+        run_token: None,
     };
     // a result from a worker that does not own the execution changes nothing
     completion::record(&step.context, &ExecutionResult { worker_id: worker + 1, ..result.clone() }).await.unwrap();

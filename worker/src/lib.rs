@@ -3,6 +3,13 @@
 //! success itself and reports a failure to the executors (their RetryManager decides on the
 //! retry).
 //!
+//! Trust: a dispatch names only the execution and the worker. The claim (`scheduled → running`,
+//! fenced by this worker's id) reads what to run from PostgreSQL in the same statement and stores
+//! a run token this worker drew; every result it publishes carries the token, and executors record
+//! only results whose token is the row's. The entrypoint runs only from inside its pack directory
+//! (`runner::resolve_entrypoint`), and a cancel notice stops a run only once the database no longer
+//! has it here (see `docs/security-broker.md`).
+//!
 //! Capacity: the worker runs `ATTUNE_WORKER_CONCURRENCY` actions at once and takes a few more
 //! dispatches ahead (delivered, held, not started: a message delivered to a consumer does not
 //! expire): up to `ATTUNE_WORKER_PREFETCH`, fewer when its recent execution time says they would
@@ -40,7 +47,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::HealthState;
-use crate::runner::{ActionRun, Runtimes};
+use crate::runner::{ActionRun, Ran, Runtimes};
 
 pub use attune_common::ServiceError as Error;
 
@@ -326,7 +333,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         let worker = worker.clone();
         run_consumer(control, stop_consuming.clone(), move |incoming| {
             let worker = worker.clone();
-            async move { worker.handle_control(incoming) }
+            async move { worker.handle_control(incoming).await }
         })
     });
     {
@@ -406,12 +413,14 @@ impl Worker {
     /// goes back to waiting.
     async fn recover_previous_run(&self) -> Result<(), Error> {
         self.hand_back_unstarted().await;
-        let orphans = db::execution::running_on(&self.db, self.id).await?;
-        for execution_id in orphans {
+        // (each result carries the token the earlier process drew: the executor records only that)
+        let orphans = db::execution::runs_on(&self.db, self.id).await?;
+        for (execution_id, run_token) in orphans {
             tracing::warn!(execution_id, "execution was running when this worker last stopped");
             let result = failure_result(
                 execution_id,
                 self.id,
+                run_token,
                 FailureKind::WorkerHeartbeatStale,
                 "the worker restarted while the action was running".into(),
             );
@@ -641,55 +650,69 @@ impl Worker {
             tracing::debug!(execution_id, "dispatch is a duplicate of one claimed or running here");
             return Disposition::Ack;
         }
-        let claim = Transition::claim(self.id);
-        let claimed = db::execution::transition_surely(&self.db, "claiming an execution", execution_id, &claim).await;
+        // the claim reads what to run from the database: nothing of the message but the ids is
+        // believed (a forged dispatch for an execution not scheduled here claims nothing)
+        let run_token = new_run_token();
+        let claimed = db::execution::claim_surely(&self.db, execution_id, self.id, &run_token).await;
         if !matches!(claimed, Ok(Some(_))) {
             self.running.lock().expect("running map poisoned").release(execution_id);
         }
-        match claimed {
-            Ok(Some(_)) => {}
+        let claimed = match claimed {
+            Ok(Some(claimed)) => claimed,
             Ok(None) => {
-                tracing::debug!(execution_id = dispatch.execution_id, "dispatch is stale or a duplicate");
+                tracing::debug!(execution_id, "dispatch is stale or a duplicate");
                 return Disposition::Ack;
             }
             Err(e) => {
-                tracing::warn!(execution_id = dispatch.execution_id, error = %e, "could not claim execution");
+                tracing::warn!(execution_id, error = %e, "could not claim execution");
                 return Disposition::Retry;
             }
-        }
+        };
         let started = Instant::now();
+        let runtime = claimed.runtime.as_deref().unwrap_or_default();
+        let transient_exit_codes = transient_exit_codes(claimed.retry_policy.as_ref());
+        let timeout_seconds = claimed.timeout_seconds.unwrap_or(self.settings.common.default_timeout_secs);
         let run = ActionRun {
-            execution_id: dispatch.execution_id,
-            action_ref: &dispatch.action_ref,
-            runtime: &dispatch.runtime,
-            pack_path: PathBuf::from(&dispatch.pack_path),
-            entrypoint: &dispatch.entrypoint,
-            parameters: &dispatch.parameters,
-            timeout: Duration::from_secs(dispatch.timeout_seconds.max(1) as u64),
-            retry_count: dispatch.retry_count,
+            execution_id,
+            action_ref: &claimed.action_ref,
+            runtime,
+            pack_path: PathBuf::from(claimed.pack_path.as_deref().unwrap_or_default()),
+            entrypoint: claimed.entrypoint.as_deref().unwrap_or_default(),
+            parameters: &claimed.parameters,
+            timeout: Duration::from_secs(timeout_seconds.max(1) as u64),
+            retry_count: claimed.retry_count,
             output_limit: self.settings.output_limit,
-            transient_exit_codes: &dispatch.transient_exit_codes,
-            http: dispatch.http.as_ref(),
-            idempotency_key: &dispatch.idempotency_key,
-            // (the action's own block comes with the claim that reads the action from the database)
-            limits: None,
+            transient_exit_codes: &transient_exit_codes,
+            http: claimed.http.as_ref(),
+            idempotency_key: &claimed.idempotency_key,
+            limits: claimed.limits.as_ref(),
         };
         let cancel = self.abort.child_token();
-        self.running.lock().expect("running map poisoned").start(dispatch.execution_id, &cancel);
-        let ran = self.runtimes.execute(&run, &cancel).await;
-        self.running.lock().expect("running map poisoned").tokens.remove(&dispatch.execution_id);
+        self.running.lock().expect("running map poisoned").start(execution_id, &cancel);
+        // (an action removed since it was dispatched: nothing to run, and not this worker's fault)
+        let action_gone = claimed.runtime.is_none();
+        let ran = match action_gone {
+            true => Ran::of(runner::Outcome {
+                status: ResultStatus::Failed,
+                failure_kind: Some(FailureKind::ActionNotFound),
+                error: Some(format!("action '{}' no longer exists", claimed.action_ref)),
+                result: None,
+            }),
+            false => self.runtimes.execute(&run, &cancel).await,
+        };
+        self.running.lock().expect("running map poisoned").tokens.remove(&execution_id);
         if cancel.is_cancelled() && !self.abort.is_cancelled() {
             // A client canceled it (or an operator failed it): the record already says so.
-            let stopped = match dispatch.runtime.as_str() {
+            let stopped = match runtime {
                 "http" => "stopped while running (canceled or failed by hand); request aborted",
                 _ => "stopped while running (canceled or failed by hand); process group killed",
             };
-            tracing::info!(execution_id = dispatch.execution_id, "{stopped}");
+            tracing::info!(execution_id, "{stopped}");
             return Disposition::Ack;
         }
         let outcome = ran.outcome;
         let duration_ms = started.elapsed().as_millis() as u64;
-        let worker_failed = outcome.failure_kind.is_some_and(FailureKind::counts_against_worker);
+        let worker_failed = outcome.failure_kind.is_some_and(FailureKind::counts_against_worker) && !action_gone;
         let after = self.health.finish(worker_failed, duration_ms);
         // executors dispatch by the slots and the health of the last heartbeat: a change of either
         // is sent early
@@ -698,7 +721,7 @@ impl Worker {
             std::mem::replace(reported, now) != now
         });
         let result = ExecutionResult {
-            execution_id: dispatch.execution_id,
+            execution_id,
             worker_id: self.id,
             status: outcome.status,
             result: outcome.result,
@@ -710,10 +733,11 @@ impl Worker {
             duration_ms,
             http_status: ran.http_status,
             retry_after_ms: ran.retry_after.map(|after| after.as_millis() as u64),
+            run_token: Some(run_token),
         };
         attune_common::metrics::increment(
             &attune_common::metrics::ACTIONS_RUN,
-            &[("runtime", &dispatch.runtime), ("status", result.status.as_str())],
+            &[("runtime", runtime), ("status", result.status.as_str())],
             1,
         );
         if result.status == ResultStatus::Completed && self.record_success(&result).await {
@@ -730,7 +754,7 @@ impl Worker {
     /// another reason, in which case the result goes to the executors as well.
     async fn record_success(&self, result: &ExecutionResult) -> bool {
         let outcome = result.outcome();
-        let complete = Transition::completion(self.id, &outcome);
+        let complete = Transition::completion(self.id, &outcome).run_token(result.run_token.as_deref());
         let recorded =
             db::execution::transition_surely(&self.db, "recording a success", result.execution_id, &complete).await;
         match recorded {
@@ -758,15 +782,36 @@ impl Worker {
         }
     }
 
-    /// A cancel notice: stop the execution if it runs here.
-    fn handle_control(&self, incoming: Incoming) -> Disposition {
-        match serde_json::from_slice::<attune_common::mq::CancelNotice>(&incoming.data) {
-            Ok(notice) => {
-                if self.running.lock().expect("running map poisoned").cancel(notice.execution_id) {
-                    tracing::info!(execution_id = notice.execution_id, "cancel notice: stopping the action");
+    /// A cancel notice: stop the execution if it runs (or is being claimed) here and the database
+    /// says it no longer should. A notice is not believed by itself (anyone who can publish to the
+    /// broker can send one); the API changes the row before it sends its own, so a genuine notice
+    /// always finds the row changed. A notice for an execution not here needs no read: a claim of
+    /// it after the change misses.
+    async fn handle_control(&self, incoming: Incoming) -> Disposition {
+        let notice = match serde_json::from_slice::<attune_common::mq::CancelNotice>(&incoming.data) {
+            Ok(notice) => notice,
+            Err(e) => {
+                tracing::warn!(error = %e, "unparseable control message ignored");
+                return Disposition::Ack;
+            }
+        };
+        let execution_id = notice.execution_id;
+        if !self.running.lock().expect("running map poisoned").is_here(execution_id) {
+            return Disposition::Ack;
+        }
+        match db::execution::still_on(&self.db, execution_id, self.id).await {
+            Ok(true) => tracing::warn!(
+                execution_id,
+                worker_id = self.id,
+                "cancel notice ignored: the execution still runs here"
+            ),
+            Ok(false) => {
+                if self.running.lock().expect("running map poisoned").cancel(execution_id) {
+                    tracing::info!(execution_id, "cancel notice: stopping the action");
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "unparseable control message ignored"),
+            // the database check every ATTUNE_WORKER_CANCEL_CHECK_SECS stops it if it was canceled
+            Err(e) => tracing::warn!(execution_id, error = %e, "could not check a cancel notice in the database"),
         }
         Disposition::Ack
     }
@@ -839,6 +884,11 @@ impl Running {
         self.tokens.insert(execution_id, token.clone());
     }
 
+    /// Whether the execution is being claimed or runs here.
+    fn is_here(&self, execution_id: i64) -> bool {
+        self.tokens.contains_key(&execution_id) || self.claiming.contains(&execution_id)
+    }
+
     /// Cancels a running execution (true), or remembers the notice for one about to start.
     fn cancel(&mut self, execution_id: i64) -> bool {
         match self.tokens.get(&execution_id) {
@@ -857,10 +907,17 @@ impl Running {
     }
 }
 
-fn failure_result(execution_id: i64, worker_id: i64, kind: FailureKind, error: String) -> ExecutionResult {
+fn failure_result(
+    execution_id: i64,
+    worker_id: i64,
+    run_token: Option<String>,
+    kind: FailureKind,
+    error: String,
+) -> ExecutionResult {
     ExecutionResult {
         execution_id,
         worker_id,
+        run_token,
         status: ResultStatus::Failed,
         result: None,
         failure_kind: Some(kind),
@@ -872,6 +929,20 @@ fn failure_result(execution_id: i64, worker_id: i64, kind: FailureKind, error: S
         http_status: None,
         retry_after_ms: None,
     }
+}
+
+/// A run token (see `ExecutionResult::run_token`): 128 bits from the thread's generator (ChaCha,
+/// seeded from the operating system), as 32 hex digits.
+fn new_run_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// The exit codes an action's stored `retry` block treats as transient (besides 75).
+fn transient_exit_codes(retry_policy: Option<&serde_json::Value>) -> Vec<i32> {
+    retry_policy
+        .and_then(|policy| serde_json::from_value::<attune_common::pack::RetryPolicy>(policy.clone()).ok())
+        .and_then(|policy| policy.exit_codes)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -913,5 +984,35 @@ mod running_tests {
         running.start(2, &early);
         assert!(early.is_cancelled(), "the early notice cancels it as it starts");
         assert!(running.cancel(1) && token.is_cancelled());
+    }
+
+    #[test]
+    fn an_execution_is_here_while_it_is_claimed_or_runs() {
+        let mut running = Running::default();
+        assert!(!running.is_here(1));
+        assert!(running.reserve(1));
+        assert!(running.is_here(1), "being claimed");
+        running.release(1);
+        assert!(!running.is_here(1));
+        assert!(running.reserve(1));
+        running.start(1, &CancellationToken::new());
+        assert!(running.is_here(1), "running");
+        running.tokens.remove(&1);
+        assert!(!running.is_here(1));
+    }
+
+    #[test]
+    fn run_tokens_are_128_random_bits_in_hex() {
+        let (a, b) = (new_run_token(), new_run_token());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{a}");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn transient_exit_codes_come_from_the_stored_retry_block() {
+        assert_eq!(transient_exit_codes(Some(&json!({"exit_codes": [3, 4]}))), [3, 4]);
+        assert!(transient_exit_codes(Some(&json!({"max_attempts": 2}))).is_empty());
+        assert!(transient_exit_codes(None).is_empty());
     }
 }

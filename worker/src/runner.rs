@@ -271,20 +271,54 @@ pub fn param_env_name(name: &str) -> String {
     format!("ATTUNE_PARAM_{cleaned}")
 }
 
+/// The script an action's entrypoint names, checked before anything runs: the pack directory is an
+/// absolute path, and the entrypoint a relative path that, symbolic links followed, names a file
+/// inside it. The database says what to run, but neither a pack directory changed after its
+/// registration (a link swapped for one that leads elsewhere) nor an edited record makes the
+/// worker run a program outside the pack. Returns the resolved path (the one that runs); `Err`
+/// says why not, the worker's failure (`action_not_found`).
+pub fn resolve_entrypoint(pack_path: &Path, entrypoint: &str) -> Result<PathBuf, String> {
+    use std::path::Component;
+    if !pack_path.is_absolute() {
+        return Err(format!("the pack directory '{}' is not an absolute path", pack_path.display()));
+    }
+    let relative = Path::new(entrypoint);
+    if entrypoint.is_empty() || !relative.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
+        return Err(format!("the entrypoint '{entrypoint}' is not a path inside its pack directory"));
+    }
+    let root = std::fs::canonicalize(pack_path)
+        .map_err(|_| format!("the pack directory {} is missing on this worker", pack_path.display()))?;
+    let script = pack_path.join(relative);
+    let resolved = std::fs::canonicalize(&script)
+        .map_err(|_| format!("the entrypoint {} is missing on this worker", script.display()))?;
+    if !resolved.starts_with(&root) {
+        return Err(format!(
+            "the entrypoint {} leads outside its pack directory {} (to {})",
+            script.display(),
+            root.display(),
+            resolved.display()
+        ));
+    }
+    if !resolved.is_file() {
+        return Err(format!("the entrypoint {} is not a file", script.display()));
+    }
+    Ok(resolved)
+}
+
 async fn run_process(
     interpreter: &Path,
     supervisor: Option<&Path>,
     run: &ActionRun<'_>,
     abort: &CancellationToken,
 ) -> Finished {
-    let script = run.pack_path.join(run.entrypoint);
-    // what is missing on this worker is its own failure, told apart from the action's exit code
-    for (path, what) in
-        [(&run.pack_path, "pack directory"), (&script, "entrypoint"), (&interpreter.to_path_buf(), "interpreter")]
-    {
-        if std::fs::metadata(path).is_err() {
-            return not_started(format!("the {what} {} is missing on this worker", path.display()));
-        }
+    // what is missing on this worker, or leads outside the pack, is its own failure, told apart
+    // from the action's exit code
+    let script = match resolve_entrypoint(&run.pack_path, run.entrypoint) {
+        Ok(script) => script,
+        Err(error) => return not_started(error),
+    };
+    if std::fs::metadata(interpreter).is_err() {
+        return not_started(format!("the interpreter {} is missing on this worker", interpreter.display()));
     }
     let limits = match crate::supervise::limits_for(run.limits, run.output_limit) {
         Ok(limits) => limits,
@@ -560,8 +594,9 @@ mod tests {
         let dir = temp_pack("printf '%s' \"$ATTUNE_IDEMPOTENCY_KEY\"\n");
         let parameters = json!({"idempotency_key": "not this"});
         let runtimes = Runtimes::detect(&["shell".into()], None).await;
-        let ran =
-            runtimes.execute(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new()).await;
+        let ran = runtimes
+            .execute(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new())
+            .await;
         assert_eq!((ran.outcome.status, ran.stdout.as_str()), (ResultStatus::Completed, "key-7"), "{ran:?}");
     }
 
@@ -597,5 +632,61 @@ mod tests {
         assert!(finished.stdout.starts_with("[... "), "{}", &finished.stdout[..40]);
         assert!(finished.stdout.ends_with("line-4999\n"));
         assert!(finished.stdout.len() < 1100);
+    }
+
+    #[test]
+    fn an_entrypoint_runs_only_from_inside_its_pack() {
+        let pack = temp_pack("echo inside\n");
+        let outside = temp_pack("echo outside\n");
+        std::fs::create_dir_all(pack.join("actions")).unwrap();
+        std::os::unix::fs::symlink(pack.join("run.sh"), pack.join("actions/inner.sh")).unwrap();
+        std::os::unix::fs::symlink(outside.join("run.sh"), pack.join("actions/outer.sh")).unwrap();
+        std::os::unix::fs::symlink(&outside, pack.join("elsewhere")).unwrap();
+        let inside = std::fs::canonicalize(pack.join("run.sh")).unwrap();
+        assert_eq!(resolve_entrypoint(&pack, "run.sh"), Ok(inside.clone()));
+        assert_eq!(resolve_entrypoint(&pack, "./run.sh"), Ok(inside.clone()));
+        assert_eq!(resolve_entrypoint(&pack, "actions/inner.sh"), Ok(inside), "a link within the pack");
+        let refused = |pack: &Path, entrypoint: &str, why: &str| {
+            let error = resolve_entrypoint(pack, entrypoint).unwrap_err();
+            assert!(error.contains(why), "{entrypoint}: {error}");
+        };
+        refused(&pack, "actions/outer.sh", "leads outside its pack directory");
+        refused(&pack, "elsewhere/run.sh", "leads outside its pack directory");
+        refused(&pack, "../run.sh", "not a path inside");
+        refused(&pack, "actions/../../run.sh", "not a path inside");
+        refused(&pack, outside.join("run.sh").to_str().unwrap(), "not a path inside");
+        refused(&pack, "", "not a path inside");
+        refused(&pack, "missing.sh", "missing on this worker");
+        refused(&pack, "actions", "not a file");
+        refused(Path::new("relative/pack"), "run.sh", "not an absolute path");
+        refused(&pack.join("gone"), "run.sh", "pack directory");
+    }
+
+    #[tokio::test]
+    async fn an_entrypoint_outside_the_pack_is_the_workers_failure_and_never_runs() {
+        let pack = temp_pack("echo inside\n");
+        let outside = temp_pack("touch marker\n");
+        std::fs::remove_file(pack.join("run.sh")).unwrap();
+        std::os::unix::fs::symlink(outside.join("run.sh"), pack.join("run.sh")).unwrap();
+        let parameters = json!({});
+        let runtimes = Runtimes::detect(&["shell".into()], None).await;
+        let ran = runtimes
+            .execute(&run_of(&pack, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new())
+            .await;
+        assert_eq!(ran.outcome.failure_kind, Some(FailureKind::ActionNotFound), "{ran:?}");
+        assert!(ran.outcome.error.unwrap().contains("leads outside its pack directory"));
+        assert!(!outside.join("marker").exists() && !pack.join("marker").exists(), "the script ran");
+    }
+
+    #[tokio::test]
+    async fn a_runtime_this_worker_does_not_offer_is_not_run() {
+        let pack = temp_pack("touch marker\n");
+        let parameters = json!({});
+        let runtimes = Runtimes::detect(&["python".into()], None).await;
+        let ran = runtimes
+            .execute(&run_of(&pack, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new())
+            .await;
+        assert_eq!(ran.outcome.failure_kind, Some(FailureKind::ActionNotFound), "{ran:?}");
+        assert!(!pack.join("marker").exists(), "the script ran");
     }
 }

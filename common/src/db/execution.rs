@@ -1,6 +1,6 @@
 //! The execution table: inserts, reads, and the guarded writes of `status`: `transition` for one
-//! row, and the batch claims (`claim_waiting`, `promote_due_retries`), which check their edge
-//! against the state machine the same way.
+//! row, a worker's `claim` (which also reads what to run), and the batch claims (`claim_waiting`,
+//! `promote_due_retries`), which check their edge against the state machine the same way.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -312,6 +312,10 @@ pub struct Transition<'a> {
     pub outcome: Option<&'a Outcome>,
     /// The retry decision recorded with a failure (see `Execution::retry_decision`).
     pub retry_decision: Option<&'a Value>,
+    /// Only if the execution's run token (drawn by the worker at its claim) is this one: how a
+    /// result is recorded (`ExecutionResult::run_token`). `Some(None)` matches only a run claimed
+    /// without a token (by a worker of an earlier version).
+    pub run_token: Option<Option<&'a str>>,
 }
 
 impl<'a> Transition<'a> {
@@ -324,6 +328,7 @@ impl<'a> Transition<'a> {
             assign_worker: None,
             outcome: None,
             retry_decision: None,
+            run_token: None,
         }
     }
     pub fn from(mut self, from: &'a [ExecutionStatus]) -> Self {
@@ -344,6 +349,11 @@ impl<'a> Transition<'a> {
     }
     pub fn retry_decision(mut self, decision: &'a Value) -> Self {
         self.retry_decision = Some(decision);
+        self
+    }
+    /// Guards by the run token a result carries (`None`: it carries none).
+    pub fn run_token(mut self, run_token: Option<&'a str>) -> Self {
+        self.run_token = Some(run_token);
         self
     }
 
@@ -396,8 +406,8 @@ impl TransitionRow for Changed {
     }
 }
 
-/// The write path of `execution.status` for one row (besides `insert` and the batch claims
-/// `claim_waiting` and `promote_due_retries`, which check their edges the same way): one UPDATE
+/// The write path of `execution.status` for one row (besides `insert`, a worker's `claim` and the
+/// batch claims `claim_waiting` and `promote_due_retries`, which check their edges the same way): one UPDATE
 /// guarded by the allowed source states
 /// (and the owning worker). `Ok(None)` means nothing matched: the message that asked for it was a
 /// duplicate or is stale, and the caller acks and drops it. Returns the whole row.
@@ -458,6 +468,7 @@ async fn transition_as<R: TransitionRow>(
             stdout = COALESCE($10, stdout), stderr = COALESCE($11, stderr), \
             retry_decision = COALESCE($13, retry_decision), http_status = COALESCE($14, http_status) \
          WHERE id = $1 AND status = ANY($3) AND ($5::bigint IS NULL OR worker = $5) \
+           AND (NOT $15 OR run_token IS NOT DISTINCT FROM $16) \
          RETURNING {}",
         R::COLUMNS
     );
@@ -476,6 +487,8 @@ async fn transition_as<R: TransitionRow>(
         .bind(&ExecutionStatus::TERMINAL[..])
         .bind(transition.retry_decision)
         .bind(outcome.http_status)
+        .bind(transition.run_token.is_some())
+        .bind(transition.run_token.flatten())
         .fetch_optional(db)
         .await?;
     if let Some(row) = &applied {
@@ -509,15 +522,26 @@ pub async fn transition_surely(
     execution_id: i64,
     transition: &Transition<'_>,
 ) -> Result<Option<Changed>, sqlx::Error> {
+    surely(what, execution_id, |uncertain| async move {
+        match uncertain {
+            true => transition_or_landed(db, execution_id, transition).await,
+            false => transition_brief(db, execution_id, transition).await,
+        }
+    })
+    .await
+}
+
+/// Runs `attempt` until it answers other than with a passing outage, backing off from 100 ms to
+/// 5 s; `attempt(true)` once an earlier attempt failed, and so may have landed unacknowledged.
+async fn surely<T, F, Fut>(what: &str, execution_id: i64, mut attempt: F) -> Result<Option<T>, sqlx::Error>
+where
+    F: FnMut(bool) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, sqlx::Error>>,
+{
     let mut uncertain = false;
     let mut delay = std::time::Duration::from_millis(100);
     loop {
-        let attempt = if uncertain {
-            transition_or_landed(db, execution_id, transition).await
-        } else {
-            transition_brief(db, execution_id, transition).await
-        };
-        match attempt {
+        match attempt(uncertain).await {
             Err(e) if crate::db::is_transient(&e) => {
                 uncertain = true;
                 tracing::warn!(execution_id, error = %e, retry_in_ms = delay.as_millis() as u64, "{what}: dependency unavailable, waiting");
@@ -527,6 +551,101 @@ pub async fn transition_surely(
             other => return other,
         }
     }
+}
+
+/// A worker's claim: the run as the database names it, read in the claim's own statement. The
+/// dispatch message names only the execution and the worker, and nothing else in it is believed.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct ClaimedRun {
+    pub id: i64,
+    pub status: ExecutionStatus,
+    pub action_ref: String,
+    pub worker: Option<i64>,
+    pub parameters: Value,
+    pub timeout_seconds: Option<i32>,
+    pub retry_count: i32,
+    pub idempotency_key: String,
+    /// The token the claim stored (see `claim`).
+    pub run_token: Option<String>,
+    /// The action's runtime (`None`, like the four below, when the action is gone).
+    pub runtime: Option<String>,
+    pub entrypoint: Option<String>,
+    /// The directory of the action's pack.
+    pub pack_path: Option<String>,
+    /// The action's `http` block.
+    pub http: Option<Value>,
+    /// The action's `retry` block (its `exit_codes` are transient).
+    pub retry_policy: Option<Value>,
+    /// The action's `limits` block, as written (the worker fills in and caps what it enforces).
+    pub limits: Option<Value>,
+}
+
+/// What a claim reads, from the claimed row `c`, its action `a` and the action's pack `p`.
+const RUN_COLUMNS: &str = "c.id, c.status, c.action_ref, c.worker, c.parameters, c.timeout_seconds, c.retry_count, \
+    c.idempotency_key, c.run_token, a.runtime, a.entrypoint, p.path AS pack_path, a.http, a.retry_policy, \
+    a.limits FROM c LEFT JOIN action a ON a.id = c.action LEFT JOIN pack p ON p.id = a.pack";
+
+/// scheduled → running for the worker the execution was dispatched to (`Transition::claim`),
+/// storing `run_token` (drawn by that worker, see `ExecutionResult::run_token`), and what to run,
+/// read from the execution, its action and the action's pack: one statement, one round trip.
+/// `None`: the execution is not scheduled on this worker (a stale, duplicate or forged dispatch),
+/// and nothing was written.
+pub async fn claim(
+    db: impl PgExecutor<'_>,
+    execution_id: i64,
+    worker_id: i64,
+    run_token: &str,
+) -> Result<Option<ClaimedRun>, sqlx::Error> {
+    let claim = Transition::claim(worker_id);
+    claim.check();
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH c AS ( \
+            UPDATE execution SET status = $3, updated = now(), started = now(), run_token = $5 \
+            WHERE id = $1 AND status = ANY($4) AND worker = $2 \
+            RETURNING id, status, action, action_ref, worker, parameters, timeout_seconds, retry_count, \
+               idempotency_key, run_token) \
+         SELECT {RUN_COLUMNS}"
+    )))
+    .bind(execution_id)
+    .bind(worker_id)
+    .bind(claim.to)
+    .bind(claim.from)
+    .bind(run_token)
+    .fetch_optional(db)
+    .await
+}
+
+/// `claim` as `transition_surely` makes a transition: waiting out a database outage, and, when a
+/// later attempt finds nothing to claim after an error, reading back the run an earlier attempt
+/// claimed with this very token (its acknowledgement lost).
+pub async fn claim_surely(
+    db: &PgPool,
+    execution_id: i64,
+    worker_id: i64,
+    run_token: &str,
+) -> Result<Option<ClaimedRun>, sqlx::Error> {
+    surely("claiming an execution", execution_id, |uncertain| async move {
+        match claim(db, execution_id, worker_id, run_token).await? {
+            None if uncertain => {
+                let landed: Option<ClaimedRun> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "WITH c AS (SELECT * FROM execution \
+                        WHERE id = $1 AND status = 'running' AND worker = $2 AND run_token = $3) \
+                     SELECT {RUN_COLUMNS}"
+                )))
+                .bind(execution_id)
+                .bind(worker_id)
+                .bind(run_token)
+                .fetch_optional(db)
+                .await?;
+                if landed.is_some() {
+                    tracing::info!(execution_id, "an earlier claim landed (its acknowledgement was lost)");
+                }
+                Ok(landed)
+            }
+            claimed => Ok(claimed),
+        }
+    })
+    .await
 }
 
 /// The transition, or, if it finds nothing to change, the row when an earlier attempt of the same
@@ -736,9 +855,24 @@ pub async fn scheduled_on(db: &PgPool, worker_id: i64) -> Result<Vec<i64>, sqlx:
     on_worker(db, worker_id, ExecutionStatus::Scheduled).await
 }
 
-/// The executions a worker is running.
-pub async fn running_on(db: &PgPool, worker_id: i64) -> Result<Vec<i64>, sqlx::Error> {
-    on_worker(db, worker_id, ExecutionStatus::Running).await
+/// The executions a worker is running, each with the run token its claim stored.
+pub async fn runs_on(db: &PgPool, worker_id: i64) -> Result<Vec<(i64, Option<String>)>, sqlx::Error> {
+    sqlx::query_as("SELECT id, run_token FROM execution WHERE worker = $1 AND status = $2 ORDER BY id")
+        .bind(worker_id)
+        .bind(ExecutionStatus::Running)
+        .fetch_all(db)
+        .await
+}
+
+/// Whether the execution is still dispatched to or running on this worker: a cancel notice for
+/// one that is did not come from a cancellation (the API changes the row before it sends one).
+pub async fn still_on(db: &PgPool, execution_id: i64, worker_id: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM execution WHERE id = $1 AND worker = $2 AND status = ANY($3))")
+        .bind(execution_id)
+        .bind(worker_id)
+        .bind(&ExecutionStatus::IN_FLIGHT[..])
+        .fetch_one(db)
+        .await
 }
 
 async fn on_worker(db: &PgPool, worker_id: i64, status: ExecutionStatus) -> Result<Vec<i64>, sqlx::Error> {

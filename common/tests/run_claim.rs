@@ -1,0 +1,201 @@
+//! A worker's claim reads what to run from the database, and a result is recorded only with the
+//! run token of the claim: each guarded write for its hit and its miss, on a fresh database.
+
+use attune_common::db::{self, execution::NewExecution, execution::Outcome, execution::Transition};
+use attune_core::ExecutionStatus::{self, *};
+use attune_core::FailureKind;
+use attune_testkit::TestDb;
+use attune_testkit::pgcut::PgCut;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sqlx::PgPool;
+
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+/// The core pack registered, and one `core.echo` execution of `message` in `status` on `worker`.
+async fn execution_in(pool: &PgPool, status: ExecutionStatus, worker: Option<i64>, message: &str) -> i64 {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
+    db::pack::register(pool, &attune_common::pack::load_pack(&dir).unwrap()).await.unwrap();
+    let action = db::action::get_by_ref(pool, "core.echo").await.unwrap().unwrap();
+    let new = NewExecution {
+        runtime: Some(action.runtime.clone()),
+        parameters: json!({"message": message}),
+        ..attune_testkit::echo_execution(&action)
+    };
+    let id = db::execution::insert(pool, &new).await.unwrap().id;
+    sqlx::query("UPDATE execution SET status = $2, worker = $3, finished = CASE WHEN $4 THEN now() END WHERE id = $1")
+        .bind(id)
+        .bind(status)
+        .bind(worker)
+        .bind(status.is_terminal())
+        .execute(pool)
+        .await
+        .unwrap();
+    id
+}
+
+type Row = (ExecutionStatus, Option<i64>, Option<String>, Option<DateTime<Utc>>, DateTime<Utc>);
+
+async fn row(pool: &PgPool, id: i64) -> Row {
+    sqlx::query_as("SELECT status, worker, run_token, started, updated FROM execution WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn worker(pool: &PgPool, name: &str) -> i64 {
+    db::worker::register(pool, name, &json!({"runtimes": ["shell"]})).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_claim_reads_the_run_from_the_database_and_stores_its_token() {
+    let test = TestDb::new().await;
+    let w = worker(&test.pool, "w").await;
+    let id = execution_in(&test.pool, Scheduled, Some(w), "from the record").await;
+    let run = db::execution::claim(&test.pool, id, w, TOKEN).await.unwrap().expect("claimed");
+    assert_eq!((run.id, run.status, run.worker), (id, Running, Some(w)));
+    assert_eq!(run.run_token.as_deref(), Some(TOKEN));
+    let action = db::action::get_by_ref(&test.pool, "core.echo").await.unwrap().unwrap();
+    assert_eq!(
+        (run.runtime.as_deref(), run.entrypoint.as_deref(), run.pack_path.as_deref()),
+        (Some("shell"), Some("actions/echo.sh"), action.pack_path.as_deref())
+    );
+    assert_eq!(
+        (run.parameters, run.timeout_seconds, run.retry_count),
+        (json!({"message": "from the record"}), Some(30), 0)
+    );
+    let limited = execution_in(&test.pool, Scheduled, Some(w), "limited").await;
+    sqlx::query("UPDATE action SET limits = '{\"memory_mb\": 64}' WHERE id = $1")
+        .bind(action.id)
+        .execute(&test.pool)
+        .await
+        .unwrap();
+    let run = db::execution::claim(&test.pool, limited, w, TOKEN).await.unwrap().expect("claimed");
+    assert_eq!(run.limits, Some(json!({"memory_mb": 64})), "the action's limits come with the claim");
+    let stored = row(&test.pool, id).await;
+    assert_eq!((stored.0, stored.2.as_deref()), (Running, Some(TOKEN)));
+    assert!(stored.3.is_some(), "started is set");
+
+    // a second claim of it (a duplicate dispatch) misses and writes nothing
+    assert_eq!(db::execution::claim(&test.pool, id, w, &"f".repeat(32)).await.unwrap(), None);
+    assert_eq!(row(&test.pool, id).await, stored);
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_claim_of_an_execution_not_scheduled_on_the_worker_writes_nothing() {
+    let test = TestDb::new().await;
+    let w = worker(&test.pool, "w").await;
+    let other = worker(&test.pool, "other").await;
+    for (status, on) in [(Requested, None), (Scheduled, Some(other)), (Running, Some(w)), (Canceled, Some(w))] {
+        let id = execution_in(&test.pool, status, on, "x").await;
+        let before = row(&test.pool, id).await;
+        assert_eq!(db::execution::claim(&test.pool, id, w, TOKEN).await.unwrap(), None, "{status} on {on:?}");
+        assert_eq!(row(&test.pool, id).await, before, "{status} on {on:?}: untouched");
+    }
+    assert_eq!(db::execution::claim(&test.pool, i64::MAX, w, TOKEN).await.unwrap(), None, "no such execution");
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_claim_of_an_execution_whose_action_is_gone_names_no_action() {
+    let test = TestDb::new().await;
+    let w = worker(&test.pool, "w").await;
+    let id = execution_in(&test.pool, Scheduled, Some(w), "x").await;
+    sqlx::query("UPDATE execution SET action = NULL WHERE id = $1").bind(id).execute(&test.pool).await.unwrap();
+    let run = db::execution::claim(&test.pool, id, w, TOKEN).await.unwrap().expect("claimed");
+    assert_eq!((run.runtime, run.entrypoint, run.pack_path), (None, None, None));
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_is_read_back_by_its_token() {
+    let test = TestDb::new().await;
+    let w = worker(&test.pool, "w").await;
+    let id = execution_in(&test.pool, Scheduled, Some(w), "lost").await;
+    let cut = PgCut::start("127.0.0.1:5432").await;
+    let pool = db::connect(&cut.url(&test.url), 2, std::time::Duration::from_secs(10)).await.unwrap();
+    cut.arm("WITH c AS ( UPDATE execution");
+    let run = db::execution::claim_surely(&pool, id, w, TOKEN).await.unwrap();
+    assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
+    let run = run.expect("the worker knows its claim landed");
+    assert_eq!(
+        (run.status, run.run_token.as_deref(), run.entrypoint.as_deref()),
+        (Running, Some(TOKEN), Some("actions/echo.sh"))
+    );
+
+    // without an error first, a claim that finds nothing is stale, as before (no read-back)
+    let taken = execution_in(&test.pool, Scheduled, Some(w), "taken").await;
+    db::execution::claim(&test.pool, taken, w, &"a".repeat(32)).await.unwrap().expect("claimed by another process");
+    assert_eq!(db::execution::claim_surely(&pool, taken, w, TOKEN).await.unwrap(), None);
+    pool.close().await;
+    test.drop_database().await;
+}
+
+fn failure() -> Outcome {
+    Outcome { failure_kind: Some(FailureKind::TransientError), error: Some("e".into()), ..Default::default() }
+}
+
+#[tokio::test]
+async fn a_result_is_recorded_only_with_the_run_token_of_its_claim() {
+    let test = TestDb::new().await;
+    let w = worker(&test.pool, "w").await;
+    let id = execution_in(&test.pool, Scheduled, Some(w), "x").await;
+    db::execution::claim(&test.pool, id, w, TOKEN).await.unwrap().expect("claimed");
+    let before = row(&test.pool, id).await;
+    let outcome = failure();
+    let failed = |token: Option<&'static str>| {
+        Transition::to(Failed).from(&[Running]).owned_by(w).outcome(&outcome).run_token(token)
+    };
+    let wrong = "ffffffffffffffffffffffffffffffff";
+    for token in [None, Some(wrong), Some("")] {
+        let missed = db::execution::transition_brief(&test.pool, id, &failed(token)).await.unwrap();
+        assert_eq!(missed, None, "token {token:?}");
+        assert_eq!(row(&test.pool, id).await, before, "token {token:?}: untouched");
+    }
+    let completion = Transition::completion(w, &outcome).run_token(None);
+    assert_eq!(db::execution::transition_brief(&test.pool, id, &completion).await.unwrap(), None);
+    let recorded = db::execution::transition_brief(&test.pool, id, &failed(Some(TOKEN))).await.unwrap();
+    assert_eq!(recorded.map(|r| r.status), Some(Failed));
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_run_claimed_without_a_token_takes_only_a_result_without_one() {
+    // claimed by a worker of an earlier version: its result carries no token either
+    let test = TestDb::new().await;
+    let w = worker(&test.pool, "w").await;
+    let id = execution_in(&test.pool, Running, Some(w), "x").await;
+    let outcome = failure();
+    let failed = |token| Transition::to(Failed).from(&[Running]).owned_by(w).outcome(&outcome).run_token(token);
+    assert_eq!(db::execution::transition_brief(&test.pool, id, &failed(Some(TOKEN))).await.unwrap(), None);
+    let recorded = db::execution::transition_brief(&test.pool, id, &failed(None)).await.unwrap();
+    assert_eq!(recorded.map(|r| r.status), Some(Failed));
+    // transitions without the guard (the monitor's, the dead-letter handler's) ignore the token
+    let other = execution_in(&test.pool, Scheduled, Some(w), "y").await;
+    db::execution::claim(&test.pool, other, w, TOKEN).await.unwrap().expect("claimed");
+    let stale = Transition::to(Failed).from(&[Running]).outcome(&outcome);
+    assert!(db::execution::transition_brief(&test.pool, other, &stale).await.unwrap().is_some());
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_cancel_notice_is_believed_only_once_the_row_moved_on() {
+    let test = TestDb::new().await;
+    let w = worker(&test.pool, "w").await;
+    let other = worker(&test.pool, "other").await;
+    let scheduled = execution_in(&test.pool, Scheduled, Some(w), "x").await;
+    let running = execution_in(&test.pool, Running, Some(w), "x").await;
+    let elsewhere = execution_in(&test.pool, Running, Some(other), "x").await;
+    let waiting = execution_in(&test.pool, Requested, None, "x").await;
+    let canceled = execution_in(&test.pool, Canceled, Some(w), "x").await;
+    assert!(db::execution::still_on(&test.pool, scheduled, w).await.unwrap());
+    assert!(db::execution::still_on(&test.pool, running, w).await.unwrap());
+    assert!(!db::execution::still_on(&test.pool, elsewhere, w).await.unwrap());
+    assert!(!db::execution::still_on(&test.pool, waiting, w).await.unwrap());
+    assert!(!db::execution::still_on(&test.pool, canceled, w).await.unwrap());
+    assert!(!db::execution::still_on(&test.pool, i64::MAX, w).await.unwrap());
+    assert_eq!(db::execution::runs_on(&test.pool, w).await.unwrap(), [(running, None)]);
+    test.drop_database().await;
+}

@@ -1,0 +1,468 @@
+//! Forged broker messages, with the real binaries: whoever can publish to the broker cannot run a
+//! program, fail an execution or stop a run. A worker reads what to run from PostgreSQL when it
+//! claims an execution, and runs an entrypoint only inside its pack directory; the executor
+//! records a result only with the run token the worker drew at its claim; a worker stops a run
+//! on a cancel notice only when the database says it is no longer running there.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use attune_testkit::system::repo_root;
+use attune_testkit::{System, wait_for};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const SIGKILL: i32 = 9;
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+fn with_e2e() -> attune_testkit::SystemBuilder {
+    System::builder().pack(repo_root().join("testkit/packs/e2e"))
+}
+
+/// A directory of the test's own under the system temp directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("attune-{prefix}-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A script outside any pack that leaves `marker` behind if anything runs it.
+fn evil_script(dir: &TempDir) -> (PathBuf, PathBuf) {
+    let marker = dir.path().join("marker");
+    let script = dir.path().join("evil.sh");
+    std::fs::write(&script, format!("#!/bin/sh\ntouch '{}'\necho forged\n", marker.display())).unwrap();
+    (script, marker)
+}
+
+/// A dispatch as an earlier version sent it, naming what to run: everything but the ids forged.
+fn forged_dispatch(execution_id: i64, worker_id: i64, script: &Path) -> Vec<u8> {
+    json!({
+        "execution_id": execution_id,
+        "worker_id": worker_id,
+        "action_ref": "core.echo",
+        "runtime": "shell",
+        "entrypoint": script.file_name().unwrap().to_str().unwrap(),
+        "pack_path": script.parent().unwrap(),
+        "parameters": {"message": "forged"},
+        "timeout_seconds": 30,
+        "retry_count": 0,
+        "transient_exit_codes": [],
+        "idempotency_key": "forged",
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The row's status, worker, start and last change.
+async fn row(system: &System, execution_id: i64) -> (String, Option<i64>, Option<DateTime<Utc>>, DateTime<Utc>) {
+    sqlx::query_as("SELECT status::text, worker, started, updated FROM execution WHERE id = $1")
+        .bind(execution_id)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap()
+}
+
+async fn wait_running(system: &System, execution_id: i64) {
+    wait_for(&format!("execution {execution_id} to run"), DEADLINE, || async move {
+        (row(system, execution_id).await.0 == "running").then_some(())
+    })
+    .await;
+}
+
+/// Publishes `body` on `exchange` of this system's namespace (`publish_raw` is for the main one).
+async fn publish_on(system: &System, exchange: &str, routing_key: &str, body: &[u8]) {
+    use lapin::options::BasicPublishOptions;
+    let connection = attune_common::mq::connect(&attune_testkit::amqp_url(), "attune-test-forger").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(Default::default()).await.unwrap();
+    let exchange = format!("{}{exchange}", system.namespace.name);
+    let confirm = channel
+        .basic_publish(
+            exchange.as_str().into(),
+            routing_key.into(),
+            BasicPublishOptions { mandatory: true, ..Default::default() },
+            body,
+            lapin::BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "{confirm:?}");
+    let _ = connection.close(200, "done".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_dispatch_for_a_waiting_execution_runs_nothing_and_writes_nothing() {
+    let mut system = with_e2e().worker("w1", &[]).start().await;
+    // nobody schedules: the execution stays requested
+    system.signal("executor", SIGKILL);
+    let w1 = system.worker_id("w1").await;
+    let waiting = id(&system.submit("core.echo", json!({"message": "waits"})).await);
+    let before = row(&system, waiting).await;
+    assert_eq!((before.0.as_str(), before.1), ("requested", None));
+
+    let outside = TempDir::new("forged-a");
+    let (script, marker) = evil_script(&outside);
+    system.publish_raw(&format!("worker.{w1}"), &forged_dispatch(waiting, w1, &script)).await;
+    system.wait_log("w1", &format!("dispatch is stale or a duplicate execution_id={waiting}")).await;
+
+    assert!(!marker.exists(), "the forged script ran");
+    assert_eq!(row(&system, waiting).await, before, "the forged dispatch changed the execution");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_dispatch_runs_only_what_the_database_names() {
+    let mut system = with_e2e().worker("w1", &[]).start().await;
+    system.signal("executor", SIGKILL);
+    let w1 = system.worker_id("w1").await;
+    let scheduled = id(&system.submit("core.echo", json!({"message": "from the database"})).await);
+    // scheduled on w1 as a scheduler would, with no dispatch sent: the forged one is the only one
+    sqlx::query("UPDATE execution SET status = 'scheduled', worker = $2, updated = now() WHERE id = $1")
+        .bind(scheduled)
+        .bind(w1)
+        .execute(&system.db.pool)
+        .await
+        .unwrap();
+
+    let outside = TempDir::new("forged-b");
+    let (script, marker) = evil_script(&outside);
+    system.publish_raw(&format!("worker.{w1}"), &forged_dispatch(scheduled, w1, &script)).await;
+    let done = system.wait_terminal(scheduled, DEADLINE).await;
+
+    assert!(!marker.exists(), "the forged script ran");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["stdout"], "from the database\n", "the database's action and parameters ran: {done}");
+    assert_eq!(done["worker"], w1);
+    system.stop().await;
+}
+
+/// A failure result naming the execution and its worker, with `run_token` (none if `None`).
+fn forged_failure(execution_id: i64, worker_id: i64, run_token: Option<&str>) -> Vec<u8> {
+    let mut result = json!({
+        "execution_id": execution_id, "worker_id": worker_id, "status": "failed", "result": null,
+        "failure_kind": "transient_error", "error": "forged", "exit_code": 75,
+        "stdout": "", "stderr": "", "duration_ms": 1
+    });
+    if let Some(token) = run_token {
+        result["run_token"] = token.into();
+    }
+    result.to_string().into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_failure_result_changes_nothing() {
+    let system = with_e2e().worker("w1", &[]).start().await;
+    let w1 = system.worker_id("w1").await;
+    let gate = TempDir::new("forged-c");
+    let gate_file = gate.path().join("gate");
+    let running = id(&system.submit("e2e.gate", json!({"gate": gate_file})).await);
+    wait_running(&system, running).await;
+    let before = row(&system, running).await;
+
+    system.publish_raw("execution.result", &forged_failure(running, w1, None)).await;
+    system.publish_raw("execution.result", &forged_failure(running, w1, Some(&"0".repeat(32)))).await;
+    let dropped = format!("result dropped: its run token is not the execution's execution_id={running}");
+    wait_for("the executor to have handled both forged results", DEADLINE, || async {
+        let handled = system.log("executor").matches(&dropped).count() >= 2;
+        (handled || row(&system, running).await.0 != "running").then_some(())
+    })
+    .await;
+    assert_eq!(row(&system, running).await, before, "a forged result changed the execution");
+
+    std::fs::write(&gate_file, "").unwrap();
+    let done = system.wait_terminal(running, DEADLINE).await;
+    assert_eq!((done["status"].as_str(), &done["error"]), (Some("completed"), &Value::Null), "{done}");
+    assert_eq!(done["retried_by"], Value::Null);
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_cancel_notice_does_not_stop_a_run() {
+    let system = with_e2e().worker("w1", &[]).start().await;
+    let gate = TempDir::new("forged-d");
+    let gate_file = gate.path().join("gate");
+    let running = id(&system.submit("e2e.gate", json!({"gate": gate_file})).await);
+    wait_running(&system, running).await;
+    let before = row(&system, running).await;
+
+    let notice = json!({"execution_id": running}).to_string();
+    publish_on(&system, ".control", "", notice.as_bytes()).await;
+    let ignored = format!("cancel notice ignored: the execution still runs here execution_id={running}");
+    let stopped = "stopped while running (canceled or failed by hand)";
+    wait_for("the worker to have handled the forged notice", DEADLINE, || async {
+        let log = system.log("w1");
+        (log.contains(&ignored) || log.contains(stopped)).then_some(())
+    })
+    .await;
+    assert!(!system.log("w1").contains(stopped), "a forged notice stopped the run");
+    assert_eq!(row(&system, running).await, before);
+
+    std::fs::write(&gate_file, "").unwrap();
+    let done = system.wait_terminal(running, DEADLINE).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    system.stop().await;
+}
+
+/// A pack of three shell actions (`link`, `up`, `absolute`), each running `actions/run.sh`.
+fn fenced_pack(dir: &TempDir) -> PathBuf {
+    let pack = dir.path().join("fenced");
+    std::fs::create_dir_all(pack.join("actions")).unwrap();
+    std::fs::write(pack.join("pack.yaml"), "ref: fenced\nversion: 1.0.0\n").unwrap();
+    std::fs::write(pack.join("actions/run.sh"), "#!/bin/sh\necho inside\n").unwrap();
+    for name in ["link", "up", "absolute"] {
+        std::fs::write(
+            pack.join(format!("actions/{name}.yaml")),
+            format!("name: {name}\nruntime: shell\nentrypoint: actions/run.sh\nmax_retries: 0\n"),
+        )
+        .unwrap();
+    }
+    pack
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entrypoint_that_leads_outside_its_pack_is_refused() {
+    let packs = TempDir::new("fenced-pack");
+    let system = with_e2e().pack(fenced_pack(&packs)).worker("w1", &[]).start().await;
+    let registered: String =
+        sqlx::query_scalar("SELECT path FROM pack WHERE ref = 'fenced'").fetch_one(&system.db.pool).await.unwrap();
+    let registered = PathBuf::from(registered);
+    let outside = TempDir::new("fenced-outside");
+    let (script, marker) = evil_script(&outside);
+
+    // after registration: the entrypoint became a symbolic link to a script outside the pack, and
+    // the record names paths outside it
+    std::fs::remove_file(registered.join("actions/run.sh")).unwrap();
+    std::os::unix::fs::symlink(&script, registered.join("actions/run.sh")).unwrap();
+    let up =
+        format!("{}{}", "../".repeat(registered.components().count()), script.strip_prefix("/").unwrap().display());
+    for (action, entrypoint) in [("fenced.up", up.as_str()), ("fenced.absolute", script.to_str().unwrap())] {
+        sqlx::query("UPDATE action SET entrypoint = $2 WHERE ref = $1")
+            .bind(action)
+            .bind(entrypoint)
+            .execute(&system.db.pool)
+            .await
+            .unwrap();
+    }
+    let submitted: Vec<i64> = futures_util::future::join_all(
+        ["fenced.link", "fenced.up", "fenced.absolute"].map(|action| system.submit(action, json!({}))),
+    )
+    .await
+    .iter()
+    .map(id)
+    .collect();
+    for execution in submitted {
+        let done = system.wait_terminal(execution, DEADLINE).await;
+        assert_eq!(
+            (done["status"].as_str(), done["failure_kind"].as_str()),
+            (Some("failed"), Some("action_not_found"))
+        );
+        let error = done["error"].as_str().unwrap();
+        assert!(error.contains("outside its pack") || error.contains("not a path inside"), "{error}");
+    }
+    assert!(!marker.exists(), "a script outside the pack ran");
+    system.stop().await;
+}
+
+/// Users of the test's own with the permissions `docs/security-broker.md` gives each service,
+/// for this system's namespace; deleted when dropped.
+struct BrokerUsers {
+    namespace: String,
+    vhost: String,
+    url: reqwest::Url,
+}
+
+impl BrokerUsers {
+    fn create(namespace: &str) -> BrokerUsers {
+        let url = reqwest::Url::parse(&attune_testkit::amqp_url()).unwrap();
+        let vhost = match url.path().trim_start_matches('/') {
+            "" => "/".to_string(),
+            path => path.replace("%2f", "/").replace("%2F", "/"),
+        };
+        let users = BrokerUsers { namespace: namespace.to_string(), vhost, url };
+        let doc = std::fs::read_to_string(repo_root().join("docs/security-broker.md")).unwrap();
+        let lines: Vec<&str> = doc.lines().filter(|l| l.starts_with("rabbitmqctl set_permissions")).collect();
+        assert_eq!(lines.len(), 3, "one set_permissions line per service");
+        for line in lines {
+            // rabbitmqctl set_permissions -p "$VHOST" attune-<service> '<configure>' '<write>' '<read>'
+            let service = line.split_whitespace().nth(4).unwrap().strip_prefix("attune-").unwrap();
+            let patterns: Vec<String> = line
+                .split('\'')
+                .skip(1)
+                .step_by(2)
+                .map(|p| p.replacen("^attune", &format!("^{namespace}"), 1))
+                .collect();
+            assert_eq!(patterns.len(), 3, "{line}");
+            let user = users.user(service);
+            rabbitmqctl(&["add_user", &user, "secret"]);
+            let mut args = vec!["set_permissions", "-p", &users.vhost, &user];
+            args.extend(patterns.iter().map(String::as_str));
+            rabbitmqctl(&args);
+        }
+        users
+    }
+
+    fn user(&self, service: &str) -> String {
+        format!("{}-{service}", self.namespace)
+    }
+
+    /// `AMQP_URL` for `service`'s user.
+    fn url(&self, service: &str) -> String {
+        let mut url = self.url.clone();
+        url.set_username(&self.user(service)).unwrap();
+        url.set_password(Some("secret")).unwrap();
+        url.to_string()
+    }
+}
+
+impl Drop for BrokerUsers {
+    fn drop(&mut self) {
+        for service in ["api", "executor", "worker"] {
+            let _ = std::process::Command::new("rabbitmqctl").args(["-q", "delete_user", &self.user(service)]).output();
+        }
+    }
+}
+
+fn rabbitmqctl(args: &[&str]) {
+    let out = std::process::Command::new("rabbitmqctl").arg("-q").args(args).output().expect("rabbitmqctl (as root)");
+    assert!(out.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Child processes started by the test, killed when dropped; their logs in `dir`.
+struct Children(Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn(mut command: std::process::Command, log: &Path) -> std::process::Child {
+    let file = std::fs::File::create(log).unwrap();
+    command.stdin(std::process::Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_service_works_with_the_broker_permissions_the_docs_give_it() {
+    let mut system = with_e2e().start().await;
+    let users = BrokerUsers::create(&system.namespace.name);
+    let logs = TempDir::new("broker-users");
+    // the system's executor makes way for one with the executor's user; a worker and a second API
+    // come with theirs
+    system.signal("executor", SIGKILL);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut children = Children(Vec::new());
+    for (service, binary, extra) in [
+        ("executor", "attune-executor", vec![]),
+        ("worker", "attune-worker", vec![("ATTUNE_WORKER_NAME", "limited".to_string())]),
+        ("api", "attune-api", vec![("ATTUNE_API_ADDR", format!("127.0.0.1:{port}"))]),
+    ] {
+        let mut command = system.command(binary);
+        command.env("AMQP_URL", users.url(service));
+        for (key, value) in extra {
+            command.env(key, value);
+        }
+        children.0.push(spawn(command, &logs.path().join(format!("{service}.log"))));
+    }
+    let logs_of =
+        |service: &str| std::fs::read_to_string(logs.path().join(format!("{service}.log"))).unwrap_or_default();
+    let pool = system.db.pool.clone();
+    wait_for("the limited worker to consume", DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            let consuming: bool = sqlx::query_scalar(
+                "SELECT status = 'active' AND capabilities->>'consuming' = 'true' FROM worker WHERE name = 'limited'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .ok()??;
+            consuming.then_some(())
+        }
+    })
+    .await;
+    let api = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    wait_for("the limited API to be ready", DEADLINE, || async {
+        http.get(format!("{api}/readyz")).send().await.ok().filter(|r| r.status().is_success()).map(|_| ())
+    })
+    .await;
+    let post = |path: String, body: Value| {
+        let request = http.post(format!("{api}{path}")).bearer_auth(&system.token).json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+
+    // a success (the worker records it), a failure (its result goes through the executor), a
+    // cancel (the API's notice stops the run)
+    let (status, echo) =
+        post("/api/v1/executions".into(), json!({"action_ref": "core.echo", "parameters": {"message": "m"}})).await;
+    assert_eq!(status, 201, "{echo}");
+    let (_, fail) =
+        post("/api/v1/executions".into(), json!({"action_ref": "core.fail", "parameters": {"exit_code": 3}})).await;
+    let gate = TempDir::new("broker-users-gate");
+    let (_, held) = post(
+        "/api/v1/executions".into(),
+        json!({"action_ref": "e2e.gate", "parameters": {"gate": gate.path().join("gate")}}),
+    )
+    .await;
+    let done = system.wait_terminal(id(&echo), DEADLINE).await;
+    assert_eq!(done["status"], "completed", "{done}\n{}", logs_of("worker"));
+    let done = system.wait_terminal(id(&fail), DEADLINE).await;
+    assert_eq!(
+        (done["status"].as_str(), done["exit_code"].as_i64()),
+        (Some("failed"), Some(3)),
+        "{done}\n{}",
+        logs_of("executor")
+    );
+    wait_running(&system, id(&held)).await;
+    let (status, canceled) = post(format!("/api/v1/executions/{}/cancel", id(&held)), json!({})).await;
+    assert_eq!(status, 200, "{canceled}");
+    wait_for("the cancel notice to stop the run", DEADLINE, || async {
+        logs_of("worker").contains("cancel notice: stopping the action").then_some(())
+    })
+    .await;
+
+    // and not more than the docs say: the API's user cannot take dead letters, nor a worker queue
+    let connection = attune_common::mq::connect(&users.url("api"), "attune-test-limited").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let dlq = format!("{}.dlq", system.namespace.name);
+    let refused =
+        channel.basic_consume(dlq.as_str().into(), "thief".into(), Default::default(), Default::default()).await;
+    assert!(refused.is_err(), "the API's user consumed the dead-letter queue");
+    let channel = connection.create_channel().await.unwrap();
+    let queue = format!("{}.worker.1.ttl300.q2", system.namespace.name);
+    let refused = channel.queue_declare(queue.as_str().into(), Default::default(), Default::default()).await;
+    assert!(refused.is_err(), "the API's user declared a worker queue");
+    let _ = connection.close(200, "done".into()).await;
+    for service in ["api", "executor", "worker"] {
+        let log = logs_of(service);
+        assert!(!log.contains("ACCESS_REFUSED"), "the {service} was refused something it needs:\n{log}");
+    }
+    drop(children);
+    drop(users);
+    system.stop().await;
+}
