@@ -145,18 +145,18 @@ async fn what_cannot_start_because_of_the_request_is_the_requests_fault() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unhealthy_worker_gets_a_probe_after_its_probation_and_comes_back() {
-    let pack = std::env::temp_dir().join(format!("attune-probation-{:08x}", rand::random::<u32>()));
-    attune_testkit::copy_dir(&repo_root().join("testkit/packs/e2e"), &pack);
-    let moved = pack.with_extension("moved");
     let name = unique_name("probation");
     let system = System::builder()
         .env("ATTUNE_HEALTH_PROBATION_SECS", "2")
         .env("ATTUNE_WORKER_WAIT_SECS", "60")
         .worker(&name, &[])
-        .pack(&pack)
+        .pack(repo_root().join("testkit/packs/e2e"))
         .start()
         .await;
-    let log = pack.with_extension("log");
+    // the pack as registered: the system's copy in its packs directory
+    let pack = system.packs_dir().join("e2e");
+    let moved = pack.with_extension("moved");
+    let log = std::env::temp_dir().join(format!("attune-probation-{:08x}.log", rand::random::<u32>()));
     let parameters = json!({"log": log, "seconds": 0});
     // the worker's own failure: its pack directory is gone
     std::fs::rename(&pack, &moved).unwrap();
@@ -180,7 +180,6 @@ async fn an_unhealthy_worker_gets_a_probe_after_its_probation_and_comes_back() {
         assert_eq!(system.wait_terminal(execution, DEADLINE).await["status"], "completed");
     }
     system.stop().await;
-    let _ = std::fs::remove_dir_all(&pack);
     let _ = std::fs::remove_file(&log);
 }
 
