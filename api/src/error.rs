@@ -62,6 +62,32 @@ impl ApiError {
         tracing::error!(%error, "{context}");
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("{context}; see the server log"))
     }
+    /// A request body larger than `ATTUNE_API_MAX_BODY_BYTES` (`limit`): 413 naming the limit,
+    /// with the body's declared length when it had one.
+    pub fn body_too_large(limit: usize, declared: Option<u64>) -> Self {
+        let size = match declared {
+            Some(length) => format!("the request body is {length} bytes"),
+            None => "the request body is larger".to_string(),
+        };
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("{size}, more than the limit of {limit} bytes (ATTUNE_API_MAX_BODY_BYTES)"),
+        )
+        .with_extra(json!({"limit_bytes": limit}))
+    }
+    /// A request not answered within `ATTUNE_API_REQUEST_TIMEOUT_SECS` (`limit`): 503, which a
+    /// client may retry (a submission safely with an `Idempotency-Key`).
+    pub fn request_timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "request_timeout",
+            format!(
+                "the request was not answered within {} s (ATTUNE_API_REQUEST_TIMEOUT_SECS); try again",
+                limit.as_secs()
+            ),
+        )
+    }
     pub fn with_extra(mut self, extra: serde_json::Value) -> Self {
         self.extra = Some(extra);
         self
@@ -81,8 +107,14 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+/// The `code` of an error response, as a response extension: the server's own layers read it
+/// (`server::with_limits` names the body limit on an extractor's 413).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode(pub &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let code = ErrorCode(self.code);
         let mut body = json!({"code": self.code, "message": self.message});
         if let Some(parameter) = self.parameter {
             body["parameter"] = json!(parameter);
@@ -92,7 +124,9 @@ impl IntoResponse for ApiError {
                 body[k] = v;
             }
         }
-        (self.status, Json(json!({ "error": body }))).into_response()
+        let mut response = (self.status, Json(json!({ "error": body }))).into_response();
+        response.extensions_mut().insert(code);
+        response
     }
 }
 

@@ -10,6 +10,7 @@ pub mod error;
 pub mod openapi;
 pub mod roles;
 pub mod routes;
+pub mod server;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +44,9 @@ pub struct Settings {
     /// `ATTUNE_API_MAX_PARAMETERS_BYTES` (65536) and `ATTUNE_API_MAX_PARAMETER_VALUE_BYTES`
     /// (32768): how large a submission's parameters may be.
     pub parameter_limits: attune_core::params::SizeLimits,
+    /// The HTTP server's bounds and TLS (`server`): header and request timeouts, connections,
+    /// body size, the list pages' byte budget, the certificate.
+    pub http: server::HttpSettings,
 }
 
 impl Settings {
@@ -64,6 +68,7 @@ impl FromEnv for Settings {
                 total_bytes: read(source, "ATTUNE_API_MAX_PARAMETERS_BYTES")?,
                 value_bytes: read(source, "ATTUNE_API_MAX_PARAMETER_VALUE_BYTES")?,
             },
+            http: server::HttpSettings::from_source(source)?,
         })
     }
 }
@@ -181,10 +186,14 @@ pub async fn register_packs(pool: &PgPool, dir: &std::path::Path) -> Result<usiz
     }
 }
 
-/// Serves on `listener` until `shutdown` fires.
+/// Serves on `listener` (HTTPS when the settings name a certificate) until `shutdown` fires,
+/// then lets the requests in flight finish; bounded as `server` describes.
 pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationToken) -> Result<(), Error> {
-    tracing::info!(addr = %listener.local_addr()?, "api listening");
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
+    let settings = state.settings.http.clone();
+    let scheme = if settings.tls.is_some() { "https" } else { "http" };
+    tracing::info!(addr = %listener.local_addr()?, scheme, "api listening");
+    let app = server::with_limits(router(state), &settings);
+    server::serve(listener, app, &settings, shutdown).await?;
     Ok(())
 }
 

@@ -18,12 +18,14 @@ pub struct ErrorDetail {
     /// `unsupported_media_type`, `payload_too_large`, `method_not_allowed`, `not_found`,
     /// `execution_not_found`, `action_not_found`, `pack_not_found`, `already_retried`,
     /// `not_terminal`, `already_finished`, `not_stuck`, `idempotency_key_reused`, `invalid_pack`,
-    /// `forbidden`, `token_not_found`, `own_token`, `unavailable`, `internal`.
+    /// `forbidden`, `token_not_found`, `own_token`, `unavailable`, `request_timeout`, `internal`.
     pub code: String,
     pub message: String,
     /// The request parameter that was wrong (`parameters.message`, `status`, `config.retry_of`,
     /// the `Idempotency-Key` header, ...).
     pub parameter: Option<String>,
+    /// With `payload_too_large` for the whole body: its limit (`ATTUNE_API_MAX_BODY_BYTES`).
+    pub limit_bytes: Option<i64>,
     /// With `already_retried`: the id of the existing retry.
     pub retry_execution: Option<i64>,
     /// With `idempotency_key_reused`: the execution the key's first request created.
@@ -104,10 +106,15 @@ pub fn document_rejections(openapi: &mut utoipa::openapi::OpenApi) {
                 );
             }
             if has_body {
-                add("413", "The body is larger than the server accepts");
+                add(
+                    "413",
+                    "The body is larger than ATTUNE_API_MAX_BODY_BYTES (`payload_too_large`, `limit_bytes`), or than a route's own limit",
+                );
                 add("415", "The body is not sent as `application/json`");
                 add("422", "The body does not match its schema; `parameter` names the field");
             }
+            // any request the server does not answer in time (`server::with_limits`)
+            add("503", "`request_timeout`: not answered within ATTUNE_API_REQUEST_TIMEOUT_SECS; try again");
         }
     }
 }

@@ -43,6 +43,7 @@ impl Api {
             token_cache_ttl: Duration::from_secs(10),
             action_cache_ttl: Duration::from_secs(5),
             parameter_limits: attune_core::params::SizeLimits { total_bytes: 65536, value_bytes: 32768 },
+            http: Default::default(),
         };
         let state = attune_api::state(settings).await.expect("api state");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

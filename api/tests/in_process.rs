@@ -46,6 +46,7 @@ impl Api {
             token_cache_ttl: Duration::from_secs(10),
             action_cache_ttl: Duration::from_secs(5),
             parameter_limits: attune_core::params::SizeLimits { total_bytes: 65536, value_bytes: 32768 },
+            http: Default::default(),
         };
         let mut settings = settings;
         adjust(&mut settings);

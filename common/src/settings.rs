@@ -89,6 +89,48 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting { name: "ATTUNE_API_ADDR", default: Value("0.0.0.0:8080"), read_by: &[Api], doc: "API listen address" },
     Setting {
+        name: "ATTUNE_API_TLS_CERT_FILE",
+        default: Described("— (plain HTTP)"),
+        read_by: &[Api],
+        doc: "a PEM file of the API's certificate chain: with `ATTUNE_API_TLS_KEY_FILE` (both or neither), the API serves HTTPS only (rustls)",
+    },
+    Setting {
+        name: "ATTUNE_API_TLS_KEY_FILE",
+        default: Described("—"),
+        read_by: &[Api],
+        doc: "a PEM file of the private key of `ATTUNE_API_TLS_CERT_FILE` (PKCS#8, PKCS#1 or SEC1)",
+    },
+    Setting {
+        name: "ATTUNE_API_HEADER_TIMEOUT_SECS",
+        default: Value("10"),
+        read_by: &[Api],
+        doc: "a connection that has not sent a request's headers (or finished its TLS handshake) this long is closed; so is a keep-alive connection idle this long",
+    },
+    Setting {
+        name: "ATTUNE_API_REQUEST_TIMEOUT_SECS",
+        default: Value("30"),
+        read_by: &[Api],
+        doc: "a request not answered this long (its body read and its handler run) is answered 503 `request_timeout`",
+    },
+    Setting {
+        name: "ATTUNE_API_MAX_CONNECTIONS",
+        default: Value("1024"),
+        read_by: &[Api],
+        doc: "connections served at once; further ones wait in the listen backlog until one closes",
+    },
+    Setting {
+        name: "ATTUNE_API_MAX_BODY_BYTES",
+        default: Value("1048576"),
+        read_by: &[Api],
+        doc: "the largest request body; a larger one is refused with 413 `payload_too_large` before it is read (a declared length) or once it passes the limit",
+    },
+    Setting {
+        name: "ATTUNE_API_LIST_BUDGET_BYTES",
+        default: Value("4194304"),
+        read_by: &[Api],
+        doc: "about the most bytes of rows in one page of `GET /api/v1/executions`: a page that would be larger holds fewer rows than its `limit` and says where the next starts",
+    },
+    Setting {
         name: "ATTUNE_TOKEN_CACHE_SECS",
         default: Value("10"),
         read_by: &[Api],

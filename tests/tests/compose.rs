@@ -1,6 +1,7 @@
 //! `docker-compose.yml` and `Dockerfile` cannot be run here (no Docker engine); this checks what
-//! can be checked without one: the compose file parses, and names and wires what the quick
-//! reference's commands use.
+//! can be checked without one: the compose file parses, names and wires what the quick
+//! reference's commands use, and is closed by default (no database or broker port on the host's
+//! interfaces, no management UI, no password with a default).
 
 use attune_testkit::system::repo_root;
 use serde_yaml_ng::Value;
@@ -36,7 +37,16 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
         let s = &compose["services"][service];
         assert_eq!(s["depends_on"]["postgres"]["condition"], "service_healthy", "{service}");
         assert_eq!(s["depends_on"]["rabbitmq"]["condition"], "service_healthy", "{service}");
-        assert_eq!(s["environment"]["DATABASE_URL"], "postgres://attune:attune@postgres:5432/attune", "{service}");
+        assert_eq!(
+            s["environment"]["DATABASE_URL"],
+            "postgres://attune:${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD, see README With Docker}@postgres:5432/attune",
+            "{service}"
+        );
+        assert_eq!(
+            s["environment"]["AMQP_URL"],
+            "amqp://attune:${RABBITMQ_PASSWORD:?set RABBITMQ_PASSWORD, see README With Docker}@rabbitmq:5672/%2f",
+            "{service}"
+        );
         let mounts: Vec<&str> = s["volumes"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
         assert!(mounts.iter().any(|m| m.starts_with("./packs:/packs")), "{service} mounts ./packs");
     }
@@ -47,4 +57,122 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
     for binary in ["attune-api", "attune-executor", "attune-worker", "attune"] {
         assert!(dockerfile.contains(&format!("target/release/{binary}")), "{binary}");
     }
+}
+
+/// Ports a service publishes on the host: (host address, container port) for each, the address
+/// `None` when every interface (`"8080:8080"`, `"5432"`, or the long form without `host_ip`).
+fn published(service: &Value) -> Vec<(Option<String>, u16)> {
+    let container_port = |text: &str| -> u16 {
+        let port = text.split('/').next().unwrap_or_default();
+        port.split('-').next().unwrap().parse().unwrap_or_else(|_| panic!("port {text}"))
+    };
+    let mut ports = Vec::new();
+    for entry in service["ports"].as_sequence().into_iter().flatten() {
+        match entry {
+            Value::Mapping(_) => {
+                let host = entry["host_ip"].as_str().map(str::to_string);
+                let target = entry["target"].as_u64().map(|p| p as u16);
+                ports.push((host, target.unwrap_or_else(|| container_port(entry["target"].as_str().unwrap()))));
+            }
+            _ => {
+                let text = match entry {
+                    Value::Number(n) => n.to_string(),
+                    _ => entry.as_str().expect("a port entry is a string, a number or a mapping").to_string(),
+                };
+                // HOST_IP:HOST_PORT:CONTAINER_PORT, HOST_PORT:CONTAINER_PORT or CONTAINER_PORT
+                // (an IPv6 host address is bracketed: [::1]:5432:5432)
+                let (host, rest) = match text.strip_prefix('[') {
+                    Some(bracketed) => {
+                        let (address, rest) = bracketed.split_once("]:").expect("a bracketed address");
+                        (Some(address.to_string()), rest.to_string())
+                    }
+                    None => {
+                        let parts: Vec<&str> = text.split(':').collect();
+                        match parts.len() {
+                            3 => (Some(parts[0].to_string()), parts[1..].join(":")),
+                            _ => (None, text.clone()),
+                        }
+                    }
+                };
+                ports.push((host, container_port(rest.rsplit(':').next().unwrap())));
+            }
+        }
+    }
+    ports
+}
+
+#[test]
+fn the_compose_file_is_closed_by_default() {
+    let text = std::fs::read_to_string(repo_root().join("docker-compose.yml")).unwrap();
+    let mut compose: Value = serde_yaml_ng::from_str(&text).expect("docker-compose.yml parses");
+    compose.apply_merge().expect("merge keys resolve");
+    let services = compose["services"].as_mapping().expect("services");
+
+    // no database or broker port (PostgreSQL, AMQP, the management UI, Erlang distribution) on
+    // every interface of the host; at most on its loopback
+    const PRIVATE_PORTS: [u16; 6] = [5432, 5672, 5671, 15672, 25672, 4369];
+    for (name, service) in services {
+        let name = name.as_str().unwrap();
+        let private = matches!(name, "postgres" | "rabbitmq");
+        for (host, port) in published(service) {
+            if private || PRIVATE_PORTS.contains(&port) {
+                assert!(
+                    matches!(host.as_deref(), Some("127.0.0.1" | "::1" | "localhost")),
+                    "{name} publishes port {port} on {}",
+                    host.as_deref().unwrap_or("every interface")
+                );
+            }
+        }
+    }
+    // the broker runs without its management UI
+    let broker_image = compose["services"]["rabbitmq"]["image"].as_str().unwrap();
+    assert!(!broker_image.contains("management"), "rabbitmq image {broker_image}");
+
+    // no password has a default: each is a required variable, `${NAME:?message}`, never
+    // `${NAME:-default}`, `${NAME-default}` or a literal
+    for (reference, _) in text.match_indices("${") {
+        let inner = &text[reference + 2..];
+        let inner = &inner[..inner.find('}').expect("a closed ${...}")];
+        let name: String = inner.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if ["PASSWORD", "PASS", "SECRET", "TOKEN"].iter().any(|word| name.contains(word)) {
+            assert!(inner[name.len()..].starts_with(":?"), "${{{inner}}} may default; write ${{{name}:?...}}");
+        }
+    }
+    let required = |value: &Value, variable: &str| {
+        let value = value.as_str().unwrap_or_default();
+        assert!(value.starts_with(&format!("${{{variable}:?")) && value.ends_with('}'), "{value}");
+    };
+    required(&compose["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"], "POSTGRES_PASSWORD");
+    required(&compose["services"]["rabbitmq"]["environment"]["RABBITMQ_DEFAULT_PASS"], "RABBITMQ_PASSWORD");
+    for (name, service) in services {
+        let name = name.as_str().unwrap();
+        for url in ["DATABASE_URL", "AMQP_URL"] {
+            let Some(value) = service["environment"][url].as_str() else { continue };
+            let (_, rest) = value.split_once("://").unwrap();
+            let (userinfo, _) = rest.rsplit_once('@').unwrap_or_else(|| panic!("{name} {url} names no user"));
+            let (_, password) = userinfo.split_once(':').unwrap_or_else(|| panic!("{name} {url} has no password"));
+            assert!(password.starts_with("${") && password.contains(":?"), "{name}'s {url} has a fixed password");
+        }
+    }
+}
+
+#[test]
+fn the_port_reader_reads_each_form() {
+    let ports: Value = serde_yaml_ng::from_str(
+        "ports: [\"8080:8080\", \"127.0.0.1:5432:5432\", 5672, \"[::1]:15672:15672/tcp\", \"9000-9001:9000-9001\",
+                 {target: 4369, published: 4369}, {target: 25672, host_ip: 127.0.0.1}]",
+    )
+    .unwrap();
+    assert_eq!(
+        published(&ports),
+        vec![
+            (None, 8080),
+            (Some("127.0.0.1".into()), 5432),
+            (None, 5672),
+            (Some("::1".into()), 15672),
+            (None, 9000),
+            (None, 4369),
+            (Some("127.0.0.1".into()), 25672),
+        ]
+    );
 }

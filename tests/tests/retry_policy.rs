@@ -276,7 +276,7 @@ async fn an_open_circuit_keeps_fifty_submissions_and_their_retries_away_from_a_f
     assert!(calls_at_open <= 5 + slots, "{calls_at_open} calls before the circuit opened ({slots} slots)");
     assert!(calls <= calls_at_open + 4, "{calls} calls in all, {calls_at_open} when it opened");
     // nothing was failed for it: the rest wait, and their retries were held, not spent
-    let (_, page) = system.get("/api/v1/executions?action_ref=policy.guarded&limit=200").await;
+    let (_, page) = system.get("/api/v1/executions?action_ref=policy.guarded&limit=200&fields=full").await;
     let finished_without_retry = page["items"]
         .as_array()
         .unwrap()

@@ -553,6 +553,31 @@ pub struct ListQuery {
     pub limit: Option<i64>,
     #[param(minimum = 0)]
     pub offset: Option<i64>,
+    /// `summary` (the default): each row without `parameters`, `config`, `result`, `stdout`,
+    /// `stderr` and `retry_decision`; `full`: each row whole. Either way a page holds about
+    /// `ATTUNE_API_LIST_BUDGET_BYTES` of rows at most (`truncated`, `next_offset`).
+    #[param(value_type = Option<ListFields>)]
+    pub fields: Option<ListFields>,
+}
+
+/// Which fields the rows of a list page carry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ListFields {
+    #[default]
+    Summary,
+    Full,
+}
+
+/// A row of a list page: an `ExecutionSummary` (no heavy field), or with `fields=full` the whole
+/// `Execution`, as `GET /executions/{id}` has it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+// (a page's rows live only until they are serialized: boxing the larger one would buy nothing)
+#[allow(clippy::large_enum_variant)]
+pub enum ListedExecution {
+    Summary(db::execution::ExecutionSummary),
+    Full(Execution),
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -561,6 +586,30 @@ pub struct Page<T> {
     pub total: i64,
     pub limit: i64,
     pub offset: i64,
+    /// Where the next page starts (`offset` plus the rows of this one); null on the last page.
+    pub next_offset: Option<i64>,
+    /// True when the byte budget (`ATTUNE_API_LIST_BUDGET_BYTES`) ended this page before its
+    /// `limit`: fewer rows than asked for, and more follow from `next_offset`.
+    pub truncated: bool,
+}
+
+/// What a page's own fields take besides its rows, reserved from the budget.
+const PAGE_ENVELOPE_BYTES: usize = 256;
+/// What a full row takes besides its heavy fields, for the estimate made before reading them.
+const ROW_OVERHEAD_BYTES: usize = 1024;
+
+/// How many rows, of the sizes given in page order, a page of `budget` bytes holds: as many as
+/// fit, and at least one (a row larger than the budget comes alone, so paging always advances).
+pub fn within_budget(sizes: impl IntoIterator<Item = usize>, budget: usize) -> usize {
+    let (mut used, mut count) = (0usize, 0usize);
+    for size in sizes {
+        used = used.saturating_add(size);
+        if count > 0 && used > budget {
+            break;
+        }
+        count += 1;
+    }
+    count
 }
 
 fn timestamp(parameter: &str, value: Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
@@ -574,13 +623,13 @@ fn timestamp(parameter: &str, value: Option<String>) -> Result<Option<DateTime<U
 }
 
 #[utoipa::path(get, path = "/executions", operation_id = "list_executions", tag = "executions", params(ListQuery),
-    responses((status = 200, body = Page<Execution>),
+    responses((status = 200, description = "Newest first; without `fields=full` the rows leave out their heavy fields, and a page holds about `ATTUNE_API_LIST_BUDGET_BYTES` of rows at most", body = Page<ListedExecution>),
         (status = 400, description = "Malformed query", body = crate::openapi::ErrorBody),
         (status = 422, description = "A filter is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
 pub async fn list(
     State(state): State<crate::State>,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Page<Execution>>, ApiError> {
+) -> Result<Json<Page<Box<serde_json::value::RawValue>>>, ApiError> {
     let Query(query) = query?;
     if let Some(action_ref) = &query.action_ref {
         crate::error::storable("action_ref", action_ref)?;
@@ -610,6 +659,52 @@ pub async fn list(
         limit,
         offset,
     };
-    let (items, total) = db::execution::list(&state.db, &filter).await?;
-    Ok(Json(Page { items, total, limit, offset }))
+    let budget = state.settings.http.list_budget_bytes.saturating_sub(PAGE_ENVELOPE_BYTES);
+    // the rows the page could hold, and those read: full rows are weighed in the database
+    // first, so that no more of them are read than the budget may take
+    let (available, rows, total) = match query.fields.unwrap_or_default() {
+        ListFields::Summary => {
+            let (rows, total) = db::execution::list_summaries(&state.db, &filter).await?;
+            (rows.len(), rows.into_iter().map(ListedExecution::Summary).collect::<Vec<_>>(), total)
+        }
+        ListFields::Full => {
+            let sizes = db::execution::list_sizes(&state.db, &filter).await?;
+            let fit = within_budget(sizes.iter().map(|s| *s as usize + ROW_OVERHEAD_BYTES), budget);
+            let (rows, total) = db::execution::list(&state.db, &ListFilter { limit: fit as i64, ..filter }).await?;
+            (sizes.len(), rows.into_iter().map(ListedExecution::Full).collect(), total)
+        }
+    };
+    // and as sent: the estimate cannot know how much JSON escaping adds
+    let mut items = rows
+        .iter()
+        .map(serde_json::value::to_raw_value)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::internal("an execution did not serialize", e))?;
+    items.truncate(within_budget(items.iter().map(|item| item.get().len() + 1), budget));
+    let returned = items.len() as i64;
+    let truncated = items.len() < available;
+    let next_offset = (truncated || offset + returned < total).then_some(offset + returned);
+    Ok(Json(Page { items, total, limit, offset, next_offset, truncated }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within_budget;
+
+    #[test]
+    fn a_page_holds_the_rows_that_fit_and_at_least_one() {
+        let cases: [(&[usize], usize, usize); 7] = [
+            (&[], 100, 0),
+            (&[10, 10, 10], 25, 2),
+            (&[10, 10], 20, 2),
+            (&[10, 10, 1], 20, 2),
+            (&[100], 10, 1),
+            (&[100, 1], 10, 1),
+            (&[10, 100, 1], 50, 1),
+        ];
+        for (sizes, budget, expected) in cases {
+            assert_eq!(within_budget(sizes.iter().copied(), budget), expected, "{sizes:?} in {budget}");
+        }
+        assert_eq!(within_budget([usize::MAX, usize::MAX], 10), 1, "sizes past usize do not wrap");
+    }
 }

@@ -207,12 +207,8 @@ pub struct ListFilter {
 
 /// Newest first. Returns the page and the total number of matching executions.
 pub async fn list(db: &PgPool, filter: &ListFilter) -> Result<(Vec<Execution>, i64), sqlx::Error> {
-    const WHERE: &str = "WHERE ($1::execution_status IS NULL OR status = $1) \
-        AND ($2::text IS NULL OR action_ref = $2) \
-        AND ($3::timestamptz IS NULL OR created >= $3) \
-        AND ($4::timestamptz IS NULL OR created < $4)";
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM execution {WHERE} ORDER BY id DESC LIMIT $5 OFFSET $6"
+        "SELECT {COLUMNS} FROM execution {LIST_WHERE} ORDER BY id DESC LIMIT $5 OFFSET $6"
     )))
     .bind(filter.status)
     .bind(&filter.action_ref)
@@ -222,14 +218,101 @@ pub async fn list(db: &PgPool, filter: &ListFilter) -> Result<(Vec<Execution>, i
     .bind(filter.offset)
     .fetch_all(db)
     .await?;
-    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM execution {WHERE}")))
+    Ok((rows, list_total(db, filter).await?))
+}
+
+/// The number of executions matching `filter` (its limit and offset aside).
+async fn list_total(db: &PgPool, filter: &ListFilter) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM execution {LIST_WHERE}")))
         .bind(filter.status)
         .bind(&filter.action_ref)
         .bind(filter.created_after)
         .bind(filter.created_before)
         .fetch_one(db)
-        .await?;
-    Ok((rows, total))
+        .await
+}
+
+/// An execution without its heavy fields (`parameters`, `config`, `result`, `stdout`, `stderr`,
+/// `retry_decision`): a row of a light list page, a few hundred bytes whatever the action did.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+// (serialized only: this documents `additionalProperties: false`, which tells a summary row
+// from a whole `Execution` in a page's schema)
+#[serde(deny_unknown_fields)]
+pub struct ExecutionSummary {
+    pub id: i64,
+    pub action: Option<i64>,
+    pub action_ref: String,
+    /// The runtime of its action when it was submitted.
+    pub runtime: Option<String>,
+    pub status: ExecutionStatus,
+    pub worker: Option<i64>,
+    pub failure_kind: Option<FailureKind>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub retry_count: i32,
+    pub max_retries: Option<i32>,
+    pub retry_reason: Option<String>,
+    pub original_execution: Option<i64>,
+    pub not_before: Option<DateTime<Utc>>,
+    pub timeout_seconds: Option<i32>,
+    pub started: Option<DateTime<Utc>>,
+    pub finished: Option<DateTime<Utc>>,
+    pub created: DateTime<Utc>,
+    pub updated: DateTime<Utc>,
+    /// The HTTP status an `http` action got.
+    pub http_status: Option<i32>,
+    /// The same for every attempt of a retry chain.
+    pub idempotency_key: String,
+    /// The API token that submitted it (see `Execution::submitted_by`).
+    pub submitted_by: Option<i64>,
+    /// The API token that ended it by hand, if one did.
+    pub ended_by: Option<i64>,
+}
+
+const SUMMARY_COLUMNS: &str = "id, action, action_ref, runtime, status, worker, failure_kind, error, exit_code, \
+    retry_count, max_retries, retry_reason, original_execution, not_before, timeout_seconds, started, finished, \
+    created, updated, http_status, idempotency_key, submitted_by, ended_by";
+
+const LIST_WHERE: &str = "WHERE ($1::execution_status IS NULL OR status = $1) \
+    AND ($2::text IS NULL OR action_ref = $2) \
+    AND ($3::timestamptz IS NULL OR created >= $3) \
+    AND ($4::timestamptz IS NULL OR created < $4)";
+
+/// `list` without the heavy fields: the page (newest first) and the total.
+pub async fn list_summaries(db: &PgPool, filter: &ListFilter) -> Result<(Vec<ExecutionSummary>, i64), sqlx::Error> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SUMMARY_COLUMNS} FROM execution {LIST_WHERE} ORDER BY id DESC LIMIT $5 OFFSET $6"
+    )))
+    .bind(filter.status)
+    .bind(&filter.action_ref)
+    .bind(filter.created_after)
+    .bind(filter.created_before)
+    .bind(filter.limit)
+    .bind(filter.offset)
+    .fetch_all(db)
+    .await?;
+    Ok((rows, list_total(db, filter).await?))
+}
+
+/// The bytes of the heavy fields (and `error`) of each row `list` would return, in its order,
+/// as PostgreSQL writes them as text: what a full page of them weighs, read without sending
+/// them (a text column's length is read from its header, not its value).
+pub async fn list_sizes(db: &PgPool, filter: &ListFilter) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT (octet_length(parameters::text) + octet_length(config::text) \
+            + coalesce(octet_length(result::text), 0) + coalesce(octet_length(retry_decision::text), 0) \
+            + coalesce(octet_length(stdout), 0) + coalesce(octet_length(stderr), 0) \
+            + coalesce(octet_length(error), 0))::bigint \
+         FROM execution {LIST_WHERE} ORDER BY id DESC LIMIT $5 OFFSET $6"
+    )))
+    .bind(filter.status)
+    .bind(&filter.action_ref)
+    .bind(filter.created_after)
+    .bind(filter.created_before)
+    .bind(filter.limit)
+    .bind(filter.offset)
+    .fetch_all(db)
+    .await
 }
 
 /// What a finished (or failed) execution records alongside its new status.

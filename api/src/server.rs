@@ -1,0 +1,340 @@
+//! The HTTP server around the router: what a slow or greedy client meets before and around a
+//! handler. Each bound is a setting (`HttpSettings`), and each refusal a client can read is in
+//! the API's error shape.
+//!
+//! - Headers: a connection that has not sent a whole request head within
+//!   `ATTUNE_API_HEADER_TIMEOUT_SECS` is closed (hyper's header-read timeout; it also closes a
+//!   keep-alive connection idle that long, and bounds a TLS handshake).
+//! - Connections: at most `ATTUNE_API_MAX_CONNECTIONS` are served at once. The accept loop takes
+//!   a permit before it accepts, so further connections wait in the kernel's listen backlog
+//!   (1024) until one closes; past the backlog the kernel refuses them. None is accepted only to
+//!   be dropped: a client that waits is served in turn.
+//! - Bodies: a body over `ATTUNE_API_MAX_BODY_BYTES` is answered 413 `payload_too_large`: at once
+//!   when its `Content-Length` says so (before authentication, nothing read), or when reading it
+//!   passes the limit (a chunked body). Below it, the routes' own limits (the parameters') apply.
+//! - Time: a request not answered within `ATTUNE_API_REQUEST_TIMEOUT_SECS` (its body read and its
+//!   handler run; a handler's work is dropped, so its transaction rolls back) is answered 503
+//!   `request_timeout`.
+//! - TLS: with `ATTUNE_API_TLS_CERT_FILE` and `ATTUNE_API_TLS_KEY_FILE` (both or neither) every
+//!   connection is TLS (rustls with ring; TLS 1.2 and 1.3): there is no plain-HTTP port.
+//! - Shutdown: when the token fires the listener closes, each connection finishes the request it
+//!   is serving (then closes, keep-alive or not), and `serve` returns once all have.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use attune_common::config::{ConfigError, FromEnv, Source, read, read_optional};
+use axum::Router;
+use axum::extract::Request;
+use axum::http::HeaderValue;
+use axum::http::header::{CONNECTION, CONTENT_LENGTH};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::ApiError;
+
+/// How the server bounds its clients (see the module's documentation).
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// `ATTUNE_API_HEADER_TIMEOUT_SECS` (10).
+    pub header_timeout: Duration,
+    /// `ATTUNE_API_REQUEST_TIMEOUT_SECS` (30).
+    pub request_timeout: Duration,
+    /// `ATTUNE_API_MAX_CONNECTIONS` (1024).
+    pub max_connections: usize,
+    /// `ATTUNE_API_MAX_BODY_BYTES` (1 MiB).
+    pub max_body_bytes: usize,
+    /// `ATTUNE_API_LIST_BUDGET_BYTES` (4 MiB): about the most bytes of rows in one list page.
+    pub list_budget_bytes: usize,
+    /// `ATTUNE_API_TLS_CERT_FILE` and `ATTUNE_API_TLS_KEY_FILE`, read and checked at start.
+    pub tls: Option<Tls>,
+}
+
+impl Default for HttpSettings {
+    /// The table's defaults (plain HTTP).
+    fn default() -> Self {
+        HttpSettings::from_source(&attune_common::config::Defaults).expect("the defaults are valid")
+    }
+}
+
+impl FromEnv for HttpSettings {
+    fn from_source(source: &dyn Source) -> Result<Self, ConfigError> {
+        Ok(HttpSettings {
+            header_timeout: Duration::from_secs(at_least_one(source, "ATTUNE_API_HEADER_TIMEOUT_SECS")?),
+            request_timeout: Duration::from_secs(at_least_one(source, "ATTUNE_API_REQUEST_TIMEOUT_SECS")?),
+            max_connections: at_least_one(source, "ATTUNE_API_MAX_CONNECTIONS")? as usize,
+            max_body_bytes: at_least_one(source, "ATTUNE_API_MAX_BODY_BYTES")? as usize,
+            list_budget_bytes: at_least_one(source, "ATTUNE_API_LIST_BUDGET_BYTES")? as usize,
+            tls: Tls::from_source(source)?,
+        })
+    }
+}
+
+fn at_least_one(source: &dyn Source, name: &str) -> Result<u64, ConfigError> {
+    let value: u64 = read(source, name)?;
+    if value == 0 {
+        return Err(ConfigError { name: name.into(), value: "0".into(), reason: "must be at least 1".into() });
+    }
+    Ok(value)
+}
+
+const CERT_FILE: &str = "ATTUNE_API_TLS_CERT_FILE";
+const KEY_FILE: &str = "ATTUNE_API_TLS_KEY_FILE";
+
+/// The API's certificate and key, loaded into a rustls server configuration.
+#[derive(Clone)]
+pub struct Tls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    config: Arc<rustls::ServerConfig>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").field("cert_file", &self.cert_file).field("key_file", &self.key_file).finish()
+    }
+}
+
+impl Tls {
+    /// Both files, or neither (`None`); one without the other is an error naming both.
+    pub fn from_source(source: &dyn Source) -> Result<Option<Tls>, ConfigError> {
+        match (read_optional(source, CERT_FILE), read_optional(source, KEY_FILE)) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => Tls::load(Path::new(cert.trim()), Path::new(key.trim())).map(Some),
+            (cert, key) => {
+                let (name, value) = match (cert, key) {
+                    (Some(cert), _) => (CERT_FILE, cert),
+                    (_, key) => (KEY_FILE, key.unwrap_or_default()),
+                };
+                Err(ConfigError {
+                    name: name.into(),
+                    value,
+                    reason: format!("{CERT_FILE} and {KEY_FILE} go together: set both (HTTPS) or neither (HTTP)"),
+                })
+            }
+        }
+    }
+
+    /// Reads the certificate chain and the key (PEM) and checks that they make a server
+    /// configuration; errors name the setting and the file.
+    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Tls, ConfigError> {
+        let error = |name: &str, path: &Path, reason: String| ConfigError {
+            name: name.into(),
+            value: path.display().to_string(),
+            reason,
+        };
+        let pem = std::fs::read(cert_file).map_err(|e| error(CERT_FILE, cert_file, format!("cannot read it: {e}")))?;
+        let chain = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| error(CERT_FILE, cert_file, format!("not a PEM certificate file: {e}")))?;
+        if chain.is_empty() {
+            return Err(error(CERT_FILE, cert_file, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into()));
+        }
+        let pem = std::fs::read(key_file).map_err(|e| error(KEY_FILE, key_file, format!("cannot read it: {e}")))?;
+        let key = PrivateKeyDer::from_pem_slice(&pem)
+            .map_err(|e| error(KEY_FILE, key_file, format!("holds no PEM private key: {e}")))?;
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .and_then(|builder| builder.with_no_client_auth().with_single_cert(chain, key))
+                .map_err(|e| error(KEY_FILE, key_file, format!("unusable with {}: {e}", cert_file.display())))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Tls { cert_file: cert_file.to_path_buf(), key_file: key_file.to_path_buf(), config: Arc::new(config) })
+    }
+}
+
+/// `app` with the limits every request meets: the request timeout outermost, then the body
+/// limit (a declared length, then the extractors' cap for a body without one).
+pub fn with_limits(app: Router, settings: &HttpSettings) -> Router {
+    let (max_body, timeout) = (settings.max_body_bytes, settings.request_timeout);
+    app.layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn(move |request: Request, next: Next| body_limit(max_body, request, next)))
+        .layer(axum::middleware::from_fn(move |request: Request, next: Next| request_timeout(timeout, request, next)))
+}
+
+async fn body_limit(limit: usize, request: Request, next: Next) -> Response {
+    let declared = request.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if let Some(length) = declared
+        && length > limit as u64
+    {
+        return closing(ApiError::body_too_large(limit, Some(length)).into_response());
+    }
+    let response = next.run(request).await;
+    // an extractor stopped reading at the limit (a body without a declared length): say which
+    if response.extensions().get::<crate::error::ErrorCode>() == Some(&crate::error::ErrorCode("payload_too_large")) {
+        return closing(ApiError::body_too_large(limit, None).into_response());
+    }
+    response
+}
+
+/// `response`, closing its connection: the rest of a refused body is not read, so the
+/// connection cannot carry another request.
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+async fn request_timeout(limit: Duration, request: Request, next: Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(%method, %path, timeout_secs = limit.as_secs(), "request not answered in time");
+            ApiError::request_timeout(limit).into_response()
+        }
+    }
+}
+
+/// Serves `app` (already `with_limits`) on `listener` until `shutdown` fires, then lets each
+/// connection finish its request and returns once all have.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    settings: &HttpSettings,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(settings.header_timeout);
+    let tls = settings.tls.as_ref().map(|tls| tokio_rustls::TlsAcceptor::from(tls.config.clone()));
+    let permits = Arc::new(Semaphore::new(settings.max_connections));
+    let connections = TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        };
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    accept_failed(e, &shutdown).await;
+                    continue;
+                }
+            },
+        };
+        let connection = Connection {
+            http: http.clone(),
+            app: app.clone(),
+            tls: tls.clone(),
+            handshake_timeout: settings.header_timeout,
+            shutdown: shutdown.clone(),
+            _permit: permit,
+        };
+        connections.spawn(connection.run(stream));
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+/// A failed accept: the peer's own trouble (reset, aborted) passes; running out of file
+/// descriptors or memory is logged and the loop pauses a little rather than spin.
+async fn accept_failed(error: std::io::Error, shutdown: &CancellationToken) {
+    use std::io::ErrorKind::*;
+    if matches!(error.kind(), ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted) {
+        return;
+    }
+    tracing::warn!(%error, "cannot accept a connection");
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+    }
+}
+
+/// One accepted connection and what serving it needs; its permit is given back when it ends.
+struct Connection {
+    http: http1::Builder,
+    app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handshake_timeout: Duration,
+    shutdown: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    async fn run(self, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let Some(acceptor) = self.tls.clone() else {
+            return self.serve(stream).await;
+        };
+        let handshake = tokio::select! {
+            _ = self.shutdown.cancelled() => return,
+            handshake = tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)) => handshake,
+        };
+        match handshake {
+            Ok(Ok(stream)) => self.serve(stream).await,
+            Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+            Err(_) => tracing::debug!("TLS handshake not finished within the header timeout"),
+        }
+    }
+
+    async fn serve<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, stream: I) {
+        let service = TowerToHyperService::new(self.app);
+        let connection = self.http.serve_connection(TokioIo::new(stream), service);
+        let mut connection = std::pin::pin!(connection);
+        let result = tokio::select! {
+            result = connection.as_mut() => result,
+            _ = self.shutdown.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(error) = result {
+            // a header timeout, a client gone, a malformed request: the client's business
+            tracing::debug!(%error, "connection ended with an error");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attune_common::settings::Vars;
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let settings = HttpSettings::default();
+        assert_eq!(
+            (settings.header_timeout, settings.request_timeout),
+            (Duration::from_secs(10), Duration::from_secs(30))
+        );
+        assert_eq!(
+            (settings.max_connections, settings.max_body_bytes, settings.list_budget_bytes),
+            (1024, 1024 * 1024, 4 * 1024 * 1024)
+        );
+        assert!(settings.tls.is_none());
+    }
+
+    #[test]
+    fn zero_is_refused_naming_the_setting() {
+        let error = HttpSettings::from_source(&Vars(&[("ATTUNE_API_MAX_CONNECTIONS", "0")])).unwrap_err();
+        assert_eq!(error.name, "ATTUNE_API_MAX_CONNECTIONS");
+    }
+
+    #[test]
+    fn one_tls_file_without_the_other_names_both() {
+        for vars in [&[(CERT_FILE, "/tmp/cert.pem")], &[(KEY_FILE, "/tmp/key.pem")]] {
+            let error = Tls::from_source(&Vars(vars)).unwrap_err().to_string();
+            assert!(error.contains(CERT_FILE) && error.contains(KEY_FILE), "{error}");
+        }
+    }
+
+    #[test]
+    fn unreadable_tls_files_are_named() {
+        let error = Tls::load(Path::new("/nonexistent/cert.pem"), Path::new("/nonexistent/key.pem")).unwrap_err();
+        assert_eq!((error.name.as_str(), error.value.as_str()), (CERT_FILE, "/nonexistent/cert.pem"));
+    }
+}
