@@ -256,8 +256,8 @@ async fn sql_and_rust_agree_on_retry_eligibility() {
         retriable += usize::from(rust);
         by_rule += usize::from(rust && effective.matching_rule(&attempt).is_some());
     }
-    assert!(retriable > 100, "the sample exercises both answers ({retriable} retriable)");
-    assert!(by_rule > 30, "the sample exercises the rules ({by_rule} retried by a rule)");
+    assert!(retriable > 60, "the sample exercises both answers ({retriable} retriable)");
+    assert!(by_rule > 15, "the sample exercises the rules ({by_rule} retried by a rule)");
     test.drop_database().await;
 }
 
