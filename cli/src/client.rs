@@ -1,19 +1,24 @@
-//! A small client for the attune API.
+//! A small client for the attune API. An `https://` API is verified against the system's roots
+//! plus the CA certificates in `ATTUNE_CA_CERT` (rustls with ring, see `attune_common::tls`).
 
 use anyhow::{Context, anyhow};
+use attune_common::settings::{Environment, Source};
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde_json::Value;
 
 pub struct Client {
-    http: reqwest::Client,
+    /// The HTTP client, or why none could be built (a bad `ATTUNE_CA_CERT`), told by the first
+    /// request: commands that do not call the API (`up`, `token create`) still work.
+    http: Result<reqwest::Client, String>,
     base: String,
     token: Option<String>,
 }
 
 impl Client {
     pub fn new(base: &str, token: Option<String>) -> Self {
-        Client { http: reqwest::Client::new(), base: base.trim_end_matches('/').to_string(), token }
+        let http = http_client(&Environment).map_err(|e| format!("{e:#}"));
+        Client { http, base: base.trim_end_matches('/').to_string(), token }
     }
 
     pub async fn request(
@@ -36,7 +41,8 @@ impl Client {
         body: Option<&impl Serialize>,
     ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
-        let mut request = self.http.request(method, &url).query(query);
+        let http = self.http.as_ref().map_err(|e| anyhow!("{e}"))?;
+        let mut request = http.request(method, &url).query(query);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -46,7 +52,10 @@ impl Client {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request.send().await.with_context(|| format!("cannot reach the attune API at {}", self.base))?;
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) => return Err(unreachable(&self.base, e)),
+        };
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         if status.is_success() {
@@ -68,4 +77,27 @@ impl Client {
     pub async fn post(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Value> {
         self.request(Method::POST, path, &[], Some(body)).await
     }
+}
+
+fn http_client(source: &dyn Source) -> anyhow::Result<reqwest::Client> {
+    attune_common::tls::install_default_provider();
+    let mut builder = reqwest::Client::builder();
+    if let Some(pem) = attune_common::tls::ca_from(source, "ATTUNE_CA_CERT")? {
+        let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).context("ATTUNE_CA_CERT")?;
+        builder = builder.tls_certs_merge(certificates);
+    }
+    builder.build().context("cannot build the HTTP client")
+}
+
+/// Why the API at `base` could not be reached; a refused certificate says what to do about it.
+fn unreachable(base: &str, error: reqwest::Error) -> anyhow::Error {
+    let hint = match attune_common::tls::tls_error(&error) {
+        Some(refused @ rustls::Error::InvalidCertificate(_)) => format!(
+            " (its TLS certificate was refused: {refused}; if a private CA signed it, set ATTUNE_CA_CERT to that \
+             CA's PEM file)"
+        ),
+        Some(failed) => format!(" (TLS failed: {failed})"),
+        None => String::new(),
+    };
+    anyhow::Error::new(error).context(format!("cannot reach the attune API at {base}{hint}"))
 }

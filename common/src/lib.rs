@@ -10,5 +10,6 @@ pub mod mq;
 pub mod pack;
 pub mod settings;
 pub mod telemetry;
+pub mod tls;
 
 pub use error::ServiceError;

@@ -30,6 +30,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
     ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use serde::{Deserialize, Serialize};
@@ -357,9 +358,36 @@ impl ExecutionResult {
     }
 }
 
+/// Opens a connection named `name` (the broker shows it). An `amqps://` URL is verified against
+/// the system's roots plus the CA file in `ATTUNE_AMQP_CA_CERT`, if set (see `crate::tls`).
 pub async fn connect(url: &str, name: &str) -> Result<Connection, MqError> {
+    let amqps = url.trim_start().get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("amqps://"));
+    let ca = if amqps {
+        crate::tls::ca_from(&crate::settings::Environment, "ATTUNE_AMQP_CA_CERT")
+            .map_err(|e| MqError::Broker(std::io::Error::other(e).into()))?
+    } else {
+        None
+    };
+    connect_trusting(url, name, ca).await
+}
+
+/// [`connect`], trusting the CA certificates `ca` (PEM text) besides the system's roots instead
+/// of reading `ATTUNE_AMQP_CA_CERT`.
+pub async fn connect_trusting(url: &str, name: &str, ca: Option<String>) -> Result<Connection, MqError> {
+    crate::tls::install_default_provider();
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Ok(Connection::connect(url, properties).await?)
+    let tls = OwnedTLSConfig { identity: None, cert_chain: ca };
+    let connected = Connection::connect_with_config(url, properties, tls, lapin::runtime::default_runtime()?).await;
+    connected.map_err(|e| match crate::tls::tls_error(&e) {
+        Some(refused @ rustls::Error::InvalidCertificate(_)) => MqError::Broker(
+            std::io::Error::other(format!(
+                "the broker's certificate was refused ({refused}): the CA that signed it must be in \
+                 ATTUNE_AMQP_CA_CERT (a PEM file) or the system's roots, and it must name the URL's host"
+            ))
+            .into(),
+        ),
+        _ => e.into(),
+    })
 }
 
 /// A publisher with confirms. Many publishes may be in flight on its channel at once (each

@@ -70,6 +70,12 @@ pub const SETTINGS: &[Setting] = &[
         doc: "the RabbitMQ broker",
     },
     Setting {
+        name: "ATTUNE_AMQP_CA_CERT",
+        default: Described("— (the system's roots)"),
+        read_by: SERVICES,
+        doc: "a PEM file of CA certificates an `amqps://` broker's certificate may be signed by, besides the system's roots (a private CA)",
+    },
+    Setting {
         name: "ATTUNE_MQ_NAMESPACE",
         default: Value("attune"),
         read_by: SERVICES,
@@ -159,6 +165,12 @@ pub const SETTINGS: &[Setting] = &[
         default: Value("http://127.0.0.1:8080"),
         read_by: &[Cli, Bench],
         doc: "the API the CLI and the benchmark talk to (or `--api-url`; the CLI also reads its config file's `api_url`)",
+    },
+    Setting {
+        name: "ATTUNE_CA_CERT",
+        default: Described("— (the system's roots)"),
+        read_by: &[Cli],
+        doc: "a PEM file of CA certificates an `https://` API's certificate may be signed by, besides the system's roots (a private CA)",
     },
     Setting {
         name: "ATTUNE_TOKEN",

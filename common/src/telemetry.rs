@@ -2,7 +2,10 @@
 
 use tracing_subscriber::EnvFilter;
 
+/// Starts logging, and installs ring as the process's TLS provider (`crate::tls`): every service
+/// calls this first.
 pub fn init() {
+    crate::tls::install_default_provider();
     use crate::settings::{Defaults, Environment, read, read_optional};
     let default: String = read(&Defaults, "RUST_LOG").expect("RUST_LOG's default");
     let given: String = read(&Environment, "RUST_LOG").unwrap_or_else(|_| default.clone());

@@ -277,6 +277,7 @@ mod tests {
     async fn it_answers_scripts_in_order_and_records_requests() {
         let server = HttpServer::start().await;
         server.script("/a", [Reply::status(503), Reply::status(200).json(&serde_json::json!({"ok": true}))]);
+        attune_common::tls::install_default_provider();
         let client = reqwest::Client::new();
         let mut statuses = Vec::new();
         for _ in 0..3 {

@@ -44,6 +44,7 @@ pub struct HttpClient {
 
 impl HttpClient {
     pub fn new() -> Self {
+        attune_common::tls::install_default_provider();
         let client = reqwest::Client::builder()
             .user_agent(concat!("attune-worker/", env!("CARGO_PKG_VERSION")))
             .redirect(reqwest::redirect::Policy::none())

@@ -14,26 +14,33 @@ pub mod worker;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// Connects (retrying with backoff until `deadline` passes, so that a service started alongside
-/// its database waits for it) and returns a pool.
+/// its database waits for it) and returns a pool. TLS follows the URL's `sslmode` and
+/// `sslrootcert` ([`connect_options`], `crate::tls`); a URL that does not parse, a refused
+/// certificate or an unreadable `sslrootcert` is not waited out but returned at once, saying
+/// what to check.
 pub async fn connect(database_url: &str, max_connections: u32, deadline: Duration) -> Result<PgPool, sqlx::Error> {
+    crate::tls::install_default_provider();
+    let options = connect_options(database_url)?;
     let started = std::time::Instant::now();
     let mut delay = Duration::from_millis(100);
     loop {
         let attempt = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(database_url)
+            .connect_with(options.clone())
             .await;
+        let attempt = attempt.map_err(|e| tls_refusal(database_url, e));
         match attempt {
             Ok(pool) => {
                 warm(&pool, max_connections.min(WARM_CONNECTIONS)).await;
                 return Ok(pool);
             }
+            Err(e @ sqlx::Error::Tls(_)) => return Err(e),
             Err(e) if started.elapsed() < deadline => {
                 tracing::warn!(error = %e, "database not reachable yet, retrying");
                 tokio::time::sleep(delay).await;
@@ -42,6 +49,49 @@ pub async fn connect(database_url: &str, max_connections: u32, deadline: Duratio
             Err(e) => return Err(e),
         }
     }
+}
+
+/// `database_url` as connect options. TLS is used when the URL's `sslmode` (or `PGSSLMODE`) asks
+/// for it, and only then: libpq's default, `prefer`, is not followed. It would encrypt without
+/// checking who answers, fail (where libpq falls back to plain text) against a server whose TLS
+/// rustls does not speak, and cost ~90 ms per connection (sqlx does not set `TCP_NODELAY`, so its
+/// handshake waits twice on a delayed ACK).
+pub fn connect_options(database_url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = database_url.parse()?;
+    let query = database_url.split_once('?').map_or("", |(_, query)| query);
+    let in_url = query.split('&').any(|pair| pair.starts_with("sslmode=") || pair.starts_with("ssl-mode="));
+    let in_environment = std::env::var("PGSSLMODE").is_ok_and(|mode| !mode.trim().is_empty());
+    Ok(if in_url || in_environment { options } else { options.ssl_mode(PgSslMode::Disable) })
+}
+
+/// `error` as a `sqlx::Error::Tls` that says what to check when it is a TLS refusal — the server's
+/// certificate refused, `sslrootcert` unreadable, TLS required of a server without it — and
+/// `error` itself otherwise. (sqlx reports a refused certificate as an I/O error.)
+fn tls_refusal(database_url: &str, error: sqlx::Error) -> sqlx::Error {
+    let sqlx::Error::Io(io) = &error else {
+        return error;
+    };
+    match crate::tls::tls_error(&error) {
+        Some(refused @ rustls::Error::InvalidCertificate(_)) => {
+            return sqlx::Error::Tls(
+                format!(
+                    "the database's certificate was refused ({refused}): with sslmode=verify-ca or verify-full \
+                     the CA that signed it must be in DATABASE_URL's sslrootcert (a PEM file) or the system's \
+                     roots, and with verify-full it must name the URL's host"
+                )
+                .into(),
+            );
+        }
+        Some(failed) => {
+            return sqlx::Error::Tls(format!("the TLS handshake with the database failed: {failed}").into());
+        }
+        None => {}
+    }
+    let names_a_root = ["sslrootcert=", "ssl-root-cert=", "ssl-ca="].iter().any(|key| database_url.contains(key));
+    if io.kind() == std::io::ErrorKind::NotFound && names_a_root {
+        return sqlx::Error::Tls(format!("cannot read DATABASE_URL's sslrootcert file: {io}").into());
+    }
+    error
 }
 
 /// Connections a pool opens at start (the rest on demand, as load asks for them).
