@@ -51,7 +51,7 @@ impl HttpClient {
             .retry(reqwest::retry::never())
             .no_proxy()
             .build()
-            .expect("an HTTP client without TLS always builds");
+            .expect("the worker's HTTP client builds (no proxy, no redirects, ring installed)");
         HttpClient { client }
     }
 
@@ -73,7 +73,9 @@ impl HttpClient {
         if request.url.scheme() == "https" {
             return failed(
                 FailureKind::ActionFailed,
-                format!("this worker makes no https requests (it is built without TLS): {shown}"),
+                format!(
+                    "https is not supported for http actions yet (a worker has no setting for the CA to trust): {shown}"
+                ),
             );
         }
         let Request { method, url, headers, body } = request;
@@ -646,7 +648,7 @@ mod tests {
             .run(&run_of(&https, &params, Duration::from_secs(10), 1000), &CancellationToken::new())
             .await;
         assert_eq!(ran.outcome.failure_kind, Some(FailureKind::ActionFailed));
-        assert!(ran.outcome.error.unwrap().contains("no https"));
+        assert!(ran.outcome.error.unwrap().contains("https is not supported"));
         let header = json!({"url": "http://127.0.0.1:9/", "headers": {"X-Note": "{{ note }}"}});
         let ran = HttpClient::new()
             .run(&run_of(&header, &params, Duration::from_secs(10), 1000), &CancellationToken::new())

@@ -230,7 +230,7 @@ fn supervise(args: &[OsString]) -> i32 {
             }
         }
         if enforced.memory_mb.is_some() || enforced.cpu_secs.is_some() {
-            group.look(looks % SCAN_EVERY == 0);
+            group.look(looks.is_multiple_of(SCAN_EVERY));
             looks = looks.wrapping_add(1);
             if let Some(exceeded) = exceeded(&enforced, &group) {
                 report(&exceeded);
