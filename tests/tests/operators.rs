@@ -91,12 +91,14 @@ async fn metrics_move_when_what_they_count_happens() {
     // The API's own counters (a manual retry) and the gauges it reads from the record; no token.
     let failed = system.submit("core.fail", json!({})).await;
     system.wait_terminal(failed["id"].as_i64().unwrap(), DEADLINE).await;
-    let (status, _) = system.post(&format!("/api/v1/executions/{}/retry", failed["id"]), &json!({})).await;
+    let (status, retry) = system.post(&format!("/api/v1/executions/{}/retry", failed["id"]), &json!({})).await;
     assert_eq!(status, 201);
+    // the manual retry of core.fail fails too: wait for it, so that the gauge counts both
+    system.wait_terminal(retry["id"].as_i64().unwrap(), DEADLINE).await;
     let api = scrape(&api_metrics).await;
     assert_eq!(sample(&api, "attune_retries_total{reason=\"manual_retry\"}"), 1.0, "{api}");
     assert_eq!(sample(&api, "attune_executions{status=\"completed\",action=\"e2e.flaky\"}"), 1.0);
-    assert_eq!(sample(&api, "attune_executions{status=\"failed\",action=\"core.fail\"}"), 1.0);
+    assert_eq!(sample(&api, "attune_executions{status=\"failed\",action=\"core.fail\"}"), 2.0);
     assert_eq!(sample(&api, "attune_workers{health=\"healthy\"}"), 1.0);
     assert!(api.contains("attune_worker_queue_depth{worker=\"w1\"}"));
     assert!(!api.contains("execution_id"), "no execution ids in labels");
