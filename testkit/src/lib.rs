@@ -217,3 +217,29 @@ mod tests {
         assert_eq!(replace_database("postgres://h:5432", "x"), "postgres://h:5432/x");
     }
 }
+
+/// A pack written for one test in a directory of its own, removed when dropped: `pack.yaml` for
+/// `pack_ref`, and each `(name, text)` of `files` under `actions/` (action YAMLs and scripts).
+pub struct TempPack(std::path::PathBuf);
+
+impl TempPack {
+    pub fn new(pack_ref: &str, files: &[(&str, &str)]) -> TempPack {
+        let dir = std::env::temp_dir().join(format!("attune-{pack_ref}-pack-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(dir.join("actions")).unwrap();
+        std::fs::write(dir.join("pack.yaml"), format!("ref: {pack_ref}\nversion: 1.0.0\n")).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join("actions").join(name), text).unwrap();
+        }
+        TempPack(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempPack {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -4,12 +4,12 @@
 //! URL-encoded in the URL and JSON-encoded in the body, intact; a cancel aborts the request. And
 //! `packs/examples` loads.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use attune_testkit::http_server::{HttpServer, Reply};
 use attune_testkit::system::repo_root;
-use attune_testkit::{System, wait_for};
+use attune_testkit::{System, TempPack, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -19,13 +19,10 @@ fn id(v: &Value) -> i64 {
 }
 
 /// A pack of http actions aimed at `server`, in a directory of its own (removed when dropped).
-struct HttpPack(PathBuf);
+struct HttpPack(TempPack);
 
 impl HttpPack {
     fn write(server: &HttpServer) -> HttpPack {
-        let dir = std::env::temp_dir().join(format!("attune-http-pack-{:08x}", rand::random::<u32>()));
-        std::fs::create_dir_all(dir.join("actions")).unwrap();
-        std::fs::write(dir.join("pack.yaml"), "ref: httptest\nversion: 1.0.0\n").unwrap();
         let port = server.port();
         // `case` picks the server's script (one path segment); retries are fast but for a
         // Retry-After, which must hold them back
@@ -50,21 +47,15 @@ impl HttpPack {
              \x20 body: '{{\"text\": {{{{ text }}}}, \"both\": [{{{{ text }}}}, {{{{ n }}}}]}}'\n\
              parameters:\n  text:\n    type: string\n    required: true\n  n:\n    type: integer\n    default: 7\n"
         );
-        for (name, yaml) in [("call", call), ("echo_json", echo_json), ("echo_text", echo_text)] {
-            std::fs::write(dir.join("actions").join(format!("{name}.yaml")), yaml).unwrap();
-        }
-        HttpPack(dir)
-    }
-}
-
-impl Drop for HttpPack {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        HttpPack(TempPack::new(
+            "httptest",
+            &[("call.yaml", &call), ("echo_json.yaml", &echo_json), ("echo_text.yaml", &echo_text)],
+        ))
     }
 }
 
 async fn system_with(pack: &HttpPack) -> System {
-    System::builder().worker("w1", &[]).pack(&pack.0).start().await
+    System::builder().worker("w1", &[]).pack(pack.0.path()).start().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,10 +4,9 @@
 //! stays healthy) and runs the next execution; a worker's maximum caps what an action asks; an
 //! action with too few file descriptors fails with its own error; `output_kb` only cuts output.
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use attune_testkit::System;
+use attune_testkit::{System, TempPack};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -19,31 +18,6 @@ fn id(v: &Value) -> i64 {
 /// A worker name no other test uses (broker connections are named after it).
 fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
-}
-
-/// A pack written for one test, removed with it.
-struct TempPack(PathBuf);
-
-impl TempPack {
-    fn new() -> TempPack {
-        let dir = std::env::temp_dir().join(format!("attune-limits-pack-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(dir.join("actions")).unwrap();
-        std::fs::write(dir.join("pack.yaml"), "ref: limits\nversion: 1.0.0\n").unwrap();
-        for (name, text) in FILES {
-            std::fs::write(dir.join("actions").join(name), text).unwrap();
-        }
-        TempPack(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempPack {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Allocates `mb` MiB in 4 MiB steps, each written (so resident), about 800 MiB/s at most.
@@ -141,7 +115,7 @@ async fn worker_stays_healthy(system: &System, worker: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_over_its_memory_limit_fails_as_resource_limit_and_the_worker_stays_healthy() {
-    let pack = TempPack::new();
+    let pack = TempPack::new("limits", &FILES);
     let worker = unique_name("memory");
     let system = System::builder().worker(&worker, &[]).pack(pack.path()).start().await;
     // 2 GiB asked, 128 MiB allowed: killed on the way, long before the host notices
@@ -159,7 +133,7 @@ async fn an_action_over_its_memory_limit_fails_as_resource_limit_and_the_worker_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_workers_default_applies_and_its_maximum_caps_what_an_action_asks() {
-    let pack = TempPack::new();
+    let pack = TempPack::new("limits", &FILES);
     let worker = unique_name("defaults");
     let system = System::builder()
         .worker(&worker, &[("ATTUNE_ACTION_MEMORY_MB", "64"), ("ATTUNE_ACTION_MAX_MEMORY_MB", "100")])
@@ -177,7 +151,7 @@ async fn the_workers_default_applies_and_its_maximum_caps_what_an_action_asks() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_time_and_open_files_are_limited_and_output_kb_only_cuts_output() {
-    let pack = TempPack::new();
+    let pack = TempPack::new("limits", &FILES);
     let worker = unique_name("cpu-files");
     let system = System::builder().worker(&worker, &[]).pack(pack.path()).start().await;
     fails_on_a_limit(&system, "limits.spin", json!({}), "cpu time limit 1 s exceeded").await;

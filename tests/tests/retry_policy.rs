@@ -3,44 +3,15 @@
 //! `max_retries: -1` retries without end, capped in delay, until a cancel stops it; a circuit
 //! breaker keeps a failing action's executions away from what it calls.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use attune_testkit::{System, wait_for};
+use attune_testkit::{System, TempPack, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn id(v: &Value) -> i64 {
     v["id"].as_i64().unwrap()
-}
-
-/// A pack written for one test, removed with it.
-struct TempPack(PathBuf);
-
-impl TempPack {
-    fn new(actions: &[(&str, &str)], scripts: &[(&str, &str)]) -> TempPack {
-        let dir = std::env::temp_dir().join(format!("attune-policy-pack-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(dir.join("actions")).unwrap();
-        std::fs::write(dir.join("pack.yaml"), "ref: policy\nversion: 1.0.0\n").unwrap();
-        for (name, yaml) in actions {
-            std::fs::write(dir.join(format!("actions/{name}.yaml")), yaml).unwrap();
-        }
-        for (name, body) in scripts {
-            std::fs::write(dir.join(format!("actions/{name}")), body).unwrap();
-        }
-        TempPack(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempPack {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Exits with `codes[ATTUNE_RETRY_COUNT]` (the last one after that), printing `result` as JSON on
@@ -89,7 +60,7 @@ async fn system(pack: &TempPack) -> System {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_decide_by_exit_code_and_result_and_each_decision_names_its_rule() {
-    let pack = TempPack::new(&[("ruled", RULED)], &[("exits.sh", EXITS)]);
+    let pack = TempPack::new("policy", &[("ruled.yaml", RULED), ("exits.sh", EXITS)]);
     let system = system(&pack).await;
 
     // exit 3 is action_failed, not retried by kind, but rule 0 retries it: 3 attempts in all,
@@ -147,7 +118,7 @@ async fn rules_decide_by_exit_code_and_result_and_each_decision_names_its_rule()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlimited_retries_go_on_capped_in_delay_until_a_cancel_stops_them() {
-    let pack = TempPack::new(&[("forever", FOREVER)], &[("exits.sh", EXITS)]);
+    let pack = TempPack::new("policy", &[("forever.yaml", FOREVER), ("exits.sh", EXITS)]);
     let system = system(&pack).await;
     let first = system.submit("policy.forever", json!({})).await;
     assert_eq!(first["max_retries"], -1);
@@ -188,7 +159,7 @@ async fn a_pack_with_max_attempts_zero_registers_with_a_warning_and_its_first_at
     let zero = "name: zero\nruntime: shell\nentrypoint: actions/exits.sh\nparameters:\n  codes: {type: string, default: \"75\"}\nretry:\n  max_attempts: 0\n";
     let system = System::builder().worker("w1", &[]).start().await;
     // written where the operator puts packs, after the API started
-    let pack = TempPack::new(&[("zero", zero)], &[("exits.sh", EXITS)]);
+    let pack = TempPack::new("policy", &[("zero.yaml", zero), ("exits.sh", EXITS)]);
     let dir = system.packs_dir().join("policy");
     attune_testkit::copy_dir(pack.path(), &dir);
     let told = system.cli(&["pack", "register", dir.to_str().unwrap()]);
@@ -225,7 +196,7 @@ async fn an_open_circuit_keeps_fifty_submissions_and_their_retries_away_from_a_f
     }
     let server = HttpServer::start().await;
     server.script("/dependency", [Reply::status(503)]);
-    let pack = TempPack::new(&[("guarded", GUARDED)], &[]);
+    let pack = TempPack::new("policy", &[("guarded.yaml", GUARDED)]);
     let system = system(&pack).await;
     let (_, worker) = system.get("/api/v1/workers").await;
     let slots = worker[0]["capabilities"]["slots"].as_u64().unwrap() as usize;
