@@ -206,18 +206,6 @@ pub fn close_broker_connections(name: &str) -> usize {
     closed
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn database_names_are_replaced() {
-        assert_eq!(replace_database("postgres://a:b@h:5432/attune", "x"), "postgres://a:b@h:5432/x");
-        assert_eq!(replace_database("postgres://a@h/attune?sslmode=disable", "x"), "postgres://a@h/x?sslmode=disable");
-        assert_eq!(replace_database("postgres://h:5432", "x"), "postgres://h:5432/x");
-    }
-}
-
 /// A pack written for one test in a directory of its own, removed when dropped: `pack.yaml` for
 /// `pack_ref`, and each `(name, text)` of `files` under `actions/` (action YAMLs and scripts).
 pub struct TempPack(std::path::PathBuf);
@@ -241,5 +229,17 @@ impl TempPack {
 impl Drop for TempPack {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_names_are_replaced() {
+        assert_eq!(replace_database("postgres://a:b@h:5432/attune", "x"), "postgres://a:b@h:5432/x");
+        assert_eq!(replace_database("postgres://a@h/attune?sslmode=disable", "x"), "postgres://a@h/x?sslmode=disable");
+        assert_eq!(replace_database("postgres://h:5432", "x"), "postgres://h:5432/x");
     }
 }
