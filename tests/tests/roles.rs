@@ -2,12 +2,15 @@
 //! `read` token refused a submission (403 naming `operator`) and shown no Retry or Cancel on the
 //! dashboard, an `operator` token whose submission and cancel are recorded as its own, `attune
 //! token list` (never a token) and `attune token revoke` (by name, by id, refusing an ambiguous
-//! name), after which the token is refused.
+//! name), after which the token is refused. And every route of the OpenAPI document called with
+//! every role, so that a new route is covered the day it is added.
 
 use std::process::{Command, Output};
 
+use attune_api::roles::{REQUIRED, Role, required};
 use attune_testkit::System;
 use attune_testkit::browser::Browser;
+use reqwest::Method;
 use serde_json::{Value, json};
 
 /// `attune` against `system`, with `token` as its API token.
@@ -122,5 +125,77 @@ async fn tokens_made_with_the_cli_carry_their_role_and_record_what_they_did() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("revoke one by its id"), "{out:?}");
     let by_id = attune_json(&system, &system.token, &["token", "revoke", &first["id"].to_string()]);
     assert_eq!((by_id["id"].as_i64(), by_id["name"].as_str()), (first["id"].as_i64(), Some("twin")));
+    system.stop().await;
+}
+
+/// `path` with its parameters filled in with values that name nothing (so that an allowed call
+/// changes nothing: it is a 404 or a 422).
+fn concrete(path: &str) -> String {
+    let filled = path.replace("{id}", "987654321").replace("{action_ref}", "core.nope");
+    assert!(!filled.contains('{'), "{path}: give its path parameter a value in roles.rs `concrete`");
+    filled
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_of_the_document_answers_every_role_as_the_roles_table_says() {
+    let system = System::builder().start().await;
+    // a token of each role, as `attune token create --role` makes them
+    let mut tokens = Vec::new();
+    for role in Role::ALL {
+        let (_, secret) =
+            attune_common::db::token::create_with(&system.db.pool, role.as_str(), role, None).await.unwrap();
+        tokens.push(secret);
+    }
+    let token = |role: Role| tokens[Role::ALL.iter().position(|r| *r == role).unwrap()].as_str();
+    let (status, document) = system.request(Method::GET, "/api/v1/openapi.json", None, Some(token(Role::Read))).await;
+    assert_eq!(status, 200);
+    let mut calls = 0;
+    let mut refusals = 0;
+    for (path, item) in document["paths"].as_object().unwrap() {
+        if !path.starts_with("/api/v1") {
+            continue;
+        }
+        for (method, operation) in item.as_object().unwrap() {
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let listed: Vec<Role> =
+                REQUIRED.iter().filter(|(m, p, _)| *m == method && p == path).map(|(_, _, role)| *role).collect();
+            assert_eq!(listed.len(), 1, "{method} {path}: decide who may call it in attune_api::roles::REQUIRED");
+            let needed = listed[0];
+            assert_eq!(required(&method, path), needed);
+            if needed > Role::Read {
+                let documented = operation["responses"]["403"]["description"].as_str().unwrap_or_default();
+                assert!(documented.contains("forbidden"), "{method} {path} does not document its 403: {operation}");
+            }
+            for role in Role::ALL {
+                let body = (method == Method::POST).then(|| json!({}));
+                let (status, answer) =
+                    system.request(method.clone(), &concrete(path), body.as_ref(), Some(token(role))).await;
+                calls += 1;
+                if role >= needed {
+                    assert!(
+                        status != 403 && status != 401,
+                        "{method} {path} as {role} (needs {needed}): {status} {answer}"
+                    );
+                } else {
+                    refusals += 1;
+                    assert_eq!(status, 403, "{method} {path} as {role}: {answer}");
+                    let error = &answer["error"];
+                    assert_eq!(error["code"], "forbidden", "{method} {path} as {role}: {answer}");
+                    assert_eq!(
+                        (error["required_role"].as_str(), error["role"].as_str()),
+                        (Some(needed.as_str()), Some(role.as_str()))
+                    );
+                    let message = error["message"].as_str().unwrap();
+                    assert!(message.contains(needed.as_str()) && message.contains(role.as_str()), "{message}");
+                }
+            }
+        }
+    }
+    // every entry of the table was a route of the document, called with each role, and refused
+    // to each role below the one it needs
+    let expected_refusals: usize =
+        REQUIRED.iter().map(|(_, _, needed)| Role::ALL.iter().filter(|role| *role < needed).count()).sum();
+    assert_eq!((calls, refusals), (REQUIRED.len() * Role::ALL.len(), expected_refusals));
+    assert!(REQUIRED.len() >= 20 && refusals >= 12, "{} routes, {refusals} refusals", REQUIRED.len());
     system.stop().await;
 }
