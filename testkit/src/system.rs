@@ -368,13 +368,20 @@ impl System {
 
     /// Publishes a raw message into this system's namespace (to test duplicates and poison).
     pub async fn publish_raw(&self, routing_key: &str, body: &[u8]) {
+        self.publish_on("", routing_key, body).await
+    }
+
+    /// Publishes a raw message on the exchange `<namespace><exchange>` (`""`: the main one;
+    /// `".control"`: cancel notices), waiting for the broker's confirm.
+    pub async fn publish_on(&self, exchange: &str, routing_key: &str, body: &[u8]) {
         use lapin::options::BasicPublishOptions;
         let connection = attune_common::mq::connect(&amqp_url(), "attune-test-publisher").await.unwrap();
         let channel = connection.create_channel().await.unwrap();
         channel.confirm_select(Default::default()).await.unwrap();
+        let exchange = format!("{}{exchange}", self.namespace.name);
         let confirm = channel
             .basic_publish(
-                self.namespace.name.as_str().into(),
+                exchange.as_str().into(),
                 routing_key.into(),
                 BasicPublishOptions { mandatory: true, ..Default::default() },
                 body,

@@ -86,29 +86,6 @@ async fn wait_running(system: &System, execution_id: i64) {
     .await;
 }
 
-/// Publishes `body` on `exchange` of this system's namespace (`publish_raw` is for the main one).
-async fn publish_on(system: &System, exchange: &str, routing_key: &str, body: &[u8]) {
-    use lapin::options::BasicPublishOptions;
-    let connection = attune_common::mq::connect(&attune_testkit::amqp_url(), "attune-test-forger").await.unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    channel.confirm_select(Default::default()).await.unwrap();
-    let exchange = format!("{}{exchange}", system.namespace.name);
-    let confirm = channel
-        .basic_publish(
-            exchange.as_str().into(),
-            routing_key.into(),
-            BasicPublishOptions { mandatory: true, ..Default::default() },
-            body,
-            lapin::BasicProperties::default().with_delivery_mode(2),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "{confirm:?}");
-    let _ = connection.close(200, "done".into()).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_dispatch_for_a_waiting_execution_runs_nothing_and_writes_nothing() {
     let mut system = with_e2e().worker("w1", &[]).start().await;
@@ -205,7 +182,7 @@ async fn a_forged_cancel_notice_does_not_stop_a_run() {
     let before = row(&system, running).await;
 
     let notice = json!({"execution_id": running}).to_string();
-    publish_on(&system, ".control", "", notice.as_bytes()).await;
+    system.publish_on(".control", "", notice.as_bytes()).await;
     let ignored = format!("cancel notice ignored: the execution still runs here execution_id={running}");
     let stopped = "stopped while running (canceled or failed by hand)";
     wait_for("the worker to have handled the forged notice", DEADLINE, || async {
