@@ -17,17 +17,7 @@ fn new_execution(action: &db::action::Action) -> NewExecution {
     attune_testkit::echo_execution(action)
 }
 
-/// Puts an execution into `status` directly (test set-up only).
-async fn force_status(pool: &PgPool, id: i64, status: ExecutionStatus, worker: Option<i64>) {
-    sqlx::query("UPDATE execution SET status = $2, worker = $3, finished = CASE WHEN $4 THEN now() END WHERE id = $1")
-        .bind(id)
-        .bind(status)
-        .bind(worker)
-        .bind(status.is_terminal())
-        .execute(pool)
-        .await
-        .unwrap();
-}
+use attune_testkit::force_status;
 
 #[tokio::test]
 async fn every_edge_hits_from_its_source_and_misses_from_any_other_state() {

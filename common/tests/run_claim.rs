@@ -23,14 +23,7 @@ async fn execution_in(pool: &PgPool, status: ExecutionStatus, worker: Option<i64
         ..attune_testkit::echo_execution(&action)
     };
     let id = db::execution::insert(pool, &new).await.unwrap().id;
-    sqlx::query("UPDATE execution SET status = $2, worker = $3, finished = CASE WHEN $4 THEN now() END WHERE id = $1")
-        .bind(id)
-        .bind(status)
-        .bind(worker)
-        .bind(status.is_terminal())
-        .execute(pool)
-        .await
-        .unwrap();
+    attune_testkit::force_status(pool, id, status, worker).await;
     id
 }
 

@@ -206,6 +206,19 @@ pub fn close_broker_connections(name: &str) -> usize {
     closed
 }
 
+/// Puts an execution into `status` directly, on `worker` (test set-up only: the product writes
+/// states through the guarded transitions).
+pub async fn force_status(pool: &sqlx::PgPool, id: i64, status: attune_core::ExecutionStatus, worker: Option<i64>) {
+    sqlx::query("UPDATE execution SET status = $2, worker = $3, finished = CASE WHEN $4 THEN now() END WHERE id = $1")
+        .bind(id)
+        .bind(status)
+        .bind(worker)
+        .bind(status.is_terminal())
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 /// A pack written for one test in a directory of its own, removed when dropped: `pack.yaml` for
 /// `pack_ref`, and each `(name, text)` of `files` under `actions/` (action YAMLs and scripts).
 pub struct TempPack(std::path::PathBuf);
