@@ -5,53 +5,34 @@
 
 use std::time::Duration;
 
-use attune_common::config::{CommonSettings, FromEnv};
 use attune_common::db;
-use attune_core::health::HealthThresholds;
-use attune_testkit::{Namespace, TestDb};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
+mod support;
+
+use support::Served;
 
 const HEADER: &str = "Idempotency-Key";
 
+/// The test's API and a token for it.
 struct Api {
-    url: String,
+    served: Served,
     token: String,
     http: reqwest::Client,
-    state: attune_api::State,
-    db: TestDb,
-    namespace: Namespace,
-    shutdown: CancellationToken,
+}
+
+impl std::ops::Deref for Api {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.served
+    }
 }
 
 impl Api {
     async fn start() -> Api {
-        let db = TestDb::new().await;
-        let namespace = Namespace::new();
-        let settings = attune_api::Settings {
-            common: CommonSettings {
-                database_url: db.url.clone(),
-                amqp_url: attune_testkit::amqp_url(),
-                mq_namespace: namespace.name.clone(),
-                packs_dir: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs"),
-                default_timeout_secs: 300,
-            },
-            health: HealthThresholds::from_env().unwrap(),
-            addr: ([127, 0, 0, 1], 0).into(),
-            worker_queue_ttl: Duration::from_secs(300),
-            token_cache_ttl: Duration::from_secs(10),
-            action_cache_ttl: Duration::from_secs(5),
-            parameter_limits: attune_core::params::SizeLimits { total_bytes: 65536, value_bytes: 32768 },
-            http: Default::default(),
-        };
-        let state = attune_api::state(settings).await.expect("api state");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let shutdown = CancellationToken::new();
-        tokio::spawn(attune_api::serve(listener, state.clone(), shutdown.clone()));
-        let token = db::token::create(&db.pool, "idempotency").await.unwrap();
-        Api { url, token, http: reqwest::Client::new(), state, db, namespace, shutdown }
+        let served = Served::start(|_| {}).await;
+        let token = db::token::create(&served.db.pool, "idempotency").await.unwrap();
+        Api { served, token, http: reqwest::Client::new() }
     }
 
     /// `POST /api/v1/executions` with `body` sent as written, `key` in the header if given.
@@ -93,9 +74,7 @@ impl Api {
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        self.namespace.delete(&[]).await;
-        self.db.drop_database().await;
+        self.served.stop().await;
     }
 }
 

@@ -2,24 +2,25 @@
 //! namespace of the test's own, with no executor or worker. A failure here names the request and
 //! the response, in seconds, where a system test would time out.
 
-use std::time::Duration;
-
-use attune_common::config::{CommonSettings, FromEnv};
 use attune_common::db;
-use attune_core::health::HealthThresholds;
-use attune_testkit::{Namespace, TestDb};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
+mod support;
 
-/// One API process's worth of state, served in this test's runtime.
+use support::Served;
+
+/// The test's API and a token for it.
 struct Api {
-    url: String,
+    served: Served,
     token: String,
     http: reqwest::Client,
-    db: TestDb,
-    namespace: Namespace,
-    shutdown: CancellationToken,
+}
+
+impl std::ops::Deref for Api {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.served
+    }
 }
 
 impl Api {
@@ -29,34 +30,9 @@ impl Api {
 
     /// An API with its settings changed by `adjust` first.
     async fn start_with(adjust: impl FnOnce(&mut attune_api::Settings)) -> Api {
-        let db = TestDb::new().await;
-        let namespace = Namespace::new();
-        let packs_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs");
-        let settings = attune_api::Settings {
-            common: CommonSettings {
-                database_url: db.url.clone(),
-                amqp_url: attune_testkit::amqp_url(),
-                mq_namespace: namespace.name.clone(),
-                packs_dir,
-                default_timeout_secs: 300,
-            },
-            health: HealthThresholds::from_env().unwrap(),
-            addr: ([127, 0, 0, 1], 0).into(),
-            worker_queue_ttl: Duration::from_secs(300),
-            token_cache_ttl: Duration::from_secs(10),
-            action_cache_ttl: Duration::from_secs(5),
-            parameter_limits: attune_core::params::SizeLimits { total_bytes: 65536, value_bytes: 32768 },
-            http: Default::default(),
-        };
-        let mut settings = settings;
-        adjust(&mut settings);
-        let state = attune_api::state(settings).await.expect("api state");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let shutdown = CancellationToken::new();
-        tokio::spawn(attune_api::serve(listener, state, shutdown.clone()));
-        let token = db::token::create(&db.pool, "in-process").await.unwrap();
-        Api { url, token, http: reqwest::Client::new(), db, namespace, shutdown }
+        let served = Served::start(adjust).await;
+        let token = db::token::create(&served.db.pool, "in-process").await.unwrap();
+        Api { served, token, http: reqwest::Client::new() }
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -82,9 +58,7 @@ impl Api {
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        self.namespace.delete(&[]).await;
-        self.db.drop_database().await;
+        self.served.stop().await;
     }
 }
 

@@ -5,12 +5,12 @@
 //! and failed them; the admin token routes.
 
 use attune_api::roles::Role;
-use attune_common::config::{CommonSettings, Defaults, FromEnv};
 use attune_common::db;
-use attune_testkit::{Namespace, TestDb};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
+mod support;
+
+use support::Served;
 
 /// A token of the test's: its id and the token itself.
 struct Token {
@@ -18,44 +18,30 @@ struct Token {
     secret: String,
 }
 
-/// One API process's worth of state, served in this test's runtime, with a token of each role.
+/// The test's API with a token of each role.
 struct Api {
-    url: String,
+    served: Served,
     http: reqwest::Client,
-    db: TestDb,
-    namespace: Namespace,
-    shutdown: CancellationToken,
     /// One token of each role, in `Role::ALL`'s order.
     tokens: Vec<Token>,
 }
 
+impl std::ops::Deref for Api {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.served
+    }
+}
+
 impl Api {
     async fn start() -> Api {
-        let db = TestDb::new().await;
-        let namespace = Namespace::new();
-        let packs_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs");
-        // the documented defaults (a token verified once is trusted for a while, as in
-        // production), against this test's database, broker namespace and the repository's packs
-        let mut settings = attune_api::Settings::from_source(&Defaults).unwrap();
-        settings.common = CommonSettings {
-            database_url: db.url.clone(),
-            amqp_url: attune_testkit::amqp_url(),
-            mq_namespace: namespace.name.clone(),
-            packs_dir,
-            default_timeout_secs: 300,
-        };
-        settings.addr = ([127, 0, 0, 1], 0).into();
-        let state = attune_api::state(settings).await.expect("api state");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let shutdown = CancellationToken::new();
-        tokio::spawn(attune_api::serve(listener, state, shutdown.clone()));
+        let served = Served::start(|_| {}).await;
         let mut tokens = Vec::new();
         for role in Role::ALL {
-            let (info, secret) = db::token::create_with(&db.pool, role.as_str(), role, None).await.unwrap();
+            let (info, secret) = db::token::create_with(&served.db.pool, role.as_str(), role, None).await.unwrap();
             tokens.push(Token { id: info.id, secret });
         }
-        Api { url, http: reqwest::Client::new(), db, namespace, shutdown, tokens }
+        Api { served, http: reqwest::Client::new(), tokens }
     }
 
     fn token(&self, role: Role) -> &Token {
@@ -78,9 +64,7 @@ impl Api {
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        self.namespace.delete(&[]).await;
-        self.db.drop_database().await;
+        self.served.stop().await;
     }
 }
 
