@@ -11,6 +11,7 @@ pub mod openapi;
 pub mod roles;
 pub mod routes;
 pub mod server;
+pub mod submissions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -79,7 +80,9 @@ pub struct AppState {
     pub verified_tokens: auth::VerifiedTokens,
     /// Actions read recently, for submissions.
     pub actions: db::action::ActionCache,
-    pub publisher: Publisher,
+    pub publisher: Arc<Publisher>,
+    /// First submissions, inserted in batches under load (see `submissions`).
+    pub submissions: submissions::Submissions,
     pub settings: Settings,
 }
 
@@ -130,7 +133,9 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
         tracing::warn!(error = %e, "broker not reachable yet; requests wait as rows and the schedulers' sweep finds them");
     }
     let actions = db::action::ActionCache::new(settings.action_cache_ttl);
-    Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), actions, publisher, settings }))
+    let publisher = Arc::new(publisher);
+    let submissions = submissions::Submissions::start(pool.clone(), publisher.clone());
+    Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), actions, publisher, submissions, settings }))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,7 @@
 //! configuration from the environment, the PostgreSQL repositories (`db`, the only SQL layer),
 //! the RabbitMQ topology (`mq`), pack loading from disk, metrics and logging.
 
+pub mod batch;
 pub mod config;
 pub mod db;
 pub mod error;

@@ -29,6 +29,7 @@ pub mod health;
 pub mod http;
 pub mod runner;
 pub mod supervise;
+mod writes;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -126,6 +127,8 @@ impl FromEnv for Settings {
 
 /// Deliveries the worker accepts beyond its slots (see `run`).
 const PREFETCH_MARGIN: u16 = 2;
+/// How long a dispatch waits for a run slot before it is checked for staleness (`wait_for_slot`).
+const STALE_CHECK_AFTER: Duration = Duration::from_millis(50);
 
 impl Settings {
     /// The most executions this worker takes at once, started or not.
@@ -159,6 +162,8 @@ struct Worker {
     reported: tokio::sync::watch::Sender<Reported>,
     settings: Settings,
     db: PgPool,
+    /// The claims and successes, written in batches.
+    writes: writes::Writes,
     publisher: Publisher,
     runtimes: Runtimes,
     health: HealthState,
@@ -280,6 +285,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         draining: Default::default(),
         reported: tokio::sync::watch::Sender::new((settings.lookahead(None), HealthClass::Healthy, None)),
         settings: settings.clone(),
+        writes: writes::Writes::start(pool.clone(), worker_id),
         db: pool,
         publisher,
         runtimes,
@@ -600,6 +606,28 @@ impl Worker {
         }
     }
 
+    /// A run slot for a dispatch that arrived while every slot was taken. One that waits longer
+    /// than `STALE_CHECK_AFTER` is checked once: a stale dispatch (canceled, handed back, taken
+    /// elsewhere) must not wait for, and then hold, a slot that executors count as free. A short
+    /// wait, the usual one under load, costs no read. `None`: the dispatch is stale.
+    async fn wait_for_slot(&self, execution_id: i64) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        tokio::select! {
+            permit = self.run_slots.acquire() => return permit.ok(),
+            _ = tokio::time::sleep(STALE_CHECK_AFTER) => {}
+        }
+        match db::execution::still_dispatched(&self.db, execution_id, self.id).await {
+            Ok(false) => {
+                tracing::debug!(execution_id, "dispatch is stale or a duplicate");
+                return None;
+            }
+            Ok(true) => {}
+            // (checked again by the claim)
+            Err(e) => tracing::debug!(execution_id, error = %e, "could not check a held dispatch"),
+        }
+        // (the semaphore is never closed)
+        self.run_slots.acquire().await.ok()
+    }
+
     async fn handle(&self, incoming: Incoming, shutdown: CancellationToken) -> Disposition {
         let dispatch: Dispatch = match incoming.parse("dispatch") {
             Ok(dispatch) => dispatch,
@@ -613,22 +641,17 @@ impl Worker {
         // a dispatch that must wait for a run slot is checked first: a stale one (canceled,
         // handed back, taken elsewhere) must not hold a slot that executors count as free
         let immediate = self.run_slots.try_acquire().ok();
-        if immediate.is_none() {
-            match db::execution::still_dispatched(&self.db, execution_id, self.id).await {
-                Ok(false) => {
-                    tracing::debug!(execution_id, "dispatch is stale or a duplicate");
-                    return Disposition::Ack;
-                }
-                Ok(true) => {}
-                // (checked again by the claim)
-                Err(e) => tracing::debug!(execution_id, error = %e, "could not check a held dispatch"),
-            }
-        }
         self.held.lock().expect("held set poisoned").insert(execution_id);
         let permit = match immediate {
             Some(permit) => Some(permit),
             None => tokio::select! {
-                permit = self.run_slots.acquire() => permit.ok(),
+                permit = self.wait_for_slot(execution_id) => match permit {
+                    Some(permit) => Some(permit),
+                    None => {
+                        self.held.lock().expect("held set poisoned").remove(&execution_id);
+                        return Disposition::Ack;
+                    }
+                },
                 _ = shutdown.cancelled() => None,
                 _ = incoming.channel_lost.cancelled() => None,
             },
@@ -637,7 +660,7 @@ impl Worker {
         if incoming.channel_lost.is_cancelled() {
             return Disposition::Retry;
         }
-        let Some(_permit) = permit.filter(|_| !shutdown.is_cancelled()) else {
+        let Some(permit) = permit.filter(|_| !shutdown.is_cancelled()) else {
             if self.displaced.load(std::sync::atomic::Ordering::SeqCst) {
                 // back to the queue, for the new holder of the name
                 return Disposition::Retry;
@@ -653,7 +676,7 @@ impl Worker {
         // the claim reads what to run from the database: nothing of the message but the ids is
         // believed (a forged dispatch for an execution not scheduled here claims nothing)
         let run_token = new_run_token();
-        let claimed = db::execution::claim_surely(&self.db, execution_id, self.id, &run_token).await;
+        let claimed = self.writes.claim(execution_id, &run_token).await;
         if !matches!(claimed, Ok(Some(_))) {
             self.running.lock().expect("running map poisoned").release(execution_id);
         }
@@ -701,6 +724,8 @@ impl Worker {
             false => self.runtimes.execute(&run, &cancel).await,
         };
         self.running.lock().expect("running map poisoned").tokens.remove(&execution_id);
+        // the slot is for running an action: the next one may start while this one is recorded
+        drop(permit);
         if cancel.is_cancelled() && !self.abort.is_cancelled() {
             // A client canceled it (or an operator failed it): the record already says so.
             let stopped = match runtime {
@@ -753,12 +778,10 @@ impl Worker {
     /// out a database outage; `false` (after logging) if the database refused the write for
     /// another reason, in which case the result goes to the executors as well.
     async fn record_success(&self, result: &ExecutionResult) -> bool {
-        let outcome = result.outcome();
-        let complete = Transition::completion(self.id, &outcome).run_token(result.run_token.as_deref());
         let recorded =
-            db::execution::transition_surely(&self.db, "recording a success", result.execution_id, &complete).await;
+            self.writes.record_success(result.execution_id, result.outcome(), result.run_token.clone()).await;
         match recorded {
-            Ok(Some(_)) => {
+            Ok(true) => {
                 result.observe_duration();
                 tracing::info!(
                     execution_id = result.execution_id,
@@ -768,7 +791,7 @@ impl Worker {
                 );
                 true
             }
-            Ok(None) => {
+            Ok(false) => {
                 tracing::debug!(
                     execution_id = result.execution_id,
                     "execution no longer running here (canceled or taken over)"

@@ -61,8 +61,14 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let Some(key) = idempotency::key(&headers)? else {
         let new = plan(&state, body).await?;
-        let execution = insert(&state, &state.db, &new, caller.token_id).await?;
-        announce(&state, &execution).await;
+        if new.original_execution.is_some() {
+            // a manual retry (`config.retry_of`): on its own, for the one-retry-per-parent check
+            let execution = insert(&state, &state.db, &new, caller.token_id).await?;
+            announce(&state, &execution).await;
+            return Ok((StatusCode::CREATED, Json(execution)));
+        }
+        // a first attempt: written with the others that come meanwhile, hint published
+        let execution = state.submissions.submit(new, caller.token_id).await?;
         return Ok((StatusCode::CREATED, Json(execution)));
     };
     idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, body).await
@@ -521,7 +527,7 @@ async fn publish_request(state: &crate::AppState, execution: &Execution) {
     let execution_id = execution.id;
     let request = ExecutionRequest { execution_id, action_id: execution.action };
     let publish = state.publisher.publish(REQUEST_KEY, &request);
-    match tokio::time::timeout(std::time::Duration::from_secs(2), publish).await {
+    match tokio::time::timeout(crate::submissions::HINT_PATIENCE, publish).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
             tracing::warn!(execution_id, error = %e, "could not publish the request hint; the schedulers' sweep finds it")

@@ -181,6 +181,48 @@ pub async fn insert_submitted(
         .await
 }
 
+/// Inserts many first submissions in one statement (one commit for them all), each with the token
+/// that submitted it; the rows come back in the order given. How the API writes the submissions
+/// that arrived while its previous write was in flight. Each must be a first attempt
+/// (`requested`, no parent, no chain key of its own): retries and keyed submissions are inserted
+/// one at a time.
+pub async fn insert_many_submitted(
+    db: impl PgExecutor<'_>,
+    news: &[(&NewExecution, i64)],
+) -> Result<Vec<Execution>, sqlx::Error> {
+    debug_assert!(news.iter().all(|(new, _)| new.status == ExecutionStatus::Requested
+        && new.original_execution.is_none()
+        && new.idempotency_key.is_none()));
+    let column = |field: &dyn Fn(&NewExecution) -> Value| news.iter().map(|(new, _)| field(new)).collect::<Vec<_>>();
+    let sql = format!(
+        "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, timeout_seconds, \
+            retry_count, runtime, submitted_by) \
+         SELECT action, action_ref, parameters, config, 'requested', max_retries, timeout_seconds, retry_count, \
+            runtime, submitted_by \
+         FROM unnest($1::bigint[], $2::text[], $3::jsonb[], $4::jsonb[], $5::int[], $6::int[], $7::int[], \
+            $8::text[], $9::bigint[]) WITH ORDINALITY \
+            AS n(action, action_ref, parameters, config, max_retries, timeout_seconds, retry_count, runtime, \
+               submitted_by, ord) \
+         ORDER BY ord \
+         RETURNING {COLUMNS}"
+    );
+    let mut rows: Vec<Execution> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(news.iter().map(|(new, _)| new.action).collect::<Vec<_>>())
+        .bind(news.iter().map(|(new, _)| new.action_ref.clone()).collect::<Vec<_>>())
+        .bind(column(&|new| new.parameters.clone()))
+        .bind(column(&|new| new.recorded_config()))
+        .bind(news.iter().map(|(new, _)| new.max_retries).collect::<Vec<_>>())
+        .bind(news.iter().map(|(new, _)| new.timeout_seconds).collect::<Vec<_>>())
+        .bind(news.iter().map(|(new, _)| new.retry_count).collect::<Vec<_>>())
+        .bind(news.iter().map(|(new, _)| new.runtime.clone()).collect::<Vec<_>>())
+        .bind(news.iter().map(|(_, token)| *token).collect::<Vec<_>>())
+        .fetch_all(db)
+        .await?;
+    // the ids come from one sequence in insertion order (`ORDER BY ord`): sorting by id restores it
+    rows.sort_by_key(|row| row.id);
+    Ok(rows)
+}
+
 /// Records that the API token `token` ended execution `id` by hand (a cancel, an operator's fail),
 /// in the transaction of the transition that ended it.
 pub async fn record_ended_by(db: impl PgExecutor<'_>, id: i64, token: i64) -> Result<(), sqlx::Error> {
@@ -729,6 +771,99 @@ pub async fn claim_surely(
         }
     })
     .await
+}
+
+/// The batch form of `claim_surely`: scheduled → running on `worker_id` for each `(execution,
+/// run token)` still dispatched there, in one statement, with what to run. Returns the runs it
+/// claimed (the others were stale: canceled, handed back or taken elsewhere), in no set order.
+/// Waits out a database outage; after one, a run an earlier attempt claimed with its very token is
+/// read back as claimed (its acknowledgement was lost).
+pub async fn claim_many_surely(
+    db: &PgPool,
+    worker_id: i64,
+    claims: &[(i64, &str)],
+) -> Result<Vec<ClaimedRun>, sqlx::Error> {
+    // (what `claim_runs` does, checked against the state machine)
+    Transition::claim(worker_id).check();
+    let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
+    let tokens: Vec<&str> = claims.iter().map(|(_, token)| *token).collect();
+    let first = ids.first().copied().unwrap_or_default();
+    let claimed = surely("claiming executions", first, |uncertain| {
+        let (ids, tokens) = (&ids, &tokens);
+        async move {
+            // (after an outage, a claim that landed is read back: running here with its token)
+            let runs: Vec<ClaimedRun> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "WITH c AS (SELECT * FROM claim_runs($1, $2, $3, $4)) SELECT {RUN_COLUMNS}"
+            )))
+            .bind(ids)
+            .bind(tokens)
+            .bind(worker_id)
+            .bind(uncertain)
+            .fetch_all(db)
+            .await?;
+            Ok(Some(runs))
+        }
+    })
+    .await?;
+    Ok(claimed.unwrap_or_default())
+}
+
+/// The batch form of recording successes (`Transition::completion` fenced by each run's token):
+/// running → completed on `worker_id` for each `(execution, outcome, run token)`, in one
+/// statement. Returns the rows it changed (the others no longer ran here: canceled or taken
+/// over). Waits out a database outage; after one, a row already completed by this worker with
+/// that token counts as recorded.
+pub async fn complete_many_surely(
+    db: &PgPool,
+    worker_id: i64,
+    done: &[(i64, &Outcome, Option<&str>)],
+) -> Result<Vec<Changed>, sqlx::Error> {
+    // (what `complete_runs` does, checked against the state machine)
+    Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).check();
+    let outcomes: Vec<std::borrow::Cow<'_, Outcome>> = done
+        .iter()
+        .map(|(_, outcome, _)| match outcome.has_nul() {
+            true => std::borrow::Cow::Owned(outcome.without_nul()),
+            false => std::borrow::Cow::Borrowed(*outcome),
+        })
+        .collect();
+    let ids: Vec<i64> = done.iter().map(|(id, _, _)| *id).collect();
+    let tokens: Vec<Option<&str>> = done.iter().map(|(_, _, token)| *token).collect();
+    let results: Vec<Option<Value>> = outcomes.iter().map(|o| o.result.clone()).collect();
+    let errors: Vec<Option<&str>> = outcomes.iter().map(|o| o.error.as_deref()).collect();
+    let exit_codes: Vec<Option<i32>> = outcomes.iter().map(|o| o.exit_code).collect();
+    let stdouts: Vec<Option<&str>> = outcomes.iter().map(|o| o.stdout.as_deref()).collect();
+    let stderrs: Vec<Option<&str>> = outcomes.iter().map(|o| o.stderr.as_deref()).collect();
+    let http_statuses: Vec<Option<i32>> = outcomes.iter().map(|o| o.http_status).collect();
+    let first = ids.first().copied().unwrap_or_default();
+    let changed = surely("recording successes", first, |uncertain| {
+        let (ids, tokens, results, errors) = (&ids, &tokens, &results, &errors);
+        let (exit_codes, stdouts, stderrs, http_statuses) = (&exit_codes, &stdouts, &stderrs, &http_statuses);
+        async move {
+            // (after an outage, a success that landed is read back: completed here with its token)
+            let rows: Vec<Changed> = sqlx::query_as(
+                "SELECT id, status, action_ref, retry_count, worker \
+                 FROM complete_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .bind(ids)
+            .bind(tokens)
+            .bind(results)
+            .bind(errors)
+            .bind(exit_codes)
+            .bind(stdouts)
+            .bind(stderrs)
+            .bind(http_statuses)
+            .bind(worker_id)
+            .bind(uncertain)
+            .fetch_all(db)
+            .await?;
+            Ok(Some(rows))
+        }
+    })
+    .await?;
+    let changed = changed.unwrap_or_default();
+    changed.iter().for_each(count_finished);
+    Ok(changed)
 }
 
 /// The transition, or, if it finds nothing to change, the row when an earlier attempt of the same
