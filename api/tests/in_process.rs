@@ -444,3 +444,36 @@ fn api_unique() -> String {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
     )
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_share_inserts_and_hints_and_each_gets_its_own_row() {
+    let api = std::sync::Arc::new(Api::start().await);
+    let submissions = (0..40).map(|n| {
+        let api = api.clone();
+        tokio::spawn(async move { (n, api.submit("core.echo", json!({"message": format!("m{n}")})).await) })
+    });
+    let mut ids = Vec::new();
+    for submitted in futures_util::future::join_all(submissions).await {
+        let (n, id) = submitted.unwrap();
+        let message: String =
+            sqlx::query_scalar("SELECT parameters->>'message' FROM execution WHERE id = $1 AND status = 'requested'")
+                .bind(id)
+                .fetch_one(&api.db.pool)
+                .await
+                .unwrap();
+        assert_eq!(message, format!("m{n}"), "each submitter is answered with its own row");
+        ids.push(id);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 40);
+    // nothing else writes these rows here (no executor): each one's xmin is its insert's transaction
+    let inserts: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM execution").fetch_one(&api.db.pool).await.unwrap();
+    assert!(inserts < 40, "submissions that came while an insert was in flight share the next: {inserts} inserts");
+    let queue = api.state.publisher.topology().requests_queue();
+    let hints = api.state.publisher.queue_length(&queue).await.unwrap();
+    assert!(hints >= 1 && i64::from(hints) <= inserts, "one hint per action of each insert: {hints} for {inserts}");
+    let api = std::sync::Arc::into_inner(api).unwrap();
+    api.stop().await;
+}

@@ -235,3 +235,111 @@ async fn config_records_the_retry_fields_in_force() {
     assert_eq!(config["max_retries"], 3);
     test.drop_database().await;
 }
+
+#[tokio::test]
+async fn a_batch_of_submissions_is_one_insert_in_order_with_each_token() {
+    let test = TestDb::new().await;
+    let pool = &test.pool;
+    let action = core_pack(pool).await;
+    let token = db::token::create_with(pool, "submitter", db::token::Role::Operator, None).await.unwrap().0.id;
+    let news: Vec<NewExecution> = (0..5)
+        .map(|n| {
+            let mut new = new_execution(&action);
+            new.parameters = json!({"message": format!("m{n}")});
+            new
+        })
+        .collect();
+    let batch: Vec<(&NewExecution, i64)> = news.iter().map(|new| (new, token)).collect();
+    let rows = db::execution::insert_many_submitted(pool, &batch).await.unwrap();
+    let messages: Vec<&str> = rows.iter().map(|row| row.parameters["message"].as_str().unwrap()).collect();
+    assert_eq!(messages, ["m0", "m1", "m2", "m3", "m4"], "rows come back in the order given");
+    assert!(rows.windows(2).all(|pair| pair[0].id < pair[1].id), "ids in submission order");
+    for row in &rows {
+        assert_eq!((row.status, row.submitted_by, row.runtime.as_deref()), (Requested, Some(token), Some("shell")));
+        assert_eq!(row.config["max_retries"], json!(row.max_retries), "config records the budget");
+        assert!(!row.idempotency_key.is_empty(), "each chain draws its own key");
+    }
+    let transactions: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM execution").fetch_one(pool).await.unwrap();
+    assert_eq!(transactions, 1, "one statement, one commit");
+    test.drop_database().await;
+}
+
+#[tokio::test]
+async fn batched_claims_and_successes_keep_each_rows_guard_fence_and_token() {
+    let test = TestDb::new().await;
+    let pool = &test.pool;
+    let action = core_pack(pool).await;
+    let mine = db::worker::register(pool, "mine", &json!({})).await.unwrap();
+    let other = db::worker::register(pool, "other", &json!({})).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(db::execution::insert(pool, &new_execution(&action)).await.unwrap().id);
+    }
+    // ids[0], ids[1]: dispatched here; ids[2]: dispatched to another worker; ids[3]: canceled
+    force_status(pool, ids[0], Scheduled, Some(mine)).await;
+    force_status(pool, ids[1], Scheduled, Some(mine)).await;
+    force_status(pool, ids[2], Scheduled, Some(other)).await;
+    force_status(pool, ids[3], Canceled, Some(mine)).await;
+    let claims: Vec<(i64, &str)> = vec![(ids[0], "t0"), (ids[1], "t1"), (ids[2], "t2"), (ids[3], "t3")];
+    let mut runs = db::execution::claim_many_surely(pool, mine, &claims).await.unwrap();
+    runs.sort_by_key(|run| run.id);
+    let claimed: Vec<(i64, Option<&str>, Option<&str>)> =
+        runs.iter().map(|run| (run.id, run.run_token.as_deref(), run.runtime.as_deref())).collect();
+    assert_eq!(claimed, [(ids[0], Some("t0"), Some("shell")), (ids[1], Some("t1"), Some("shell"))]);
+    assert_eq!(runs[0].parameters, json!({"message": "hi"}), "what to run, read in the claim");
+    assert_eq!(db::execution::get(pool, ids[2]).await.unwrap().unwrap().status, Scheduled, "another's");
+    assert!(
+        db::execution::claim_many_surely(pool, mine, &claims).await.unwrap().is_empty(),
+        "a second delivery of the same dispatches claims nothing"
+    );
+
+    let ok = Outcome { result: Some(json!({"ok": true})), exit_code: Some(0), ..Default::default() };
+    // ids[1] with another run's token: an older run's late result must not complete this one
+    let done = [(ids[0], &ok, Some("t0")), (ids[1], &ok, Some("not-t1")), (ids[2], &ok, Some("t2"))];
+    let recorded = db::execution::complete_many_surely(pool, mine, &done).await.unwrap();
+    assert_eq!(recorded.iter().map(|row| row.id).collect::<Vec<_>>(), [ids[0]]);
+    let first = db::execution::get(pool, ids[0]).await.unwrap().unwrap();
+    assert_eq!((first.status, first.result, first.exit_code), (Completed, Some(json!({"ok": true})), Some(0)));
+    assert!(first.finished.is_some());
+    assert_eq!(db::execution::get(pool, ids[1]).await.unwrap().unwrap().status, Running);
+    assert!(
+        db::execution::complete_many_surely(pool, mine, &done[..1]).await.unwrap().is_empty(),
+        "a duplicate success changes nothing"
+    );
+
+    // after an outage a landed write is read back by its token (and only by it), not repeated
+    let landed: Vec<i64> = sqlx::query_scalar("SELECT id FROM claim_runs($1, $2, $3, true)")
+        .bind(&ids[..2])
+        .bind(["t0", "wrong"])
+        .bind(mine)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert!(landed.is_empty(), "ids[0] is completed, ids[1] runs with another token: {landed:?}");
+    let landed: Vec<i64> = sqlx::query_scalar("SELECT id FROM claim_runs($1, $2, $3, true)")
+        .bind(&ids[1..2])
+        .bind(["t1"])
+        .bind(mine)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(landed, [ids[1]]);
+    let finished_before = db::execution::get(pool, ids[0]).await.unwrap().unwrap().finished;
+    let landed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM complete_runs($1, $2, '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', $3, true)",
+    )
+    .bind(&ids[..1])
+    .bind(["t0"])
+    .bind(mine)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(landed, [ids[0]]);
+    assert_eq!(
+        db::execution::get(pool, ids[0]).await.unwrap().unwrap().finished,
+        finished_before,
+        "read, not rewritten"
+    );
+    test.drop_database().await;
+}

@@ -144,7 +144,8 @@ pub struct Context {
 
 /// Runs the executor until `shutdown` fires.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
-    let pool = db::connect(&settings.common.database_url, 16, Duration::from_secs(60)).await?;
+    let pool =
+        db::connect_checking(&settings.common.database_url, 16, Duration::from_secs(60), db::Check::AfterIdle).await?;
     db::migrate(&pool).await?;
     db::worker::store_health_config(&pool, &settings.health).await?;
     db::worker::store_retry_config(&pool, &settings.retry).await?;

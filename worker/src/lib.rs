@@ -238,7 +238,8 @@ async fn claim_name(pool: &PgPool, settings: &Settings) -> Result<i64, Error> {
 /// Runs a worker until `shutdown` fires.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
     protect_process();
-    let pool = db::connect(&settings.common.database_url, 4, Duration::from_secs(60)).await?;
+    let pool =
+        db::connect_checking(&settings.common.database_url, 4, Duration::from_secs(60), db::Check::AfterIdle).await?;
     db::migrate(&pool).await?;
     let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone()).await;
     let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);

@@ -137,7 +137,7 @@ pub async fn advance(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
         "UPDATE action_circuit c SET state = 'closed', open_until = NULL, trial = NULL, closed_at = now(), \
             updated = now() \
          WHERE c.state = 'half_open' \
-           AND EXISTS (SELECT 1 FROM execution t WHERE t.id = c.trial AND t.status = 'completed')",
+           AND (SELECT t.status FROM execution t WHERE t.id = c.trial) = 'completed'",
     )
     .execute(&mut *tx)
     .await?;
@@ -145,8 +145,8 @@ pub async fn advance(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
         "WITH due AS ( \
             SELECT c.action FROM action_circuit c \
             WHERE (c.state = 'open' AND c.open_until <= now()) \
-               OR (c.state = 'half_open' AND (c.trial IS NULL OR NOT EXISTS ( \
-                    SELECT 1 FROM execution t WHERE t.id = c.trial AND NOT (t.status = ANY($1))))) \
+               OR (c.state = 'half_open' AND (c.trial IS NULL OR COALESCE( \
+                    (SELECT t.status = ANY($1) FROM execution t WHERE t.id = c.trial), true))) \
             FOR UPDATE SKIP LOCKED), \
          picked AS ( \
             SELECT due.action, ( \

@@ -927,20 +927,23 @@ pub struct Claimed {
 /// than slots means fewer were waiting.
 pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<Vec<Claimed>, sqlx::Error> {
     // the states stay literals: a bound one would keep a generic plan off the partial index
-    // `execution_waiting_idx` (WHERE status = 'requested')
+    // `execution_waiting_idx` (WHERE status = 'requested'). The rows picked are updated by the
+    // tuple ids read under their row locks (which no other statement can move before this one
+    // ends): joined by id, the planner, with statistics taken when few rows waited, would scan
+    // every waiting row (and dead index entries) on each claim under a backlog.
     Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).check();
     sqlx::query_as(
         "WITH picked AS ( \
-            SELECT id, COALESCE(not_before, created) AS since FROM execution w \
+            SELECT ctid AS tid, id, COALESCE(not_before, created) AS since FROM execution w \
             WHERE status = 'requested' AND runtime = $1 \
               AND NOT EXISTS (SELECT 1 FROM action_circuit c WHERE c.action = w.action \
                               AND c.state <> 'closed' AND c.trial IS DISTINCT FROM w.id) \
             ORDER BY COALESCE(not_before, created), id LIMIT $3 FOR UPDATE OF w SKIP LOCKED), \
-         numbered AS (SELECT id, row_number() OVER (ORDER BY since, id) AS n FROM picked), \
+         numbered AS (SELECT tid, row_number() OVER (ORDER BY since, id) AS n FROM picked), \
          plan AS (SELECT worker, n FROM unnest($2::bigint[]) WITH ORDINALITY AS p(worker, n)) \
          UPDATE execution e SET status = 'scheduled', worker = plan.worker, updated = now() \
          FROM numbered JOIN plan USING (n) \
-         WHERE e.id = numbered.id AND e.status = 'requested' \
+         WHERE e.ctid = numbered.tid AND e.status = 'requested' \
          RETURNING e.id, e.worker, e.action, e.action_ref, e.parameters, e.timeout_seconds, e.retry_count, \
             e.not_before, e.created, e.idempotency_key",
     )

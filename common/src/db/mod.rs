@@ -24,6 +24,31 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// certificate or an unreadable `sslrootcert` is not waited out but returned at once, saying
 /// what to check.
 pub async fn connect(database_url: &str, max_connections: u32, deadline: Duration) -> Result<PgPool, sqlx::Error> {
+    connect_checking(database_url, max_connections, deadline, Check::EveryUse).await
+}
+
+/// How a pool makes sure a connection still works before it hands it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// A round trip before every use (sqlx's default): a connection the server closed is never
+    /// handed out, so a statement fails only if the server goes while it runs. For callers that
+    /// cannot tell whether a failed write landed (the API's inserts).
+    EveryUse,
+    /// A round trip only after `CHECK_IF_IDLE_FOR` idle. A connection in steady use that the
+    /// server closed fails its next statement with an I/O error, which the caller must wait out
+    /// and whose write it must be able to read back (the workers' and executors' writes go
+    /// through `retry_while_unavailable` and the `surely` forms). Under load this halves the
+    /// round trips of every statement.
+    AfterIdle,
+}
+
+/// `connect` with the given check of connections before use.
+pub async fn connect_checking(
+    database_url: &str,
+    max_connections: u32,
+    deadline: Duration,
+    check: Check,
+) -> Result<PgPool, sqlx::Error> {
     crate::tls::install_default_provider();
     let options = connect_options(database_url)?;
     let started = std::time::Instant::now();
@@ -32,13 +57,10 @@ pub async fn connect(database_url: &str, max_connections: u32, deadline: Duratio
         let attempt = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            // sqlx's default checks every connection it hands out with a round trip of its own
-            // (a Sync), which under load doubles the round trips of every statement. Only a
-            // connection that sat idle long enough for the server to have gone is checked.
-            .test_before_acquire(false)
-            .before_acquire(|connection, meta| {
+            .test_before_acquire(check == Check::EveryUse)
+            .before_acquire(move |connection, meta| {
                 Box::pin(async move {
-                    if meta.idle_for >= CHECK_IF_IDLE_FOR {
+                    if check == Check::AfterIdle && meta.idle_for >= CHECK_IF_IDLE_FOR {
                         sqlx::Connection::ping(connection).await?;
                     }
                     Ok(true)
@@ -106,8 +128,9 @@ fn tls_refusal(database_url: &str, error: sqlx::Error) -> sqlx::Error {
     error
 }
 
-/// A pooled connection idle this long is checked with a round trip before it is handed out (a
-/// database restarted meanwhile would fail its first statement); one in steady use is not.
+/// With `Check::AfterIdle`, a pooled connection idle this long is checked with a round trip before
+/// it is handed out (a database restarted meanwhile would fail its first statement); one in
+/// steady use is not.
 const CHECK_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// Connections a pool opens at start (the rest on demand, as load asks for them).
