@@ -88,15 +88,35 @@ awk -v a="$((a1 - a0))" -v p="$((p1 - p0))" -v r="$((r1 - r0))" -v n="$((n1 - n0
     printf "\nCPU per completed execution over the run (%d executions): attune %.2f ms, PostgreSQL %.2f ms, RabbitMQ %.2f ms, total %.2f ms; the benchmark client %.2f ms\n",
         n, 1000 * a / hz / n, 1000 * p / hz / n, 1000 * r / hz / n, 1000 * (a + p + r) / hz / n, 1000 * client / n }'
 
-# The naive floor (../shared/floorbench), measured right after attune in the same sitting, and the
-# ratio of attune's `core.noop` maximum rate to it (ATTUNE_BENCH_NO_FLOOR=1 leaves it out). It is
-# built here when missing. It runs as the `postgres` superuser over TCP (it checkpoints), in the
-# database `attune_floorbench`; where that login is refused, the ratio is left out.
+# The naive floor (../shared/floorbench), measured right after attune in the same sitting: its
+# maximum rate (the ratio of attune's `core.noop` maximum rate to it), and its latency at each
+# offered load attune was measured at (`rate` and `load` rows: the p99 ratio, and its curve drawn
+# beside attune's in the plot). ATTUNE_BENCH_NO_FLOOR=1 leaves it out. It is built here when
+# missing. It runs as the `postgres` superuser over TCP (it checkpoints), in the database
+# `attune_floorbench`; where that login is refused, the ratios are left out.
 floor_dir=${ATTUNE_FLOORBENCH_DIR:-../shared/floorbench}
+plot=
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[$i]}" in
+        --plot) plot=${args[$((i + 1))]:-} ;;
+        --plot=*) plot=${args[$i]#--plot=} ;;
+    esac
+done
 attune_rate=$(python3 -c 'import json, sys
 rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["workload"] == "core.noop, max rate"]
 print(rows[0]["executions_per_second"] if rows else "")' "$results" 2>/dev/null || true)
-if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && [ -n "$attune_rate" ] && [ -f "$floor_dir/Cargo.toml" ]; then
+# the offered rates of the open-loop rows, and each one's p99
+open_loop=$(python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    rate = r.get("extra", {}).get("offered_rate")
+    if rate: print(rate, r["latency_ms"]["p99"], r["workload"].replace(" ", "_"))' "$results" 2>/dev/null || true)
+floor() {
+    (cd "$floor_dir" &&
+        DATABASE_URL=postgres://postgres@$PGHOST_ADDR:$PGPORT/attune_floorbench \
+        AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f \
+        ./target/release/floorbench e2e qtype=quorum "$@" 2>&1) || true
+}
+if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && { [ -n "$attune_rate" ] || [ -n "$open_loop" ]; } && [ -f "$floor_dir/Cargo.toml" ]; then
     cleanup # attune stops first: the floor gets the machine to itself, as attune had
     trap - EXIT
     if [ ! -x "$floor_dir/target/release/floorbench" ]; then
@@ -104,17 +124,37 @@ if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && [ -n "$attune_rate" ] && [ -f "$floor_
         (cd "$floor_dir" && cargo build --release --quiet)
     fi
     psql_admin -c "CREATE DATABASE attune_floorbench" >/dev/null 2>&1 || true
-    log "the floor: floorbench e2e secs=10 warm=3 qtype=quorum inflight=128"
-    # the same PostgreSQL and RabbitMQ as attune's run (the vhost of that run is gone)
-    floor_rate=$(cd "$floor_dir" &&
-        DATABASE_URL=postgres://postgres@$PGHOST_ADDR:$PGPORT/attune_floorbench \
-        AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f \
-        ./target/release/floorbench e2e secs=10 warm=3 qtype=quorum inflight=128 2>&1 |
-        awk '/^RESULT/ { for (i = 1; i <= NF; i++) if ($i == "exec/s") print $(i - 1) }' || true)
-    if [ -n "$floor_rate" ]; then
-        awk -v a="$attune_rate" -v f="$floor_rate" 'BEGIN {
-            printf "core.noop at maximum rate: attune %.1f/s, the naive floor %.1f/s: %.2f of the floor\n", a, f, a / f }'
-    else
-        log "the floor did not report a rate"
+    floor_json=$(dirname "$results")/floor.json
+    points=()
+    # (the same PostgreSQL and RabbitMQ as attune's run; the vhost of that run is gone)
+    while read -r rate attune_p99 workload; do
+        [ -n "$rate" ] || continue
+        log "the floor at $rate/s offered: floorbench e2e secs=5 warm=2 qtype=quorum mode=rate rate=$rate"
+        line=$(floor secs=5 warm=2 mode=rate rate="$rate" | grep -m1 'latency INSERT -> UPDATE succeeded committed' || true)
+        p50=$(sed -n 's/.* p50=\([0-9.]*\)ms.*/\1/p' <<<"$line")
+        p99=$(sed -n 's/.* p99=\([0-9.]*\)ms.*/\1/p' <<<"$line")
+        if [ -z "$p99" ]; then
+            log "the floor did not report its latency at $rate/s"
+            continue
+        fi
+        points+=("{\"offered_rate\": $rate, \"p50\": $p50, \"p99\": $p99}")
+        awk -v r="$rate" -v a="$attune_p99" -v f="$p99" -v w="${workload//_/ }" 'BEGIN {
+            printf "p99 at %s/s offered (%s): attune %.1f ms, the naive floor %.1f ms: %.2f of the floor'"'"'s\n", r, w, a, f, a / f }'
+    done <<<"$open_loop"
+    floor_rate=
+    if [ -n "$attune_rate" ]; then
+        log "the floor at maximum rate: floorbench e2e secs=10 warm=3 qtype=quorum inflight=128"
+        floor_rate=$(floor secs=10 warm=3 inflight=128 |
+            awk '/^RESULT/ { for (i = 1; i <= NF; i++) if ($i == "exec/s") print $(i - 1) }')
+        if [ -n "$floor_rate" ]; then
+            awk -v a="$attune_rate" -v f="$floor_rate" 'BEGIN {
+                printf "core.noop at maximum rate: attune %.1f/s, the naive floor %.1f/s: %.2f of the floor\n", a, f, a / f }'
+        else
+            log "the floor did not report a rate"
+        fi
+    fi
+    (IFS=,; echo "{\"max_rate\": ${floor_rate:-null}, \"points\": [${points[*]}]}") >"$floor_json"
+    if [ -n "$plot" ] && [ ${#points[@]} -gt 1 ]; then
+        target/release/attune-bench --replot "$results" --floor "$floor_json" --plot "$plot"
     fi
 fi

@@ -19,6 +19,15 @@ struct Args {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args: Args = attune_common::settings::parse_with_settings_help(attune_common::settings::Process::Bench);
+    if args.bench.replot.is_some() {
+        return match workloads::replot(&args.bench) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let api_url = match args.api_url.map_or_else(|| attune_common::settings::get("ATTUNE_API_URL"), Ok) {
         Ok(url) => url,
         Err(e) => {

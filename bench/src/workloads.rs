@@ -51,6 +51,69 @@ pub struct BenchArgs {
     /// Metrics endpoints to read broker counters from (default: the API's /metrics)
     #[arg(long)]
     pub metrics_url: Vec<String>,
+    /// Draw this curve of the naive floor beside attune's in the plot: a JSON file with
+    /// `{"points": [{"offered_rate", "p50", "p99"}, ...]}` (`scripts/bench.sh` writes it)
+    #[arg(long)]
+    pub floor: Option<std::path::PathBuf>,
+    /// Measure nothing: redraw `--plot` from the `load` rows of this earlier `--json` report
+    /// (with `--floor`)
+    #[arg(long, requires = "plot")]
+    pub replot: Option<std::path::PathBuf>,
+}
+
+/// One curve of latency against offered load: (offered rate, p50, p99) per point.
+struct Curve {
+    label: String,
+    points: Vec<(f64, f64, f64)>,
+    dashed: bool,
+}
+
+/// The curves to plot: attune's `load` rows of `report`, and the floor's from `floor` if given.
+fn curves(attune: Vec<(f64, f64, f64)>, floor: Option<&std::path::Path>) -> anyhow::Result<Vec<Curve>> {
+    let mut curves = vec![Curve { label: "attune".into(), points: attune, dashed: false }];
+    if let Some(path) = floor {
+        let floor: Value =
+            serde_json::from_str(&std::fs::read_to_string(path).with_context(|| path.display().to_string())?)
+                .with_context(|| format!("{}: not JSON", path.display()))?;
+        let points = floor["points"]
+            .as_array()
+            .with_context(|| format!("{}: no \"points\" array", path.display()))?
+            .iter()
+            .map(|p| {
+                let field = |name: &str| {
+                    p[name].as_f64().with_context(|| format!("{}: a point without \"{name}\"", path.display()))
+                };
+                Ok((field("offered_rate")?, field("p50")?, field("p99")?))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        curves.push(Curve { label: "naive floor".into(), points, dashed: true });
+    }
+    Ok(curves)
+}
+
+/// Redraws the plot of an earlier report's `load` rows (`--replot`), with the floor's curve.
+pub fn replot(args: &BenchArgs) -> anyhow::Result<()> {
+    let (Some(report), Some(out)) = (&args.replot, &args.plot) else { bail!("--replot needs --plot") };
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(report).with_context(|| report.display().to_string())?)?;
+    let attune: Vec<(f64, f64, f64)> = report["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["workload"].as_str().is_some_and(|w| w.starts_with("load ")))
+        .filter_map(|r| {
+            Some((
+                r["extra"]["offered_rate"].as_f64()?,
+                r["latency_ms"]["p50"].as_f64()?,
+                r["latency_ms"]["p99"].as_f64()?,
+            ))
+        })
+        .collect();
+    if attune.is_empty() {
+        bail!("the report has no `load` rows to plot");
+    }
+    std::fs::write(out, plot(&curves(attune, args.floor.as_deref())?))?;
+    Ok(())
 }
 
 struct Bench {
@@ -352,7 +415,13 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
                     points.push(bench.open_loop(&format!("load {rate}/s"), rate, if q { 1.0 } else { 5.0 }).await?);
                 }
                 if let Some(path) = &args.plot {
-                    std::fs::write(path, plot(&points))?;
+                    let attune = points
+                        .iter()
+                        .map(|m| {
+                            (m.extra["offered_rate"].as_f64().unwrap_or(0.0), m.percentile(50.0), m.percentile(99.0))
+                        })
+                        .collect();
+                    std::fs::write(path, plot(&curves(attune, args.floor.as_deref())?))?;
                 }
                 points
             }
@@ -459,20 +528,28 @@ fn machine() -> Value {
     json!({"cpus": cpus, "memory_gib": (memory * 10.0).round() / 10.0, "cpu_model": model})
 }
 
-/// Latency (p50 and p99) against offered load, as a small SVG.
-fn plot(points: &[Measured]) -> String {
+/// Latency (p50 and p99) against offered load, as a small SVG: a solid line per percentile for
+/// attune, dashed for the floor.
+fn plot(curves: &[Curve]) -> String {
     let (w, h, left, bottom) = (640.0, 360.0, 60.0, 40.0);
-    let rates: Vec<f64> = points.iter().map(|m| m.extra["offered_rate"].as_f64().unwrap_or(0.0)).collect();
+    let all = || curves.iter().flat_map(|c| c.points.iter());
+    let mut rates: Vec<f64> = all().map(|p| p.0).collect();
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
     let max_rate = rates.iter().cloned().fold(1.0, f64::max);
     // latency on a log scale from 1 ms to the next power of ten above the highest p99, so the
     // milliseconds below saturation and the seconds past it both show
-    let decades = points.iter().map(|m| m.percentile(99.0)).fold(10.0, f64::max).log10().ceil();
+    let decades = all().map(|p| p.2).fold(10.0, f64::max).log10().ceil();
     let x = |r: f64| left + (w - left - 20.0) * r / max_rate;
     let y = |l: f64| h - bottom - (h - bottom - 20.0) * l.max(1.0).log10() / decades;
-    let line = |p: f64, colour: &str| {
+    let line = |curve: &Curve, p99: bool, colour: &str| {
         let coords: Vec<String> =
-            points.iter().zip(&rates).map(|(m, r)| format!("{:.1},{:.1}", x(*r), y(m.percentile(p)))).collect();
-        format!("<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>", coords.join(" "))
+            curve.points.iter().map(|p| format!("{:.1},{:.1}", x(p.0), y(if p99 { p.2 } else { p.1 }))).collect();
+        let dash = if curve.dashed { " stroke-dasharray=\"6 4\"" } else { "" };
+        format!(
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\"{dash} points=\"{}\"/>",
+            coords.join(" ")
+        )
     };
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">"
@@ -502,13 +579,18 @@ fn plot(points: &[Measured]) -> String {
         h / 2.0,
         h / 2.0
     );
-    svg += &line(50.0, "#1f77b4");
-    svg += &line(99.0, "#d62728");
-    svg += &format!(
-        "<text x=\"{}\" y=\"34\" fill=\"#1f77b4\">p50</text><text x=\"{}\" y=\"50\" fill=\"#d62728\">p99</text>",
-        left + 10.0,
-        left + 10.0
-    );
+    let mut legend_y = 34.0;
+    for curve in curves {
+        svg += &line(curve, false, "#1f77b4");
+        svg += &line(curve, true, "#d62728");
+        let style = if curve.dashed { "dashed" } else { "solid" };
+        svg += &format!(
+            "<text x=\"{}\" y=\"{legend_y}\">{} ({style}): <tspan fill=\"#1f77b4\">p50</tspan>, <tspan fill=\"#d62728\">p99</tspan></text>",
+            left + 10.0,
+            curve.label
+        );
+        legend_y += 16.0;
+    }
     svg += "</svg>\n";
     svg
 }

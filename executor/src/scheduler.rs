@@ -27,6 +27,8 @@ use attune_core::{ExecutionStatus, FailureKind, selection};
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
+use crate::health_probe::Picture;
+use attune_core::health::HealthThresholds;
 
 /// Every runtime with waiting work is looked at at least this often, hint or not.
 const SWEEP: Duration = Duration::from_secs(1);
@@ -109,6 +111,8 @@ struct Loop {
     turn: usize,
     /// Executions whose claim the database refused, and how many times.
     refused: HashMap<i64, i64>,
+    /// The last look's picture, with its claims added (see `look`).
+    picture: Option<Picture>,
 }
 
 /// The scheduling loop, until `shutdown` fires.
@@ -120,6 +124,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         again: HashMap::new(),
         turn: 0,
         refused: HashMap::new(),
+        picture: None,
     };
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -176,9 +181,22 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
         }
         return Err(e.into());
     }
-    let mut picture = context.health_probe.picture().await?;
     let config = context.health_probe.config().clone();
     let runtimes: Vec<String> = runtimes.into_iter().collect();
+    // The in-flight counts of a read younger than `ATTUNE_INFLIGHT_CACHE_MS`, with this
+    // executor's claims since added, are used again: at a steady rate every hint would otherwise
+    // wait for a read of its own before its claim. Such a picture can only overstate what is in
+    // flight (completions since are missing), so a runtime it shows without room is looked at
+    // with a fresh read.
+    let mut picture = match state.picture.take() {
+        Some(picture)
+            if picture.age() < context.settings.inflight_cache
+                && runtimes.iter().all(|runtime| rooms_free(&picture, &config, runtime) > 0) =>
+        {
+            picture
+        }
+        _ => context.health_probe.picture().await?,
+    };
     state.turn = state.turn.wrapping_add(1);
     let start = state.turn % runtimes.len();
     for runtime in runtimes[start..].iter().chain(&runtimes[..start]) {
@@ -186,8 +204,7 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             state.offered.insert(runtime.clone(), now);
         }
         let rooms = picture.rooms(&config, runtime);
-        let free = rooms.iter().fold(0i64, |sum, room| sum.saturating_add(room.free));
-        let limit = free.clamp(0, BATCH as i64) as usize;
+        let limit = rooms_free(&picture, &config, runtime).clamp(0, BATCH as i64) as usize;
         let plan = selection::plan(&config, rooms, limit, picture.now(), |_| rand::random());
         if plan.is_empty() {
             let offered = state.offered.get(runtime).copied().unwrap_or(state.started);
@@ -225,7 +242,13 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             context.dispatches.spawn(async move { dispatch(&task, execution).await });
         }
     }
+    state.picture = Some(picture);
     Ok(())
+}
+
+/// The free slots `picture` shows for `runtime`, over every worker that may take it.
+fn rooms_free(picture: &Picture, config: &HealthThresholds, runtime: &str) -> i64 {
+    picture.rooms(config, runtime).iter().fold(0i64, |sum, room| sum.saturating_add(room.free))
 }
 
 /// The claim of `plan.len()` waiting executions one at a time, after the database refused the
