@@ -314,7 +314,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_INFLIGHT_CACHE_MS",
         default: Value("10"),
         read_by: &[Executor],
-        doc: "while requests wait for room, how often the scheduler looks again (one read of the executions in flight per worker; at least 5)",
+        doc: "how long the scheduler reuses a read of the executions in flight per worker (adding its own claims), and, while requests wait for room, how often it looks again; at least 5",
     },
     Setting {
         name: "ATTUNE_WORKER_WAIT_SECS",
