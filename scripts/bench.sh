@@ -107,9 +107,9 @@ rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["workload"] == "
 print(rows[0]["executions_per_second"] if rows else "")' "$results" 2>/dev/null || true)
 # the offered rates of the open-loop rows, and each one's p99
 open_loop=$(python3 -c 'import json, sys
-for r in json.load(open(sys.argv[1]))["results"]:
-    rate = r.get("extra", {}).get("offered_rate")
-    if rate: print(rate, r["latency_ms"]["p99"], r["workload"].replace(" ", "_"))' "$results" 2>/dev/null || true)
+rows = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("extra", {}).get("offered_rate")]
+for r in sorted(rows, key=lambda r: r["extra"]["offered_rate"]):
+    print(r["extra"]["offered_rate"], r["latency_ms"]["p99"], r["workload"].replace(" ", "_"))' "$results" 2>/dev/null || true)
 floor() {
     (cd "$floor_dir" &&
         DATABASE_URL=postgres://postgres@$PGHOST_ADDR:$PGPORT/attune_floorbench \
@@ -127,17 +127,22 @@ if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && { [ -n "$attune_rate" ] || [ -n "$open
     floor_json=$(dirname "$results")/floor.json
     points=()
     # (the same PostgreSQL and RabbitMQ as attune's run; the vhost of that run is gone)
+    measured_rate=
     while read -r rate attune_p99 workload; do
         [ -n "$rate" ] || continue
-        log "the floor at $rate/s offered: floorbench e2e secs=5 warm=2 qtype=quorum mode=rate rate=$rate"
-        line=$(floor secs=5 warm=2 mode=rate rate="$rate" | grep -m1 'latency INSERT -> UPDATE succeeded committed' || true)
-        p50=$(sed -n 's/.* p50=\([0-9.]*\)ms.*/\1/p' <<<"$line")
-        p99=$(sed -n 's/.* p99=\([0-9.]*\)ms.*/\1/p' <<<"$line")
+        # (each offered rate once: the `rate` row and a `load` row may share one)
+        if [ "$rate" != "$measured_rate" ]; then
+            measured_rate=$rate
+            log "the floor at $rate/s offered: floorbench e2e secs=5 warm=2 qtype=quorum mode=rate rate=$rate"
+            line=$(floor secs=5 warm=2 mode=rate rate="$rate" | grep -m1 'latency INSERT -> UPDATE succeeded committed' || true)
+            p50=$(sed -n 's/.* p50=\([0-9.]*\)ms.*/\1/p' <<<"$line")
+            p99=$(sed -n 's/.* p99=\([0-9.]*\)ms.*/\1/p' <<<"$line")
+            [ -z "$p99" ] || points+=("{\"offered_rate\": $rate, \"p50\": $p50, \"p99\": $p99}")
+        fi
         if [ -z "$p99" ]; then
             log "the floor did not report its latency at $rate/s"
             continue
         fi
-        points+=("{\"offered_rate\": $rate, \"p50\": $p50, \"p99\": $p99}")
         awk -v r="$rate" -v a="$attune_p99" -v f="$p99" -v w="${workload//_/ }" 'BEGIN {
             printf "p99 at %s/s offered (%s): attune %.1f ms, the naive floor %.1f ms: %.2f of the floor'"'"'s\n", r, w, a, f, a / f }'
     done <<<"$open_loop"
