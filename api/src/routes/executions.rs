@@ -2,7 +2,7 @@
 //! cancel, fail.
 
 use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
-use attune_common::mq::{CancelNotice, ExecutionRequest, MqError, REQUEST_KEY};
+use attune_common::mq::{CancelNotice, MqError};
 use attune_core::{ExecutionStatus, FailureKind, params, recovery};
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -150,7 +150,7 @@ async fn announce(state: &crate::AppState, execution: &Execution) {
         tracing::info!(execution_id = execution.id, retried, "manual retry requested");
         attune_common::metrics::increment(&attune_common::metrics::RETRIES_CREATED, &[("reason", "manual_retry")], 1);
     }
-    publish_request(state, execution).await;
+    crate::submissions::publish_hint(&state.publisher, execution).await;
 }
 
 /// Refuses parameters larger than the API's limits (413, naming the parameter, or the largest one
@@ -518,25 +518,6 @@ fn already_retried(parent: i64, existing: i64) -> ApiError {
         format!("execution {parent} was already retried by execution {existing}"),
     )
     .with_extra(serde_json::json!({"retry_execution": existing}))
-}
-
-/// The row is the record and the message only a hint: if this publish fails, the schedulers'
-/// once-a-second sweep of waiting rows finds the execution.
-/// Waits at most 2 s for the broker: a client's submission is answered either way.
-async fn publish_request(state: &crate::AppState, execution: &Execution) {
-    let execution_id = execution.id;
-    let request = ExecutionRequest { execution_id, action_id: execution.action };
-    let publish = state.publisher.publish(REQUEST_KEY, &request);
-    match tokio::time::timeout(crate::submissions::HINT_PATIENCE, publish).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(execution_id, error = %e, "could not publish the request hint; the schedulers' sweep finds it")
-        }
-        Err(_) => tracing::warn!(
-            execution_id,
-            "the broker is slow to confirm the request hint; the schedulers' sweep finds it"
-        ),
-    }
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
