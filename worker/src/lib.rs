@@ -639,8 +639,7 @@ impl Worker {
         let execution_id = dispatch.execution_id;
         // held until a run slot is free; a shutdown hands it back, a lost channel drops it (the
         // broker delivers it again)
-        // a dispatch that must wait for a run slot is checked first: a stale one (canceled,
-        // handed back, taken elsewhere) must not hold a slot that executors count as free
+        // a dispatch that must wait long for a run slot is checked on the way (`wait_for_slot`)
         let immediate = self.run_slots.try_acquire().ok();
         self.held.lock().expect("held set poisoned").insert(execution_id);
         let permit = match immediate {
