@@ -18,7 +18,6 @@ const HEADER: &str = "Idempotency-Key";
 struct Api {
     served: Served,
     token: String,
-    http: reqwest::Client,
 }
 
 impl std::ops::Deref for Api {
@@ -32,7 +31,7 @@ impl Api {
     async fn start() -> Api {
         let served = Served::start(|_| {}).await;
         let token = db::token::create(&served.db.pool, "idempotency").await.unwrap();
-        Api { served, token, http: reqwest::Client::new() }
+        Api { served, token }
     }
 
     /// `POST /api/v1/executions` with `body` sent as written, `key` in the header if given.
@@ -46,10 +45,7 @@ impl Api {
         if let Some(key) = key {
             request = request.header(HEADER, key);
         }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or_else(|_| json!({ "text": text })))
+        support::answer(request.send().await.unwrap()).await
     }
 
     async fn submit(&self, key: Option<&str>, body: &str) -> (StatusCode, Value) {

@@ -13,7 +13,6 @@ use support::Served;
 struct Api {
     served: Served,
     token: String,
-    http: reqwest::Client,
 }
 
 impl std::ops::Deref for Api {
@@ -32,18 +31,11 @@ impl Api {
     async fn start_with(adjust: impl FnOnce(&mut attune_api::Settings)) -> Api {
         let served = Served::start(adjust).await;
         let token = db::token::create(&served.db.pool, "in-process").await.unwrap();
-        Api { served, token, http: reqwest::Client::new() }
+        Api { served, token }
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut request = self.http.request(method.clone(), format!("{}{path}", self.url)).bearer_auth(&self.token);
-        if let Some(body) = &body {
-            request = request.json(body);
-        }
-        let response = request.send().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or_else(|_| json!({ "text": text })))
+        self.call_as(&self.token, method, path, body).await
     }
 
     async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {

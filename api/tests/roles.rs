@@ -21,7 +21,6 @@ struct Token {
 /// The test's API with a token of each role.
 struct Api {
     served: Served,
-    http: reqwest::Client,
     /// One token of each role, in `Role::ALL`'s order.
     tokens: Vec<Token>,
 }
@@ -41,26 +40,15 @@ impl Api {
             let (info, secret) = db::token::create_with(&served.db.pool, role.as_str(), role, None).await.unwrap();
             tokens.push(Token { id: info.id, secret });
         }
-        Api { served, http: reqwest::Client::new(), tokens }
+        Api { served, tokens }
     }
 
     fn token(&self, role: Role) -> &Token {
         &self.tokens[Role::ALL.iter().position(|r| *r == role).unwrap()]
     }
 
-    async fn call_with(&self, secret: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut request = self.http.request(method.clone(), format!("{}{path}", self.url)).bearer_auth(secret);
-        if let Some(body) = &body {
-            request = request.json(body);
-        }
-        let response = request.send().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or_else(|_| json!({ "text": text })))
-    }
-
     async fn call(&self, role: Role, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        self.call_with(&self.token(role).secret, method, path, body).await
+        self.call_as(&self.token(role).secret, method, path, body).await
     }
 
     async fn stop(self) {
@@ -73,13 +61,13 @@ async fn expired_and_revoked_tokens_are_refused_and_a_revocation_here_counts_at_
     let api = Api::start().await;
     let yesterday = chrono::Utc::now() - chrono::Duration::days(1);
     let (_, expired) = db::token::create_with(&api.db.pool, "old", Role::Admin, Some(yesterday)).await.unwrap();
-    let (status, answer) = api.call_with(&expired, Method::GET, "/api/v1/workers", None).await;
+    let (status, answer) = api.call_as(&expired, Method::GET, "/api/v1/workers", None).await;
     assert_eq!((status, answer["error"]["message"].as_str()), (StatusCode::UNAUTHORIZED, Some("token expired")));
     assert_eq!(db::token::verify(&api.db.pool, &expired).await.unwrap(), None);
     // one that expires later works until then
     let tomorrow = chrono::Utc::now() + chrono::Duration::days(1);
     let (info, later) = db::token::create_with(&api.db.pool, "later", Role::Read, Some(tomorrow)).await.unwrap();
-    let (status, me) = api.call_with(&later, Method::GET, "/api/v1/whoami", None).await;
+    let (status, me) = api.call_as(&later, Method::GET, "/api/v1/whoami", None).await;
     assert_eq!(status, StatusCode::OK, "{me}");
     assert_eq!(
         (me["token_id"].as_i64(), me["name"].as_str(), me["role"].as_str()),
@@ -90,7 +78,7 @@ async fn expired_and_revoked_tokens_are_refused_and_a_revocation_here_counts_at_
     // revoked in the database before its first use
     let (revoked_info, revoked) = db::token::create_with(&api.db.pool, "gone", Role::Operator, None).await.unwrap();
     db::token::revoke(&api.db.pool, revoked_info.id).await.unwrap().unwrap();
-    let (status, answer) = api.call_with(&revoked, Method::GET, "/api/v1/workers", None).await;
+    let (status, answer) = api.call_as(&revoked, Method::GET, "/api/v1/workers", None).await;
     assert_eq!(
         (status, answer["error"]["message"].as_str()),
         (StatusCode::UNAUTHORIZED, Some("unknown or revoked token"))
@@ -98,13 +86,13 @@ async fn expired_and_revoked_tokens_are_refused_and_a_revocation_here_counts_at_
 
     // revoked through this API while it is trusted from the cache: refused at the next call
     let operator = api.token(Role::Operator);
-    let (status, _) = api.call_with(&operator.secret, Method::GET, "/api/v1/workers", None).await;
+    let (status, _) = api.call_as(&operator.secret, Method::GET, "/api/v1/workers", None).await;
     assert_eq!(status, StatusCode::OK);
     let path = format!("/api/v1/tokens/{}", operator.id);
     let (status, answer) = api.call(Role::Admin, Method::DELETE, &path, None).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert!(answer["revoked"].is_string() && answer.get("token").is_none(), "{answer}");
-    let (status, answer) = api.call_with(&operator.secret, Method::GET, "/api/v1/workers", None).await;
+    let (status, answer) = api.call_as(&operator.secret, Method::GET, "/api/v1/workers", None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
     api.stop().await;
 }
@@ -126,7 +114,7 @@ async fn admins_create_list_and_revoke_tokens_through_the_api() {
     let expires = chrono::DateTime::parse_from_rfc3339(created["expires"].as_str().unwrap()).unwrap();
     let lifetime = expires.with_timezone(&chrono::Utc) - chrono::Utc::now();
     assert!(lifetime > chrono::Duration::minutes(59) && lifetime <= chrono::Duration::hours(1), "{lifetime}");
-    let (status, me) = api.call_with(secret, Method::GET, "/api/v1/whoami", None).await;
+    let (status, me) = api.call_as(secret, Method::GET, "/api/v1/whoami", None).await;
     assert_eq!((status, me["role"].as_str(), me["name"].as_str()), (StatusCode::OK, Some("read"), Some("ci")));
     // JSON Schema's integers include 60.0
     let body = json!({"name": "whole", "role": "operator", "expires_in_secs": 60.0});
@@ -175,7 +163,7 @@ async fn admins_create_list_and_revoke_tokens_through_the_api() {
         (StatusCode::OK, &first["revoked"]),
         "a second revoke keeps the first time"
     );
-    let (status, _) = api.call_with(secret, Method::GET, "/api/v1/whoami", None).await;
+    let (status, _) = api.call_as(secret, Method::GET, "/api/v1/whoami", None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     api.stop().await;
 }

@@ -5,6 +5,8 @@
 
 use attune_common::config::{CommonSettings, Defaults, FromEnv};
 use attune_testkit::{Namespace, TestDb};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 /// One API process's worth of state, served in this test's runtime.
@@ -13,6 +15,7 @@ pub struct Served {
     pub state: attune_api::State,
     pub db: TestDb,
     pub namespace: Namespace,
+    pub http: reqwest::Client,
     shutdown: CancellationToken,
 }
 
@@ -43,7 +46,22 @@ impl Served {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();
         tokio::spawn(attune_api::serve(listener, state.clone(), shutdown.clone()));
-        Served { url, state, db, namespace, shutdown }
+        Served { url, state, db, namespace, http: reqwest::Client::new(), shutdown }
+    }
+
+    /// `method path`, with `body` as JSON if given, as the bearer of the token `secret`.
+    pub async fn call_as(
+        &self,
+        secret: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.request(method.clone(), format!("{}{path}", self.url)).bearer_auth(secret);
+        if let Some(body) = &body {
+            request = request.json(body);
+        }
+        answer(request.send().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"))).await
     }
 
     /// Stops serving and removes the namespace and the database.
@@ -52,4 +70,11 @@ impl Served {
         self.namespace.delete(&[]).await;
         self.db.drop_database().await;
     }
+}
+
+/// A response's status and its body as JSON (a body that is not JSON as `{"text": ...}`).
+pub async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| json!({ "text": text })))
 }
