@@ -28,7 +28,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Context;
 use crate::health_probe::Picture;
-use attune_core::health::HealthThresholds;
 
 /// Every runtime with waiting work is looked at at least this often, hint or not.
 const SWEEP: Duration = Duration::from_secs(1);
@@ -191,7 +190,7 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
     let mut picture = match state.picture.take() {
         Some(picture)
             if picture.age() < context.settings.inflight_cache
-                && runtimes.iter().all(|runtime| rooms_free(&picture, &config, runtime) > 0) =>
+                && runtimes.iter().all(|runtime| free_slots(&picture.rooms(&config, runtime)) > 0) =>
         {
             picture
         }
@@ -204,7 +203,7 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             state.offered.insert(runtime.clone(), now);
         }
         let rooms = picture.rooms(&config, runtime);
-        let limit = rooms_free(&picture, &config, runtime).clamp(0, BATCH as i64) as usize;
+        let limit = free_slots(&rooms).clamp(0, BATCH as i64) as usize;
         let plan = selection::plan(&config, rooms, limit, picture.now(), |_| rand::random());
         if plan.is_empty() {
             let offered = state.offered.get(runtime).copied().unwrap_or(state.started);
@@ -246,9 +245,9 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
     Ok(())
 }
 
-/// The free slots `picture` shows for `runtime`, over every worker that may take it.
-fn rooms_free(picture: &Picture, config: &HealthThresholds, runtime: &str) -> i64 {
-    picture.rooms(config, runtime).iter().fold(0i64, |sum, room| sum.saturating_add(room.free))
+/// The free slots of these rooms together.
+fn free_slots(rooms: &[selection::Room]) -> i64 {
+    rooms.iter().fold(0i64, |sum, room| sum.saturating_add(room.free))
 }
 
 /// The claim of `plan.len()` waiting executions one at a time, after the database refused the

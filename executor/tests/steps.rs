@@ -88,21 +88,8 @@ impl Step {
 
     /// A request of `core.echo` with `max_retries`, taken to `status` on `worker`.
     async fn execution(&self, status: ExecutionStatus, worker: i64, max_retries: i32) -> i64 {
-        let new = NewExecution {
-            action: Some(self.action.id),
-            action_ref: self.action.action_ref.clone(),
-            runtime: Some("shell".into()),
-            parameters: json!({"message": "hi"}),
-            config: json!({}),
-            status: Requested,
-            max_retries,
-            timeout_seconds: 30,
-            retry_count: 0,
-            retry_reason: None,
-            original_execution: None,
-            not_before: None,
-            idempotency_key: None,
-        };
+        let new =
+            NewExecution { runtime: Some("shell".into()), max_retries, ..attune_testkit::echo_execution(&self.action) };
         let id = db::execution::insert(self.pool(), &new).await.unwrap().id;
         let path: &[ExecutionStatus] = match status {
             Requested => &[],
