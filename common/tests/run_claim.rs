@@ -109,7 +109,7 @@ async fn a_claim_whose_answer_was_lost_is_read_back_by_its_token() {
     let id = execution_in(&test.pool, Scheduled, Some(w), "lost").await;
     let cut = PgCut::start("127.0.0.1:5432").await;
     let pool = db::connect(&cut.url(&test.url), 2, std::time::Duration::from_secs(10)).await.unwrap();
-    cut.arm("WITH c AS ( UPDATE execution");
+    cut.arm("FROM claim_runs(");
     let run = db::execution::claim_surely(&pool, id, w, TOKEN).await.unwrap();
     assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
     let run = run.expect("the worker knows its claim landed");

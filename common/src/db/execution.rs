@@ -714,30 +714,14 @@ const RUN_COLUMNS: &str = "c.id, c.status, c.action_ref, c.worker, c.parameters,
 /// storing `run_token` (drawn by that worker, see `ExecutionResult::run_token`), and what to run,
 /// read from the execution, its action and the action's pack: one statement, one round trip.
 /// `None`: the execution is not scheduled on this worker (a stale, duplicate or forged dispatch),
-/// and nothing was written.
+/// and nothing was written. The one-execution form of `claim_many_surely`, without its waiting.
 pub async fn claim(
     db: impl PgExecutor<'_>,
     execution_id: i64,
     worker_id: i64,
     run_token: &str,
 ) -> Result<Option<ClaimedRun>, sqlx::Error> {
-    let claim = Transition::claim(worker_id);
-    claim.check();
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "WITH c AS ( \
-            UPDATE execution SET status = $3, updated = now(), started = now(), run_token = $5 \
-            WHERE id = $1 AND status = ANY($4) AND worker = $2 \
-            RETURNING id, status, action, action_ref, worker, parameters, timeout_seconds, retry_count, \
-               idempotency_key, run_token) \
-         SELECT {RUN_COLUMNS}"
-    )))
-    .bind(execution_id)
-    .bind(worker_id)
-    .bind(claim.to)
-    .bind(claim.from)
-    .bind(run_token)
-    .fetch_optional(db)
-    .await
+    Ok(claim_runs(db, &[execution_id], &[run_token], worker_id, false).await?.pop())
 }
 
 /// `claim` as `transition_surely` makes a transition: waiting out a database outage, and, when a
@@ -749,28 +733,7 @@ pub async fn claim_surely(
     worker_id: i64,
     run_token: &str,
 ) -> Result<Option<ClaimedRun>, sqlx::Error> {
-    surely("claiming an execution", execution_id, |uncertain| async move {
-        match claim(db, execution_id, worker_id, run_token).await? {
-            None if uncertain => {
-                let landed: Option<ClaimedRun> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                    "WITH c AS (SELECT * FROM execution \
-                        WHERE id = $1 AND status = 'running' AND worker = $2 AND run_token = $3) \
-                     SELECT {RUN_COLUMNS}"
-                )))
-                .bind(execution_id)
-                .bind(worker_id)
-                .bind(run_token)
-                .fetch_optional(db)
-                .await?;
-                if landed.is_some() {
-                    tracing::info!(execution_id, "an earlier claim landed (its acknowledgement was lost)");
-                }
-                Ok(landed)
-            }
-            claimed => Ok(claimed),
-        }
-    })
-    .await
+    Ok(claim_many_surely(db, worker_id, &[(execution_id, run_token)]).await?.pop())
 }
 
 /// The batch form of `claim_surely`: scheduled → running on `worker_id` for each `(execution,
@@ -783,29 +746,38 @@ pub async fn claim_many_surely(
     worker_id: i64,
     claims: &[(i64, &str)],
 ) -> Result<Vec<ClaimedRun>, sqlx::Error> {
-    // (what `claim_runs` does, checked against the state machine)
-    Transition::claim(worker_id).check();
     let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
     let tokens: Vec<&str> = claims.iter().map(|(_, token)| *token).collect();
     let first = ids.first().copied().unwrap_or_default();
     let claimed = surely("claiming executions", first, |uncertain| {
         let (ids, tokens) = (&ids, &tokens);
-        async move {
-            // (after an outage, a claim that landed is read back: running here with its token)
-            let runs: Vec<ClaimedRun> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "WITH c AS (SELECT * FROM claim_runs($1, $2, $3, $4)) SELECT {RUN_COLUMNS}"
-            )))
-            .bind(ids)
-            .bind(tokens)
-            .bind(worker_id)
-            .bind(uncertain)
-            .fetch_all(db)
-            .await?;
-            Ok(Some(runs))
-        }
+        async move { claim_runs(db, ids, tokens, worker_id, uncertain).await.map(Some) }
     })
     .await?;
     Ok(claimed.unwrap_or_default())
+}
+
+/// Every worker claim: the SQL function `claim_runs` (one guarded primary-key UPDATE per
+/// execution) and what to run, in one statement. With `landed_too` (after an outage) a run
+/// already claimed here with its token is read back as claimed.
+async fn claim_runs(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    tokens: &[&str],
+    worker_id: i64,
+    landed_too: bool,
+) -> Result<Vec<ClaimedRun>, sqlx::Error> {
+    // (what `claim_runs` does, checked against the state machine)
+    Transition::claim(worker_id).check();
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH c AS (SELECT * FROM claim_runs($1, $2, $3, $4)) SELECT {RUN_COLUMNS}"
+    )))
+    .bind(ids)
+    .bind(tokens)
+    .bind(worker_id)
+    .bind(landed_too)
+    .fetch_all(db)
+    .await
 }
 
 /// The batch form of recording successes (`Transition::completion` fenced by each run's token):
