@@ -88,10 +88,9 @@ async fn record(
         Err(e) => {
             tracing::warn!(error = %e, size = items.len(), "the database refused a batch of successes; recording one at a time");
             let mut results = Vec::with_capacity(items.len());
-            for (id, outcome, token) in items {
-                let complete = db::execution::Transition::completion(worker_id, outcome).run_token(token.as_deref());
-                let recorded = db::execution::transition_surely(db, "recording a success", *id, &complete).await;
-                results.push(recorded.map(|changed| changed.is_some()));
+            for one in &done {
+                let recorded = db::execution::complete_many_surely(db, worker_id, std::slice::from_ref(one)).await;
+                results.push(recorded.map(|changed| !changed.is_empty()));
             }
             results
         }
