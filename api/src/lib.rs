@@ -80,7 +80,7 @@ pub struct AppState {
     pub verified_tokens: auth::VerifiedTokens,
     /// Actions read recently, for submissions.
     pub actions: db::action::ActionCache,
-    pub publisher: Arc<Publisher>,
+    pub publisher: Publisher,
     /// First submissions, inserted in batches under load (see `submissions`).
     pub submissions: submissions::Submissions,
     pub settings: Settings,
@@ -130,11 +130,10 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-api", topology);
     if let Err(e) = publisher.ping().await {
-        tracing::warn!(error = %e, "broker not reachable yet; requests wait as rows and the schedulers' sweep finds them");
+        tracing::warn!(error = %e, "broker not reachable yet: cancel notices wait for it (submissions do not need it)");
     }
     let actions = db::action::ActionCache::new(settings.action_cache_ttl);
-    let publisher = Arc::new(publisher);
-    let submissions = submissions::Submissions::start(pool.clone(), publisher.clone());
+    let submissions = submissions::Submissions::start(pool.clone());
     Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), actions, publisher, submissions, settings }))
 }
 

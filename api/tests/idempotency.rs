@@ -1,7 +1,7 @@
 //! `Idempotency-Key` on `POST /api/v1/executions`, black-box over HTTP: the API served on port 0
 //! in process against a database and a broker namespace of each test's own (as `in_process.rs`
-//! does), with no executor or worker, so that every request hint the API publishes stays in the
-//! requests queue to be counted.
+//! does), with no executor or worker. Each test listens to the database's announcements of new
+//! requests (`db::announcements`) to count the executions that were created.
 
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ const HEADER: &str = "Idempotency-Key";
 struct Api {
     served: Served,
     token: String,
+    announcements: tokio::sync::Mutex<db::announcements::Announcements>,
 }
 
 impl std::ops::Deref for Api {
@@ -31,7 +32,8 @@ impl Api {
     async fn start() -> Api {
         let served = Served::start(|_| {}).await;
         let token = db::token::create(&served.db.pool, "idempotency").await.unwrap();
-        Api { served, token }
+        let announcements = db::announcements::Announcements::listen(&served.db.url).await.unwrap().into();
+        Api { served, token, announcements }
     }
 
     /// `POST /api/v1/executions` with `body` sent as written, `key` in the header if given.
@@ -56,17 +58,23 @@ impl Api {
         sqlx::query_scalar("SELECT count(*) FROM execution").fetch_one(&self.db.pool).await.unwrap()
     }
 
-    /// Waits until the requests queue holds `expected` hints (a publish is confirmed before the
-    /// answer, so more would already be there).
-    async fn hints_published(&self, expected: u32) {
-        let queue = self.state.publisher.topology().requests_queue();
-        let publisher = &self.state.publisher;
-        let what = format!("{expected} request hints in {queue}");
-        attune_testkit::wait_for(&what, Duration::from_secs(10), || {
-            let queue = queue.clone();
-            async move { (publisher.queue_length(&queue).await.ok()? == expected).then_some(()) }
-        })
-        .await;
+    /// Hears `expected` announcements of new requests, and then none but a marker's (a request
+    /// inserted here, whose announcement must come next: announcements come in commit order).
+    async fn announced(&self, expected: usize) {
+        use db::announcements::Announced;
+        let mut announcements = self.announcements.lock().await;
+        let mut next = async || {
+            let heard = tokio::time::timeout(Duration::from_secs(10), announcements.next()).await;
+            heard.unwrap_or_else(|_| panic!("fewer than {expected} announcements")).unwrap()
+        };
+        for _ in 0..expected {
+            assert_eq!(next().await, Announced::Runtimes(vec!["shell".into()]));
+        }
+        let action = db::action::get_by_ref(&self.db.pool, "core.echo").await.unwrap().unwrap();
+        let marker =
+            db::execution::NewExecution { runtime: Some("marker".into()), ..attune_testkit::echo_execution(&action) };
+        db::execution::insert(&self.db.pool, &marker).await.unwrap();
+        assert_eq!(next().await, Announced::Runtimes(vec!["marker".into()]), "more than {expected} announcements");
     }
 
     async fn stop(self) {
@@ -94,7 +102,7 @@ async fn the_same_key_and_body_again_answers_200_with_the_first_execution_and_cr
         assert_eq!(repeat["action_ref"], "core.echo");
     }
     assert_eq!(api.executions().await, 1);
-    api.hints_published(1).await;
+    api.announced(1).await;
     api.stop().await;
 }
 
@@ -156,7 +164,7 @@ async fn a_key_recorded_more_than_24_hours_ago_is_free_again() {
     let (status, repeat) =
         api.submit(Some("order-1"), r#"{"action_ref": "core.echo", "parameters": {"message": "ho"}}"#).await;
     assert_eq!((status, id_of(&repeat)), (StatusCode::OK, id_of(&second)));
-    api.hints_published(2).await;
+    api.announced(2).await;
     api.stop().await;
 }
 
@@ -194,7 +202,7 @@ async fn without_the_header_every_submission_is_a_new_execution() {
     let keys: i64 =
         sqlx::query_scalar("SELECT count(*) FROM api_idempotency_key").fetch_one(&api.db.pool).await.unwrap();
     assert_eq!((api.executions().await, keys), (2, 0));
-    api.hints_published(2).await;
+    api.announced(2).await;
     api.stop().await;
 }
 
@@ -215,7 +223,7 @@ async fn eight_concurrent_requests_with_one_key_create_one_execution() {
     assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
     let stored: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution").fetch_all(&api.db.pool).await.unwrap();
     assert_eq!(stored, [ids[0]]);
-    api.hints_published(1).await;
+    api.announced(1).await;
     api.stop().await;
 }
 
@@ -247,6 +255,6 @@ async fn a_manual_retry_sent_again_with_its_key_answers_the_retry_not_already_re
     // without the key, the same request is refused as before
     let (status, refused) = api.submit(None, &example_4).await;
     assert_eq!((status, refused["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("already_retried")));
-    api.hints_published(2).await;
+    api.announced(2).await;
     api.stop().await;
 }

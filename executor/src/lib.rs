@@ -201,9 +201,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         })
     };
     let dispatcher = scheduler::run(context.clone(), shutdown.clone());
+    let announcements = scheduler::listen(&settings.common.database_url, &context.waiting, shutdown.clone());
     let monitor = monitor::run(context.clone(), shutdown.clone());
     let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
-    tokio::join!(scheduler, dispatcher, completion, dead_letters, monitor, retry_timer);
+    tokio::join!(scheduler, dispatcher, announcements, completion, dead_letters, monitor, retry_timer);
     context.dispatches.close();
     if tokio::time::timeout(Duration::from_secs(20), context.dispatches.wait()).await.is_err() {
         tracing::warn!("dispatches still being published at shutdown; the monitor hands their executions back");

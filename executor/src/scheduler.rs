@@ -1,9 +1,11 @@
 //! Scheduling: waiting requests become dispatches to workers with a free slot.
 //!
-//! A request waits as its `requested` row (docs/adr/0001-requests-wait-as-rows.md). The
-//! `execution.request` message is only a hint that a runtime has new work: it is acknowledged at
-//! once, so nothing is held unacknowledged while it waits, and a lost hint costs at most one
-//! `SWEEP` of delay. One loop per executor (`run`) looks at the runtimes with waiting work:
+//! A request waits as its `requested` row (docs/adr/0001-requests-wait-as-rows.md). PostgreSQL
+//! announces new ones to every executor at the commit that makes them visible
+//! (`db::announcements`, docs/adr/0005-requests-announced-by-the-database.md; `listen`); an
+//! `execution.request` message (a worker's hand-back) is only a hint, acknowledged at once, so
+//! nothing is held unacknowledged while it waits. A missed announcement or a lost hint costs at
+//! most one `SWEEP` of delay. One loop per executor (`run`) looks at the runtimes with waiting work:
 //! for each, it plans as many placements as the workers offering it have free slots
 //! (`selection::plan`: healthy by queue depth, then degraded, never unhealthy) and claims that
 //! many of the oldest waiting rows in one statement (`db::execution::claim_waiting`). Then it
@@ -46,11 +48,12 @@ pub struct Waiting {
     wake: tokio::sync::Notify,
 }
 
-#[derive(Default)]
-struct Marked {
-    runtimes: BTreeSet<String>,
+/// What the next look is to cover.
+#[derive(Debug, Default)]
+pub struct Marked {
+    pub runtimes: BTreeSet<String>,
     /// A hint without a known runtime: look at every runtime with waiting work.
-    all: bool,
+    pub all: bool,
 }
 
 impl Waiting {
@@ -75,13 +78,15 @@ impl Waiting {
         self.wake.notify_one();
     }
 
-    fn take(&self) -> Marked {
+    /// The marks so far, cleared (what a look takes).
+    pub fn take(&self) -> Marked {
         std::mem::take(&mut *self.marked.lock().expect("waiting marks poisoned"))
     }
 }
 
-/// An execution request: a hint that its runtime has waiting work. Acknowledged at once; the row
-/// is the request.
+/// An execution request message: a hint that its runtime has waiting work (sent by a worker that
+/// hands a dispatch back, and by the API of versions before the database announced requests).
+/// Acknowledged at once; the row is the request.
 pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
     let request: ExecutionRequest = match incoming.parse("execution request") {
         Ok(request) => request,
@@ -96,6 +101,50 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
         None => context.waiting.mark_all(),
     }
     Disposition::Ack
+}
+
+/// Marks the runtimes PostgreSQL announces new requests for, until `shutdown` fires. While the
+/// connection is down (and when it is back) every runtime is marked: announcements sent meanwhile
+/// are lost, and the loop's sweep finds their rows.
+pub async fn listen(database_url: &str, waiting: &Waiting, shutdown: CancellationToken) {
+    use db::announcements::{Announced, Announcements};
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let listening = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            listening = Announcements::listen(database_url) => listening,
+        };
+        let error = match listening {
+            Ok(mut announcements) => {
+                // rows committed before the subscription were not announced to it
+                waiting.mark_all();
+                backoff = Duration::from_millis(100);
+                loop {
+                    let next = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        next = announcements.next() => next,
+                    };
+                    match next {
+                        Ok(Announced::Runtimes(runtimes)) => {
+                            for runtime in &runtimes {
+                                waiting.mark(runtime);
+                            }
+                        }
+                        Ok(Announced::Some | Announced::Missed) => waiting.mark_all(),
+                        Err(e) => break e,
+                    }
+                }
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(error = %error, retry_in_ms = backoff.as_millis() as u64, "not listening for new requests; the once-a-second sweep finds them meanwhile");
+        waiting.mark_all();
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
 }
 
 /// What the loop remembers between looks.

@@ -12,7 +12,7 @@ use attune_core::ExecutionStatus::{self, *};
 use attune_core::FailureKind;
 use attune_core::health::HealthThresholds;
 use attune_core::retry::RetrySettings;
-use attune_executor::{Context, Settings, completion, monitor, retry_timer};
+use attune_executor::{Context, Settings, completion, monitor, retry_timer, scheduler};
 use attune_testkit::{Namespace, TestDb};
 use serde_json::json;
 
@@ -217,5 +217,53 @@ async fn a_recorded_failure_creates_one_retry_that_the_timer_requests() {
     .await;
     assert_eq!(step.get(retry.id).await.status, Requested);
     assert_eq!(retry_timer::tick(&step.context).await.unwrap(), 0, "promoted once");
+    step.stop().await;
+}
+
+#[tokio::test]
+async fn a_committed_request_marks_its_runtime_for_the_next_look_and_a_lost_listener_marks_all() {
+    let step = Step::new().await;
+    let waiting = std::sync::Arc::new(scheduler::Waiting::default());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let listener = {
+        let (url, waiting, shutdown) = (step.db.url.clone(), waiting.clone(), shutdown.clone());
+        tokio::spawn(async move { scheduler::listen(&url, &waiting, shutdown).await })
+    };
+    // the marks taken until `done` holds of what was taken
+    let taken_until = |what: &'static str, done: fn(&scheduler::Marked) -> bool| {
+        let waiting = waiting.clone();
+        async move {
+            attune_testkit::wait_for(what, Duration::from_secs(10), || {
+                let marked = waiting.take();
+                async move { done(&marked).then_some(marked) }
+            })
+            .await
+        }
+    };
+    // subscribing marks every runtime: what was committed before was not announced to it
+    taken_until("the subscription", |marked| marked.all).await;
+
+    step.execution(Requested, 0, 0).await;
+    let marked = taken_until("the request's runtime", |marked| !marked.runtimes.is_empty()).await;
+    assert_eq!((marked.runtimes.into_iter().collect::<Vec<_>>(), marked.all), (vec!["shell".to_string()], false));
+
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND query LIKE 'LISTEN%'",
+    )
+    .bind(&step.db.name)
+    .fetch_all(step.pool())
+    .await
+    .unwrap();
+    assert_eq!(killed, [true], "the listener's connection");
+    taken_until("every runtime, after the lost connection", |marked| marked.all).await;
+    // listening again (it may take a reconnection or two): new requests are announced as before
+    attune_testkit::wait_for("a request announced after the reconnection", Duration::from_secs(10), || async {
+        step.execution(Requested, 0, 0).await;
+        waiting.take().runtimes.contains("shell").then_some(())
+    })
+    .await;
+
+    shutdown.cancel();
+    listener.await.unwrap();
     step.stop().await;
 }

@@ -64,10 +64,10 @@ pub async fn create(
         if new.original_execution.is_some() {
             // a manual retry (`config.retry_of`): on its own, for the one-retry-per-parent check
             let execution = insert(&state, &state.db, &new, caller.token_id).await?;
-            announce(&state, &execution).await;
+            count_manual_retry(&execution);
             return Ok((StatusCode::CREATED, Json(execution)));
         }
-        // a first attempt: written with the others that come meanwhile, hint published
+        // a first attempt: written with the others that come meanwhile
         let execution = state.submissions.submit(new, caller.token_id).await?;
         return Ok((StatusCode::CREATED, Json(execution)));
     };
@@ -143,14 +143,14 @@ async fn insert(
     }
 }
 
-/// After an execution is committed: a manual retry is logged and counted, and the request hint
-/// is published (only ever for a new execution, never for a repeat answered from its key).
-async fn announce(state: &crate::AppState, execution: &Execution) {
+/// After an execution is committed: a manual retry is logged and counted (only ever for a new
+/// execution, never for a repeat answered from its key). Its request needs no message: the
+/// database announces it to the executors at its commit (`db::announcements`).
+fn count_manual_retry(execution: &Execution) {
     if let Some(retried) = execution.original_execution {
         tracing::info!(execution_id = execution.id, retried, "manual retry requested");
         attune_common::metrics::increment(&attune_common::metrics::RETRIES_CREATED, &[("reason", "manual_retry")], 1);
     }
-    crate::submissions::publish_hint(&state.publisher, execution).await;
 }
 
 /// Refuses parameters larger than the API's limits (413, naming the parameter, or the largest one
@@ -309,7 +309,7 @@ pub async fn retry(
     let request = ManualRetry { parent, action_ref: None, parameters, config: Map::new() };
     let new = plan_manual_retry(&state, request).await?;
     let execution = insert(&state, &state.db, &new, caller.token_id).await?;
-    announce(&state, &execution).await;
+    count_manual_retry(&execution);
     Ok((StatusCode::CREATED, Json(execution)))
 }
 

@@ -2,6 +2,7 @@
 //! with bound parameters.
 
 pub mod action;
+pub mod announcements;
 pub mod bench;
 pub mod circuit;
 pub mod execution;

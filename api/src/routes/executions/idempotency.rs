@@ -92,7 +92,7 @@ impl Keyed {
                 if let Err(e) = db::idempotency::delete_expired(&state.db, db::idempotency::CLEANUP_BATCH).await {
                     tracing::warn!(error = %e, "could not delete expired idempotency keys; a later submission will");
                 }
-                super::announce(state, &execution).await;
+                super::count_manual_retry(&execution);
                 Ok((StatusCode::CREATED, Json(execution)))
             }
             Ok(None) => match self.earlier(state).await? {
