@@ -105,11 +105,13 @@ done
 attune_rate=$(python3 -c 'import json, sys
 rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["workload"] == "core.noop, max rate"]
 print(rows[0]["executions_per_second"] if rows else "")' "$results" 2>/dev/null || true)
-# the offered rates of the open-loop rows, and each one's p99
-open_loop=$(python3 -c 'import json, sys
+# the offered rates of the open-loop rows, each one's p99 and how many seconds it ran (the floor
+# runs as long: a p99 over a shorter window is less likely to contain one of the machine's disk
+# stalls, and would flatter the floor)
+open_loop=$(python3 -c 'import json, math, sys
 rows = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("extra", {}).get("offered_rate")]
 for r in sorted(rows, key=lambda r: r["extra"]["offered_rate"]):
-    print(r["extra"]["offered_rate"], r["latency_ms"]["p99"], r["workload"].replace(" ", "_"))' "$results" 2>/dev/null || true)
+    print(r["extra"]["offered_rate"], r["latency_ms"]["p99"], r["workload"].replace(" ", "_"), max(5, math.ceil(r["seconds"])))' "$results" 2>/dev/null || true)
 floor() {
     (cd "$floor_dir" &&
         DATABASE_URL=postgres://postgres@$PGHOST_ADDR:$PGPORT/attune_floorbench \
@@ -128,13 +130,13 @@ if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && { [ -n "$attune_rate" ] || [ -n "$open
     points=()
     # (the same PostgreSQL and RabbitMQ as attune's run; the vhost of that run is gone)
     measured_rate=
-    while read -r rate attune_p99 workload; do
+    while read -r rate attune_p99 workload secs; do
         [ -n "$rate" ] || continue
         # (each offered rate once: the `rate` row and a `load` row may share one)
         if [ "$rate" != "$measured_rate" ]; then
             measured_rate=$rate
-            log "the floor at $rate/s offered: floorbench e2e secs=5 warm=2 qtype=quorum mode=rate rate=$rate"
-            line=$(floor secs=5 warm=2 mode=rate rate="$rate" | grep -m1 'latency INSERT -> UPDATE succeeded committed' || true)
+            log "the floor at $rate/s offered: floorbench e2e secs=$secs warm=2 qtype=quorum mode=rate rate=$rate"
+            line=$(floor secs="$secs" warm=2 mode=rate rate="$rate" | grep -m1 'latency INSERT -> UPDATE succeeded committed' || true)
             p50=$(sed -n 's/.* p50=\([0-9.]*\)ms.*/\1/p' <<<"$line")
             p99=$(sed -n 's/.* p99=\([0-9.]*\)ms.*/\1/p' <<<"$line")
             [ -z "$p99" ] || points+=("{\"offered_rate\": $rate, \"p50\": $p50, \"p99\": $p99}")

@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// Seconds of offered load in the `rate` and `load` workloads
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
+    /// Seconds of the same offered load before each `rate` and `load` measurement, not measured
+    /// (as the floor's `warm=2`): pools, channels and caches fill under load, not during the
+    /// measurement
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
     /// Registered (idle) workers added for the `fleet` workload
     #[arg(long, default_value_t = 1000)]
     pub fleet: usize,
@@ -336,24 +341,42 @@ impl Bench {
         })
     }
 
-    /// Open loop: submissions at a fixed offered rate for `duration` seconds.
-    async fn open_loop(self: &Arc<Self>, name: &str, rate: f64, duration: f64) -> anyhow::Result<Measured> {
-        let (commits_before, broker_before) = (self.commits().await?, self.broker().await);
-        let own_before = self.own_statements.load(std::sync::atomic::Ordering::Relaxed);
-        let total = (rate * duration).round().max(1.0) as usize;
+    /// Open loop: submissions at a fixed offered rate for `warmup` seconds (not measured), then
+    /// for `duration` seconds (measured) without a break.
+    async fn open_loop(
+        self: &Arc<Self>,
+        name: &str,
+        rate: f64,
+        warmup: f64,
+        duration: f64,
+    ) -> anyhow::Result<Measured> {
         let interval = Duration::from_secs_f64(1.0 / rate);
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let submit = |tasks: &mut tokio::task::JoinSet<anyhow::Result<(i64, f64)>>| {
+            let bench = self.clone();
+            tasks.spawn(async move { bench.submit("core.noop", &json!({})).await });
+        };
+        let mut warming = tokio::task::JoinSet::new();
+        for _ in 0..(rate * warmup).round() as usize {
+            ticker.tick().await;
+            submit(&mut warming);
+        }
+        let (commits_before, broker_before) = (self.commits().await?, self.broker().await);
+        let own_before = self.own_statements.load(std::sync::atomic::Ordering::Relaxed);
+        let total = (rate * duration).round().max(1.0) as usize;
         let started = epoch_now();
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..total {
             ticker.tick().await;
-            let bench = self.clone();
-            tasks.spawn(async move { bench.submit("core.noop", &json!({})).await });
+            submit(&mut tasks);
         }
         let mut roots = Vec::new();
         while let Some(joined) = tasks.join_next().await {
             roots.push(joined??);
+        }
+        while let Some(joined) = warming.join_next().await {
+            joined??;
         }
         let mut measured = self.finish(name, started, &roots, commits_before, broker_before, own_before).await?;
         measured.extra = json!({"offered_rate": rate});
@@ -381,6 +404,7 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
     let q = args.quick;
     let count = if q { 100 } else { args.count };
     let (rate_duration, fleet) = if q { (2.0, 100) } else { (args.duration, args.fleet) };
+    let warmup = if q { 0.5 } else { args.warmup };
     let mut results = Vec::new();
     for workload in &chosen {
         eprintln!("running {workload} ...");
@@ -392,7 +416,7 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
             ],
             "rate" => {
                 let rate = if q { 50.0 } else { args.rate };
-                vec![bench.open_loop(&format!("core.noop at {rate}/s offered"), rate, rate_duration).await?]
+                vec![bench.open_loop(&format!("core.noop at {rate}/s offered"), rate, warmup, rate_duration).await?]
             }
             "echo" => vec![
                 bench
@@ -412,7 +436,9 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
                     if q { vec![25.0, 50.0] } else { vec![50.0, 100.0, 200.0, 400.0, 500.0, 600.0, 800.0] };
                 let mut points = Vec::new();
                 for rate in rates {
-                    points.push(bench.open_loop(&format!("load {rate}/s"), rate, if q { 1.0 } else { 5.0 }).await?);
+                    points.push(
+                        bench.open_loop(&format!("load {rate}/s"), rate, warmup, if q { 1.0 } else { 5.0 }).await?,
+                    );
                 }
                 if let Some(path) = &args.plot {
                     let attune = points
