@@ -72,6 +72,10 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     esac
 done
 [ -n "$json_given" ] || args+=(--json "$results")
+# each workload starts right after a checkpoint, as each run of the floor does (it checkpoints
+# after creating its table), when the `postgres` login works over TCP (as the floor's does)
+admin_url=postgres://postgres@$PGHOST_ADDR:$PGPORT/$bench_db
+if psql "$admin_url" -tAc 'SELECT 1' >/dev/null 2>&1 </dev/null; then args+=(--admin-url "$admin_url"); fi
 read -r a0 p0 r0 n0 <<<"$(snapshot)"
 # the benchmark client shares the machine: its own CPU seconds (user and system) too, from the
 # shell's accounting of its finished children

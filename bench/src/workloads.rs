@@ -60,6 +60,11 @@ pub struct BenchArgs {
     /// `{"points": [{"offered_rate", "p50", "p99"}, ...]}` (`scripts/bench.sh` writes it)
     #[arg(long)]
     pub floor: Option<std::path::PathBuf>,
+    /// A database URL allowed to run `CHECKPOINT` (a superuser, or a member of `pg_checkpoint`):
+    /// each workload and each load point then starts right after a checkpoint, as the floor's
+    /// runs do (`scripts/bench.sh` passes one when the `postgres` login works)
+    #[arg(long)]
+    pub admin_url: Option<String>,
     /// Measure nothing: redraw `--plot` from the `load` rows of this earlier `--json` report
     /// (with `--floor`)
     #[arg(long, requires = "plot")]
@@ -129,6 +134,9 @@ struct Bench {
     metrics_urls: Vec<String>,
     /// Transaction ids this benchmark took itself (subtracted from the commit count).
     own_statements: std::sync::atomic::AtomicU64,
+    /// A connection allowed to `CHECKPOINT` (`--admin-url`): each workload and each load point
+    /// then starts right after a checkpoint, as the floor's runs do.
+    admin: Option<PgPool>,
 }
 
 #[derive(Debug, Clone)]
@@ -177,6 +185,14 @@ fn epoch_now() -> f64 {
 }
 
 impl Bench {
+    /// A checkpoint now, when the benchmark may run one (`--admin-url`).
+    async fn checkpoint(&self) -> anyhow::Result<()> {
+        if let Some(admin) = &self.admin {
+            db::bench::checkpoint(admin).await.context("CHECKPOINT (--admin-url)")?;
+        }
+        Ok(())
+    }
+
     /// The database's transaction id counter: it advances once per writing transaction (the
     /// commits that must reach the WAL), immediately, unlike pg_stat's delayed counters. Reading it
     /// takes one id itself, counted in `own_statements`.
@@ -272,6 +288,7 @@ impl Bench {
         concurrency: usize,
         mix: &[(f64, &str, Value)],
     ) -> anyhow::Result<Measured> {
+        self.checkpoint().await?;
         let (commits_before, broker_before) = (self.commits().await?, self.broker().await);
         let own_before = self.own_statements.load(std::sync::atomic::Ordering::Relaxed);
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -357,6 +374,7 @@ impl Bench {
             let bench = self.clone();
             tasks.spawn(async move { bench.submit("core.noop", &json!({})).await });
         };
+        self.checkpoint().await?;
         let mut warming = tokio::task::JoinSet::new();
         for _ in 0..(rate * warmup).round() as usize {
             ticker.tick().await;
@@ -388,6 +406,10 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
     let token = token.context("attune-bench needs a token (ATTUNE_TOKEN or --token)")?;
     let url: String = attune_common::settings::get("DATABASE_URL")?;
     let db = attune_common::db::connect(&url, 2, Duration::from_secs(10)).await.context("DATABASE_URL")?;
+    let admin = match &args.admin_url {
+        Some(url) => Some(attune_common::db::connect(url, 1, Duration::from_secs(10)).await.context("--admin-url")?),
+        None => None,
+    };
     let metrics_urls =
         if args.metrics_url.is_empty() { vec![format!("{api}/metrics")] } else { args.metrics_url.clone() };
     let bench = Arc::new(Bench {
@@ -397,6 +419,7 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
         db,
         metrics_urls,
         own_statements: Default::default(),
+        admin,
     });
     let all = ["noop", "rate", "echo", "retry", "fleet", "backlog", "load"];
     let chosen: Vec<String> =

@@ -9,6 +9,13 @@ pub async fn transaction_counter(db: &PgPool) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("SELECT txid_current()").fetch_one(db).await
 }
 
+/// Writes out every dirty buffer now (a superuser's or `pg_checkpoint`'s connection), so that a
+/// measurement starts as the floor's does, rather than with whatever checkpoint the workload
+/// before left due.
+pub async fn checkpoint(admin: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("CHECKPOINT").execute(admin).await.map(|_| ())
+}
+
 /// For each of `ids`: (id, finished as epoch seconds, completed?, the retry that follows it).
 pub async fn attempts(db: &PgPool, ids: &[i64]) -> Result<Vec<(i64, Option<f64>, bool, Option<i64>)>, sqlx::Error> {
     sqlx::query_as(
