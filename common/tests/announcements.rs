@@ -119,3 +119,20 @@ async fn a_listener_whose_connection_is_killed_says_so_and_listens_again() {
     fixture.marker(&mut announcements, "after-the-kill").await;
     fixture.test.drop_database().await;
 }
+
+#[tokio::test]
+async fn a_listener_whose_connection_goes_silent_finds_out_by_checking_it() {
+    let fixture = Fixture::new().await;
+    let cut = attune_testkit::pgcut::PgCut::start("127.0.0.1:5432").await;
+    let (silence, patience) = (Duration::from_millis(200), Duration::from_millis(500));
+    let url = cut.url(&fixture.test.url);
+    let mut announcements = Announcements::listen_checking(&url, silence, patience).await.unwrap();
+    // heard through the proxy while it relays
+    fixture.marker(&mut announcements, "relayed").await;
+    // dropped without a reset: nothing arrives and nothing says so, unless the listener asks
+    cut.go_silent();
+    let heard = tokio::time::timeout(DEADLINE, announcements.next()).await.expect("a silent connection is found out");
+    let error = heard.expect_err("an unanswered check is an error");
+    assert!(error.to_string().contains("did not answer a check"), "{error}");
+    fixture.test.drop_database().await;
+}

@@ -3,6 +3,9 @@
 //! connection is cut before its answer reaches the client. The client sees an I/O error for a
 //! write that landed: a lost commit acknowledgement.
 //!
+//! It can also go silent: the server's answers stop reaching the clients, whose connections stay
+//! open.
+//!
 //! It reads the protocol's framing (a type byte and a length) in both directions; connect through
 //! it with `sslmode=disable` (an SSL request would not be framed that way).
 
@@ -16,6 +19,9 @@ struct Trap {
     /// The SQL that springs the trap, until it has.
     armed: Option<String>,
     sprung: usize,
+    /// Nothing more reaches the clients, and their connections stay open: a connection dropped
+    /// without a reset (a firewall or NAT that forgot it, a partition).
+    silent: bool,
 }
 
 pub struct PgCut {
@@ -56,6 +62,11 @@ impl PgCut {
     /// The next statement whose text contains `sql` runs, and its answer is lost.
     pub fn arm(&self, sql: &str) {
         self.trap.lock().unwrap().armed = Some(sql.to_string());
+    }
+
+    /// From now on the server's answers are dropped, and every connection stays open.
+    pub fn go_silent(&self) {
+        self.trap.lock().unwrap().silent = true;
     }
 
     /// How many answers were lost so far.
@@ -127,6 +138,9 @@ async fn relay(client: TcpStream, server: TcpStream, trap: Arc<Mutex<Trap>>) {
     let downward = async move {
         let mut ready = 0usize;
         while let Some(message) = message(&mut server_read, true).await {
+            if trap.lock().unwrap().silent {
+                continue;
+            }
             let target = doomed.load(SeqCst);
             if message[0] == b'Z' {
                 ready += 1;

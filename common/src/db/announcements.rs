@@ -27,14 +27,40 @@ pub enum Announced {
     Missed,
 }
 
+/// How long a listener waits in silence before it checks its connection with a round trip. A
+/// connection that only listens sends nothing, so one dropped without a reset (a firewall or NAT
+/// that forgot it, a partition) would otherwise never be noticed, and the executor would be left
+/// to its once-a-second sweep without a word.
+const CHECK_AFTER_SILENCE: Duration = Duration::from_secs(30);
+/// How long that check, or the subscription itself, may take.
+const PATIENCE: Duration = Duration::from_secs(10);
+
 /// A listening connection of its own (not one of a pool's: it stays subscribed).
 pub struct Announcements {
     listener: PgListener,
+    check_after_silence: Duration,
+    patience: Duration,
 }
 
 impl Announcements {
     /// Opens the connection and subscribes. Fails if the database cannot be reached now.
     pub async fn listen(database_url: &str) -> Result<Self, sqlx::Error> {
+        Self::listen_checking(database_url, CHECK_AFTER_SILENCE, PATIENCE).await
+    }
+
+    /// `listen`, checking the connection after `check_after_silence` without a notification and
+    /// giving up on a check (or on subscribing) after `patience`.
+    pub async fn listen_checking(
+        database_url: &str,
+        check_after_silence: Duration,
+        patience: Duration,
+    ) -> Result<Self, sqlx::Error> {
+        let subscribing = Self::subscribe(database_url);
+        let listener = tokio::time::timeout(patience, subscribing).await.map_err(|_| unanswered("LISTEN"))??;
+        Ok(Announcements { listener, check_after_silence, patience })
+    }
+
+    async fn subscribe(database_url: &str) -> Result<PgListener, sqlx::Error> {
         crate::tls::install_default_provider();
         let pool = PgPoolOptions::new()
             .max_connections(1)
@@ -47,17 +73,37 @@ impl Announcements {
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.ignore_pool_close_event(true);
         listener.listen(CHANNEL).await?;
-        Ok(Announcements { listener })
+        Ok(listener)
     }
 
-    /// Waits for the next announcement. An error means the connection is gone and could not be
-    /// opened again: the caller waits and listens anew.
+    /// Waits for the next announcement. An error means the connection is gone (or stopped
+    /// answering) and could not be opened again: the caller waits and listens anew.
     pub async fn next(&mut self) -> Result<Announced, sqlx::Error> {
-        Ok(match self.listener.try_recv().await? {
-            Some(notification) => parse(notification.payload()),
-            None => Announced::Missed,
-        })
+        loop {
+            // (`try_recv` is cancel-safe: a message half read stays in the connection's buffer)
+            match tokio::time::timeout(self.check_after_silence, self.listener.try_recv()).await {
+                Ok(received) => {
+                    return Ok(match received? {
+                        Some(notification) => parse(notification.payload()),
+                        None => Announced::Missed,
+                    });
+                }
+                Err(_) => self.check().await?,
+            }
+        }
     }
+
+    /// One round trip on the listening connection (notifications that arrive meanwhile are kept
+    /// for `next`).
+    async fn check(&mut self) -> Result<(), sqlx::Error> {
+        let checking = sqlx::query("SELECT 1").execute(&mut self.listener);
+        tokio::time::timeout(self.patience, checking).await.map_err(|_| unanswered("a check"))?.map(|_| ())
+    }
+}
+
+fn unanswered(what: &str) -> sqlx::Error {
+    let message = format!("the listening connection did not answer {what}");
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, message))
 }
 
 /// A notification's payload: a JSON array of runtime names, `null` for one not known.
