@@ -243,9 +243,11 @@ async fn an_open_circuit_keeps_fifty_submissions_and_their_retries_away_from_a_f
         "circuit: {calls_at_open} calls to the dependency when it opened, {calls} after 4 open periods ({slots} slots)"
     );
     // before it opened: at most the executions that finished to open it and what was already
-    // dispatched (the worker's slots); after: one trial per open period
+    // dispatched (the worker's slots); after: one trial per open period. (What was dispatched
+    // before it opened may call after `calls_at_open` was read: the bound on all calls counts
+    // them with the slots, not with the trials.)
     assert!(calls_at_open <= 5 + slots, "{calls_at_open} calls before the circuit opened ({slots} slots)");
-    assert!(calls <= calls_at_open + 4, "{calls} calls in all, {calls_at_open} when it opened");
+    assert!(calls <= 5 + slots + 4, "{calls} calls in all, {calls_at_open} when it opened ({slots} slots)");
     // nothing was failed for it: the rest wait, and their retries were held, not spent
     let (_, page) = system.get("/api/v1/executions?action_ref=policy.guarded&limit=200&fields=full").await;
     let finished_without_retry = page["items"]
