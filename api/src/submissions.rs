@@ -9,7 +9,7 @@
 //! Manual retries and submissions with an `Idempotency-Key` are inserted on their own, in their
 //! own transactions (and announced the same way).
 
-use attune_common::batch::Batcher;
+use attune_common::batch::{Batcher, together_or_alone};
 use attune_common::db::{self, execution::Execution, execution::NewExecution};
 use sqlx::PgPool;
 
@@ -41,28 +41,12 @@ impl Submissions {
 }
 
 /// The batch in one statement (one transaction: all or nothing); if the database refuses it, each
-/// submission on its own, so that one bad row fails only its own submission and each gets its
-/// own error.
+/// submission on its own (`together_or_alone`).
 async fn insert(db: &PgPool, batch: &[(NewExecution, i64)]) -> Vec<Written> {
     let news: Vec<(&NewExecution, i64)> = batch.iter().map(|(new, token)| (new, *token)).collect();
-    match db::execution::insert_many_submitted(db, &news).await {
-        Ok(rows) if rows.len() == batch.len() => rows.into_iter().map(Ok).collect(),
-        Ok(rows) => {
-            tracing::error!(expected = batch.len(), got = rows.len(), "a batch insert returned other rows");
-            one_by_one(db, &news).await
-        }
-        Err(e) if batch.len() == 1 => vec![Err(e)],
-        Err(e) => {
-            tracing::warn!(error = %e, size = batch.len(), "batch insert refused; inserting one by one");
-            one_by_one(db, &news).await
-        }
-    }
-}
-
-async fn one_by_one(db: &PgPool, news: &[(&NewExecution, i64)]) -> Vec<Result<Execution, sqlx::Error>> {
-    let mut results = Vec::with_capacity(news.len());
-    for (new, submitted_by) in news {
-        results.push(db::execution::insert_submitted(db, new, Some(*submitted_by)).await);
-    }
-    results
+    let together = db::execution::insert_many_submitted(db, &news);
+    together_or_alone("submissions", &news, together, |(new, submitted_by)| {
+        db::execution::insert_submitted(db, new, Some(*submitted_by))
+    })
+    .await
 }

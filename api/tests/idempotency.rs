@@ -2,9 +2,6 @@
 //! in process against a database and a broker namespace of each test's own (as `in_process.rs`
 //! does), with no executor or worker. Each test listens to the database's announcements of new
 //! requests (`db::announcements`) to count the executions that were created.
-
-use std::time::Duration;
-
 use attune_common::db;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -58,23 +55,9 @@ impl Api {
         sqlx::query_scalar("SELECT count(*) FROM execution").fetch_one(&self.db.pool).await.unwrap()
     }
 
-    /// Hears `expected` announcements of new requests, and then none but a marker's (a request
-    /// inserted here, whose announcement must come next: announcements come in commit order).
+    /// Hears `expected` announcements of new requests, and then none (`support::announced`).
     async fn announced(&self, expected: usize) {
-        use db::announcements::Announced;
-        let mut announcements = self.announcements.lock().await;
-        let mut next = async || {
-            let heard = tokio::time::timeout(Duration::from_secs(10), announcements.next()).await;
-            heard.unwrap_or_else(|_| panic!("fewer than {expected} announcements")).unwrap()
-        };
-        for _ in 0..expected {
-            assert_eq!(next().await, Announced::Runtimes(vec!["shell".into()]));
-        }
-        let action = db::action::get_by_ref(&self.db.pool, "core.echo").await.unwrap().unwrap();
-        let marker =
-            db::execution::NewExecution { runtime: Some("marker".into()), ..attune_testkit::echo_execution(&action) };
-        db::execution::insert(&self.db.pool, &marker).await.unwrap();
-        assert_eq!(next().await, Announced::Runtimes(vec!["marker".into()]), "more than {expected} announcements");
+        support::announced(&mut *self.announcements.lock().await, &self.db.pool, expected).await;
     }
 
     async fn stop(self) {

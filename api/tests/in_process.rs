@@ -464,19 +464,9 @@ async fn concurrent_submissions_share_inserts_and_announcements_and_each_gets_it
     let inserts: i64 =
         sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM execution").fetch_one(&api.db.pool).await.unwrap();
     assert!(inserts < 40, "submissions that came while an insert was in flight share the next: {inserts} inserts");
-    // each insert announced its runtime once, at its commit (before its submitters were answered)
-    for _ in 0..inserts {
-        let heard = tokio::time::timeout(std::time::Duration::from_secs(10), announcements.next()).await;
-        let heard = heard.expect("an announcement per insert").unwrap();
-        assert_eq!(heard, db::announcements::Announced::Runtimes(vec!["shell".into()]));
-    }
-    // and nothing else (announcements come in commit order: a marker inserted now comes next)
-    let action = db::action::get_by_ref(&api.db.pool, "core.echo").await.unwrap().unwrap();
-    let marker =
-        db::execution::NewExecution { runtime: Some("marker".into()), ..attune_testkit::echo_execution(&action) };
-    db::execution::insert(&api.db.pool, &marker).await.unwrap();
-    let heard = tokio::time::timeout(std::time::Duration::from_secs(10), announcements.next()).await;
-    assert_eq!(heard.expect("the marker").unwrap(), db::announcements::Announced::Runtimes(vec!["marker".into()]));
+    // each insert announced its runtime once, at its commit (before its submitters were
+    // answered), and nothing else did
+    support::announced(&mut announcements, &api.db.pool, inserts as usize).await;
     // and nothing went through the broker for them
     let queue = api.state.publisher.topology().requests_queue();
     assert_eq!(api.state.publisher.queue_length(&queue).await.unwrap(), 0, "no request hints");

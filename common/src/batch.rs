@@ -48,10 +48,71 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     }
 }
 
+/// `items` written together by `together`, which answers one result per item in order. If the
+/// database refuses that write (or answers for other items), each item is written alone by
+/// `alone`, so that a bad one fails only itself and each gets its own error. `what` names the
+/// items in the warning.
+pub async fn together_or_alone<'a, T, R, E, Together, Alone, AloneFut>(
+    what: &str,
+    items: &'a [T],
+    together: Together,
+    mut alone: Alone,
+) -> Vec<Result<R, E>>
+where
+    E: std::fmt::Display,
+    Together: Future<Output = Result<Vec<R>, E>>,
+    Alone: FnMut(&'a T) -> AloneFut,
+    AloneFut: Future<Output = Result<R, E>>,
+{
+    match together.await {
+        Ok(results) if results.len() == items.len() => return results.into_iter().map(Ok).collect(),
+        Ok(results) => {
+            tracing::error!(
+                expected = items.len(),
+                got = results.len(),
+                "a batch write of {what} answered for other items"
+            );
+        }
+        Err(e) if items.len() == 1 => return vec![Err(e)],
+        Err(e) => {
+            tracing::warn!(error = %e, size = items.len(), "the database refused a batch of {what}; writing them one at a time")
+        }
+    }
+    let mut results = Vec::with_capacity(items.len());
+    for item in items {
+        results.push(alone(item).await);
+    }
+    results
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
+
+    #[tokio::test]
+    async fn a_refused_batch_is_written_one_at_a_time_so_only_the_bad_item_fails() {
+        let alone = |n: &u32| {
+            let n = *n;
+            async move { if n == 2 { Err(format!("{n} refused")) } else { Ok(n * 10) } }
+        };
+        let refused = async { Err::<Vec<u32>, String>("the batch refused".into()) };
+        let results = together_or_alone("numbers", &[1u32, 2, 3], refused, alone).await;
+        assert_eq!(results, [Ok(10), Err("2 refused".into()), Ok(30)]);
+        // answers for other items than asked: each alone too
+        let short = async { Ok::<Vec<u32>, String>(vec![10]) };
+        assert_eq!(together_or_alone("numbers", &[1u32, 3], short, alone).await, [Ok(10), Ok(30)]);
+        // a batch of one that is refused is that item's error, not written again
+        let mut tried = 0;
+        let one = together_or_alone("numbers", &[1u32], async { Err::<Vec<u32>, String>("no".into()) }, |_| {
+            tried += 1;
+            async { Ok(0) }
+        })
+        .await;
+        assert_eq!((one, tried), (vec![Err("no".into())], 0));
+        let together = async { Ok::<Vec<u32>, String>(vec![7, 8]) };
+        assert_eq!(together_or_alone("numbers", &[1u32, 2], together, alone).await, [Ok(7), Ok(8)]);
+    }
 
     #[tokio::test]
     async fn alone_an_item_is_written_at_once_and_together_they_share_writes() {

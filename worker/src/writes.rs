@@ -6,9 +6,9 @@
 //! execution would. If the database refuses a batch for a reason other than an outage, its
 //! executions are written one at a time, so that a bad row fails only itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use attune_common::batch::Batcher;
+use attune_common::batch::{Batcher, together_or_alone};
 use attune_common::db::{self, execution::ClaimedRun, execution::Outcome};
 use sqlx::PgPool;
 
@@ -55,21 +55,16 @@ impl Writes {
 
 async fn claim(db: &PgPool, worker_id: i64, items: &[(i64, String)]) -> Vec<Result<Option<ClaimedRun>, sqlx::Error>> {
     let claims: Vec<(i64, &str)> = items.iter().map(|(id, token)| (*id, token.as_str())).collect();
-    match db::execution::claim_many_surely(db, worker_id, &claims).await {
-        Ok(runs) => {
-            let mut runs: HashMap<i64, ClaimedRun> = runs.into_iter().map(|run| (run.id, run)).collect();
-            items.iter().map(|(id, _)| Ok(runs.remove(id))).collect()
-        }
-        Err(e) if items.len() == 1 => vec![Err(e)],
-        Err(e) => {
-            tracing::warn!(error = %e, size = items.len(), "the database refused a batch of claims; claiming one at a time");
-            let mut results = Vec::with_capacity(items.len());
-            for (id, token) in items {
-                results.push(db::execution::claim_surely(db, *id, worker_id, token).await);
-            }
-            results
-        }
-    }
+    let together = async {
+        let mut runs: HashMap<i64, ClaimedRun> = db::execution::claim_many_surely(db, worker_id, &claims)
+            .await?
+            .into_iter()
+            .map(|run| (run.id, run))
+            .collect();
+        Ok(items.iter().map(|(id, _)| runs.remove(id)).collect())
+    };
+    together_or_alone("claims", &claims, together, |(id, token)| db::execution::claim_surely(db, *id, worker_id, token))
+        .await
 }
 
 async fn record(
@@ -79,20 +74,14 @@ async fn record(
 ) -> Vec<Result<bool, sqlx::Error>> {
     let done: Vec<(i64, &Outcome, Option<&str>)> =
         items.iter().map(|(id, outcome, token)| (*id, outcome, token.as_deref())).collect();
-    match db::execution::complete_many_surely(db, worker_id, &done).await {
-        Ok(changed) => {
-            let recorded: std::collections::HashSet<i64> = changed.iter().map(|row| row.id).collect();
-            items.iter().map(|(id, _, _)| Ok(recorded.contains(id))).collect()
-        }
-        Err(e) if items.len() == 1 => vec![Err(e)],
-        Err(e) => {
-            tracing::warn!(error = %e, size = items.len(), "the database refused a batch of successes; recording one at a time");
-            let mut results = Vec::with_capacity(items.len());
-            for one in &done {
-                let recorded = db::execution::complete_many_surely(db, worker_id, std::slice::from_ref(one)).await;
-                results.push(recorded.map(|changed| !changed.is_empty()));
-            }
-            results
-        }
-    }
+    let together = async {
+        let changed = db::execution::complete_many_surely(db, worker_id, &done).await?;
+        let recorded: HashSet<i64> = changed.iter().map(|row| row.id).collect();
+        Ok(items.iter().map(|(id, _, _)| recorded.contains(id)).collect())
+    };
+    together_or_alone("successes", &done, together, |one| async move {
+        let changed = db::execution::complete_many_surely(db, worker_id, std::slice::from_ref(one)).await?;
+        Ok(!changed.is_empty())
+    })
+    .await
 }

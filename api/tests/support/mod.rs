@@ -78,3 +78,26 @@ pub async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
     let text = response.text().await.unwrap();
     (status, serde_json::from_str(&text).unwrap_or_else(|_| json!({ "text": text })))
 }
+
+/// Hears `expected` announcements of new `core.echo` (shell) requests, and then none but a
+/// marker's: a request inserted here, whose announcement must come next, since announcements
+/// come in commit order.
+pub async fn announced(
+    announcements: &mut attune_common::db::announcements::Announcements,
+    pool: &sqlx::PgPool,
+    expected: usize,
+) {
+    use attune_common::db::{self, announcements::Announced};
+    let mut next = async || {
+        let heard = tokio::time::timeout(std::time::Duration::from_secs(10), announcements.next()).await;
+        heard.unwrap_or_else(|_| panic!("fewer than {expected} announcements")).unwrap()
+    };
+    for _ in 0..expected {
+        assert_eq!(next().await, Announced::Runtimes(vec!["shell".into()]));
+    }
+    let action = db::action::get_by_ref(pool, "core.echo").await.unwrap().unwrap();
+    let marker =
+        db::execution::NewExecution { runtime: Some("marker".into()), ..attune_testkit::echo_execution(&action) };
+    db::execution::insert(pool, &marker).await.unwrap();
+    assert_eq!(next().await, Announced::Runtimes(vec!["marker".into()]), "more than {expected} announcements");
+}
