@@ -2,6 +2,7 @@
 //! in process against a database and a broker namespace of each test's own (as `in_process.rs`
 //! does), with no executor or worker. Each test listens to the database's announcements of new
 //! requests (`db::announcements`) to count the executions that were created.
+
 use attune_common::db;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
