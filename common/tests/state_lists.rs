@@ -1,7 +1,8 @@
 //! The lists of execution states written in the schema (the enum, the CHECK constraint, the SQL
 //! functions, the partial indexes) are the Rust constants of `ExecutionStatus`, and the failure
-//! kinds its CHECK allows are `FailureKind::ALL`, read back from a freshly migrated database; and
-//! the Rust side writes no state list into SQL (it binds them).
+//! kinds `execution.failure_kind` may name (the rows of `failure_kind`) are `FailureKind::ALL`,
+//! read back from a freshly migrated database; and the Rust side writes no state list into SQL
+//! (it binds them).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -42,15 +43,25 @@ async fn the_schema_lists_the_states_the_code_does() {
     .unwrap();
     assert_eq!(statuses_in(&check), set(&ExecutionStatus::TERMINAL), "{check}");
 
-    let kinds: String = sqlx::query_scalar(
+    // the failure kinds are the rows of `failure_kind`, which `execution.failure_kind` references
+    let kinds: Vec<String> = sqlx::query_scalar("SELECT name FROM failure_kind").fetch_all(pool).await.unwrap();
+    let kinds: BTreeSet<&str> = kinds.iter().map(String::as_str).collect();
+    let known: BTreeSet<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
+    assert_eq!(kinds, known, "the rows of failure_kind");
+    let reference: String = sqlx::query_scalar(
         "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'execution_failure_kind_known'",
     )
     .fetch_one(pool)
     .await
     .unwrap();
-    let quoted: BTreeSet<&str> = kinds.split('\'').skip(1).step_by(2).collect();
-    let known: BTreeSet<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
-    assert_eq!(quoted, known, "{kinds}");
+    assert_eq!(reference, "FOREIGN KEY (failure_kind) REFERENCES failure_kind(name)");
+    let unknown = sqlx::query(
+        "INSERT INTO execution (action_ref, status, failure_kind, finished) VALUES ('x.y', 'failed', 'bored', now())",
+    )
+    .execute(pool)
+    .await
+    .unwrap_err();
+    assert!(unknown.to_string().contains("execution_failure_kind_known"), "{unknown}");
 
     for function in ["worker_inflight_counts", "get_worker_queue_depth"] {
         let source: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")

@@ -1,7 +1,7 @@
 //! How the core's enums are stored in PostgreSQL, compiled only with the `sqlx` feature (the
 //! adapters enable it; the core itself never talks to a database). `ExecutionStatus` is the
 //! `execution_status` enum by derive; a `FailureKind` is stored as its snake_case text, which
-//! the `execution_failure_kind_known` constraint limits to the known kinds.
+//! the `execution_failure_kind_known` foreign key limits to the rows of `failure_kind`.
 #![cfg(feature = "sqlx")]
 
 use sqlx::encode::IsNull;
