@@ -44,6 +44,8 @@ pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many deliveries a message gets before it is dead-lettered as poison.
 pub const DELIVERY_LIMIT: i64 = 5;
+/// The most executions one dispatch message names (`Dispatch::more`).
+pub const MOST_PER_DISPATCH: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MqError {
@@ -256,17 +258,54 @@ pub struct ExecutionRequest {
     pub action_id: Option<i64>,
 }
 
-/// Executor → worker: claim and run this execution. It names only the execution and the worker:
-/// the worker reads what to run (the action's runtime, entrypoint, pack directory, `http` block
-/// and retry policy, the execution's parameters, timeout, retry count and idempotency key) from
-/// PostgreSQL in its claim (`db::execution::claim`), so whoever can publish to the broker cannot
-/// choose what runs. The fields an earlier version also sent (`action_ref`, `runtime`,
+/// Executor → worker: claim and run these executions. It names only the executions and the
+/// worker: the worker reads what to run (the action's runtime, entrypoint, pack directory, `http`
+/// block and retry policy, the execution's parameters, timeout, retry count and idempotency key)
+/// from PostgreSQL in its claim (`db::execution::claim`), so whoever can publish to the broker
+/// cannot choose what runs. The fields an earlier version also sent (`action_ref`, `runtime`,
 /// `entrypoint`, `pack_path`, `parameters`, ...) are ignored when a message still in a queue
 /// carries them.
+///
+/// One message carries every execution one scheduling claim placed on the worker: `execution_id`
+/// and then `more` (absent when there is only one, which is the message earlier versions sent).
+/// Each execution is claimed, run and recorded on its own; the message is acknowledged when all
+/// of them are done with, and dead-lettered as a whole (each execution is then handled as a
+/// dispatch of its own, `executor::dead_letters`). A worker of a version before `more` would
+/// read only the first execution, so workers are upgraded before executors.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Dispatch {
     pub execution_id: i64,
     pub worker_id: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more: Vec<i64>,
+}
+
+impl Dispatch {
+    /// The dispatch of `executions` (at least one) to `worker_id`.
+    pub fn of(worker_id: i64, executions: &[i64]) -> Option<Self> {
+        let (&execution_id, more) = executions.split_first()?;
+        Some(Dispatch { execution_id, worker_id, more: more.to_vec() })
+    }
+
+    /// Every execution it dispatches, the first first, each once; at most `MOST_PER_DISPATCH`
+    /// (an executor never sends more: what a message names beyond them is forged, and ignored).
+    pub fn executions(&self) -> Vec<i64> {
+        let mut executions = vec![self.execution_id];
+        for &id in &self.more {
+            if executions.len() == MOST_PER_DISPATCH {
+                tracing::warn!(
+                    execution_id = self.execution_id,
+                    named = self.more.len() + 1,
+                    "a dispatch names more executions than an executor sends; the rest are ignored"
+                );
+                break;
+            }
+            if !executions.contains(&id) {
+                executions.push(id);
+            }
+        }
+        executions
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -710,14 +749,27 @@ mod tests {
 
     #[test]
     fn a_dispatch_names_only_the_execution_and_the_worker() {
-        let sent = serde_json::to_value(Dispatch { execution_id: 7, worker_id: 3 }).unwrap();
+        let sent = serde_json::to_value(Dispatch::of(3, &[7]).unwrap()).unwrap();
         assert_eq!(sent, serde_json::json!({"execution_id": 7, "worker_id": 3}));
         // one an earlier version sent, still in a queue during an upgrade: read, what it names
         // to run left out
         let earlier = r#"{"execution_id": 7, "worker_id": 3, "action_ref": "core.echo", "runtime": "shell",
             "entrypoint": "/tmp/evil.sh", "pack_path": "/", "parameters": {"message": "x"},
             "timeout_seconds": 30, "retry_count": 0, "transient_exit_codes": [3], "idempotency_key": "k"}"#;
-        assert_eq!(serde_json::from_str::<Dispatch>(earlier).unwrap(), Dispatch { execution_id: 7, worker_id: 3 });
+        assert_eq!(serde_json::from_str::<Dispatch>(earlier).unwrap(), Dispatch::of(3, &[7]).unwrap());
+    }
+
+    #[test]
+    fn one_dispatch_carries_every_execution_of_a_claim_on_one_worker() {
+        let sent = serde_json::to_value(Dispatch::of(3, &[7, 8, 9]).unwrap()).unwrap();
+        assert_eq!(sent, serde_json::json!({"execution_id": 7, "worker_id": 3, "more": [8, 9]}));
+        let read: Dispatch = serde_json::from_value(sent).unwrap();
+        assert_eq!(read.executions(), vec![7, 8, 9]);
+        // a forged repeat names each execution once
+        let repeated: Dispatch =
+            serde_json::from_str(r#"{"execution_id": 7, "worker_id": 3, "more": [7, 8, 8]}"#).unwrap();
+        assert_eq!(repeated.executions(), vec![7, 8]);
+        assert_eq!(Dispatch::of(3, &[]), None);
     }
 
     #[test]

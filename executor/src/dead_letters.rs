@@ -1,5 +1,8 @@
 //! The DLQ handler: what to do with each dead letter, by where it came from and why.
 //!
+//! A dispatch message names one or more executions (`Dispatch::more`); each is handled as below,
+//! as if it had had a message of its own.
+//!
 //! - A dispatch that **expired** in a worker queue (the worker did not take it within the queue's
 //!   TTL) fails its execution as `queue_timeout` — only if it is still `scheduled` on that worker
 //!   — and the RetryManager decides about a retry. The worker is marked inactive only if its
@@ -49,20 +52,24 @@ async fn act(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), 
     if let Some(worker_id) = Topology::worker_of_key(key)
         && let Ok(dispatch) = serde_json::from_slice::<Dispatch>(&incoming.data)
     {
-        return match why.reason.as_str() {
-            "expired" => expired_dispatch(context, &dispatch, worker_id).await,
-            // returned to the queue on every reconnect while the worker held it: never started,
-            // so it waits again; one that was running is poison
-            _ => match db::execution::hand_back(&context.db, dispatch.execution_id, worker_id).await? {
-                Some(_) => {
-                    tracing::warn!(execution_id = dispatch.execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had not started; the execution waits again");
-                    metrics::increment(&metrics::HANDED_BACK, &[("by", "executor")], 1);
-                    context.waiting.mark_all();
-                    Ok(())
-                }
-                None => poison(context, dispatch.execution_id, why, &[ExecutionStatus::Running]).await,
-            },
-        };
+        // each execution the message dispatched, as if it had had a message of its own
+        for execution_id in dispatch.executions() {
+            match why.reason.as_str() {
+                "expired" => expired_dispatch(context, execution_id, worker_id).await?,
+                // returned to the queue on every reconnect while the worker held it: never
+                // started, so it waits again; one that was running is poison
+                _ => match db::execution::hand_back(&context.db, execution_id, worker_id).await? {
+                    Some(_) => {
+                        tracing::warn!(execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had not started; the execution waits again");
+                        metrics::increment(&metrics::HANDED_BACK, &[("by", "executor")], 1);
+                        context.waiting.mark_all();
+                    }
+                    // (fenced by the worker: one running elsewhere since is not this message's)
+                    None => poison(context, execution_id, Some(worker_id), why, &[ExecutionStatus::Running]).await?,
+                },
+            }
+        }
+        return Ok(());
     }
     if key == REQUEST_KEY
         && why.reason != "rejected"
@@ -80,13 +87,12 @@ async fn act(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), 
     {
         // the outcome could not be recorded: keep the message for an operator, and end the execution
         park(context, incoming, why).await?;
-        return poison(context, result.execution_id, why, &[ExecutionStatus::Running]).await;
+        return poison(context, result.execution_id, None, why, &[ExecutionStatus::Running]).await;
     }
     park(context, incoming, why).await
 }
 
-async fn expired_dispatch(context: &Context, dispatch: &Dispatch, worker_id: i64) -> Result<(), crate::Error> {
-    let execution_id = dispatch.execution_id;
+async fn expired_dispatch(context: &Context, execution_id: i64, worker_id: i64) -> Result<(), crate::Error> {
     let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
     if current.status != ExecutionStatus::Scheduled || current.worker != Some(worker_id) {
         tracing::debug!(execution_id, worker_id, status = %current.status, "expired dispatch is stale");
@@ -111,6 +117,7 @@ async fn expired_dispatch(context: &Context, dispatch: &Dispatch, worker_id: i64
 async fn poison(
     context: &Context,
     execution_id: i64,
+    worker_id: Option<i64>,
     why: &Death,
     from: &[ExecutionStatus],
 ) -> Result<(), crate::Error> {
@@ -125,7 +132,7 @@ async fn poison(
     };
     tracing::error!(execution_id, queue = %why.queue, reason = %why.reason, "poison message: failing its execution");
     metrics::increment(&metrics::POISON_MESSAGES, &[], 1);
-    context.retry_manager.record_failure(&current, ExecutionStatus::Failed, from, None, &outcome).await?;
+    context.retry_manager.record_failure(&current, ExecutionStatus::Failed, from, worker_id, &outcome).await?;
     Ok(())
 }
 

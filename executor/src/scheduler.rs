@@ -285,9 +285,14 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             // the room is used up, or more is waiting: look again at once
             state.again.insert(runtime.clone(), now);
         }
+        // one message per worker for what this claim placed on it
+        let mut by_worker: HashMap<i64, Vec<Claimed>> = HashMap::new();
         for execution in claimed {
+            by_worker.entry(execution.worker).or_default().push(execution);
+        }
+        for (_, group) in by_worker {
             let task = context.clone();
-            context.dispatches.spawn(async move { dispatch(&task, execution).await });
+            context.dispatches.spawn(async move { dispatch(&task, group).await });
         }
     }
     state.picture = Some(picture);
@@ -364,61 +369,68 @@ async fn fail_unplaceable(context: &Context, runtime: &str) -> Result<usize, cra
     Ok(stranded.len())
 }
 
-/// Publishes a claimed execution's dispatch to its worker: the execution's and the worker's ids,
-/// nothing of what to run (the worker reads that in its claim). An execution whose action is gone
-/// fails here as `action_not_found`. A publish that fails is tried again with backoff for
-/// `DISPATCH_PATIENCE` (at once given up if the worker's queue is gone); then the execution goes
-/// back to waiting, with no retry spent.
-async fn dispatch(context: &Context, claimed: Claimed) {
-    let execution_id = claimed.id;
-    let worker_id = claimed.worker;
-    let action = match claimed.action {
-        Some(action_id) => {
-            db::retry_while_unavailable("reading an action", || context.actions.get(&context.db, action_id)).await
-        }
-        None => Ok(None),
-    };
-    let action = match action {
-        Ok(Some(action)) => action,
-        Ok(None) => {
-            let reason = format!("action '{}' no longer exists", claimed.action_ref);
-            if let Err(e) = fail_claimed(context, &claimed, FailureKind::ActionNotFound, reason).await {
-                tracing::warn!(execution_id, error = %e, "could not fail an execution whose action is gone");
+/// Publishes the dispatch of executions claimed for one worker, in one message: their ids and the
+/// worker's, nothing of what to run (the worker reads that in its claim). An execution whose
+/// action is gone fails here as `action_not_found`. A publish that fails is tried again with
+/// backoff for `DISPATCH_PATIENCE` (at once given up if the worker's queue is gone); then the
+/// executions go back to waiting, with no retry spent.
+async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
+    let Some(worker_id) = claimed.first().map(|c| c.worker) else { return };
+    // each with its action's runtime
+    let mut sent: Vec<(Claimed, String)> = Vec::with_capacity(claimed.len());
+    for execution in claimed {
+        let action = match execution.action {
+            Some(action_id) => {
+                db::retry_while_unavailable("reading an action", || context.actions.get(&context.db, action_id)).await
             }
-            return;
+            None => Ok(None),
+        };
+        match action {
+            Ok(Some(action)) => sent.push((execution, action.runtime.clone())),
+            Ok(None) => {
+                let reason = format!("action '{}' no longer exists", execution.action_ref);
+                if let Err(e) = fail_claimed(context, &execution, FailureKind::ActionNotFound, reason).await {
+                    tracing::warn!(execution_id = execution.id, error = %e, "could not fail an execution whose action is gone");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(execution_id = execution.id, error = %e, "could not read the action; the execution waits again");
+                give_back(context, &execution, None).await;
+            }
         }
-        Err(e) => {
-            tracing::warn!(execution_id, error = %e, "could not read the action; the execution waits again");
-            give_back(context, &claimed, None).await;
-            return;
-        }
-    };
+    }
     // the ids only: the worker reads what to run from the database when it claims the execution
-    let message = Dispatch { execution_id, worker_id };
+    let ids: Vec<i64> = sent.iter().map(|(c, _)| c.id).collect();
+    let Some(message) = Dispatch::of(worker_id, &ids) else { return };
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
     let error = loop {
         match context.publisher.publish(&Topology::worker_key(worker_id), &message).await {
             Ok(()) => {
-                let requested_at = claimed.not_before.unwrap_or(claimed.created);
-                let latency = (chrono::Utc::now() - requested_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
-                metrics::observe(&metrics::DISPATCH_LATENCY, &[], latency);
-                metrics::increment(&metrics::DISPATCHES, &[], 1);
-                tracing::debug!(execution_id, worker_id, "dispatched");
+                let now = chrono::Utc::now();
+                for (execution, _) in &sent {
+                    let requested_at = execution.not_before.unwrap_or(execution.created);
+                    let latency = (now - requested_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
+                    metrics::observe(&metrics::DISPATCH_LATENCY, &[], latency);
+                }
+                metrics::increment(&metrics::DISPATCHES, &[], sent.len() as u64);
+                tracing::debug!(execution_ids = ?ids, worker_id, "dispatched");
                 return;
             }
             // the worker's queue is gone or unbound (it is stopping): no point in trying again
             Err(e @ MqError::Unroutable(_)) => break e,
             Err(e) if started.elapsed() + delay >= DISPATCH_PATIENCE => break e,
             Err(e) => {
-                tracing::debug!(execution_id, worker_id, error = %e, "dispatch failed, trying again");
+                tracing::debug!(execution_ids = ?ids, worker_id, error = %e, "dispatch failed, trying again");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
             }
         }
     };
-    tracing::warn!(execution_id, worker_id, error = %error, "could not dispatch; the execution waits again");
-    give_back(context, &claimed, Some(&action.runtime)).await;
+    tracing::warn!(execution_ids = ?ids, worker_id, error = %error, "could not dispatch; the executions wait again");
+    for (execution, runtime) in &sent {
+        give_back(context, execution, Some(runtime)).await;
+    }
 }
 
 /// scheduled → requested for a dispatch that was not sent: the execution waits again, its retry

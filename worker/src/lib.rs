@@ -629,14 +629,31 @@ impl Worker {
         self.run_slots.acquire().await.ok()
     }
 
+    /// A dispatch message: each execution it names is claimed, run and recorded on its own, all
+    /// at once (each waits for a run slot of its own). The message is acknowledged when every one
+    /// is done with, and goes back to the queue if any of them must (the others are then stale
+    /// duplicates there).
     async fn handle(&self, incoming: Incoming, shutdown: CancellationToken) -> Disposition {
         let dispatch: Dispatch = match incoming.parse("dispatch") {
             Ok(dispatch) => dispatch,
             Err(disposition) => return disposition,
         };
+        let executions = dispatch.executions();
+        if let [execution_id] = executions[..] {
+            return self.handle_one(execution_id, &incoming, &shutdown).await;
+        }
+        let each = executions.into_iter().map(|execution_id| self.handle_one(execution_id, &incoming, &shutdown));
+        let dispositions = futures_util::future::join_all(each).await;
+        match dispositions.iter().any(|d| matches!(d, Disposition::Retry)) {
+            true => Disposition::Retry,
+            false => Disposition::Ack,
+        }
+    }
+
+    /// One execution of a dispatch message.
+    async fn handle_one(&self, execution_id: i64, incoming: &Incoming, shutdown: &CancellationToken) -> Disposition {
         let _busy = Busy::new(&self.busy);
         let _in_flight = self.health.start();
-        let execution_id = dispatch.execution_id;
         // held until a run slot is free; a shutdown hands it back, a lost channel drops it (the
         // broker delivers it again)
         // a dispatch that must wait long for a run slot is checked on the way (`wait_for_slot`)
