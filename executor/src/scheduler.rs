@@ -414,7 +414,7 @@ async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
                     metrics::observe(&metrics::DISPATCH_LATENCY, &[], latency);
                 }
                 metrics::increment(&metrics::DISPATCHES, &[], sent.len() as u64);
-                tracing::debug!(execution_ids = ?ids, worker_id, "dispatched");
+                tracing::debug!(executions = ids.len(), worker_id, execution_ids = ?ids, "dispatched");
                 return;
             }
             // the worker's queue is gone or unbound (it is stopping): no point in trying again
@@ -427,8 +427,8 @@ async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
             }
         }
     };
-    tracing::warn!(execution_ids = ?ids, worker_id, error = %error, "could not dispatch; the executions wait again");
     for (execution, runtime) in &sent {
+        tracing::warn!(execution_id = execution.id, worker_id, error = %error, "could not dispatch; the execution waits again");
         give_back(context, execution, Some(runtime)).await;
     }
 }
