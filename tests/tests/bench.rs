@@ -43,10 +43,10 @@ async fn the_quick_benchmark_runs_every_workload() {
     for result in results {
         assert!(result["executions_per_second"].as_f64().unwrap() > 0.0, "{result}");
         assert!(result["latency_ms"]["p99"].as_f64().unwrap() >= result["latency_ms"]["p50"].as_f64().unwrap());
-        // commits are shared by batches (so below one per hop), but measured; each execution's
-        // dispatch is its own message, published and delivered
+        // commits are shared by batches (so below one per hop), and so are dispatch messages
+        // (one per worker per scheduling claim), but both are measured
         assert!(result["db_write_commits_per_execution"].as_f64().unwrap() > 0.0, "{result}");
-        assert!(result["broker_round_trips_per_execution"].as_f64().unwrap() >= 2.0, "{result}");
+        assert!(result["broker_round_trips_per_execution"].as_f64().unwrap() > 0.0, "{result}");
         assert_eq!(result["not_completed"], 0, "{result}");
     }
     let retry = results.iter().find(|r| r["workload"].as_str().unwrap().contains("retry")).unwrap();
