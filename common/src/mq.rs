@@ -288,7 +288,8 @@ impl Dispatch {
     }
 
     /// Every execution it dispatches, the first first, each once; at most `MOST_PER_DISPATCH`
-    /// (an executor never sends more: what a message names beyond them is forged, and ignored).
+    /// (an executor splits what it sends at that size: what a message names beyond it is forged,
+    /// and ignored).
     pub fn executions(&self) -> Vec<i64> {
         let mut executions = vec![self.execution_id];
         for &id in &self.more {

@@ -1,7 +1,7 @@
 //! The DLQ handler: what to do with each dead letter, by where it came from and why.
 //!
 //! A dispatch message names one or more executions (`Dispatch::more`); each is handled as below,
-//! as if it had had a message of its own.
+//! except that an execution of several that had started is left to its worker (below).
 //!
 //! - A dispatch that **expired** in a worker queue (the worker did not take it within the queue's
 //!   TTL) fails its execution as `queue_timeout` — only if it is still `scheduled` on that worker
@@ -11,8 +11,10 @@
 //!   heartbeat says whether its consumer is up.
 //! - A dispatch dead-lettered after its **delivery limit** whose execution had not started
 //!   (a worker held it through reconnects) is handed back to waiting; one that was running fails
-//!   as `poison_message`, with the reason (not retried). A request hint dead-lettered so is
-//!   dropped: the waiting row is the request, and the schedulers sweep it.
+//!   as `poison_message`, with the reason (not retried), when the message named it alone. When
+//!   it named several, the message came back for those still waiting for a run slot, and one
+//!   that runs goes on. A request hint dead-lettered so is dropped: the waiting row is the
+//!   request, and the schedulers sweep it.
 //! - A result dead-lettered after its delivery limit is parked and its execution failed as
 //!   `poison_message`.
 //! - Anything else (an unparseable message, say) is logged with
@@ -52,20 +54,29 @@ async fn act(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), 
     if let Some(worker_id) = Topology::worker_of_key(key)
         && let Ok(dispatch) = serde_json::from_slice::<Dispatch>(&incoming.data)
     {
-        // each execution the message dispatched, as if it had had a message of its own
-        for execution_id in dispatch.executions() {
+        let executions = dispatch.executions();
+        for &execution_id in &executions {
             match why.reason.as_str() {
                 "expired" => expired_dispatch(context, execution_id, worker_id).await?,
                 // returned to the queue on every reconnect while the worker held it: never
-                // started, so it waits again; one that was running is poison
+                // started, so it waits again
                 _ => match db::execution::hand_back(&context.db, execution_id, worker_id).await? {
                     Some(_) => {
                         tracing::warn!(execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had not started; the execution waits again");
                         metrics::increment(&metrics::HANDED_BACK, &[("by", "executor")], 1);
                         context.waiting.mark_all();
                     }
-                    // (fenced by the worker: one running elsewhere since is not this message's)
-                    None => poison(context, execution_id, Some(worker_id), why, &[ExecutionStatus::Running]).await?,
+                    // A message of its own that kept coming back while its execution ran is
+                    // poison (fenced by the worker: one running elsewhere since is not this
+                    // message's). One execution of several is not: the message came back for a
+                    // sibling still waiting for a slot, and a running execution goes on on its
+                    // worker (or, if that worker dies, ends through the monitor).
+                    None if executions.len() == 1 => {
+                        poison(context, execution_id, Some(worker_id), why, &[ExecutionStatus::Running]).await?
+                    }
+                    None => {
+                        tracing::debug!(execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had started; left to its worker")
+                    }
                 },
             }
         }

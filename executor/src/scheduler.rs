@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use attune_common::db::{self, execution::Claimed, execution::Execution, execution::Outcome};
 use attune_common::metrics;
-use attune_common::mq::{DELIVERY_LIMIT, Dispatch, Disposition, ExecutionRequest, Incoming, MqError, Topology};
+use attune_common::mq::{
+    DELIVERY_LIMIT, Dispatch, Disposition, ExecutionRequest, Incoming, MOST_PER_DISPATCH, MqError, Topology,
+};
 use attune_core::{ExecutionStatus, FailureKind, selection};
 use tokio_util::sync::CancellationToken;
 
@@ -369,11 +371,11 @@ async fn fail_unplaceable(context: &Context, runtime: &str) -> Result<usize, cra
     Ok(stranded.len())
 }
 
-/// Publishes the dispatch of executions claimed for one worker, in one message: their ids and the
-/// worker's, nothing of what to run (the worker reads that in its claim). An execution whose
-/// action is gone fails here as `action_not_found`. A publish that fails is tried again with
-/// backoff for `DISPATCH_PATIENCE` (at once given up if the worker's queue is gone); then the
-/// executions go back to waiting, with no retry spent.
+/// Publishes the dispatch of executions claimed for one worker, in one message (one per
+/// `MOST_PER_DISPATCH`): their ids and the worker's, nothing of what to run (the worker reads
+/// that in its claim). An execution whose action is gone fails here as `action_not_found`. A
+/// publish that fails is tried again with backoff for `DISPATCH_PATIENCE` (at once given up if
+/// the worker's queue is gone); then the executions go back to waiting, with no retry spent.
 async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
     let Some(worker_id) = claimed.first().map(|c| c.worker) else { return };
     // each with its action's runtime
@@ -399,6 +401,14 @@ async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
             }
         }
     }
+    for part in sent.chunks(MOST_PER_DISPATCH) {
+        publish_dispatch(context, worker_id, part).await;
+    }
+}
+
+/// Publishes one dispatch message for `sent` (claimed for `worker_id`, each with its action's
+/// runtime); gives them all back if it cannot.
+async fn publish_dispatch(context: &Context, worker_id: i64, sent: &[(Claimed, String)]) {
     // the ids only: the worker reads what to run from the database when it claims the execution
     let ids: Vec<i64> = sent.iter().map(|(c, _)| c.id).collect();
     let Some(message) = Dispatch::of(worker_id, &ids) else { return };
@@ -408,7 +418,7 @@ async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
         match context.publisher.publish(&Topology::worker_key(worker_id), &message).await {
             Ok(()) => {
                 let now = chrono::Utc::now();
-                for (execution, _) in &sent {
+                for (execution, _) in sent {
                     let requested_at = execution.not_before.unwrap_or(execution.created);
                     let latency = (now - requested_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
                     metrics::observe(&metrics::DISPATCH_LATENCY, &[], latency);
@@ -427,7 +437,7 @@ async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
             }
         }
     };
-    for (execution, runtime) in &sent {
+    for (execution, runtime) in sent {
         tracing::warn!(execution_id = execution.id, worker_id, error = %error, "could not dispatch; the execution waits again");
         give_back(context, execution, Some(runtime)).await;
     }

@@ -374,6 +374,30 @@ impl System {
     /// Publishes a raw message on the exchange `<namespace><exchange>` (`""`: the main one;
     /// `".control"`: cancel notices), waiting for the broker's confirm.
     pub async fn publish_on(&self, exchange: &str, routing_key: &str, body: &[u8]) {
+        self.publish_with(exchange, routing_key, body, lapin::BasicProperties::default()).await
+    }
+
+    /// Publishes a raw message as a dead letter that died in `queue` for `reason` (`expired`,
+    /// `delivery_limit`, ...): on `<namespace>.dlx` with the `x-death` header the broker writes,
+    /// as anyone with `write` on that exchange can (`docs/security-broker.md`).
+    pub async fn publish_dead_letter(&self, routing_key: &str, body: &[u8], reason: &str, queue: &str) {
+        use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
+        let mut death = FieldTable::default();
+        death.insert("reason".into(), AMQPValue::LongString(LongString::from(reason)));
+        death.insert("queue".into(), AMQPValue::LongString(LongString::from(queue)));
+        let mut headers = FieldTable::default();
+        headers.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(death)])));
+        self.publish_with(".dlx", routing_key, body, lapin::BasicProperties::default().with_headers(headers)).await
+    }
+
+    /// `publish_on` with these properties (persistent whatever they say).
+    pub async fn publish_with(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: lapin::BasicProperties,
+    ) {
         use lapin::options::BasicPublishOptions;
         let connection = attune_common::mq::connect(&amqp_url(), "attune-test-publisher").await.unwrap();
         let channel = connection.create_channel().await.unwrap();
@@ -385,7 +409,7 @@ impl System {
                 routing_key.into(),
                 BasicPublishOptions { mandatory: true, ..Default::default() },
                 body,
-                lapin::BasicProperties::default().with_delivery_mode(2),
+                properties.with_delivery_mode(2),
             )
             .await
             .unwrap()

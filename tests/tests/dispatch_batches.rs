@@ -105,3 +105,42 @@ async fn each_execution_of_an_expired_dispatch_message_fails_as_queue_timeout_an
     system.signal("frozen", SIGCONT);
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_several_past_its_delivery_limit_hands_back_the_unstarted_and_leaves_the_running() {
+    // A message naming several executions comes back on every reconnect while one of them waits
+    // for a slot, so its delivery count says nothing about a sibling that runs: only the unstarted
+    // one goes back to waiting, the running one is not failed as poison.
+    let mut system = System::builder().worker("w1", &[]).start().await;
+    let w1 = system.worker_id("w1").await;
+    let running = id(&system.submit("core.sleep", json!({"seconds": 6})).await);
+    wait_for("the sleep to run", DEADLINE, || async {
+        let status: String = sqlx::query_scalar("SELECT status::text FROM execution WHERE id = $1")
+            .bind(running)
+            .fetch_one(&system.db.pool)
+            .await
+            .ok()?;
+        (status == "running").then_some(())
+    })
+    .await;
+    // nobody schedules or handles dead letters until the forged one is in the dead-letter queue
+    system.signal("executor", SIGKILL);
+    let unstarted = scheduled_on(&system, w1, "core.echo", &[json!({"message": "handed back"})]).await[0];
+    let queue = format!("{}.worker.{w1}", system.namespace.name);
+    system
+        .publish_dead_letter(&format!("worker.{w1}"), &dispatch_of(w1, &[running, unstarted]), "delivery_limit", &queue)
+        .await;
+    system.restart("executor");
+    system
+        .wait_log(
+            "executor",
+            &format!("dead-lettered dispatch had not started; the execution waits again execution_id={unstarted}"),
+        )
+        .await;
+    let slept = system.wait_terminal(running, DEADLINE).await;
+    assert_eq!(slept["status"], "completed", "the running one went on: {slept}");
+    let echoed = system.wait_terminal(unstarted, DEADLINE).await;
+    assert_eq!(echoed["status"], "completed", "{echoed}");
+    assert!(!system.log("executor").contains("poison message"), "nothing was failed as poison");
+    system.stop().await;
+}
