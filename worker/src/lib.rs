@@ -642,12 +642,16 @@ impl Worker {
         if let [execution_id] = executions[..] {
             return self.handle_one(execution_id, &incoming, &shutdown).await;
         }
-        let each = executions.into_iter().map(|execution_id| self.handle_one(execution_id, &incoming, &shutdown));
-        let dispositions = futures_util::future::join_all(each).await;
-        match dispositions.iter().any(|d| matches!(d, Disposition::Retry)) {
-            true => Disposition::Retry,
-            false => Disposition::Ack,
+        // polled as they are woken (not all of them whenever one is)
+        let mut each: futures_util::stream::FuturesUnordered<_> =
+            executions.into_iter().map(|execution_id| self.handle_one(execution_id, &incoming, &shutdown)).collect();
+        let mut disposition = Disposition::Ack;
+        while let Some(done) = futures_util::StreamExt::next(&mut each).await {
+            if matches!(done, Disposition::Retry) {
+                disposition = Disposition::Retry;
+            }
         }
+        disposition
     }
 
     /// One execution of a dispatch message.
