@@ -3,8 +3,9 @@
 //! success itself and reports a failure to the executors (their RetryManager decides on the
 //! retry).
 //!
-//! Trust: a dispatch names only the execution and the worker. The claim (`scheduled → running`,
-//! fenced by this worker's id) reads what to run from PostgreSQL in the same statement and stores
+//! Trust: a dispatch names only the executions (one, or every one a scheduling claim placed here:
+//! each handled on its own, `handle`) and the worker. The claim (`scheduled → running`, fenced
+//! by this worker's id) reads what to run from PostgreSQL in the same statement and stores
 //! a run token this worker drew; every result it publishes carries the token, and executors record
 //! only results whose token is the row's. The entrypoint runs only from inside its pack directory
 //! (`runner::resolve_entrypoint`), and a cancel notice stops a run only once the database no longer
