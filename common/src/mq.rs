@@ -269,8 +269,8 @@ pub struct ExecutionRequest {
 /// One message carries every execution one scheduling claim placed on the worker: `execution_id`
 /// and then `more` (absent when there is only one, which is the message earlier versions sent).
 /// Each execution is claimed, run and recorded on its own; the message is acknowledged when all
-/// of them are done with, and dead-lettered as a whole (each execution is then handled as a
-/// dispatch of its own, `executor::dead_letters`). A worker of a version before `more` would
+/// of them are done with, and dead-lettered as a whole (the DLQ handler then looks at each
+/// execution, `executor::dead_letters`). A worker of a version before `more` would
 /// read only the first execution, so workers are upgraded before executors.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Dispatch {

@@ -55,30 +55,34 @@ async fn act(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), 
         && let Ok(dispatch) = serde_json::from_slice::<Dispatch>(&incoming.data)
     {
         let executions = dispatch.executions();
+        if why.reason == "expired" {
+            return expired_dispatch(context, &executions, worker_id).await;
+        }
+        let mut handed_back = false;
         for &execution_id in &executions {
-            match why.reason.as_str() {
-                "expired" => expired_dispatch(context, execution_id, worker_id).await?,
-                // returned to the queue on every reconnect while the worker held it: never
-                // started, so it waits again
-                _ => match db::execution::hand_back(&context.db, execution_id, worker_id).await? {
-                    Some(_) => {
-                        tracing::warn!(execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had not started; the execution waits again");
-                        metrics::increment(&metrics::HANDED_BACK, &[("by", "executor")], 1);
-                        context.waiting.mark_all();
-                    }
-                    // A message of its own that kept coming back while its execution ran is
-                    // poison (fenced by the worker: one running elsewhere since is not this
-                    // message's). One execution of several is not: the message came back for a
-                    // sibling still waiting for a slot, and a running execution goes on on its
-                    // worker (or, if that worker dies, ends through the monitor).
-                    None if executions.len() == 1 => {
-                        poison(context, execution_id, Some(worker_id), why, &[ExecutionStatus::Running]).await?
-                    }
-                    None => {
-                        tracing::debug!(execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had started; left to its worker")
-                    }
-                },
+            // returned to the queue on every reconnect while the worker held it: never started,
+            // so it waits again
+            match db::execution::hand_back(&context.db, execution_id, worker_id).await? {
+                Some(_) => {
+                    tracing::warn!(execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had not started; the execution waits again");
+                    metrics::increment(&metrics::HANDED_BACK, &[("by", "executor")], 1);
+                    handed_back = true;
+                }
+                // A message of its own that kept coming back while its execution ran is poison
+                // (fenced by the worker: one running elsewhere since is not this message's). One
+                // execution of several is not: the message came back for a sibling still waiting
+                // for a slot, and a running execution goes on on its worker (or, if that worker
+                // dies, ends through the monitor).
+                None if executions.len() == 1 => {
+                    poison(context, execution_id, Some(worker_id), why, &[ExecutionStatus::Running]).await?
+                }
+                None => {
+                    tracing::debug!(execution_id, worker_id, reason = %why.reason, "dead-lettered dispatch had started; left to its worker")
+                }
             }
+        }
+        if handed_back {
+            context.waiting.mark_all();
         }
         return Ok(());
     }
@@ -103,10 +107,19 @@ async fn act(context: &Context, incoming: &Incoming, why: &Death) -> Result<(), 
     park(context, incoming, why).await
 }
 
-async fn expired_dispatch(context: &Context, execution_id: i64, worker_id: i64) -> Result<(), crate::Error> {
-    let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
-    if current.status != ExecutionStatus::Scheduled || current.worker != Some(worker_id) {
-        tracing::debug!(execution_id, worker_id, status = %current.status, "expired dispatch is stale");
+/// The executions of an expired dispatch message that are still `scheduled` on its worker fail as
+/// `queue_timeout`; the worker is marked once for the message.
+async fn expired_dispatch(context: &Context, executions: &[i64], worker_id: i64) -> Result<(), crate::Error> {
+    let mut expired = Vec::with_capacity(executions.len());
+    for &execution_id in executions {
+        let Some(current) = db::execution::get(&context.db, execution_id).await? else { continue };
+        if current.status != ExecutionStatus::Scheduled || current.worker != Some(worker_id) {
+            tracing::debug!(execution_id, worker_id, status = %current.status, "expired dispatch is stale");
+            continue;
+        }
+        expired.push(current);
+    }
+    if expired.is_empty() {
         return Ok(());
     }
     let max_age = std::time::Duration::from_secs(context.settings.health.heartbeat_max_age_secs.max(0) as u64);
@@ -117,11 +130,13 @@ async fn expired_dispatch(context: &Context, execution_id: i64, worker_id: i64) 
         error: Some(format!("not taken by worker {worker_id} within its queue TTL")),
         ..Default::default()
     };
-    tracing::warn!(execution_id, worker_id, "dispatch expired in the worker queue");
-    context
-        .retry_manager
-        .record_failure(&current, ExecutionStatus::Failed, &[ExecutionStatus::Scheduled], Some(worker_id), &outcome)
-        .await?;
+    for current in &expired {
+        tracing::warn!(execution_id = current.id, worker_id, "dispatch expired in the worker queue");
+        context
+            .retry_manager
+            .record_failure(current, ExecutionStatus::Failed, &[ExecutionStatus::Scheduled], Some(worker_id), &outcome)
+            .await?;
+    }
     Ok(())
 }
 

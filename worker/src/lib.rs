@@ -639,13 +639,12 @@ impl Worker {
             Ok(dispatch) => dispatch,
             Err(disposition) => return disposition,
         };
-        let executions = dispatch.executions();
-        if let [execution_id] = executions[..] {
-            return self.handle_one(execution_id, &incoming, &shutdown).await;
-        }
         // polled as they are woken (not all of them whenever one is)
-        let mut each: futures_util::stream::FuturesUnordered<_> =
-            executions.into_iter().map(|execution_id| self.handle_one(execution_id, &incoming, &shutdown)).collect();
+        let mut each: futures_util::stream::FuturesUnordered<_> = dispatch
+            .executions()
+            .into_iter()
+            .map(|execution_id| self.handle_one(execution_id, &incoming, &shutdown))
+            .collect();
         let mut disposition = Disposition::Ack;
         while let Some(done) = futures_util::StreamExt::next(&mut each).await {
             if matches!(done, Disposition::Retry) {
