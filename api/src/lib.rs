@@ -83,6 +83,8 @@ pub struct AppState {
     pub publisher: Publisher,
     /// First submissions, inserted in batches under load (see `submissions`).
     pub submissions: submissions::Submissions,
+    /// The database's part of `/metrics`, read by one scrape at a time (see `routes::probes`).
+    pub scraped_gauges: routes::probes::ScrapedGauges,
     pub settings: Settings,
 }
 
@@ -134,7 +136,15 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
     }
     let actions = db::action::ActionCache::new(settings.action_cache_ttl);
     let submissions = submissions::Submissions::start(pool.clone());
-    Ok(Arc::new(AppState { db: pool, verified_tokens: Default::default(), actions, publisher, submissions, settings }))
+    Ok(Arc::new(AppState {
+        db: pool,
+        verified_tokens: Default::default(),
+        actions,
+        publisher,
+        submissions,
+        scraped_gauges: Default::default(),
+        settings,
+    }))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -194,10 +194,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     })
                     .collect();
                 format!(
-                    "{}\n({} of {})",
+                    "{}\n({} of {}{})",
                     output::table(&["id", "action", "status", "worker", "retry", "failure", "created"], &rows),
                     rows.len(),
-                    text(&page["total"])
+                    text(&page["total"]),
+                    if page["total_exact"] == false { "+" } else { "" }
                 )
             });
             Ok(0)

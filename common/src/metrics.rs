@@ -106,8 +106,10 @@ pub struct Gauge {
     pub name: &'static str,
     pub help: &'static str,
 }
-pub const EXECUTIONS_BY_STATUS: Gauge =
-    Gauge { name: "attune_executions", help: "Executions in the record, by status and action." };
+pub const EXECUTIONS_BY_STATUS: Gauge = Gauge {
+    name: "attune_executions",
+    help: "Executions not finished yet (waiting, delayed, scheduled or running), by status and action; finished ones are counted by attune_executions_finished_total.",
+};
 pub const WORKERS_BY_HEALTH: Gauge =
     Gauge { name: "attune_workers", help: "Active workers by health class (healthy, degraded, unhealthy)." };
 pub const WORKER_QUEUE_DEPTH: Gauge = Gauge {

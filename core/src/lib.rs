@@ -4,7 +4,8 @@
 //! `Rng`) and returns a decision: the state machine (`status`), failure kinds (`failure`), worker
 //! health (`health`), worker selection (`selection`), the retry decision (`retry`), parameters
 //! (`params`), the pack format (`pack`) and the recovery rules of the monitor and the manual
-//! retry (`recovery`). The adapters (`attune-common`'s `db` and `mq`, the services) gather the
+//! retry (`recovery`) and how long history is kept (`retention`). The adapters
+//! (`attune-common`'s `db` and `mq`, the services) gather the
 //! data, call in here, and carry the decision out.
 //!
 //! `tests/tidy.rs` keeps it that way: it fails if this crate names a database, broker, async
@@ -16,6 +17,7 @@ pub mod health;
 pub mod pack;
 pub mod params;
 pub mod recovery;
+pub mod retention;
 pub mod retry;
 pub mod selection;
 mod sql;

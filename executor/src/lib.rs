@@ -47,6 +47,7 @@ pub use retry_manager::RetryManager;
 pub mod completion;
 pub mod dead_letters;
 pub mod health_probe;
+pub mod history;
 pub mod monitor;
 pub mod retry_manager;
 pub mod retry_timer;
@@ -97,6 +98,7 @@ pub struct Settings {
     /// `ATTUNE_HEALTH_PROBATION_SECS` (60): how long after its last failure a worker that its
     /// failures made unhealthy gets a probe execution.
     pub probation: Duration,
+    pub history: history::HistorySettings,
 }
 
 impl Settings {
@@ -122,6 +124,19 @@ impl FromEnv for Settings {
             scheduling_timeout: Duration::from_secs_f64(read(source, "ATTUNE_SCHEDULING_TIMEOUT_SECS")?),
             running_grace: Duration::from_secs_f64(read(source, "ATTUNE_MONITOR_GRACE_SECS")?),
             probation: Duration::from_secs_f64(read(source, "ATTUNE_HEALTH_PROBATION_SECS")?),
+            history: history::HistorySettings {
+                retention: attune_core::retention::Retention {
+                    completed: read(source, "ATTUNE_RETENTION_COMPLETED")?,
+                    failed: read(source, "ATTUNE_RETENTION_FAILED")?,
+                    timeout: read(source, "ATTUNE_RETENTION_TIMEOUT")?,
+                    canceled: read(source, "ATTUNE_RETENTION_CANCELED")?,
+                    abandoned: read(source, "ATTUNE_RETENTION_ABANDONED")?,
+                },
+                workers: read(source, "ATTUNE_RETENTION_WORKERS")?,
+                archive: read(source, "ATTUNE_RETENTION_ARCHIVE")?,
+                interval: Duration::from_secs_f64(read::<f64>(source, "ATTUNE_HISTORY_INTERVAL_SECS")?.max(0.1)),
+                batch: read::<i64>(source, "ATTUNE_RETENTION_BATCH")?.clamp(1, 10_000),
+            },
         })
     }
 }
@@ -204,7 +219,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let announcements = scheduler::listen(&settings.common.database_url, &context.waiting, shutdown.clone());
     let monitor = monitor::run(context.clone(), shutdown.clone());
     let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
-    tokio::join!(scheduler, dispatcher, announcements, completion, dead_letters, monitor, retry_timer);
+    let history = history::run(context.clone(), shutdown.clone());
+    tokio::join!(scheduler, dispatcher, announcements, completion, dead_letters, monitor, retry_timer, history);
     context.dispatches.close();
     if tokio::time::timeout(Duration::from_secs(20), context.dispatches.wait()).await.is_err() {
         tracing::warn!("dispatches still being published at shutdown; the monitor hands their executions back");
@@ -228,5 +244,11 @@ mod tests {
         assert_eq!((s.action_cache_ttl, s.monitor_interval), (secs(5), secs(5)));
         assert_eq!((s.scheduling_timeout, s.running_grace), (secs(30), secs(30)));
         assert_eq!((s.retry, s.health), (RetrySettings::default(), HealthThresholds::default()));
+        assert_eq!(s.history.retention, attune_core::retention::Retention::default());
+        let h = &s.history;
+        assert_eq!(
+            (h.workers, h.archive, h.interval, h.batch),
+            (attune_core::retention::Age::days(7), false, secs(30), 500)
+        );
     }
 }

@@ -98,9 +98,11 @@ function pager(page, params, bounds) {
   const last = page.offset + page.items.length;
   return el('div', { class: 'pager' },
     page.offset > 0 ? link(Math.max(0, page.offset - page.limit), '← newer', 'page-prev') : null,
-    el('span', { id: 'page-range' }, `${first}–${last} of ${page.total}`),
+    el('span', { id: 'page-range' }, `${first}–${last} of ${page.total}${page.total_exact === false ? '+' : ''}`),
     // a page the byte budget cut short says where the next starts
-    page.next_offset !== null && page.next_offset !== undefined ? link(page.next_offset, 'older →', 'page-next') : null);
+    // (past the deepest offset the API takes, 10000, only a cursor pages on: narrow the filter)
+    page.next_offset !== null && page.next_offset !== undefined && page.next_offset <= 10000
+      ? link(page.next_offset, 'older →', 'page-next') : null);
 }
 
 export function executionPage(id) {

@@ -538,8 +538,13 @@ pub struct ListQuery {
     /// 1 to 1000 (default 50).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
-    #[param(minimum = 0)]
+    /// Rows to skip, at most 10000; page further with `cursor`.
+    #[param(minimum = 0, maximum = 10000)]
     pub offset: Option<i64>,
+    /// Where the page starts: the `next_cursor` of the page before (the pages of one cursor
+    /// chain neither repeat nor skip a row as new executions arrive). Not with `offset`.
+    #[param(pattern = r"^[0-9]{1,19}$")]
+    pub cursor: Option<String>,
     /// `summary` (the default): each row without `parameters`, `config`, `result`, `stdout`,
     /// `stderr` and `retry_decision`; `full`: each row whole. Either way a page holds about
     /// `ATTUNE_API_LIST_BUDGET_BYTES` of rows at most (`truncated`, `next_offset`).
@@ -570,11 +575,16 @@ pub enum ListedExecution {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Page<T> {
     pub items: Vec<T>,
+    /// The executions matching the filter, counted up to 10000: with `total_exact` false there
+    /// are at least this many (counting further would read the whole history).
     pub total: i64,
+    pub total_exact: bool,
     pub limit: i64,
     pub offset: i64,
     /// Where the next page starts (`offset` plus the rows of this one); null on the last page.
     pub next_offset: Option<i64>,
+    /// The `cursor` of the next page; null on the last page.
+    pub next_cursor: Option<String>,
     /// True when the byte budget (`ATTUNE_API_LIST_BUDGET_BYTES`) ended this page before its
     /// `limit`: fewer rows than asked for, and more follow from `next_offset`.
     pub truncated: bool,
@@ -635,32 +645,55 @@ pub async fn list(
         return Err(ApiError::invalid("limit", "'limit' must be between 1 and 1000"));
     }
     let offset = query.offset.unwrap_or(0);
-    if offset < 0 {
-        return Err(ApiError::invalid("offset", "'offset' must not be negative"));
+    if !(0..=MAX_OFFSET).contains(&offset) {
+        return Err(ApiError::invalid(
+            "offset",
+            format!(
+                "'offset' must be between 0 and {MAX_OFFSET}; page further with 'cursor' (each page's 'next_cursor')"
+            ),
+        ));
     }
+    let before_id = query
+        .cursor
+        .map(|cursor| {
+            cursor.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
+                ApiError::invalid("cursor", "'cursor' must be a page's 'next_cursor' (a positive whole number)")
+            })
+        })
+        .transpose()?;
+    if before_id.is_some() && offset > 0 {
+        return Err(ApiError::invalid("cursor", "'cursor' and 'offset' cannot be given together"));
+    }
+    // one row more than the page holds tells whether another page follows
     let filter = ListFilter {
         status,
         action_ref: query.action_ref,
         created_after: timestamp("created_after", query.created_after)?,
         created_before: timestamp("created_before", query.created_before)?,
-        limit,
+        before_id,
+        limit: limit + 1,
         offset,
     };
     let budget = state.settings.http.list_budget_bytes.saturating_sub(PAGE_ENVELOPE_BYTES);
     // the rows the page could hold, and those read: full rows are weighed in the database
     // first, so that no more of them are read than the budget may take
-    let (available, rows, total) = match query.fields.unwrap_or_default() {
+    let (available, more, rows, total) = match query.fields.unwrap_or_default() {
         ListFields::Summary => {
-            let (rows, total) = db::execution::list_summaries(&state.db, &filter).await?;
-            (rows.len(), rows.into_iter().map(ListedExecution::Summary).collect::<Vec<_>>(), total)
+            let (mut rows, total) = db::execution::list_summaries(&state.db, &filter).await?;
+            let more = rows.len() as i64 > limit;
+            rows.truncate(limit as usize);
+            (rows.len(), more, rows.into_iter().map(ListedExecution::Summary).collect::<Vec<_>>(), total)
         }
         ListFields::Full => {
-            let sizes = db::execution::list_sizes(&state.db, &filter).await?;
+            let mut sizes = db::execution::list_sizes(&state.db, &filter).await?;
+            let more = sizes.len() as i64 > limit;
+            sizes.truncate(limit as usize);
             let fit = within_budget(sizes.iter().map(|s| *s as usize + ROW_OVERHEAD_BYTES), budget);
             let (rows, total) = db::execution::list(&state.db, &ListFilter { limit: fit as i64, ..filter }).await?;
-            (sizes.len(), rows.into_iter().map(ListedExecution::Full).collect(), total)
+            (sizes.len(), more, rows.into_iter().map(ListedExecution::Full).collect(), total)
         }
     };
+    let ids: Vec<i64> = rows.iter().map(ListedExecution::id).collect();
     // and as sent: the estimate cannot know how much JSON escaping adds
     let mut items = rows
         .iter()
@@ -670,8 +703,24 @@ pub async fn list(
     items.truncate(within_budget(items.iter().map(|item| item.get().len() + 1), budget));
     let returned = items.len() as i64;
     let truncated = items.len() < available;
-    let next_offset = (truncated || offset + returned < total).then_some(offset + returned);
-    Ok(Json(Page { items, total, limit, offset, next_offset, truncated }))
+    let follows = truncated || more;
+    let next_offset = (follows && before_id.is_none()).then_some(offset + returned);
+    let next_cursor = follows.then(|| ids.get(items.len().saturating_sub(1)).map(i64::to_string)).flatten();
+    let total_exact = total <= db::execution::LIST_TOTAL_CAP;
+    let total = total.min(db::execution::LIST_TOTAL_CAP);
+    Ok(Json(Page { items, total, total_exact, limit, offset, next_offset, next_cursor, truncated }))
+}
+
+/// The deepest `offset` a list page takes (an offset is read past, row by row).
+pub const MAX_OFFSET: i64 = 10_000;
+
+impl ListedExecution {
+    fn id(&self) -> i64 {
+        match self {
+            ListedExecution::Summary(row) => row.id,
+            ListedExecution::Full(row) => row.id,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -27,12 +27,36 @@ pub async fn readyz(State(state): State<crate::State>) -> (StatusCode, Json<Valu
     (code, Json(json!({"ready": ready, "database": status(&database), "broker": status(&broker)})))
 }
 
-/// Prometheus text: this process's metrics, then gauges read from the database.
+/// How long the database's gauges of one scrape serve the next ones.
+pub const GAUGES_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The gauges `/metrics` reads from the database, as last rendered, and when. Scrapes take turns
+/// (a lock held across the read), so however many scrapers there are, `/metrics` holds at most
+/// one of the pool's connections, and scrapes within `GAUGES_FRESH_FOR` of a read share it.
+#[derive(Default)]
+pub struct ScrapedGauges(tokio::sync::Mutex<Option<(std::time::Instant, String)>>);
+
+/// Prometheus text: this process's metrics, then gauges read from the database (unfinished
+/// executions, workers, circuits: what is read does not grow with history).
 #[utoipa::path(get, path = "/metrics", tag = "probes", security(()), responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<crate::State>) -> Result<impl IntoResponse, ApiError> {
+    let mut out = attune_common::metrics::render();
+    let mut last = state.scraped_gauges.0.lock().await;
+    match last.as_ref() {
+        Some((at, gauges)) if at.elapsed() < GAUGES_FRESH_FOR => out.push_str(gauges),
+        _ => {
+            let gauges = read_gauges(&state).await?;
+            out.push_str(&gauges);
+            *last = Some((std::time::Instant::now(), gauges));
+        }
+    }
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
+}
+
+async fn read_gauges(state: &crate::AppState) -> Result<String, ApiError> {
     use attune_common::metrics::{self as m, render_gauge};
-    let rows = attune_common::db::stats::by_status_and_action(&state.db).await?;
-    let mut out = m::render();
+    let mut out = String::new();
+    let rows = attune_common::db::stats::unfinished_by_status_and_action(&state.db).await?;
     let samples: Vec<_> = rows
         .into_iter()
         .map(|(status, action, count)| (vec![("status", status.to_string()), ("action", action)], count as f64))
@@ -53,5 +77,5 @@ pub async fn metrics(State(state): State<crate::State>) -> Result<impl IntoRespo
         .map(|(action, circuit)| (vec![("action", action)], circuit.gauge()))
         .collect();
     render_gauge(&mut out, &m::ACTION_CIRCUIT_STATE, &circuits);
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
+    Ok(out)
 }

@@ -243,35 +243,60 @@ pub struct ListFilter {
     pub action_ref: Option<String>,
     pub created_after: Option<DateTime<Utc>>,
     pub created_before: Option<DateTime<Utc>>,
+    /// Only executions with a smaller id (the keyset cursor of the page before).
+    pub before_id: Option<i64>,
     pub limit: i64,
     pub offset: i64,
 }
 
-/// Newest first. Returns the page and the total number of matching executions.
+/// The most a list page counts of the executions matching its filter: `total` is exact up to
+/// here, and past it says "at least this many" (counting them all would read history).
+pub const LIST_TOTAL_CAP: i64 = 10_000;
+
+/// `{select} FROM execution WHERE <the filter's conditions>`, with only the conditions
+/// the filter has (each bound), so the planner sees which index serves them: the status's or
+/// the action's (both keyed by id, walked newest first), or the primary key.
+fn filtered(select: String, filter: &ListFilter, with_cursor: bool) -> sqlx::QueryBuilder<sqlx::Postgres> {
+    let mut query = sqlx::QueryBuilder::new(format!("{select} FROM execution WHERE true"));
+    if let Some(status) = filter.status {
+        query.push(" AND status = ").push_bind(status);
+    }
+    if let Some(action_ref) = &filter.action_ref {
+        query.push(" AND action_ref = ").push_bind(action_ref.as_str());
+    }
+    if let Some(after) = filter.created_after {
+        query.push(" AND created >= ").push_bind(after);
+    }
+    if let Some(before) = filter.created_before {
+        query.push(" AND created < ").push_bind(before);
+    }
+    if let (true, Some(id)) = (with_cursor, filter.before_id) {
+        query.push(" AND id < ").push_bind(id);
+    }
+    query
+}
+
+/// The page's rows, newest first: `limit` of them after `offset` (and before the cursor).
+fn page(columns: &str, filter: &ListFilter) -> sqlx::QueryBuilder<sqlx::Postgres> {
+    let mut query = filtered(format!("SELECT {columns}"), filter, true);
+    query.push(" ORDER BY id DESC LIMIT ").push_bind(filter.limit).push(" OFFSET ").push_bind(filter.offset);
+    query
+}
+
+/// Newest first. Returns the page and the number of matching executions, counted up to one
+/// past [`LIST_TOTAL_CAP`].
 pub async fn list(db: &PgPool, filter: &ListFilter) -> Result<(Vec<Execution>, i64), sqlx::Error> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM execution {LIST_WHERE} ORDER BY id DESC LIMIT $5 OFFSET $6"
-    )))
-    .bind(filter.status)
-    .bind(&filter.action_ref)
-    .bind(filter.created_after)
-    .bind(filter.created_before)
-    .bind(filter.limit)
-    .bind(filter.offset)
-    .fetch_all(db)
-    .await?;
+    let rows = page(COLUMNS, filter).build_query_as().fetch_all(db).await?;
     Ok((rows, list_total(db, filter).await?))
 }
 
-/// The number of executions matching `filter` (its limit and offset aside).
+/// The number of executions matching `filter` (its cursor, limit and offset aside), counted up
+/// to one past [`LIST_TOTAL_CAP`].
 async fn list_total(db: &PgPool, filter: &ListFilter) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM execution {LIST_WHERE}")))
-        .bind(filter.status)
-        .bind(&filter.action_ref)
-        .bind(filter.created_after)
-        .bind(filter.created_before)
-        .fetch_one(db)
-        .await
+    let mut query = filtered("SELECT count(*) FROM (SELECT 1".to_string(), filter, false);
+    // one past the cap tells "exactly the cap" from "more"
+    query.push(" LIMIT ").push_bind(LIST_TOTAL_CAP + 1).push(") AS matching");
+    query.build_query_scalar().fetch_one(db).await
 }
 
 /// An execution without its heavy fields (`parameters`, `config`, `result`, `stdout`, `stderr`,
@@ -315,24 +340,9 @@ const SUMMARY_COLUMNS: &str = "id, action, action_ref, runtime, status, worker, 
     retry_count, max_retries, retry_reason, original_execution, not_before, timeout_seconds, started, finished, \
     created, updated, http_status, idempotency_key, submitted_by, ended_by";
 
-const LIST_WHERE: &str = "WHERE ($1::execution_status IS NULL OR status = $1) \
-    AND ($2::text IS NULL OR action_ref = $2) \
-    AND ($3::timestamptz IS NULL OR created >= $3) \
-    AND ($4::timestamptz IS NULL OR created < $4)";
-
-/// `list` without the heavy fields: the page (newest first) and the total.
+/// `list` without the heavy fields: the page (newest first) and the total (see `list`).
 pub async fn list_summaries(db: &PgPool, filter: &ListFilter) -> Result<(Vec<ExecutionSummary>, i64), sqlx::Error> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SUMMARY_COLUMNS} FROM execution {LIST_WHERE} ORDER BY id DESC LIMIT $5 OFFSET $6"
-    )))
-    .bind(filter.status)
-    .bind(&filter.action_ref)
-    .bind(filter.created_after)
-    .bind(filter.created_before)
-    .bind(filter.limit)
-    .bind(filter.offset)
-    .fetch_all(db)
-    .await?;
+    let rows = page(SUMMARY_COLUMNS, filter).build_query_as().fetch_all(db).await?;
     Ok((rows, list_total(db, filter).await?))
 }
 
@@ -340,19 +350,14 @@ pub async fn list_summaries(db: &PgPool, filter: &ListFilter) -> Result<(Vec<Exe
 /// as PostgreSQL writes them as text: what a full page of them weighs, read without sending
 /// them (a text column's length is read from its header, not its value).
 pub async fn list_sizes(db: &PgPool, filter: &ListFilter) -> Result<Vec<i64>, sqlx::Error> {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT (octet_length(parameters::text) + octet_length(config::text) \
+    page(
+        "(octet_length(parameters::text) + octet_length(config::text) \
             + coalesce(octet_length(result::text), 0) + coalesce(octet_length(retry_decision::text), 0) \
             + coalesce(octet_length(stdout), 0) + coalesce(octet_length(stderr), 0) \
-            + coalesce(octet_length(error), 0))::bigint \
-         FROM execution {LIST_WHERE} ORDER BY id DESC LIMIT $5 OFFSET $6"
-    )))
-    .bind(filter.status)
-    .bind(&filter.action_ref)
-    .bind(filter.created_after)
-    .bind(filter.created_before)
-    .bind(filter.limit)
-    .bind(filter.offset)
+            + coalesce(octet_length(error), 0))::bigint",
+        filter,
+    )
+    .build_query_scalar()
     .fetch_all(db)
     .await
 }

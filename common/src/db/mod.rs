@@ -6,6 +6,7 @@ pub mod announcements;
 pub mod bench;
 pub mod circuit;
 pub mod execution;
+pub mod history;
 pub mod idempotency;
 pub mod pack;
 pub mod stats;

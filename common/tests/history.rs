@@ -1,0 +1,281 @@
+//! History on the real database, a fresh one per test: retention removes whole retry chains past
+//! their ages (and nothing else), archives them when asked, removes long-inactive workers that no
+//! execution names; the rollup counts what retention removes, and the statistics read it.
+
+use attune_common::db::{self, history::Pruned};
+use attune_core::ExecutionStatus::{self, *};
+use attune_core::retention::{Age, Attempt, Retention};
+use attune_testkit::TestDb;
+
+/// Inserts an execution as history would hold it: `status`, created `created_days_ago` days
+/// ago, finished `finished_days_ago` days ago (when terminal), retrying `parent`.
+async fn insert(db: &TestDb, status: ExecutionStatus, finished_days_ago: Option<f64>, parent: Option<i64>) -> i64 {
+    let created_days_ago = finished_days_ago.unwrap_or(0.0) + 0.001;
+    sqlx::query_scalar(
+        "INSERT INTO execution (action_ref, status, created, updated, finished, retry_count, original_execution, \
+                                retry_reason, config, failure_kind) \
+         VALUES ('core.echo', $1, now() - make_interval(secs => $2 * 86400), now(), \
+                 now() - make_interval(secs => $3 * 86400), \
+                 (SELECT COALESCE(max(p.retry_count) + 1, 0) FROM execution p WHERE p.id = $4), $4, \
+                 CASE WHEN $4 IS NOT NULL THEN 'transient_error' END, \
+                 CASE WHEN $4 IS NOT NULL THEN '{\"retry_reason\": \"transient_error\"}'::jsonb ELSE '{}' END, \
+                 CASE WHEN $1 = 'failed' THEN 'transient_error' END) RETURNING id",
+    )
+    .bind(status)
+    .bind(created_days_ago)
+    .bind(finished_days_ago)
+    .bind(parent)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Every terminal status walked to its end, as the executor's history job does.
+async fn prune_all(db: &TestDb, retention: &Retention, batch: i64, archive: bool) -> i64 {
+    let mut removed = 0;
+    for status in ExecutionStatus::TERMINAL {
+        let mut after = 0;
+        loop {
+            let Pruned { removed: now, examined, last } =
+                db::history::prune_batch(&db.pool, retention, status, after, batch, archive).await.unwrap();
+            removed += now;
+            match last {
+                Some(last) if examined == batch => after = last,
+                _ => break,
+            }
+        }
+    }
+    removed
+}
+
+async fn exists(db: &TestDb, id: i64) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM execution WHERE id = $1)")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn retention_removes_whole_chains_past_their_ages_and_nothing_younger_or_alive() {
+    let db = TestDb::new().await;
+    let old_completed = insert(&db, Completed, Some(8.0), None).await;
+    let young_completed = insert(&db, Completed, Some(6.0), None).await;
+    let old_canceled = insert(&db, Canceled, Some(8.0), None).await;
+    // a failed first attempt keeps its 30 days though its retry completed over 7 days ago
+    let held_root = insert(&db, Failed, Some(10.0), None).await;
+    let held_retry = insert(&db, Completed, Some(9.0), Some(held_root)).await;
+    // both past their ages: the chain goes together
+    let gone_root = insert(&db, Failed, Some(40.0), None).await;
+    let gone_middle = insert(&db, Failed, Some(35.0), Some(gone_root)).await;
+    let gone_leaf = insert(&db, Completed, Some(34.0), Some(gone_middle)).await;
+    // a retry still waiting out its backoff keeps its long-failed parent
+    let waiting_root = insert(&db, Failed, Some(60.0), None).await;
+    let waiting_retry = insert(&db, Delayed, None, Some(waiting_root)).await;
+    let running = insert(&db, Running, None, None).await;
+    sqlx::query("UPDATE execution SET created = now() - interval '90 days' WHERE id = $1")
+        .bind(running)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let removed = prune_all(&db, &Retention::default(), 500, false).await;
+    assert_eq!(removed, 5, "the old completed and canceled executions and the three of the old chain");
+    for id in [old_completed, old_canceled, gone_root, gone_middle, gone_leaf] {
+        assert!(!exists(&db, id).await, "{id} is removed");
+    }
+    for id in [young_completed, held_root, held_retry, waiting_root, waiting_retry, running] {
+        assert!(exists(&db, id).await, "{id} is kept");
+    }
+    // a second pass finds nothing more
+    assert_eq!(prune_all(&db, &Retention::default(), 500, false).await, 0);
+    // an age of `off` keeps a status for ever
+    let kept = Retention { completed: Age::OFF, canceled: Age::OFF, ..Retention::default() };
+    let never = insert(&db, Completed, Some(900.0), None).await;
+    assert_eq!(prune_all(&db, &kept, 500, false).await, 0);
+    assert!(exists(&db, never).await);
+}
+
+#[tokio::test]
+async fn retention_walks_past_its_batch_and_the_database_agrees_with_the_rule() {
+    let db = TestDb::new().await;
+    let retention = Retention::default();
+    // chains of every shape in two statuses at ages around their limits
+    let shapes: [&[(ExecutionStatus, Option<f64>)]; 8] = [
+        &[(Completed, Some(7.5))],
+        &[(Completed, Some(6.5))],
+        &[(Failed, Some(31.0)), (Completed, Some(30.5))],
+        &[(Failed, Some(31.0)), (Completed, Some(6.0))],
+        &[(Failed, Some(29.0))],
+        &[(Timeout, Some(31.0)), (Failed, Some(30.9)), (Abandoned, Some(30.8))],
+        &[(Failed, Some(50.0)), (Requested, None)],
+        &[(Canceled, Some(8.0))],
+    ];
+    let mut expected = Vec::new();
+    for round in 0..30 {
+        for shape in shapes {
+            let mut parent = None;
+            let mut ids = Vec::new();
+            for (status, finished) in shape {
+                let id = insert(&db, *status, *finished, parent).await;
+                ids.push(id);
+                parent = Some(id);
+            }
+            let chain: Vec<Attempt> = shape
+                .iter()
+                .map(|(status, finished)| Attempt {
+                    status: *status,
+                    finished_ago: finished.map(|days| std::time::Duration::from_secs_f64(days * 86_400.0)),
+                })
+                .collect();
+            expected.push((round, ids, retention.removable(&chain)));
+        }
+    }
+    // a batch far smaller than what is removable: the walk goes on past each batch
+    prune_all(&db, &retention, 7, false).await;
+    for (round, ids, removable) in expected {
+        for id in ids {
+            assert_eq!(!exists(&db, id).await, removable, "round {round}: execution {id}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn archived_history_keeps_every_column_and_its_idempotency_record_goes_with_it() {
+    let db = TestDb::new().await;
+    let columns = |table: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY ordinal_position) \
+                 FROM information_schema.columns WHERE table_name = $1",
+            )
+            .bind(table)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(
+        columns("execution_archive").await,
+        columns("execution").await,
+        "a new execution column goes into the archive too"
+    );
+
+    let root = insert(&db, Failed, Some(40.0), None).await;
+    let leaf = insert(&db, Completed, Some(39.0), Some(root)).await;
+    let token: i64 = sqlx::query_scalar(
+        "INSERT INTO api_token (name, token_hash, role) VALUES ('t', '\\x00', 'operator') RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO api_idempotency_key (token, key, request_sha256, execution) VALUES ($1, 'k', $2, $3)")
+        .bind(token)
+        .bind(vec![0u8; 32])
+        .bind(root)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let before: serde_json::Value = sqlx::query_scalar("SELECT to_jsonb(e) FROM execution e WHERE id = $1")
+        .bind(leaf)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+
+    assert_eq!(prune_all(&db, &Retention::default(), 500, true).await, 2);
+    let archived: serde_json::Value = sqlx::query_scalar("SELECT to_jsonb(a) FROM execution_archive a WHERE id = $1")
+        .bind(leaf)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(archived, before, "the archived row is the row");
+    let archived_ids: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM execution_archive ORDER BY id").fetch_all(&db.pool).await.unwrap();
+    assert_eq!(archived_ids, vec![root, leaf]);
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM api_idempotency_key").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(keys, 0);
+}
+
+#[tokio::test]
+async fn only_long_inactive_workers_that_no_execution_names_are_removed() {
+    let db = TestDb::new().await;
+    let worker = |name: &'static str, status: &'static str, days: f64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "INSERT INTO worker (name, status, last_heartbeat) VALUES ($1, $2, now() - make_interval(secs => $3 * 86400)) RETURNING id",
+            )
+            .bind(name)
+            .bind(status)
+            .bind(days)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let gone = worker("gone", "inactive", 8.0).await;
+    let recent = worker("recent", "inactive", 6.0).await;
+    let named = worker("named", "inactive", 8.0).await;
+    let active = worker("active", "active", 8.0).await;
+    let ran = insert(&db, Completed, Some(1.0), None).await;
+    sqlx::query("UPDATE execution SET worker = $2 WHERE id = $1")
+        .bind(ran)
+        .bind(named)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    assert_eq!(db::history::prune_workers(&db.pool, Age::days(7).secs().unwrap()).await.unwrap(), 1);
+    let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM worker ORDER BY id").fetch_all(&db.pool).await.unwrap();
+    assert_eq!(left, vec![recent, named, active]);
+    assert!(!left.contains(&gone));
+}
+
+#[tokio::test]
+async fn statistics_read_the_rollup_for_counted_minutes_and_keep_counting_what_retention_removed() {
+    let db = TestDb::new().await;
+    // two hours of history: originals, and retries of which one completed
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let root = insert(&db, Failed, Some(0.08), None).await;
+        ids.push(root);
+        ids.push(insert(&db, Completed, Some(0.07), Some(root)).await);
+    }
+    let failed_retry_parent = insert(&db, Failed, Some(0.06), None).await;
+    insert(&db, Failed, Some(0.05), Some(failed_retry_parent)).await;
+    // and a minute ago, unfinished
+    insert(&db, Running, None, None).await;
+
+    let window = 6.0 * 3600.0;
+    let live = db::stats::retry_totals(&db.pool, window).await.unwrap();
+    assert_eq!(live, (5, 4, 3, 4), "originals, retries, retries completed, retries finished");
+    let reasons = db::stats::retries_by_reason(&db.pool, window).await.unwrap();
+    assert_eq!(reasons, vec![("transient_error".to_string(), 4, 3, 4)]);
+
+    let reach = db::history::rollup(&db.pool).await.unwrap().expect("the rollup reaches somewhere");
+    let counted: i64 = sqlx::query_scalar("SELECT COALESCE(sum(total), 0)::bigint FROM execution_rollup")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(counted, 8, "the finished history is counted; the running execution's minute is not over");
+    assert!(reach <= db::now(&db.pool).await.unwrap());
+    assert_eq!(db::stats::retry_totals(&db.pool, window).await.unwrap(), live, "the same numbers from the rollup");
+
+    // retention removes the history; the statistics still count it
+    let short = Retention { completed: "1m".parse().unwrap(), failed: "1m".parse().unwrap(), ..Retention::default() };
+    assert_eq!(prune_all(&db, &short, 500, false).await, 8);
+    assert_eq!(db::stats::retry_totals(&db.pool, window).await.unwrap(), live);
+    assert_eq!(db::stats::retries_by_reason(&db.pool, window).await.unwrap(), reasons);
+    let (now, _) = db::stats::reach(&db.pool).await.unwrap();
+    let start = now - chrono::TimeDelta::seconds(window as i64);
+    let buckets = db::stats::retry_buckets(&db.pool, start, now, window / 12.0, 12).await.unwrap();
+    let retries: i64 = buckets.iter().filter(|row| row.1.is_some()).map(|row| row.2).sum();
+    let originals: i64 = buckets.iter().filter(|row| row.1.is_none()).map(|row| row.2).sum();
+    assert_eq!((originals, retries), (5, 4), "{buckets:?}");
+
+    // a rebuild (after a bulk load behind the service's back) counts only what is left
+    let _: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT execution_rollup_rebuild()").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(db::stats::retry_totals(&db.pool, window).await.unwrap(), (1, 0, 0, 0));
+}

@@ -1,0 +1,129 @@
+//! The history job: a singleton loop across executors, held by a PostgreSQL advisory lock like
+//! the monitor, that keeps the record small and its statistics cheap.
+//!
+//! Each pass (every `ATTUNE_HISTORY_INTERVAL_SECS`):
+//! - counts the minutes that are over into `execution_rollup` (`db::history::rollup`), which the
+//!   statistics read instead of the history they stand for;
+//! - removes the retry chains past their age (`attune_core::retention`), one finished status at
+//!   a time, oldest first, in short transactions of `ATTUNE_RETENTION_BATCH` executions, archiving
+//!   them first when `ATTUNE_RETENTION_ARCHIVE` is on, then the rows of long-inactive workers and
+//!   rollup minutes past the longest statistics window;
+//! - vacuums `execution` once it has removed a twentieth of it since the last vacuum (at least
+//!   10,000 rows), so the space goes to new executions even where autovacuum is off.
+//!
+//! Nothing here is on an execution's path: the scheduler, workers and API never wait for it, and
+//! a pass that fails is logged and tried again at the next interval.
+
+use std::sync::Arc;
+
+use attune_common::db;
+use attune_core::ExecutionStatus;
+use attune_core::retention::{Age, Retention};
+use tokio_util::sync::CancellationToken;
+
+use crate::Context;
+
+/// The advisory lock key of the history job ("attune" in ASCII, then 2).
+const HISTORY_LOCK: i64 = 0x6174_7475_6e65_0002;
+/// Removed rows after which the job vacuums, at least.
+const VACUUM_AFTER_ROWS: i64 = 10_000;
+
+/// The history job's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistorySettings {
+    pub retention: Retention,
+    pub workers: Age,
+    pub archive: bool,
+    pub interval: std::time::Duration,
+    pub batch: i64,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    pub removed: i64,
+    pub workers_removed: u64,
+}
+
+pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
+    let mut removed_since_vacuum = 0;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(context.settings.history.interval) => {}
+        }
+        match tick(&context, &shutdown, &mut removed_since_vacuum).await {
+            Ok(Some(pass)) if pass.removed > 0 || pass.workers_removed > 0 => {
+                tracing::info!(removed = pass.removed, workers_removed = pass.workers_removed, "history pass")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "history pass failed"),
+        }
+    }
+}
+
+/// One pass, if this executor holds the singleton lock; `None` when another one does.
+/// `removed_since_vacuum` carries the count that decides the next vacuum across passes.
+pub async fn tick(
+    context: &Context,
+    shutdown: &CancellationToken,
+    removed_since_vacuum: &mut i64,
+) -> Result<Option<Pass>, crate::Error> {
+    let mut connection = context.db.acquire().await?;
+    if !db::try_advisory_lock(&mut connection, HISTORY_LOCK).await? {
+        return Ok(None);
+    }
+    let result = pass(context, shutdown, removed_since_vacuum).await;
+    db::advisory_unlock(&mut connection, HISTORY_LOCK).await?;
+    result.map(Some)
+}
+
+async fn pass(
+    context: &Context,
+    shutdown: &CancellationToken,
+    removed_since_vacuum: &mut i64,
+) -> Result<Pass, crate::Error> {
+    let settings = &context.settings.history;
+    // the rollup first: what retention removes next must have been counted
+    db::history::rollup(&context.db).await?;
+    let mut pass = Pass::default();
+    for status in ExecutionStatus::TERMINAL {
+        let mut after = 0;
+        while !shutdown.is_cancelled() {
+            let batch = match db::history::prune_batch(
+                &context.db,
+                &settings.retention,
+                status,
+                after,
+                settings.batch,
+                settings.archive,
+            )
+            .await
+            {
+                Ok(batch) => batch,
+                // foreign_key_violation: an operator retried an execution of the batch while it
+                // was being removed; the chain is live again, and the next pass sees it so
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23503") => {
+                    tracing::debug!(%status, after, "a chain came back to life during removal; left for the next pass");
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            pass.removed += batch.removed;
+            match batch.last {
+                Some(last) if batch.examined == settings.batch => after = last,
+                _ => break,
+            }
+        }
+    }
+    if let Some(age) = settings.workers.secs() {
+        pass.workers_removed = db::history::prune_workers(&context.db, age).await?;
+    }
+    db::history::prune_rollup(&context.db).await?;
+    *removed_since_vacuum += pass.removed;
+    if *removed_since_vacuum >= VACUUM_AFTER_ROWS.max(db::history::estimated_rows(&context.db).await? / 20) {
+        db::history::vacuum(&context.db).await?;
+        *removed_since_vacuum = 0;
+    }
+    Ok(pass)
+}
