@@ -11,7 +11,9 @@ use attune_common::mq::{ExecutionResult, Publisher, ResultStatus, Topology};
 use attune_core::ExecutionStatus::{self, *};
 use attune_core::FailureKind;
 use attune_core::health::HealthThresholds;
+use attune_core::retention::{Age, Retention};
 use attune_core::retry::RetrySettings;
+use attune_executor::history::{self, HistorySettings};
 use attune_executor::{Context, Settings, completion, monitor, retry_timer, scheduler};
 use attune_testkit::{Namespace, TestDb};
 use serde_json::json;
@@ -57,6 +59,13 @@ impl Step {
             scheduling_timeout: Duration::from_secs(30),
             running_grace: Duration::from_secs(30),
             probation: Duration::from_secs(60),
+            history: HistorySettings {
+                retention: Retention::default(),
+                workers: Age::days(7),
+                archive: false,
+                interval: Duration::from_secs(30),
+                batch: 500,
+            },
         };
         let topology = Topology::new(&namespace.name, settings.worker_queue_ttl);
         let context = Context {
@@ -147,6 +156,45 @@ async fn a_monitor_pass_hands_back_a_dead_workers_dispatch_and_fails_its_run() {
     assert!(monitor::tick(&step.context, true).await.unwrap());
     assert_eq!(db::execution::chain(step.pool(), running).await.unwrap().len(), 2);
     assert_eq!(step.get(dispatched).await.status, Requested);
+    step.stop().await;
+}
+
+#[tokio::test]
+async fn one_executor_at_a_time_removes_old_history_and_counts_it_into_the_rollup() {
+    let step = Step::new().await;
+    let worker = step.worker("w").await;
+    let old = step.execution(Running, worker, 0).await;
+    let young = step.execution(Running, worker, 0).await;
+    let outcome = db::execution::Outcome::default();
+    for id in [old, young] {
+        let done = Transition::completion(worker, &outcome);
+        db::execution::transition(step.pool(), id, &done).await.unwrap().expect("completed");
+    }
+    step.age(
+        "UPDATE execution SET created = now() - interval '9 days', finished = now() - interval '8 days' WHERE id = $1",
+        old,
+    )
+    .await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut removed_since_vacuum = 0;
+
+    // another executor holds the job: this one does nothing
+    let mut other = step.pool().acquire().await.unwrap();
+    assert!(db::try_advisory_lock(&mut other, 0x6174_7475_6e65_0002).await.unwrap());
+    assert_eq!(history::tick(&step.context, &shutdown, &mut removed_since_vacuum).await.unwrap(), None);
+    assert!(db::execution::get(step.pool(), old).await.unwrap().is_some());
+    db::advisory_unlock(&mut other, 0x6174_7475_6e65_0002).await.unwrap();
+
+    let pass = history::tick(&step.context, &shutdown, &mut removed_since_vacuum).await.unwrap().expect("its turn");
+    assert_eq!(pass.removed, 1);
+    assert!(db::execution::get(step.pool(), old).await.unwrap().is_none(), "8 days after it completed");
+    assert!(db::execution::get(step.pool(), young).await.unwrap().is_some());
+    let counted: i64 = sqlx::query_scalar("SELECT COALESCE(sum(total), 0)::bigint FROM execution_rollup")
+        .fetch_one(step.pool())
+        .await
+        .unwrap();
+    assert_eq!(counted, 1, "the removed execution was counted first (the young one's minute is not over)");
+    assert_eq!(removed_since_vacuum, 1);
     step.stop().await;
 }
 
