@@ -313,6 +313,73 @@ async fn a_body_over_the_limit_is_refused_with_413_naming_the_limit_and_nothing_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_pages_through_history_once_while_executions_arrive_and_the_total_stops_at_ten_thousand() {
+    let api = Api::start(&[], None).await;
+    let insert = |count: i64| {
+        let pool = api.db.pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO execution (action_ref, status, finished) \
+                 SELECT 'history.row', 'completed', now() FROM generate_series(1, $1)",
+            )
+            .bind(count)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    insert(10_050).await;
+    let (status, page) = api.get_json("/api/v1/executions?limit=1000").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (page["total"].as_i64(), page["total_exact"].as_bool()),
+        (Some(10_000), Some(false)),
+        "{}",
+        page["total"]
+    );
+    let (_, narrow) = api.get_json("/api/v1/executions?limit=10&action_ref=nothing.here").await;
+    assert_eq!((narrow["total"].as_i64(), narrow["total_exact"].as_bool()), (Some(0), Some(true)));
+    assert!(narrow["next_cursor"].is_null());
+
+    // newest first, each row once, though newer executions arrive between the pages
+    let mut seen: Vec<i64> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(cursor) => format!("/api/v1/executions?limit=1000&cursor={cursor}"),
+            None => "/api/v1/executions?limit=1000".to_string(),
+        };
+        let (status, page) = api.get_json(&path).await;
+        assert_eq!(status, 200, "{page}");
+        if cursor.is_some() {
+            assert!(page["next_offset"].is_null(), "a page reached by cursor gives a cursor, not an offset");
+        }
+        seen.extend(page["items"].as_array().unwrap().iter().map(|item| item["id"].as_i64().unwrap()));
+        insert(7).await;
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    let mut expected = seen.clone();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    expected.dedup();
+    assert_eq!(seen, expected, "newest first, none twice");
+    assert_eq!(seen.len(), 10_050, "every row of the first page's history, none that arrived after");
+
+    for (path, parameter) in [
+        ("/api/v1/executions?cursor=abc", "cursor"),
+        ("/api/v1/executions?cursor=0", "cursor"),
+        ("/api/v1/executions?cursor=5&offset=10", "cursor"),
+        ("/api/v1/executions?offset=10001", "offset"),
+    ] {
+        let (status, body) = api.get_json(path).await;
+        assert_eq!((status, body["error"]["parameter"].as_str()), (422, Some(parameter)), "{path}: {body}");
+    }
+    api.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_pages_are_light_by_default_and_full_ones_stay_within_their_byte_budget() {
     const BUDGET: usize = 4 * 1024 * 1024;
     let api = Api::start(&[("ATTUNE_API_LIST_BUDGET_BYTES", &BUDGET.to_string())], None).await;
