@@ -100,6 +100,17 @@ async fn metrics_move_when_what_they_count_happens() {
     // the gauge counts only what is not finished: a scrape never reads history
     assert!(!api.contains("attune_executions{status=\"completed\""), "{api}");
     assert!(!api.contains("attune_executions{status=\"failed\""), "{api}");
+    sqlx::query(
+        "INSERT INTO execution (action_ref, status, not_before) VALUES ('core.noop', 'delayed', now() + interval '1 day')",
+    )
+    .execute(&system.db.pool)
+    .await
+    .unwrap();
+    attune_testkit::wait_for("the API's gauge to count the delayed retry", DEADLINE, || async {
+        let text = scrape(&api_metrics).await;
+        (sample(&text, "attune_executions{status=\"delayed\",action=\"core.noop\"}") == 1.0).then_some(())
+    })
+    .await;
     assert_eq!(sample(&api, "attune_workers{health=\"healthy\"}"), 1.0);
     assert!(api.contains("attune_worker_queue_depth{worker=\"w1\"}"));
     assert!(!api.contains("execution_id"), "no execution ids in labels");
@@ -123,11 +134,6 @@ async fn metrics_move_when_what_they_count_happens() {
     system.force_health("w1", Some(json!({"consecutive_failures": 10})));
     system.wait_worker_health("w1", "unhealthy").await;
     let stranded = system.submit("core.noop", json!({})).await;
-    attune_testkit::wait_for("the API's gauge to count the waiting request", DEADLINE, || async {
-        let text = scrape(&api_metrics).await;
-        (sample(&text, "attune_executions{status=\"requested\",action=\"core.noop\"}") == 1.0).then_some(())
-    })
-    .await;
     let stranded = system.wait_terminal(stranded["id"].as_i64().unwrap(), DEADLINE).await;
     assert_eq!(stranded["failure_kind"], "worker_unavailable");
     let after = scrape(&executor_metrics).await;
