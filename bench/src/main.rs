@@ -1,6 +1,10 @@
 //! `attune-bench`: measures throughput and latency through the API of a running attune and prints
-//! a table (see docs/benchmarks.md; `make bench` starts a fresh system and runs it).
+//! a table (see docs/benchmarks.md; `make bench` starts a fresh system and runs it). The
+//! `history` workload measures with and without days of loaded history (`history`), and
+//! `--soak MINUTES` whether a long run stays flat (`soak`).
 
+mod history;
+mod soak;
 mod workloads;
 
 #[derive(clap::Parser)]

@@ -21,7 +21,9 @@ const WAIT_BATCH: usize = 500;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Workloads to run (default: all): noop, rate, echo, retry, fleet, backlog, load
+    /// Workloads to run (default: all but `history`, and none with `--soak`): noop, rate, echo,
+    /// retry, fleet, backlog, load, history (loads `--history-rows` finished executions into the
+    /// database and measures before and after: see `history`)
     #[arg(long, value_delimiter = ',')]
     pub workload: Vec<String>,
     /// Executions per closed-loop workload
@@ -30,9 +32,9 @@ pub struct BenchArgs {
     /// Submitting clients for closed-loop workloads
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
-    /// Offered rate (executions/s) of the `rate` workload
-    #[arg(long, default_value_t = 200.0)]
-    pub rate: f64,
+    /// Offered rate (executions/s) of the `rate` workload (default 200) and of `--soak` (default 300)
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Seconds of offered load in the `rate` and `load` workloads
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
@@ -65,6 +67,23 @@ pub struct BenchArgs {
     /// runs do (`scripts/bench.sh` passes one when the `postgres` login works)
     #[arg(long)]
     pub admin_url: Option<String>,
+    /// Finished executions the `history` workload loads straight into the database (a realistic
+    /// mix over the last `--history-days` days) between its two measurements (20,000 at most with
+    /// `--quick`; 0: load nothing, measure once)
+    #[arg(long, default_value_t = 10_000_000)]
+    pub history_rows: u64,
+    /// The days the `history` workload's loaded executions are spread evenly over, ending when the
+    /// load begins. Kept under the executor's retention of completed executions (7 days by
+    /// default, `ATTUNE_RETENTION_COMPLETED`), which would otherwise remove the older history
+    /// while it is being measured
+    #[arg(long, value_name = "D", default_value_t = 6.0)]
+    pub history_days: f64,
+    /// Run `core.noop` open loop at `--rate` (default 300/s) for this many minutes, printing every
+    /// 30 s the rate completed and the execution table's rows and sizes, and at the end whether
+    /// they stayed flat (for attune started with short retention ages, `ATTUNE_RETENTION_*`).
+    /// Runs after the workloads named with `--workload` (none by default)
+    #[arg(long, value_name = "MINUTES")]
+    pub soak: Option<f64>,
     /// Measure nothing: redraw `--plot` from the `load` rows of this earlier `--json` report
     /// (with `--floor`)
     #[arg(long, requires = "plot")]
@@ -126,11 +145,11 @@ pub fn replot(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Bench {
-    http: reqwest::Client,
-    api: String,
-    token: String,
-    db: PgPool,
+pub(crate) struct Bench {
+    pub(crate) http: reqwest::Client,
+    pub(crate) api: String,
+    pub(crate) token: String,
+    pub(crate) db: PgPool,
     metrics_urls: Vec<String>,
     /// Transaction ids this benchmark took itself (subtracted from the commit count).
     own_statements: std::sync::atomic::AtomicU64,
@@ -140,10 +159,10 @@ struct Bench {
 }
 
 #[derive(Debug, Clone)]
-struct Measured {
+pub(crate) struct Measured {
     name: String,
-    executions: usize,
-    elapsed: f64,
+    pub(crate) executions: usize,
+    pub(crate) elapsed: f64,
     latencies_ms: Vec<f64>,
     commits: f64,
     broker: f64,
@@ -220,7 +239,7 @@ impl Bench {
         total
     }
 
-    async fn submit(&self, action_ref: &str, parameters: &Value) -> anyhow::Result<(i64, f64)> {
+    pub(crate) async fn submit(&self, action_ref: &str, parameters: &Value) -> anyhow::Result<(i64, f64)> {
         let submitted = epoch_now();
         let response = self
             .http
@@ -281,7 +300,7 @@ impl Bench {
     }
 
     /// Closed loop: `count` submissions by `concurrency` clients, as fast as they go.
-    async fn closed_loop(
+    pub(crate) async fn closed_loop(
         self: &Arc<Self>,
         name: &str,
         count: usize,
@@ -422,13 +441,17 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
         admin,
     });
     let all = ["noop", "rate", "echo", "retry", "fleet", "backlog", "load"];
-    let chosen: Vec<String> =
-        if args.workload.is_empty() { all.iter().map(|s| s.to_string()).collect() } else { args.workload.clone() };
+    let chosen: Vec<String> = match (args.workload.is_empty(), args.soak.is_some()) {
+        (false, _) => args.workload.clone(),
+        (true, false) => all.iter().map(|s| s.to_string()).collect(),
+        (true, true) => Vec::new(),
+    };
     let q = args.quick;
     let count = if q { 100 } else { args.count };
     let (rate_duration, fleet) = if q { (2.0, 100) } else { (args.duration, args.fleet) };
     let warmup = if q { 0.5 } else { args.warmup };
     let mut results = Vec::new();
+    let mut history = None;
     for workload in &chosen {
         eprintln!("running {workload} ...");
         let measured = match workload.as_str() {
@@ -438,7 +461,7 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
                     .await?,
             ],
             "rate" => {
-                let rate = if q { 50.0 } else { args.rate };
+                let rate = if q { 50.0 } else { args.rate.unwrap_or(200.0) };
                 vec![bench.open_loop(&format!("core.noop at {rate}/s offered"), rate, warmup, rate_duration).await?]
             }
             "echo" => vec![
@@ -474,15 +497,34 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
                 }
                 points
             }
-            other => bail!("unknown workload '{other}' (expected one of: {})", all.join(", ")),
+            "history" => {
+                let (measured, section) = crate::history::run(&bench, &args).await?;
+                history = Some(section);
+                measured
+            }
+            other => bail!("unknown workload '{other}' (expected one of: {}, history)", all.join(", ")),
         };
         results.extend(measured);
     }
+    let soak = match args.soak {
+        Some(minutes) => {
+            eprintln!("running the soak ...");
+            Some(crate::soak::run(&bench, minutes, args.rate.unwrap_or(300.0)).await?)
+        }
+        None => None,
+    };
     let rows: Vec<Value> = results.iter().map(Measured::to_json).collect();
-    let report = json!({
+    let mut report = json!({
         "machine": machine(),
         "results": rows,
     });
+    // (sections of their own, only when they ran: the rows above keep their format)
+    if let Some(history) = history {
+        report["history"] = history;
+    }
+    if let Some(soak) = soak {
+        report["soak"] = soak;
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
     }
@@ -665,8 +707,18 @@ pub fn table(report: &Value) -> String {
             ]
         })
         .collect();
-    attune_cli::output::table(
-        &["workload", "n", "exec/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "commits/exec", "broker/exec", "failed"],
-        &rows,
-    )
+    let headers =
+        ["workload", "n", "exec/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "commits/exec", "broker/exec", "failed"];
+    let mut out = String::new();
+    // (a soak alone has no rows)
+    if !rows.is_empty() || (report.get("history").is_none() && report.get("soak").is_none()) {
+        out += &attune_cli::output::table(&headers, &rows);
+    }
+    if let Some(history) = report.get("history") {
+        out += &format!("\n{}", crate::history::table(history));
+    }
+    if let Some(soak) = report.get("soak") {
+        out += &format!("\n{}", crate::soak::table(soak));
+    }
+    out
 }
