@@ -204,7 +204,7 @@ async fn archived_history_keeps_every_column_and_its_idempotency_record_goes_wit
 }
 
 #[tokio::test]
-async fn only_long_inactive_workers_that_no_execution_names_are_removed() {
+async fn only_long_inactive_workers_that_no_unfinished_execution_names_are_removed() {
     let db = TestDb::new().await;
     let worker = |name: &'static str, status: &'static str, days: f64| {
         let pool = db.pool.clone();
@@ -222,20 +222,25 @@ async fn only_long_inactive_workers_that_no_execution_names_are_removed() {
     };
     let gone = worker("gone", "inactive", 8.0).await;
     let recent = worker("recent", "inactive", 6.0).await;
-    let named = worker("named", "inactive", 8.0).await;
+    let running_there = worker("running there", "inactive", 8.0).await;
     let active = worker("active", "active", 8.0).await;
     let ran = insert(&db, Completed, Some(1.0), None).await;
-    sqlx::query("UPDATE execution SET worker = $2 WHERE id = $1")
-        .bind(ran)
-        .bind(named)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    let runs = insert(&db, Running, None, None).await;
+    for (execution, worker) in [(ran, gone), (runs, running_there)] {
+        sqlx::query("UPDATE execution SET worker = $2 WHERE id = $1")
+            .bind(execution)
+            .bind(worker)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
 
     assert_eq!(db::history::prune_workers(&db.pool, Age::days(7).secs().unwrap()).await.unwrap(), 1);
     let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM worker ORDER BY id").fetch_all(&db.pool).await.unwrap();
-    assert_eq!(left, vec![recent, named, active]);
+    assert_eq!(left, vec![recent, running_there, active], "a worker still named by a run stays");
     assert!(!left.contains(&gone));
+    let kept = db::execution::get(&db.pool, ran).await.unwrap().expect("the execution stays");
+    assert_eq!(kept.worker, Some(gone), "a finished execution keeps the id of the worker that ran it");
 }
 
 #[tokio::test]
