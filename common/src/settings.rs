@@ -422,7 +422,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_RETENTION_WORKERS",
         default: Value("7d"),
         read_by: &[Executor],
-        doc: "how long the row of an `inactive` worker is kept after its last heartbeat (and only while no kept execution names it)",
+        doc: "how long the row of an `inactive` worker is kept after its last heartbeat; it goes once no unfinished execution names it (finished ones keep its id)",
     },
     Setting {
         name: "ATTUNE_RETENTION_ARCHIVE",
