@@ -194,7 +194,8 @@ SELECT id,
                                                    'original_execution', prev_id, 'retry_reason', 'transient_error')
               WHEN 'flaky' THEN '{"max_retries": 3, "retry_count": 0}'::jsonb
               ELSE '{"max_retries": 0, "retry_count": 0}'::jsonb END,
-    (CASE WHEN kind IN ('fail', 'flaky') THEN 'failed' ELSE 'completed' END)::execution_status,
+    (CASE WHEN kind IN ('fail', 'flaky') THEN 'failed'
+          ELSE 'completed' END)::execution_status,
     ($6::bigint[])[1 + i % greatest(cardinality($6::bigint[]), 1)],
     CASE kind WHEN 'echo' THEN jsonb_build_object('stdout', 'hello ' || i || E'\n') END,
     CASE kind WHEN 'fail' THEN 'action_failed' WHEN 'flaky' THEN 'transient_error' END,

@@ -79,15 +79,16 @@ pub async fn prune_batch(
 }
 
 /// Removes the rows of workers inactive for longer than `age_secs` (since their last heartbeat)
-/// that no unfinished execution names (through the in-flight index); returns how many. Finished
+/// that no unfinished execution names (one held, `scheduled` or `running`); returns how many. Finished
 /// executions keep the id of the worker that ran them (`execution.worker` has no foreign key).
 pub async fn prune_workers(db: &PgPool, age_secs: f64) -> Result<u64, sqlx::Error> {
     sqlx::query(
         "DELETE FROM worker w WHERE w.status = 'inactive' \
            AND COALESCE(w.last_heartbeat, w.updated) < now() - make_interval(secs => $1) \
-           AND NOT EXISTS (SELECT 1 FROM execution e WHERE e.worker = w.id AND e.status IN ('scheduled', 'running'))",
+           AND NOT EXISTS (SELECT 1 FROM execution e WHERE e.status = ANY($2) AND e.worker = w.id)",
     )
     .bind(age_secs)
+    .bind(&[ExecutionStatus::Scheduled, ExecutionStatus::Running][..])
     .execute(db)
     .await
     .map(|done| done.rows_affected())
