@@ -31,6 +31,8 @@ impl ExecutionStatus {
     pub const TERMINAL: [ExecutionStatus; 5] = [Completed, Failed, Timeout, Canceled, Abandoned];
     /// Dispatched to a worker and not finished: what counts against its slots and queue depth.
     pub const IN_FLIGHT: [ExecutionStatus; 2] = [Scheduled, Running];
+    /// Not finished yet: waiting, delayed, being scheduled, dispatched or running.
+    pub const UNFINISHED: [ExecutionStatus; 5] = [Requested, Scheduling, Scheduled, Running, Delayed];
 
     pub fn is_terminal(self) -> bool {
         Self::TERMINAL.contains(&self)
@@ -109,7 +111,11 @@ mod tests {
 
     #[test]
     fn every_non_terminal_state_can_be_canceled() {
-        for from in ExecutionStatus::ALL.into_iter().filter(|s| !s.is_terminal()) {
+        assert_eq!(
+            ExecutionStatus::UNFINISHED.to_vec(),
+            ExecutionStatus::ALL.into_iter().filter(|s| !s.is_terminal()).collect::<Vec<_>>()
+        );
+        for from in ExecutionStatus::UNFINISHED {
             assert!(ExecutionStatus::can_transition(from, Canceled), "{from}");
         }
     }

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Context;
 
 /// The advisory lock key of the history job ("attune" in ASCII, then 2).
-const HISTORY_LOCK: i64 = 0x6174_7475_6e65_0002;
+pub const HISTORY_LOCK: i64 = 0x6174_7475_6e65_0002;
 /// Removed rows after which the job vacuums, at least.
 const VACUUM_AFTER_ROWS: i64 = 10_000;
 

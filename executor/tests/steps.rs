@@ -180,10 +180,10 @@ async fn one_executor_at_a_time_removes_old_history_and_counts_it_into_the_rollu
 
     // another executor holds the job: this one does nothing
     let mut other = step.pool().acquire().await.unwrap();
-    assert!(db::try_advisory_lock(&mut other, 0x6174_7475_6e65_0002).await.unwrap());
+    assert!(db::try_advisory_lock(&mut other, history::HISTORY_LOCK).await.unwrap());
     assert_eq!(history::tick(&step.context, &shutdown, &mut removed_since_vacuum).await.unwrap(), None);
     assert!(db::execution::get(step.pool(), old).await.unwrap().is_some());
-    db::advisory_unlock(&mut other, 0x6174_7475_6e65_0002).await.unwrap();
+    db::advisory_unlock(&mut other, history::HISTORY_LOCK).await.unwrap();
     // (returned to the pool: closing the pool at the end waits for every connection)
     drop(other);
 

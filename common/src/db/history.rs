@@ -88,7 +88,7 @@ pub async fn prune_workers(db: &PgPool, age_secs: f64) -> Result<u64, sqlx::Erro
            AND NOT EXISTS (SELECT 1 FROM execution e WHERE e.status = ANY($2) AND e.worker = w.id)",
     )
     .bind(age_secs)
-    .bind(&[ExecutionStatus::Scheduled, ExecutionStatus::Running][..])
+    .bind(&ExecutionStatus::IN_FLIGHT[..])
     .execute(db)
     .await
     .map(|done| done.rows_affected())
@@ -104,8 +104,6 @@ pub const ROLLUP_HOLD_SECS: f64 = 900.0;
 /// minute of the oldest unfinished execution if that is later than `ROLLUP_HOLD_SECS` ago, a
 /// day at most per call. Returns where the rollup reaches.
 pub async fn rollup(db: &PgPool) -> Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
-    let unfinished: Vec<ExecutionStatus> =
-        ExecutionStatus::ALL.into_iter().filter(|status| !status.is_terminal()).collect();
     sqlx::query_scalar(
         "SELECT execution_rollup_advance(date_trunc('minute', GREATEST(LEAST( \
                 now() - make_interval(secs => $2), \
@@ -113,7 +111,7 @@ pub async fn rollup(db: &PgPool) -> Result<Option<chrono::DateTime<chrono::Utc>>
                           FROM unnest($1::execution_status[]) AS s), now())), \
               now() - make_interval(secs => $3))), interval '1 day')",
     )
-    .bind(&unfinished)
+    .bind(&ExecutionStatus::UNFINISHED[..])
     .bind(ROLLUP_LAG_SECS)
     .bind(ROLLUP_HOLD_SECS)
     .fetch_one(db)

@@ -166,13 +166,11 @@ pub async fn retry_buckets(
 /// Unfinished executions by status and action, for the `attune_executions` gauge: one index
 /// range per unfinished status, whatever the history holds.
 pub async fn unfinished_by_status_and_action(db: &PgPool) -> Result<Vec<(ExecutionStatus, String, i64)>, sqlx::Error> {
-    let unfinished: Vec<ExecutionStatus> =
-        ExecutionStatus::ALL.into_iter().filter(|status| !status.is_terminal()).collect();
     sqlx::query_as(
         "SELECT status, action_ref, count(*) FROM execution WHERE status = ANY($1) \
          GROUP BY status, action_ref ORDER BY 1, 2",
     )
-    .bind(&unfinished)
+    .bind(&ExecutionStatus::UNFINISHED[..])
     .fetch_all(db)
     .await
 }
