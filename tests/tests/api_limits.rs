@@ -367,10 +367,21 @@ async fn a_cursor_pages_through_history_once_while_executions_arrive_and_the_tot
     assert_eq!(seen, expected, "newest first, none twice");
     assert_eq!(seen.len(), 10_050, "every row of the first page's history, none that arrived after");
 
+    // an offset with a cursor skips that many rows past it
+    let (status, page) = api.get_json(&format!("/api/v1/executions?limit=2&cursor={}&offset=3", seen[100])).await;
+    assert_eq!(status, 200, "{page}");
+    let ids: Vec<i64> = page["items"].as_array().unwrap().iter().map(|item| item["id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, seen[104..106], "the 4th and 5th rows past the cursor");
+    // a cursor past every id there can be starts from the newest row
+    let (status, page) = api.get_json("/api/v1/executions?limit=1&cursor=9999999999999999999").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page["items"][0]["id"].as_i64().unwrap() > seen[0], "{page}");
+
     for (path, parameter) in [
         ("/api/v1/executions?cursor=abc", "cursor"),
         ("/api/v1/executions?cursor=0", "cursor"),
-        ("/api/v1/executions?cursor=5&offset=10", "cursor"),
+        ("/api/v1/executions?cursor=-5", "cursor"),
+        ("/api/v1/executions?cursor=10000000000000000000", "cursor"),
         ("/api/v1/executions?offset=10001", "offset"),
     ] {
         let (status, body) = api.get_json(path).await;

@@ -542,8 +542,9 @@ pub struct ListQuery {
     #[param(minimum = 0, maximum = 10000)]
     pub offset: Option<i64>,
     /// Where the page starts: the `next_cursor` of the page before (the pages of one cursor
-    /// chain neither repeat nor skip a row as new executions arrive). Not with `offset`.
-    #[param(pattern = r"^[0-9]{1,19}$")]
+    /// chain neither repeat nor skip a row as new executions arrive). With `offset`, that many
+    /// rows past the cursor are skipped.
+    #[param(pattern = r"^[1-9][0-9]{0,18}$")]
     pub cursor: Option<String>,
     /// `summary` (the default): each row without `parameters`, `config`, `result`, `stdout`,
     /// `stderr` and `retry_decision`; `full`: each row whole. Either way a page holds about
@@ -588,6 +589,16 @@ pub struct Page<T> {
     /// True when the byte budget (`ATTUNE_API_LIST_BUDGET_BYTES`) ended this page before its
     /// `limit`: fewer rows than asked for, and more follow from `next_offset`.
     pub truncated: bool,
+}
+
+/// The id a `cursor` stands for: a positive whole number; one past every id there can be (as
+/// many digits as the pattern allows) starts from the newest row.
+fn cursor_id(cursor: &str) -> Result<i64, ApiError> {
+    let digits = !cursor.is_empty() && cursor.len() <= 19 && cursor.bytes().all(|b| b.is_ascii_digit());
+    match cursor.parse::<u64>() {
+        Ok(id) if digits && id > 0 => Ok(i64::try_from(id).unwrap_or(i64::MAX)),
+        _ => Err(ApiError::invalid("cursor", "'cursor' must be a page's 'next_cursor' (a positive whole number)")),
+    }
 }
 
 /// What a page's own fields take besides its rows, reserved from the budget.
@@ -653,17 +664,7 @@ pub async fn list(
             ),
         ));
     }
-    let before_id = query
-        .cursor
-        .map(|cursor| {
-            cursor.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
-                ApiError::invalid("cursor", "'cursor' must be a page's 'next_cursor' (a positive whole number)")
-            })
-        })
-        .transpose()?;
-    if before_id.is_some() && offset > 0 {
-        return Err(ApiError::invalid("cursor", "'cursor' and 'offset' cannot be given together"));
-    }
+    let before_id = query.cursor.as_deref().map(cursor_id).transpose()?;
     // one row more than the page holds tells whether another page follows
     let filter = ListFilter {
         status,
