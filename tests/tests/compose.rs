@@ -176,3 +176,28 @@ fn the_port_reader_reads_each_form() {
         ]
     );
 }
+
+/// `docker compose restart worker-shell` (the quick reference's command) stops a worker with
+/// SIGTERM and kills it after the service's `stop_grace_period` (Docker's default: 10 s): that
+/// must cover the worker's drain (`ATTUNE_WORKER_DRAIN_SECS`, its default unless the service sets
+/// it) and its last steps, or the restart kills running actions.
+#[test]
+fn a_worker_service_is_given_the_time_its_drain_takes_before_it_is_killed() {
+    use attune_common::config::{Defaults, read};
+    let text = std::fs::read_to_string(repo_root().join("docker-compose.yml")).unwrap();
+    let mut compose: Value = serde_yaml_ng::from_str(&text).expect("docker-compose.yml parses");
+    compose.apply_merge().expect("merge keys resolve");
+    let default_drain: u64 = read(&Defaults, "ATTUNE_WORKER_DRAIN_SECS").unwrap();
+    for service in ["worker-shell", "worker-python"] {
+        let s = &compose["services"][service];
+        let drain = s["environment"]["ATTUNE_WORKER_DRAIN_SECS"]
+            .as_str()
+            .map_or(default_drain, |secs| secs.parse().expect("ATTUNE_WORKER_DRAIN_SECS is whole seconds"));
+        let grace = s["stop_grace_period"].as_str().unwrap_or_else(|| panic!("{service} has no stop_grace_period"));
+        let grace: u64 = grace
+            .strip_suffix('s')
+            .and_then(|secs| secs.parse().ok())
+            .unwrap_or_else(|| panic!("{service}: stop_grace_period {grace:?} is not whole seconds like '45s'"));
+        assert!(grace >= drain + 10, "{service}: stop_grace_period {grace} s must cover the {drain} s drain and 10 s more");
+    }
+}
