@@ -212,7 +212,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_HEARTBEAT_INTERVAL_SECS",
         default: Value("10"),
         read_by: &[Worker],
-        doc: "how often a worker heartbeats",
+        doc: "how often a worker heartbeats; must be shorter than its lease (ATTUNE_HEARTBEAT_MAX_AGE_SECS less a quarter of it, at least 1 s)",
     },
     Setting {
         name: "ATTUNE_WORKER_QUEUE_TTL_SECS",
@@ -320,7 +320,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_WORKER_WAIT_SECS",
         default: Value("30"),
         read_by: &[Executor],
-        doc: "a request fails as `worker_unavailable` only when no active worker that could take work has offered its runtime this long",
+        doc: "a request fails as `worker_unavailable` only when no worker that could take work has offered its runtime this long (counted from when the last one left; a draining or restarting worker has not left)",
     },
     Setting {
         name: "ATTUNE_RETRY_ENABLED",
@@ -458,7 +458,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_HEARTBEAT_MAX_AGE_SECS",
         default: Value("30"),
         read_by: SERVICES,
-        doc: "an older heartbeat makes a worker unhealthy (and, to the monitor, dead)",
+        doc: "an older heartbeat makes a worker unhealthy (and, to the monitor, dead); a worker stops its own runs when its last heartbeat that landed is this old less a quarter of it (at least 1 s); set it alike for every service",
     },
     Setting {
         name: "ATTUNE_HEALTH_HEARTBEAT_MAX_AGE_SECS",

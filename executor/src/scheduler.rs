@@ -13,8 +13,10 @@
 //! looks again every `ATTUNE_INFLIGHT_CACHE_MS` (one read of the in-flight counts) and whenever
 //! this executor records a finished execution.
 //!
-//! A request fails, as the retriable `worker_unavailable`, only when no active worker that could
-//! take work has offered its runtime for `ATTUNE_WORKER_WAIT_SECS`. A dispatch that cannot be
+//! A request fails, as the retriable `worker_unavailable`, only when no worker that could take
+//! work has offered its runtime for `ATTUNE_WORKER_WAIT_SECS`: the wait counts from when the last
+//! one left (a draining worker, finishing its runs or restarting, has not left), or from the
+//! request's creation if later. A dispatch that cannot be
 //! published is tried again with backoff and, failing that, goes back to waiting
 //! (scheduled → requested, fenced by the worker): transport trouble never spends a retry.
 
@@ -232,6 +234,7 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
         return Err(e.into());
     }
     let config = context.health_probe.config().clone();
+    let heartbeat_max_age = Duration::from_secs(context.settings.health.heartbeat_max_age_secs.max(0) as u64);
     let runtimes: Vec<String> = runtimes.into_iter().collect();
     // The in-flight counts of a read younger than `ATTUNE_INFLIGHT_CACHE_MS`, with this
     // executor's claims since added, are used again: at a steady rate every hint would otherwise
@@ -257,8 +260,14 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
         let limit = free_slots(&rooms).clamp(0, BATCH as i64) as usize;
         let plan = selection::plan(&config, rooms, limit, picture.now(), |_| rand::random());
         if plan.is_empty() {
+            let could_run = picture.could_run(&config, runtime);
+            // a draining worker finishes its runs and may be restarting: the wait for a worker
+            // starts when the last one that offered the runtime is gone
+            if !could_run && db::worker::draining_offers(&context.db, runtime, heartbeat_max_age).await? {
+                state.offered.insert(runtime.clone(), now);
+            }
             let offered = state.offered.get(runtime).copied().unwrap_or(state.started);
-            if picture.could_run(&config, runtime) {
+            if could_run {
                 // every worker is busy: look again when room may have come free
                 state.again.insert(runtime.clone(), now + context.settings.inflight_cache);
             } else if now.duration_since(offered) >= context.settings.worker_wait {

@@ -4,7 +4,8 @@
 //! write that landed: a lost commit acknowledgement.
 //!
 //! It can also go silent: the server's answers stop reaching the clients, whose connections stay
-//! open.
+//! open. Or be partitioned: nothing passes either way (new connections included) until it heals,
+//! when everything held passes on, as TCP would retransmit it.
 //!
 //! It reads the protocol's framing (a type byte and a length) in both directions; connect through
 //! it with `sslmode=disable` (an SSL request would not be framed that way).
@@ -27,6 +28,8 @@ struct Trap {
 pub struct PgCut {
     pub port: u16,
     trap: Arc<Mutex<Trap>>,
+    /// Whether messages pass (false while partitioned).
+    open: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl PgCut {
@@ -35,19 +38,20 @@ impl PgCut {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let trap: Arc<Mutex<Trap>> = Arc::default();
+        let open = Arc::new(tokio::sync::watch::Sender::new(true));
         let upstream = upstream.to_string();
-        let shared = trap.clone();
+        let (shared, gate) = (trap.clone(), open.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let (upstream, trap) = (upstream.clone(), shared.clone());
+                let (upstream, trap, gate) = (upstream.clone(), shared.clone(), gate.clone());
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
-                        relay(client, server, trap).await;
+                        relay(client, server, trap, gate).await;
                     }
                 });
             }
         });
-        PgCut { port, trap }
+        PgCut { port, trap, open }
     }
 
     /// `url` (a `postgres://` URL) pointed at this proxy, without SSL.
@@ -69,6 +73,16 @@ impl PgCut {
         self.trap.lock().unwrap().silent = true;
     }
 
+    /// From now on nothing passes either way, and every connection stays open.
+    pub fn partition(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// What the partition held passes on, and everything after it.
+    pub fn heal(&self) {
+        self.open.send_replace(true);
+    }
+
     /// How many answers were lost so far.
     pub fn sprung(&self) -> usize {
         self.trap.lock().unwrap().sprung
@@ -88,7 +102,18 @@ async fn message(reader: &mut (impl AsyncRead + Unpin), typed: bool) -> Option<V
     Some(head)
 }
 
-async fn relay(client: TcpStream, server: TcpStream, trap: Arc<Mutex<Trap>>) {
+/// Waits until messages pass (see `PgCut::partition`).
+async fn passing(gate: &tokio::sync::watch::Sender<bool>) {
+    let mut open = gate.subscribe();
+    let _ = open.wait_for(|open| *open).await;
+}
+
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    trap: Arc<Mutex<Trap>>,
+    gate: Arc<tokio::sync::watch::Sender<bool>>,
+) {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
@@ -97,7 +122,7 @@ async fn relay(client: TcpStream, server: TcpStream, trap: Arc<Mutex<Trap>>) {
     // server sends after the ReadyForQuery before it, is never relayed.
     let doomed = Arc::new(AtomicUsize::new(0));
     let upward = {
-        let (trap, doomed) = (trap.clone(), doomed.clone());
+        let (trap, doomed, gate) = (trap.clone(), doomed.clone(), gate.clone());
         async move {
             // the startup ends with a ReadyForQuery of its own
             let (mut typed, mut marked, mut syncs) = (false, false, 1usize);
@@ -129,6 +154,7 @@ async fn relay(client: TcpStream, server: TcpStream, trap: Arc<Mutex<Trap>>) {
                     }
                 }
                 typed = true;
+                passing(&gate).await;
                 if server_write.write_all(&message).await.is_err() {
                     break;
                 }
@@ -152,6 +178,7 @@ async fn relay(client: TcpStream, server: TcpStream, trap: Arc<Mutex<Trap>>) {
             } else if target != 0 && ready + 1 == target {
                 continue;
             }
+            passing(&gate).await;
             if client_write.write_all(&message).await.is_err() {
                 break;
             }

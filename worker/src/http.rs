@@ -532,6 +532,7 @@ mod tests {
             http: Some(http),
             idempotency_key: "chain-1",
             limits: None,
+            kill: None,
         }
     }
 

@@ -105,7 +105,7 @@ impl FromEnv for Settings {
             std::process::id()
         );
         let runtimes: String = read(source, "ATTUNE_WORKER_RUNTIMES")?;
-        Ok(Settings {
+        let settings = Settings {
             common: CommonSettings::from_source(source)?,
             health: HealthThresholds::from_source(source)?,
             name: read_optional(source, "ATTUNE_WORKER_NAME")
@@ -122,7 +122,21 @@ impl FromEnv for Settings {
             cancel_check: Duration::from_secs_f64(read(source, "ATTUNE_WORKER_CANCEL_CHECK_SECS")?),
             health_window_secs: read(source, "ATTUNE_HEALTH_WINDOW_SECS")?,
             supervisor: None,
-        })
+        };
+        let lease = settings.lease();
+        if settings.heartbeat_interval >= lease {
+            return Err(ConfigError {
+                name: "ATTUNE_HEARTBEAT_INTERVAL_SECS".into(),
+                value: format!("{}", settings.heartbeat_interval.as_secs_f64()),
+                reason: format!(
+                    "a worker stops its runs when it has not heartbeaten for {:.2} s (its lease, from \
+                     ATTUNE_HEARTBEAT_MAX_AGE_SECS = {}): heartbeats must come more often than that",
+                    lease.as_secs_f64(),
+                    settings.health.heartbeat_max_age_secs
+                ),
+            });
+        }
+        Ok(settings)
     }
 }
 
@@ -130,8 +144,25 @@ impl FromEnv for Settings {
 const PREFETCH_MARGIN: u16 = 2;
 /// How long a dispatch waits for a run slot before it is checked for staleness (`wait_for_slot`).
 const STALE_CHECK_AFTER: Duration = Duration::from_millis(50);
+/// The shortest time a dispatch taken ahead waits for a run slot here before it goes back to
+/// waiting for any worker (`Worker::hold_limit`).
+const HOLD_FLOOR: Duration = Duration::from_secs(1);
+/// How often the worker looks whether its lease ran out (`Worker::lease_loop`).
+const LEASE_CHECK: Duration = Duration::from_millis(100);
+/// How often the look-ahead is measured against the runs that take every slot.
+const LOOKAHEAD_CHECK: Duration = Duration::from_millis(250);
 
 impl Settings {
+    /// How long after the start of its last heartbeat that landed the worker may go on running
+    /// actions (docs/adr/0008-a-worker-holds-a-lease-on-its-runs.md): the heartbeat age after
+    /// which executors take a worker for dead, less a quarter of it (at least a second) for the
+    /// runs to be stopped. Executors measure that age from the heartbeat's time in the database,
+    /// which is never earlier than the start of the call.
+    pub fn lease(&self) -> Duration {
+        let max_age = Duration::from_secs(self.health.heartbeat_max_age_secs.max(1) as u64);
+        max_age.saturating_sub((max_age / 4).max(Duration::from_secs(1)))
+    }
+
     /// The most executions this worker takes at once, started or not.
     pub fn max_slots(&self) -> u16 {
         self.concurrency.saturating_add(self.prefetch)
@@ -175,6 +206,11 @@ struct Worker {
     /// Another process took this worker's name: this one stops its own runs and exits, and
     /// touches nothing it shares with the new holder (the row, the queue, their dispatches).
     displaced: std::sync::atomic::AtomicBool,
+    /// When the last heartbeat that landed was sent: the worker's runs may go on until
+    /// `Settings::lease` after it.
+    renewed: std::sync::Mutex<Instant>,
+    /// Runs stopped because the lease ran out (reported as `worker_heartbeat_stale`).
+    lease_lost: std::sync::Mutex<std::collections::HashSet<i64>>,
 }
 
 /// Makes this process non-dumpable, so an action running as the same (non-root) user cannot read
@@ -265,7 +301,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         }
     }
     // not consuming yet: the heartbeat sent when the consumer is up makes it eligible
-    let capabilities = capabilities(&settings, &queue, &runtimes, &health, false, false);
+    let registered = Instant::now();
+    let capabilities = capabilities(&settings, &queue, &runtimes, &health, settings.lookahead(None), false, false);
     if !db::worker::heartbeat(&pool, worker_id, &capabilities).await? {
         return Err(Error::Config(ConfigError {
             name: "ATTUNE_WORKER_NAME".into(),
@@ -295,6 +332,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         abort: CancellationToken::new(),
         shutdown: shutdown.clone(),
         displaced: Default::default(),
+        renewed: std::sync::Mutex::new(registered),
+        lease_lost: Default::default(),
     });
     worker.recover_previous_run().await?;
 
@@ -304,6 +343,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let stop_heartbeats = CancellationToken::new();
     let heartbeat = tokio::spawn(worker.clone().heartbeat_loop(stop_heartbeats.clone()));
     let cancel_check = tokio::spawn(worker.clone().cancel_check_loop(stop_heartbeats.clone()));
+    let lookahead = tokio::spawn(worker.clone().lookahead_loop(stop_heartbeats.clone()));
+    let lease = tokio::spawn(worker.clone().lease_loop(stop_heartbeats.clone()));
     let abort_after_drain = {
         let (abort, drain, shutdown) = (worker.abort.clone(), settings.drain, shutdown.clone());
         tokio::spawn(async move {
@@ -359,6 +400,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     stop_heartbeats.cancel();
     let _ = heartbeat.await;
     let _ = cancel_check.await;
+    let _ = lookahead.await;
+    let _ = lease.await;
     if worker.displaced.load(std::sync::atomic::Ordering::SeqCst) {
         tracing::warn!(worker_id, "worker stopped: its name belongs to another process now");
         return Ok(());
@@ -381,10 +424,10 @@ fn capabilities(
     queue: &str,
     runtimes: &Runtimes,
     health: &HealthState,
+    lookahead: u16,
     consuming: bool,
     draining: bool,
 ) -> serde_json::Value {
-    let lookahead = settings.lookahead(health.recent_duration_ms());
     json!({
         "instance": this_instance(),
         "draining": draining,
@@ -399,6 +442,91 @@ fn capabilities(
 }
 
 impl Worker {
+    /// The dispatches to take ahead now (see `selection::lookahead`): sized from the recent
+    /// execution time, or, while every run slot is taken, from how long the youngest of those
+    /// runs has been going if that is longer: a worker stuck behind long runs takes nothing
+    /// ahead that another worker could start at once.
+    fn lookahead_now(&self) -> u16 {
+        let recent = self.health.recent_duration_ms();
+        let busy = self
+            .running
+            .lock()
+            .expect("running map poisoned")
+            .every_slot_busy_for(usize::from(self.settings.concurrency));
+        let duration = match busy {
+            Some(busy) => Some(recent.unwrap_or(0.0).max(busy.as_secs_f64() * 1000.0)),
+            None => recent,
+        };
+        self.settings.lookahead(duration)
+    }
+
+    /// How long a dispatch taken ahead waits for a run slot before it goes back to waiting for
+    /// any worker (`HOLD_FLOOR`, or twice what a full look-ahead expects to wait at the recent
+    /// execution time, if longer).
+    fn hold_limit(&self) -> Duration {
+        let recent = self.health.recent_duration_ms().filter(|d| d.is_finite() && *d > 0.0).unwrap_or(0.0);
+        let lookahead = f64::from(self.settings.lookahead(Some(recent)));
+        let rounds = (lookahead / f64::from(self.settings.concurrency.max(1))).ceil().max(1.0);
+        HOLD_FLOOR.max(Duration::from_secs_f64((2.0 * rounds * recent / 1000.0).min(86_400.0)))
+    }
+
+    /// While runs take every slot, the look-ahead shrinks as they age (`lookahead_now`): a change
+    /// is reported with an early heartbeat. Checked every `LOOKAHEAD_CHECK`.
+    async fn lookahead_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(LOOKAHEAD_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let lookahead = self.lookahead_now();
+            self.reported.send_if_modified(|reported| std::mem::replace(&mut reported.0, lookahead) != lookahead);
+        }
+    }
+
+    /// The lease on this worker's runs (docs/adr/0008-a-worker-holds-a-lease-on-its-runs.md):
+    /// every `LEASE_CHECK`, if no heartbeat has landed for `Settings::lease`, every run here is
+    /// stopped (its process group killed) before executors may take the worker for dead and run
+    /// its executions elsewhere, and reported as `worker_heartbeat_stale` (retried; a report
+    /// that comes after an executor already recorded the worker's death is stale and dropped).
+    async fn lease_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(LEASE_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let lease = self.settings.lease();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let silent_for = self.renewed.lock().expect("lease poisoned").elapsed();
+            if silent_for < lease {
+                continue;
+            }
+            let running = self.running.lock().expect("running map poisoned");
+            let mut lost = self.lease_lost.lock().expect("lease poisoned");
+            for (execution_id, token) in &running.tokens {
+                if lost.insert(*execution_id) {
+                    if let Some(kill) = running.kills.get(execution_id) {
+                        kill.cancel();
+                    }
+                    tracing::error!(
+                        execution_id,
+                        silent_for_ms = silent_for.as_millis() as u64,
+                        lease_ms = lease.as_millis() as u64,
+                        "no heartbeat has landed within the lease: stopping the run before it may be run elsewhere"
+                    );
+                    token.cancel();
+                }
+            }
+        }
+    }
+
+    /// Whether no heartbeat has landed for the lease: no run may start.
+    fn lease_expired(&self) -> bool {
+        self.renewed.lock().expect("lease poisoned").elapsed() >= self.settings.lease()
+    }
+
     /// Hands back every execution dispatched to this worker that has not started.
     async fn hand_back_unstarted(&self) {
         match db::retry_while_unavailable("reading unstarted dispatches", || {
@@ -470,9 +598,24 @@ impl Worker {
             last_beat = tokio::time::Instant::now();
             let up = *consuming.borrow_and_update();
             let draining = self.draining.load(std::sync::atomic::Ordering::SeqCst);
-            let capabilities = capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, up, draining);
-            delay = match db::worker::heartbeat(&self.db, self.id, &capabilities).await {
-                Ok(true) => self.settings.heartbeat_interval,
+            let lookahead = self.lookahead_now();
+            let capabilities =
+                capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, lookahead, up, draining);
+            let sent = Instant::now();
+            // (a heartbeat that hangs, the database unreachable without a reset, is given up in
+            // time for the next)
+            let beat = tokio::time::timeout(
+                self.settings.lease() / 2,
+                db::worker::heartbeat(&self.db, self.id, &capabilities),
+            )
+            .await
+            .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut));
+            delay = match beat {
+                Ok(true) => {
+                    let mut renewed = self.renewed.lock().expect("lease poisoned");
+                    *renewed = (*renewed).max(sent);
+                    self.settings.heartbeat_interval
+                }
                 Ok(false) => {
                     tracing::error!(
                         worker_id = self.id,
@@ -490,8 +633,11 @@ impl Worker {
                 }
             };
             let held: Vec<i64> = self.held.lock().expect("held set poisoned").iter().copied().collect();
+            let keep = db::execution::keep_held(&self.db, self.id, &held);
             if !held.is_empty()
-                && let Err(e) = db::execution::keep_held(&self.db, self.id, &held).await
+                && let Err(e) = tokio::time::timeout(self.settings.lease() / 2, keep)
+                    .await
+                    .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
             {
                 tracing::warn!(error = %e, "could not mark held dispatches");
             }
@@ -608,6 +754,24 @@ impl Worker {
         }
     }
 
+    /// A dispatch held here and not started goes back to waiting for any worker (scheduled →
+    /// requested, fenced by this worker: no retry spent), with one try: if the database cannot be
+    /// reached, the message's redelivery or the monitor hands it back.
+    async fn give_back_held(&self, execution_id: i64, why: &str) {
+        match db::execution::transition(&self.db, execution_id, &Transition::hand_back(self.id)).await {
+            Ok(Some(_)) => {
+                tracing::info!(execution_id, why, "dispatch held here and not started handed back");
+                attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "worker")], 1);
+                let hint = attune_common::mq::ExecutionRequest { execution_id, action_id: None };
+                if let Err(e) = self.publisher.publish(attune_common::mq::REQUEST_KEY, &hint).await {
+                    tracing::debug!(execution_id, error = %e, "no hint for the handed-back execution; the executors' sweep finds it");
+                }
+            }
+            Ok(None) => tracing::debug!(execution_id, "held dispatch is stale"),
+            Err(e) => tracing::warn!(execution_id, why, error = %e, "could not hand back a held dispatch"),
+        }
+    }
+
     /// A run slot for a dispatch that arrived while every slot was taken. One that waits longer
     /// than `STALE_CHECK_AFTER` is checked once: a stale dispatch (canceled, handed back, taken
     /// elsewhere) must not wait for, and then hold, a slot that executors count as free. A short
@@ -658,11 +822,15 @@ impl Worker {
     async fn handle_one(&self, execution_id: i64, incoming: &Incoming, shutdown: &CancellationToken) -> Disposition {
         let _busy = Busy::new(&self.busy);
         let _in_flight = self.health.start();
-        // held until a run slot is free; a shutdown hands it back, a lost channel drops it (the
-        // broker delivers it again)
-        // a dispatch that must wait long for a run slot is checked on the way (`wait_for_slot`)
+        // Held until a run slot is free. It goes back to waiting for any worker (no retry spent)
+        // when it has waited `hold_limit` (the runs here take longer than expected, and another
+        // worker may start it at once), when the worker stops, and when the channel it came on
+        // is lost (the broker returns the message to the queue, where it would expire and fail
+        // the execution unstarted). A dispatch that must wait for a run slot is checked for
+        // staleness on the way (`wait_for_slot`).
         let immediate = self.run_slots.try_acquire().ok();
         self.held.lock().expect("held set poisoned").insert(execution_id);
+        let mut held_too_long = false;
         let permit = match immediate {
             Some(permit) => Some(permit),
             None => tokio::select! {
@@ -673,11 +841,24 @@ impl Worker {
                         return Disposition::Ack;
                     }
                 },
+                _ = tokio::time::sleep(self.hold_limit()) => {
+                    held_too_long = true;
+                    None
+                }
                 _ = shutdown.cancelled() => None,
                 _ = incoming.channel_lost.cancelled() => None,
             },
         };
         self.held.lock().expect("held set poisoned").remove(&execution_id);
+        if incoming.channel_lost.is_cancelled() && permit.is_none() {
+            // (the message's redelivery, if it comes, finds the execution no longer here)
+            self.give_back_held(execution_id, "its channel was lost").await;
+            return Disposition::Retry;
+        }
+        if held_too_long {
+            self.give_back_held(execution_id, "every run slot is still taken").await;
+            return Disposition::Ack;
+        }
         if incoming.channel_lost.is_cancelled() {
             return Disposition::Retry;
         }
@@ -688,6 +869,12 @@ impl Worker {
             }
             return self.hand_back(execution_id).await;
         };
+        if self.lease_expired() {
+            // the executors may take this worker for dead any moment: the dispatch waits for
+            // another (or for this one once its heartbeats land again)
+            self.give_back_held(execution_id, "no heartbeat has landed within the lease").await;
+            return Disposition::Ack;
+        }
         // one claim per execution in this process at a time: a second delivery of the same one
         // waits for nothing (so a claim read back after a lost acknowledgement is this one's)
         if !self.running.lock().expect("running map poisoned").reserve(execution_id) {
@@ -713,6 +900,7 @@ impl Worker {
             }
         };
         let started = Instant::now();
+        let (cancel, kill) = (self.abort.child_token(), CancellationToken::new());
         let runtime = claimed.runtime.as_deref().unwrap_or_default();
         let transient_exit_codes = transient_exit_codes(claimed.retry_policy.as_ref());
         let timeout_seconds = claimed.timeout_seconds.unwrap_or(self.settings.common.default_timeout_secs);
@@ -730,9 +918,9 @@ impl Worker {
             http: claimed.http.as_ref(),
             idempotency_key: &claimed.idempotency_key,
             limits: claimed.limits.as_ref(),
+            kill: Some(&kill),
         };
-        let cancel = self.abort.child_token();
-        self.running.lock().expect("running map poisoned").start(execution_id, &cancel);
+        self.running.lock().expect("running map poisoned").start(execution_id, &cancel, &kill);
         // (an action removed since it was dispatched: nothing to run, and not this worker's fault)
         let action_gone = claimed.runtime.is_none();
         let ran = match action_gone {
@@ -744,9 +932,23 @@ impl Worker {
             }),
             false => self.runtimes.execute(&run, &cancel).await,
         };
-        self.running.lock().expect("running map poisoned").tokens.remove(&execution_id);
+        self.running.lock().expect("running map poisoned").end(execution_id);
         // the slot is for running an action: the next one may start while this one is recorded
         drop(permit);
+        if self.lease_lost.lock().expect("lease poisoned").remove(&execution_id) {
+            let lease = self.settings.lease().as_secs_f64();
+            let result = failure_result(
+                execution_id,
+                self.id,
+                Some(run_token),
+                FailureKind::WorkerHeartbeatStale,
+                format!(
+                    "the worker's heartbeats did not land for {lease:.1} s (its lease): the run was stopped so that it can run elsewhere"
+                ),
+            );
+            self.report(&result).await;
+            return Disposition::Ack;
+        }
         if cancel.is_cancelled() && !self.abort.is_cancelled() {
             // A client canceled it (or an operator failed it): the record already says so.
             let stopped = match runtime {
@@ -763,7 +965,7 @@ impl Worker {
         // executors dispatch by the slots and the health of the last heartbeat: a change of either
         // is sent early
         self.reported.send_if_modified(|reported| {
-            let now = (self.settings.lookahead(after.recent_duration_ms), after.class, after.last_failure_at);
+            let now = (self.lookahead_now(), after.class, after.last_failure_at);
             std::mem::replace(reported, now) != now
         });
         let result = ExecutionResult {
@@ -905,6 +1107,10 @@ struct Running {
     canceled_early: std::collections::HashSet<i64>,
     /// Executions being claimed here (between `reserve` and `start` or `release`).
     claiming: std::collections::HashSet<i64>,
+    /// When each running execution started.
+    since: std::collections::HashMap<i64, Instant>,
+    /// The token of each running execution that kills its process group at once.
+    kills: std::collections::HashMap<i64, CancellationToken>,
 }
 
 impl Running {
@@ -920,12 +1126,30 @@ impl Running {
     }
 
     /// Registers a starting execution; a notice that already came cancels it at once.
-    fn start(&mut self, execution_id: i64, token: &CancellationToken) {
+    fn start(&mut self, execution_id: i64, token: &CancellationToken, kill: &CancellationToken) {
         self.claiming.remove(&execution_id);
         if self.canceled_early.remove(&execution_id) {
             token.cancel();
         }
         self.tokens.insert(execution_id, token.clone());
+        self.since.insert(execution_id, Instant::now());
+        self.kills.insert(execution_id, kill.clone());
+    }
+
+    /// The execution's run has ended.
+    fn end(&mut self, execution_id: i64) {
+        self.tokens.remove(&execution_id);
+        self.since.remove(&execution_id);
+        self.kills.remove(&execution_id);
+    }
+
+    /// How long the youngest run has been going, when `slots` runs or more take every run slot:
+    /// no dispatch held now can start before one of them ends. `None` while a slot is free.
+    fn every_slot_busy_for(&self, slots: usize) -> Option<Duration> {
+        if self.since.len() < slots.max(1) {
+            return None;
+        }
+        self.since.values().map(Instant::elapsed).min()
     }
 
     /// Whether the execution is being claimed or runs here.
@@ -1020,12 +1244,12 @@ mod running_tests {
         running.release(1);
         assert!(running.reserve(1), "a claim that did not happen frees the execution");
         let token = CancellationToken::new();
-        running.start(1, &token);
+        running.start(1, &token, &CancellationToken::new());
         assert!(!running.reserve(1), "a second delivery while it runs");
         assert!(!running.cancel(2), "a notice before its run starts");
         assert!(running.reserve(2));
         let early = CancellationToken::new();
-        running.start(2, &early);
+        running.start(2, &early, &CancellationToken::new());
         assert!(early.is_cancelled(), "the early notice cancels it as it starts");
         assert!(running.cancel(1) && token.is_cancelled());
     }
@@ -1039,9 +1263,9 @@ mod running_tests {
         running.release(1);
         assert!(!running.is_here(1));
         assert!(running.reserve(1));
-        running.start(1, &CancellationToken::new());
+        running.start(1, &CancellationToken::new(), &CancellationToken::new());
         assert!(running.is_here(1), "running");
-        running.tokens.remove(&1);
+        running.end(1);
         assert!(!running.is_here(1));
     }
 

@@ -54,6 +54,9 @@ pub struct ActionRun<'a> {
     /// The action's `limits:` block as stored (`action.limits`); the worker fills in and caps
     /// what it enforces (`crate::supervise::limits_for`).
     pub limits: Option<&'a Value>,
+    /// When it fires, a process action's group is SIGKILLed at once, without the grace a cancel
+    /// or a timeout gives it (the worker's lease ran out: docs/adr/0008).
+    pub kill: Option<&'a CancellationToken>,
 }
 
 /// What happened to the process.
@@ -394,6 +397,13 @@ async fn run_process(
             finished.timed_out = true;
             terminate(&mut child, process_group).await
         }
+        _ = killed(run.kill) => {
+            finished.aborted = true;
+            if let Some(pgid) = process_group {
+                signal_group(pgid, libc::SIGKILL);
+            }
+            child.wait().await.ok()
+        }
         _ = abort.cancelled() => {
             finished.aborted = true;
             terminate(&mut child, process_group).await
@@ -412,6 +422,14 @@ async fn run_process(
         finished.signal = status.signal();
     }
     finished
+}
+
+/// Fires with `kill`, never without one.
+async fn killed(kill: Option<&CancellationToken>) {
+    match kill {
+        Some(kill) => kill.cancelled().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// SIGTERM to the whole group, SIGKILL after the grace period.
@@ -567,6 +585,7 @@ mod tests {
             http: None,
             idempotency_key: "key-7",
             limits: None,
+            kill: None,
         }
     }
 

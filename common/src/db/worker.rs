@@ -267,6 +267,20 @@ impl WorkerRow {
     }
 }
 
+/// Whether a worker offering `runtime` is draining with a heartbeat younger than `max_age`: it
+/// finishes its runs before it stops or restarts, and a request for the runtime waits for it (or
+/// its return) rather than counting as placed nowhere.
+pub async fn draining_offers(db: &PgPool, runtime: &str, max_age: std::time::Duration) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM worker WHERE status = 'draining' \
+         AND last_heartbeat > now() - make_interval(secs => $2) AND capabilities->'runtimes' ? $1)",
+    )
+    .bind(runtime)
+    .bind(max_age.as_secs_f64())
+    .fetch_one(db)
+    .await
+}
+
 /// Active workers as scheduling candidates, with their in-flight counts and the database's clock.
 pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), sqlx::Error> {
     let mut candidates = fleet(db).await?;

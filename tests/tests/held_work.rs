@@ -1,0 +1,134 @@
+//! Work that has not started is never failed for where it waited, with the real binaries: a
+//! worker stuck behind a long run gives back what it took ahead (another worker runs it at once),
+//! losing the worker's channel fails nothing, and a request waits through the restart of the only
+//! worker of its runtime (issue 31).
+
+use std::time::{Duration, Instant};
+
+use attune_testkit::{System, close_broker_connections, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const SIGTERM: i32 = 15;
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+/// A worker name no other test uses (broker connections are named after it).
+fn unique_name(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+/// The executions of `action_ref`, as (id, status, worker, failure kind, retry count).
+async fn executions_of(system: &System, action_ref: &str) -> Vec<(i64, String, Option<i64>, Option<String>, i32)> {
+    sqlx::query_as(
+        "SELECT id, status::text, worker, failure_kind::text, retry_count FROM execution WHERE action_ref = $1 \
+         ORDER BY id",
+    )
+    .bind(action_ref)
+    .fetch_all(&system.db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stuck_behind_a_long_run_gives_back_what_it_took_ahead_and_a_lost_channel_fails_nothing() {
+    let (stuck, idle) = (unique_name("stuck"), unique_name("idle"));
+    let mut system = System::builder()
+        .env("ATTUNE_WORKER_QUEUE_TTL_SECS", "20")
+        .worker(&stuck, &[("ATTUNE_WORKER_RUNTIMES", "shell,builtin"), ("ATTUNE_WORKER_CONCURRENCY", "1")])
+        .worker(&idle, &[("ATTUNE_WORKER_RUNTIMES", "builtin"), ("ATTUNE_WORKER_CONCURRENCY", "1")])
+        .start()
+        .await;
+    let (stuck_id, idle_id) = (system.worker_id(&stuck).await, system.worker_id(&idle).await);
+    // quick runs first (only the stuck worker offers shell): its look-ahead grows
+    for n in 0..5 {
+        let echo = system.submit("core.echo", json!({"message": format!("warm {n}")})).await;
+        assert_eq!(system.wait_terminal(id(&echo), DEADLINE).await["status"], "completed");
+    }
+    wait_for("the stuck worker to take 16 ahead", DEADLINE, || async {
+        let (_, workers) = system.get("/api/v1/workers").await;
+        let found = workers.as_array()?.iter().find(|w| w["name"] == stuck.as_str())?.clone();
+        (found["capabilities"]["prefetch"] == 16).then_some(())
+    })
+    .await;
+    let sleep = system.submit("core.sleep", json!({"seconds": 45})).await;
+    wait_for("the long run to start", DEADLINE, || async {
+        let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&sleep))).await;
+        (view["status"] == "running").then_some(())
+    })
+    .await;
+
+    let submitted = Instant::now();
+    let mut noops = Vec::new();
+    for _ in 0..20 {
+        noops.push(id(&system.submit("core.noop", json!({})).await));
+    }
+    // every one runs on the idle worker while the long run goes on: none waits for it
+    for noop in &noops {
+        let view = system.wait_terminal(*noop, Duration::from_secs(25)).await;
+        assert_eq!(view["status"], "completed", "{view}");
+        assert_eq!(view["worker"], idle_id, "{view}");
+    }
+    assert!(submitted.elapsed() < Duration::from_secs(25), "{:?}", submitted.elapsed());
+    let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&sleep))).await;
+    assert_eq!(view["status"], "running", "the long run still goes on: {view}");
+
+    // a second wave while the stuck worker's consumer connection is lost: nothing of it fails
+    // unrun (nothing is held by a worker that cannot start it, and what a lost channel held goes
+    // back to waiting)
+    let mut wave = Vec::new();
+    for _ in 0..10 {
+        wave.push(id(&system.submit("core.noop", json!({})).await));
+    }
+    assert_eq!(close_broker_connections(&format!("attune-worker-{stuck}-consumer")), 1);
+    for noop in &wave {
+        let view = system.wait_terminal(*noop, DEADLINE).await;
+        assert_eq!(view["status"], "completed", "{view}");
+    }
+    let noop_runs = executions_of(&system, "core.noop").await;
+    assert_eq!(noop_runs.len(), 30, "no retry was needed: {noop_runs:?}");
+    for (execution, status, worker, failure_kind, retry_count) in &noop_runs {
+        assert_eq!((status.as_str(), failure_kind, retry_count), ("completed", &None, &0), "{execution}");
+        assert_ne!(*worker, Some(stuck_id), "{execution} ran behind the long run");
+    }
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_wait_through_the_restart_of_the_only_worker_of_their_runtime() {
+    let only = unique_name("only");
+    let env = [("ATTUNE_WORKER_RUNTIMES", "shell"), ("ATTUNE_WORKER_CONCURRENCY", "1")];
+    let mut system = System::builder()
+        // a short wait for a worker: the restart below takes longer than it
+        .env("ATTUNE_WORKER_WAIT_SECS", "6")
+        .worker(&only, &env)
+        .start()
+        .await;
+    let sleep = system.submit("core.sleep", json!({"seconds": 10})).await;
+    wait_for("the long run to start", DEADLINE, || async {
+        let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&sleep))).await;
+        (view["status"] == "running").then_some(())
+    })
+    .await;
+    let mut echoes = Vec::new();
+    for n in 0..5 {
+        echoes.push(id(&system.submit("core.echo", json!({"message": format!("behind {n}")})).await));
+    }
+    // the worker drains (until its run ends: longer than the wait) and exits; it comes back 2 s
+    // later
+    let stopping = Instant::now();
+    system.signal(&only, SIGTERM);
+    assert!(stopping.elapsed() > Duration::from_secs(6), "the drain outlasted the wait: {:?}", stopping.elapsed());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    system.restart_with(&only, &env);
+    for echo in &echoes {
+        let view = system.wait_terminal(*echo, DEADLINE).await;
+        assert_eq!((view["status"].as_str(), view["retry_count"].as_i64()), (Some("completed"), Some(0)), "{view}");
+    }
+    assert_eq!(system.wait_terminal(id(&sleep), DEADLINE).await["status"], "completed");
+    let echo_runs = executions_of(&system, "core.echo").await;
+    assert_eq!(echo_runs.len(), 5, "nothing failed, nothing retried: {echo_runs:?}");
+    system.stop().await;
+}

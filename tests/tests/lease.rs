@@ -1,0 +1,123 @@
+//! A worker holds a lease on its runs (docs/adr/0008-a-worker-holds-a-lease-on-its-runs.md), with
+//! the real binaries: cut off from PostgreSQL without a reset (a partition), it stops its run
+//! before the executors may take it for dead and retry the execution elsewhere, so the two runs
+//! of one execution never overlap (issue 31).
+
+use std::time::Duration;
+
+use attune_testkit::pgcut::PgCut;
+use attune_testkit::{System, TempPack, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Appends "<execution id> <ns since the epoch>" to `log` every 0.1 s for `seconds`: the first
+/// and last lines of an execution bound when it ran, however it ended.
+const TICKS: &str = r#"#!/bin/sh
+end=$(( $(date +%s) + ATTUNE_PARAM_SECONDS ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  echo "$ATTUNE_EXECUTION_ID $(date +%s%N)" >> "$ATTUNE_PARAM_LOG"
+  sleep 0.1
+done
+"#;
+
+const RUN: &str = "name: run
+runtime: shell
+entrypoint: actions/ticks.sh
+timeout_seconds: 120
+max_retries: 2
+parameters:
+  log:
+    type: string
+    required: true
+  seconds:
+    type: number
+    default: 20
+";
+
+/// When each execution's run was first and last seen, from the log (ns since the epoch).
+fn spans(log: &std::path::Path) -> std::collections::BTreeMap<i64, (i128, i128)> {
+    let mut spans = std::collections::BTreeMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(id), Some(at)) = (fields.next(), fields.next()) else { continue };
+        let (Ok(id), Ok(at)) = (id.parse::<i64>(), at.parse::<i128>()) else { continue };
+        let span = spans.entry(id).or_insert((at, at));
+        span.0 = span.0.min(at);
+        span.1 = span.1.max(at);
+    }
+    spans
+}
+
+async fn wait_consuming(system: &System, name: &str) {
+    let pool = system.db.pool.clone();
+    wait_for(&format!("worker {name} to consume"), DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT true FROM worker WHERE name = $1 AND status = 'active' AND capabilities->>'consuming' = 'true'",
+            )
+            .bind(name)
+            .fetch_optional(&pool)
+            .await
+            .ok()
+            .flatten()
+        }
+    })
+    .await;
+}
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cut_off_from_the_database_stops_its_run_before_the_execution_runs_elsewhere() {
+    let pack = TempPack::new("fence", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
+    let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
+    let mut system = System::builder()
+        // taken for dead after 5 s without a heartbeat; retried at once
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
+        .pack(pack.path())
+        .start()
+        .await;
+    let cut = PgCut::start("127.0.0.1:5432").await;
+    let cut_off = format!("cut-{:08x}", rand::random::<u32>());
+    let other = format!("other-{:08x}", rand::random::<u32>());
+    system.restart_with(&cut_off, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", "shell")]);
+    wait_consuming(&system, &cut_off).await;
+    let first = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 25})).await;
+    wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&first)).then_some(()) }).await;
+    system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "shell")]);
+    wait_consuming(&system, &other).await;
+
+    // 15 s of partition: the executors take the cut-off worker for dead and retry elsewhere
+    cut.partition();
+    let healed_at = tokio::time::Instant::now() + Duration::from_secs(15);
+    let chain = wait_for("the retry to start on the other worker", Duration::from_secs(15), || async {
+        let (_, chain) = system.get(&format!("/api/v1/executions/{}/chain", id(&first))).await;
+        let attempts = chain["attempts"].as_array()?.clone();
+        let retry = attempts.get(1)?;
+        spans(&log).contains_key(&id(retry)).then_some(attempts)
+    })
+    .await;
+    tokio::time::sleep_until(healed_at).await;
+    cut.heal();
+
+    let retry = id(&chain[1]);
+    let last = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(last.len(), 2, "{last:#?}");
+    assert_eq!(last[0]["failure_kind"], "worker_heartbeat_stale", "{last:#?}");
+    assert_eq!(last[1]["status"], "completed", "{last:#?}");
+    let spans = spans(&log);
+    let (original, again) = (spans[&id(&first)], spans[&retry]);
+    assert!(
+        original.1 < again.0,
+        "the original run was last seen {:.2} s after the retry started",
+        (original.1 - again.0) as f64 / 1e9
+    );
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
+}
