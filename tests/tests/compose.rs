@@ -198,6 +198,9 @@ fn a_worker_service_is_given_the_time_its_drain_takes_before_it_is_killed() {
             .strip_suffix('s')
             .and_then(|secs| secs.parse().ok())
             .unwrap_or_else(|| panic!("{service}: stop_grace_period {grace:?} is not whole seconds like '45s'"));
-        assert!(grace >= drain + 10, "{service}: stop_grace_period {grace} s must cover the {drain} s drain and 10 s more");
+        assert!(
+            grace >= drain + 10,
+            "{service}: stop_grace_period {grace} s must cover the {drain} s drain and 10 s more"
+        );
     }
 }
