@@ -14,7 +14,11 @@
 //!   passes the limit (a chunked body). Below it, the routes' own limits (the parameters') apply.
 //! - Time: a request not answered within `ATTUNE_API_REQUEST_TIMEOUT_SECS` (its body read and its
 //!   handler run; a handler's work is dropped, so its transaction rolls back) is answered 503
-//!   `request_timeout`.
+//!   `request_timeout`: true, since nothing it asked for was written. Except once a write that
+//!   cannot be called back has begun for it (`Withdrawal`: a submission taken into a batch, an
+//!   insert that commits by itself): then the request is answered with that write's outcome
+//!   (the execution's id), however late: as late as the database answers (a lock held on the
+//!   table holds the answer back too), unless the client gives up first.
 //! - TLS: with `ATTUNE_API_TLS_CERT_FILE` and `ATTUNE_API_TLS_KEY_FILE` (both or neither) every
 //!   connection is TLS (rustls with ring; TLS 1.2 and 1.3): there is no plain-HTTP port.
 //! - Shutdown: when the token fires the listener closes, each connection finishes the request it
@@ -22,6 +26,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use attune_common::config::{ConfigError, FromEnv, Source, read, read_optional};
@@ -185,14 +190,53 @@ fn closing(mut response: Response) -> Response {
     response
 }
 
-async fn request_timeout(limit: Duration, request: Request, next: Next) -> Response {
+async fn request_timeout(limit: Duration, mut request: Request, next: Next) -> Response {
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
-    match tokio::time::timeout(limit, next.run(request)).await {
+    let withdrawal = Withdrawal::default();
+    request.extensions_mut().insert(withdrawal.clone());
+    let mut handler = std::pin::pin!(next.run(request));
+    match tokio::time::timeout(limit, handler.as_mut()).await {
         Ok(response) => response,
-        Err(_) => {
+        Err(_) if withdrawal.withdraw() => {
             tracing::warn!(%method, %path, timeout_secs = limit.as_secs(), "request not answered in time");
             ApiError::request_timeout(limit).into_response()
         }
+        Err(_) => {
+            tracing::warn!(
+                %method,
+                %path,
+                timeout_secs = limit.as_secs(),
+                "request not answered in time, but its write has begun: answered with its outcome"
+            );
+            handler.await
+        }
+    }
+}
+
+/// A request's standing with the request timeout, shared by the timeout (which puts it in the
+/// request's extensions) and whatever writes for the request. Until a write begins the timeout
+/// may withdraw the request: its handler is dropped, and its 503 is true because nothing was or
+/// will be written for it. Once a write has begun (`begin_write`) it cannot: the handler is
+/// awaited past the timeout and answers with what was written. Exactly one of the two wins, even
+/// when the write begins on another task (the submissions' batch writer).
+#[derive(Debug, Clone, Default)]
+pub struct Withdrawal(Arc<AtomicU8>);
+
+const OPEN: u8 = 0;
+const WITHDRAWN: u8 = 1;
+const WRITING: u8 = 2;
+
+impl Withdrawal {
+    /// The writer's side: `true` if it may write for the request (which will then be answered
+    /// with the outcome, however late), `false` if the request was withdrawn: write nothing for it.
+    pub fn begin_write(&self) -> bool {
+        matches!(self.0.compare_exchange(OPEN, WRITING, Ordering::AcqRel, Ordering::Acquire), Ok(_) | Err(WRITING))
+    }
+
+    /// The timeout's side: `true` if the request is withdrawn (nothing is written for it), `false`
+    /// if a write for it has begun.
+    fn withdraw(&self) -> bool {
+        matches!(self.0.compare_exchange(OPEN, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire), Ok(_) | Err(WITHDRAWN))
     }
 }
 
@@ -316,6 +360,18 @@ mod tests {
             (1024, 1024 * 1024, 4 * 1024 * 1024)
         );
         assert!(settings.tls.is_none());
+    }
+
+    #[test]
+    fn a_request_is_either_withdrawn_or_written_never_both() {
+        let withdrawn = Withdrawal::default();
+        assert!(withdrawn.withdraw());
+        assert!(withdrawn.withdraw(), "withdrawn it stays");
+        assert!(!withdrawn.clone().begin_write(), "a withdrawn request is not written");
+        let written = Withdrawal::default();
+        assert!(written.clone().begin_write());
+        assert!(written.begin_write(), "a request may write more than once");
+        assert!(!written.withdraw(), "a request being written is not withdrawn");
     }
 
     #[test]

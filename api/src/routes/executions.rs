@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use sqlx::PgExecutor;
 
 use crate::ApiError;
+use crate::server::Withdrawal;
 
 mod idempotency;
 
@@ -56,19 +57,22 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
 pub async fn create(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    withdrawal: Option<Extension<Withdrawal>>,
     headers: HeaderMap,
     crate::error::JsonObject(body): crate::error::JsonObject<CreateExecution>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
+    let withdrawal = withdrawal.map(|Extension(withdrawal)| withdrawal).unwrap_or_default();
     let Some(key) = idempotency::key(&headers)? else {
         let new = plan(&state, body).await?;
         if new.original_execution.is_some() {
             // a manual retry (`config.retry_of`): on its own, for the one-retry-per-parent check
-            let execution = insert(&state, &state.db, &new, caller.token_id).await?;
+            let execution = insert_committing(&state, &withdrawal, &new, caller.token_id).await?;
             count_manual_retry(&execution);
             return Ok((StatusCode::CREATED, Json(execution)));
         }
-        // a first attempt: written with the others that come meanwhile
-        let execution = state.submissions.submit(new, caller.token_id).await?;
+        // a first attempt: written with the others that come meanwhile (unless its request times
+        // out while it waits for them)
+        let execution = state.submissions.submit(new, caller.token_id, withdrawal).await?;
         return Ok((StatusCode::CREATED, Json(execution)));
     };
     idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, body).await
@@ -141,6 +145,20 @@ async fn insert(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// `insert` in a statement of its own, which commits once sent: the request timeout can no longer
+/// answer that nothing was written, so the request waits for the row (see `server::Withdrawal`).
+async fn insert_committing(
+    state: &crate::AppState,
+    withdrawal: &Withdrawal,
+    new: &NewExecution,
+    submitted_by: i64,
+) -> Result<Execution, ApiError> {
+    if !withdrawal.begin_write() {
+        return Err(ApiError::request_timeout(state.settings.http.request_timeout));
+    }
+    insert(state, &state.db, new, submitted_by).await
 }
 
 /// After an execution is committed: a manual retry is logged and counted (only ever for a new
@@ -288,9 +306,11 @@ pub struct RetryBody {
 pub async fn retry(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    withdrawal: Option<Extension<Withdrawal>>,
     id: Result<Path<i64>, PathRejection>,
     body: Result<Option<Json<Value>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
+    let withdrawal = withdrawal.map(|Extension(withdrawal)| withdrawal).unwrap_or_default();
     let Path(parent) = id?;
     // no body (no Content-Type) or JSON `null` keeps the retried execution's parameters; a body
     // that is not JSON is refused (415), never taken for "no body"
@@ -308,7 +328,7 @@ pub async fn retry(
     };
     let request = ManualRetry { parent, action_ref: None, parameters, config: Map::new() };
     let new = plan_manual_retry(&state, request).await?;
-    let execution = insert(&state, &state.db, &new, caller.token_id).await?;
+    let execution = insert_committing(&state, &withdrawal, &new, caller.token_id).await?;
     count_manual_retry(&execution);
     Ok((StatusCode::CREATED, Json(execution)))
 }

@@ -182,10 +182,9 @@ pub async fn insert_submitted(
 }
 
 /// Inserts many first submissions in one statement (one commit for them all), each with the token
-/// that submitted it; the rows come back in the order given. How the API writes the submissions
-/// that arrived while its previous write was in flight. Each must be a first attempt
+/// that submitted it; the rows come back in the order given. Each must be a first attempt
 /// (`requested`, no parent, no chain key of its own): retries and keyed submissions are inserted
-/// one at a time.
+/// one at a time. (The API writes through `insert_many_submitted_surely`.)
 pub async fn insert_many_submitted(
     db: impl PgExecutor<'_>,
     news: &[(&NewExecution, i64)],
@@ -193,16 +192,71 @@ pub async fn insert_many_submitted(
     debug_assert!(news.iter().all(|(new, _)| new.status == ExecutionStatus::Requested
         && new.original_execution.is_none()
         && new.idempotency_key.is_none()));
+    let keys: Vec<String> = news.iter().map(|_| draw_chain_key()).collect();
+    insert_many_keyed(db, news, &keys).await
+}
+
+/// `insert_many_submitted` as the API makes it: how it writes the submissions that arrived while
+/// its previous write was in flight.
+///
+/// Sure of its answer, as the API must be (a submission answered as failed must not have been
+/// written): each row's chain key is drawn here, before the insert. An error that may have come
+/// after the commit (the connection lost: `db::is_transient`) is waited out (100 ms doubling to
+/// 5 s), then the rows are read back by their keys, once no batch insert that started before the
+/// read-back still runs on the server (the lost one may: cut off while it waited for a lock), and
+/// only those absent are inserted. A row is never written twice; any other error is a refusal of
+/// the one statement, which wrote nothing.
+pub async fn insert_many_submitted_surely(
+    db: &PgPool,
+    news: &[(&NewExecution, i64)],
+) -> Result<Vec<Execution>, sqlx::Error> {
+    debug_assert!(news.iter().all(|(new, _)| new.status == ExecutionStatus::Requested
+        && new.original_execution.is_none()
+        && new.idempotency_key.is_none()));
+    let keys: Vec<String> = news.iter().map(|_| draw_chain_key()).collect();
+    let started = std::time::Instant::now();
+    let tried = std::sync::atomic::AtomicBool::new(false);
+    crate::db::retry_while_unavailable("inserting submissions", || {
+        let uncertain = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+        let keys = &keys;
+        async move {
+            match uncertain {
+                true => landed_or_insert(db, news, keys, started.elapsed()).await,
+                false => insert_many_keyed(db, news, keys).await,
+            }
+        }
+    })
+    .await
+}
+
+/// Starts the text of the batch insert, so that `pg_stat_activity` shows which statements are one.
+const SUBMISSIONS_MARK: &str = "/* attune: insert submissions */";
+
+/// A chain key as the database draws one (`gen_random_uuid()::text`: a version 4 UUID), drawn
+/// by the caller so that it knows the key before the row is written.
+fn draw_chain_key() -> String {
+    let random: u128 = rand::random();
+    let uuid = (random & !(0xf000u128 << 64) & !(0xc000u128 << 48)) | (0x4000u128 << 64) | (0x8000u128 << 48);
+    let hex = format!("{uuid:032x}");
+    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+/// The batch insert itself: `news` with their chain keys `keys`, in one statement.
+async fn insert_many_keyed(
+    db: impl PgExecutor<'_>,
+    news: &[(&NewExecution, i64)],
+    keys: &[String],
+) -> Result<Vec<Execution>, sqlx::Error> {
     let column = |field: &dyn Fn(&NewExecution) -> Value| news.iter().map(|(new, _)| field(new)).collect::<Vec<_>>();
     let sql = format!(
-        "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, timeout_seconds, \
-            retry_count, runtime, submitted_by) \
+        "{SUBMISSIONS_MARK} INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
+            timeout_seconds, retry_count, runtime, submitted_by, idempotency_key) \
          SELECT action, action_ref, parameters, config, 'requested', max_retries, timeout_seconds, retry_count, \
-            runtime, submitted_by \
+            runtime, submitted_by, idempotency_key \
          FROM unnest($1::bigint[], $2::text[], $3::jsonb[], $4::jsonb[], $5::int[], $6::int[], $7::int[], \
-            $8::text[], $9::bigint[]) WITH ORDINALITY \
+            $8::text[], $9::bigint[], $10::text[]) WITH ORDINALITY \
             AS n(action, action_ref, parameters, config, max_retries, timeout_seconds, retry_count, runtime, \
-               submitted_by, ord) \
+               submitted_by, idempotency_key, ord) \
          ORDER BY ord \
          RETURNING {COLUMNS}"
     );
@@ -216,11 +270,68 @@ pub async fn insert_many_submitted(
         .bind(news.iter().map(|(new, _)| new.retry_count).collect::<Vec<_>>())
         .bind(news.iter().map(|(new, _)| new.runtime.clone()).collect::<Vec<_>>())
         .bind(news.iter().map(|(_, token)| *token).collect::<Vec<_>>())
+        .bind(keys)
         .fetch_all(db)
         .await?;
     // the ids come from one sequence in insertion order (`ORDER BY ord`): sorting by id restores it
     rows.sort_by_key(|row| row.id);
     Ok(rows)
+}
+
+/// After an attempt whose outcome is unknown: the rows of `keys` that landed, and the others
+/// inserted now, in the order given. Waits first until every batch insert that had started by now
+/// has ended (on a poll from 10 ms doubling to 1 s), so that the lost one cannot commit after the
+/// look. The look is bounded to rows created since the first attempt (with a minute's slack), so
+/// that it reads the recent end of `created`'s index, not the whole table.
+async fn landed_or_insert(
+    db: &PgPool,
+    news: &[(&NewExecution, i64)],
+    keys: &[String],
+    since_first_attempt: std::time::Duration,
+) -> Result<Vec<Execution>, sqlx::Error> {
+    let looked_at: DateTime<Utc> = crate::db::now(db).await?;
+    let mut delay = std::time::Duration::from_millis(10);
+    loop {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND state = 'active' \
+             AND query_start < $1 AND starts_with(query, $2)",
+        )
+        .bind(looked_at)
+        .bind(SUBMISSIONS_MARK)
+        .fetch_one(db)
+        .await?;
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(std::time::Duration::from_secs(1));
+    }
+    let landed: Vec<Execution> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM execution WHERE created >= now() - make_interval(secs => $1) \
+         AND idempotency_key = ANY($2) AND original_execution IS NULL"
+    )))
+    .bind(since_first_attempt.as_secs_f64() + 60.0)
+    .bind(keys)
+    .fetch_all(db)
+    .await?;
+    let (absent, absent_keys): (Vec<_>, Vec<_>) = news
+        .iter()
+        .zip(keys)
+        .filter(|(_, key)| !landed.iter().any(|row| &row.idempotency_key == *key))
+        .map(|(new, key)| (*new, key.clone()))
+        .unzip();
+    tracing::warn!(
+        landed = landed.len(),
+        absent = absent.len(),
+        "a batch of submissions may have lost its acknowledgement: read back by their keys"
+    );
+    let inserted = if absent.is_empty() { Vec::new() } else { insert_many_keyed(db, &absent, &absent_keys).await? };
+    let mut rows: std::collections::HashMap<String, Execution> =
+        landed.into_iter().chain(inserted).map(|row| (row.idempotency_key.clone(), row)).collect();
+    keys.iter()
+        .map(|key| rows.remove(key))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| sqlx::Error::Protocol("a batch of submissions read back other rows than it wrote".into()))
 }
 
 /// Records that the API token `token` ended execution `id` by hand (a cancel, an operator's fail),
