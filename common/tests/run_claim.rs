@@ -192,3 +192,41 @@ async fn a_cancel_notice_is_believed_only_once_the_row_moved_on() {
     assert_eq!(db::execution::runs_on(&test.pool, w).await.unwrap(), [(running, None)]);
     test.drop_database().await;
 }
+
+#[tokio::test]
+async fn a_report_is_kept_only_for_its_run_and_goes_when_the_execution_leaves_running() {
+    let test = TestDb::new().await;
+    let w = worker(&test.pool, "w").await;
+    let id = execution_in(&test.pool, Scheduled, Some(w), "reported").await;
+    db::execution::claim(&test.pool, id, w, TOKEN).await.unwrap().expect("claimed");
+    let report = json!({"execution_id": id, "status": "failed"});
+    // another run's token, another worker: stale
+    assert!(!db::report::keep(&test.pool, id, w, Some("ffffffffffffffffffffffffffffffff"), &report).await.unwrap());
+    assert!(!db::report::keep(&test.pool, id, w + 1, Some(TOKEN), &report).await.unwrap());
+    assert_eq!(db::report::of(&test.pool, id).await.unwrap(), None);
+    assert!(db::report::keep(&test.pool, id, w, Some(TOKEN), &report).await.unwrap());
+    assert_eq!(db::report::of(&test.pool, id).await.unwrap(), Some(report.clone()));
+    // waiting longer than the patience, and not before
+    assert_eq!(
+        db::report::waiting(&test.pool, std::time::Duration::from_secs(60), 10).await.unwrap(),
+        Vec::<serde_json::Value>::new()
+    );
+    sqlx::query("UPDATE execution SET reported_at = now() - interval '10 seconds' WHERE id = $1")
+        .bind(id)
+        .execute(&test.pool)
+        .await
+        .unwrap();
+    assert_eq!(db::report::waiting(&test.pool, std::time::Duration::from_secs(5), 10).await.unwrap(), vec![report]);
+    // recorded: the report goes with the run
+    let outcome = Outcome { failure_kind: Some(FailureKind::TransientError), ..Default::default() };
+    let fail = Transition::to(Failed).from(&[Running]).owned_by(w).outcome(&outcome);
+    db::execution::transition(&test.pool, id, &fail).await.unwrap().expect("failed");
+    let kept: (Option<serde_json::Value>, Option<DateTime<Utc>>) =
+        sqlx::query_as("SELECT report, reported_at FROM execution WHERE id = $1")
+            .bind(id)
+            .fetch_one(&test.pool)
+            .await
+            .unwrap();
+    assert_eq!(kept, (None, None));
+    test.drop_database().await;
+}

@@ -12,7 +12,10 @@
 //! - finds active workers whose heartbeat is stale: marks them inactive, hands their `scheduled`
 //!   executions back to waiting at once (never started: no retry spent) and fails their `running` ones as
 //!   `worker_heartbeat_stale` (then retried, or `abandoned` for non-idempotent actions);
-//! - fails `running` executions well past their deadline as `timeout`.
+//! - fails `running` executions well past their deadline as `timeout`;
+//! - and before any of that, records the results that workers kept in their rows and the broker
+//!   has not brought within `REPORT_PATIENCE` (`db::report`): a run whose worker reported how it
+//!   ended is recorded as that, never as `timeout` or `worker_heartbeat_stale`.
 //!
 //! The rules (what counts as stuck after how long, and what is done with it) are
 //! `attune_core::recovery`; this module finds the rows and carries the decisions out. Every
@@ -31,6 +34,9 @@ use crate::Context;
 /// The advisory lock key of the monitor ("attune" in ASCII, then 1).
 const MONITOR_LOCK: i64 = 0x6174_7475_6e65_0001;
 const BATCH: i64 = 500;
+/// How long a report kept in its row (`db::report`) waits for its message before the monitor
+/// records it from the row: the broker brings it in milliseconds when all is well.
+const REPORT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     // After the database was unreachable, workers' heartbeats could not land either: judge
@@ -76,6 +82,13 @@ fn limits(context: &Context) -> MonitorLimits {
 /// not stop the recoveries that need only the database); database errors end it.
 async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::Error> {
     let limits = limits(context);
+    // reports the broker has not brought in time are recorded from their rows, before anything
+    // below could take their runs for lost
+    for report in db::report::waiting(&context.db, REPORT_PATIENCE, BATCH).await? {
+        if let Err(e) = record_report(context, report).await {
+            tracing::warn!(error = %e, "monitor: could not record a report kept in its row");
+        }
+    }
     for status in recovery::STUCK_STATUSES {
         let Some((after, recovery)) = limits.stuck(status) else { continue };
         for id in db::execution::unchanged_for(&context.db, status, after, BATCH).await? {
@@ -112,6 +125,25 @@ async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
     Ok(())
 }
 
+/// Records a report kept in its row (`db::report`) as the result message would have been.
+async fn record_report(context: &Context, report: serde_json::Value) -> Result<(), crate::Error> {
+    match serde_json::from_value::<attune_common::mq::ExecutionResult>(report) {
+        Ok(result) => {
+            tracing::warn!(
+                execution_id = result.execution_id,
+                worker_id = result.worker_id,
+                "monitor: recording a result the broker has not brought, from its row"
+            );
+            attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", "report")], 1);
+            crate::completion::record(context, &result).await
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "monitor: a report kept in a row does not parse; left to the overdue sweep");
+            Ok(())
+        }
+    }
+}
+
 async fn recover(context: &Context, id: i64, status: ExecutionStatus, recovery: Recovery) -> Result<(), crate::Error> {
     match recovery {
         Recovery::HandBack => hand_back(context, id).await,
@@ -143,6 +175,13 @@ async fn fail(
     kind: FailureKind,
     reason: &str,
 ) -> Result<(), crate::Error> {
+    // a run whose worker reported how it ended is recorded as that, not as what the monitor
+    // would make of its silence
+    if from == ExecutionStatus::Running
+        && let Some(report) = db::report::of(&context.db, execution_id).await?
+    {
+        return record_report(context, report).await;
+    }
     let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
     let reported = kind.reported_status();
     let outcome = Outcome { failure_kind: Some(kind), error: Some(reason.to_string()), ..Default::default() };

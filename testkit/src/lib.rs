@@ -14,6 +14,7 @@ pub mod browser;
 pub mod http_server;
 pub mod pgcut;
 pub mod system;
+pub mod tcpcut;
 pub mod tls;
 
 use std::future::Future;

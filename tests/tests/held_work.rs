@@ -35,7 +35,7 @@ async fn executions_of(system: &System, action_ref: &str) -> Vec<(i64, String, O
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stuck_behind_a_long_run_gives_back_what_it_took_ahead_and_a_lost_channel_fails_nothing() {
     let (stuck, idle) = (unique_name("stuck"), unique_name("idle"));
-    let mut system = System::builder()
+    let system = System::builder()
         .env("ATTUNE_WORKER_QUEUE_TTL_SECS", "20")
         .worker(&stuck, &[("ATTUNE_WORKER_RUNTIMES", "shell,builtin"), ("ATTUNE_WORKER_CONCURRENCY", "1")])
         .worker(&idle, &[("ATTUNE_WORKER_RUNTIMES", "builtin"), ("ATTUNE_WORKER_CONCURRENCY", "1")])

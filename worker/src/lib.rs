@@ -147,6 +147,8 @@ const STALE_CHECK_AFTER: Duration = Duration::from_millis(50);
 /// The shortest time a dispatch taken ahead waits for a run slot here before it goes back to
 /// waiting for any worker (`Worker::hold_limit`).
 const HOLD_FLOOR: Duration = Duration::from_secs(1);
+/// The longest the worker waits to keep a run's report in its row (`Worker::keep_report`).
+const REPORT_WRITE_LIMIT: Duration = Duration::from_secs(2);
 /// How often the worker looks whether its lease ran out (`Worker::lease_loop`).
 const LEASE_CHECK: Duration = Duration::from_millis(100);
 /// How often the look-ahead is measured against the runs that take every slot.
@@ -991,6 +993,7 @@ impl Worker {
         if result.status == ResultStatus::Completed && self.record_success(&result).await {
             return Disposition::Ack;
         }
+        self.keep_report(&result).await;
         self.report(&result).await;
         Disposition::Ack
     }
@@ -1060,6 +1063,22 @@ impl Worker {
             Err(e) => tracing::warn!(execution_id, error = %e, "could not check a cancel notice in the database"),
         }
         Disposition::Ack
+    }
+
+    /// Keeps the report of a run in its row as well (`db::report`), so that the executors record
+    /// it even if the broker delays the message (one try, bounded: the message still goes).
+    async fn keep_report(&self, result: &ExecutionResult) {
+        let Ok(report) = serde_json::to_value(result) else { return };
+        let keep = db::report::keep(&self.db, result.execution_id, self.id, result.run_token.as_deref(), &report);
+        match tokio::time::timeout(REPORT_WRITE_LIMIT, keep).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(execution_id = result.execution_id, error = %e, "could not keep the report in the row")
+            }
+            Err(_) => {
+                tracing::debug!(execution_id = result.execution_id, "keeping the report in the row took too long")
+            }
+        }
     }
 
     /// Publishes a result, retrying until the broker confirms it: the execution is `running` in

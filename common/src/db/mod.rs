@@ -9,6 +9,7 @@ pub mod execution;
 pub mod history;
 pub mod idempotency;
 pub mod pack;
+pub mod report;
 pub mod stats;
 pub mod token;
 pub mod worker;
