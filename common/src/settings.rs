@@ -64,6 +64,24 @@ pub const SETTINGS: &[Setting] = &[
         doc: "the PostgreSQL database (the CLI's `token create` writes to it; `attune-bench` reads the record)",
     },
     Setting {
+        name: "ATTUNE_DB_STATEMENT_TIMEOUT_SECS",
+        default: Value("60"),
+        read_by: &[Api, Executor, Worker, Cli, Bench],
+        doc: "the longest a statement may run on any attune database session (`statement_timeout`; migrations, vacuum and the benchmark's loader are exempt); 0 turns it off",
+    },
+    Setting {
+        name: "ATTUNE_DB_LOCK_TIMEOUT_SECS",
+        default: Value("5"),
+        read_by: &[Api, Executor, Worker, Cli, Bench],
+        doc: "the longest a statement waits for a lock (`lock_timeout`): a session stuck behind a stalled holder gives its connection back and tries again; 0 turns it off",
+    },
+    Setting {
+        name: "ATTUNE_DB_IDLE_IN_TRANSACTION_SECS",
+        default: Value("30"),
+        read_by: &[Api, Executor, Worker, Cli, Bench],
+        doc: "a session idle this long inside a transaction (its process stalled or cut off) is ended by the server and its locks released (`idle_in_transaction_session_timeout`); 0 turns it off",
+    },
+    Setting {
         name: "AMQP_URL",
         default: Value("amqp://guest:guest@127.0.0.1:5672/%2f"),
         read_by: SERVICES,

@@ -69,13 +69,11 @@ pub async fn tick(
     shutdown: &CancellationToken,
     removed_since_vacuum: &mut i64,
 ) -> Result<Option<Pass>, crate::Error> {
-    let mut connection = context.db.acquire().await?;
-    if !db::try_advisory_lock(&mut connection, HISTORY_LOCK).await? {
+    let lease = crate::monitor::LEADER_LEASE;
+    let Some(leadership) = db::leader::Leadership::try_take(&context.db, HISTORY_LOCK, lease).await? else {
         return Ok(None);
-    }
-    let result = pass(context, shutdown, removed_since_vacuum).await;
-    db::advisory_unlock(&mut connection, HISTORY_LOCK).await?;
-    result.map(Some)
+    };
+    leadership.run(pass(context, shutdown, removed_since_vacuum)).await?.map(Some)
 }
 
 async fn pass(

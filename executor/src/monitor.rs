@@ -34,6 +34,8 @@ use crate::Context;
 /// The advisory lock key of the monitor ("attune" in ASCII, then 1).
 const MONITOR_LOCK: i64 = 0x6174_7475_6e65_0001;
 const BATCH: i64 = 500;
+/// How long the monitor's lock outlives a stalled holder (`db::leader`).
+pub const LEADER_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a report kept in its row (`db::report`) waits for its message before the monitor
 /// records it from the row: the broker brings it in milliseconds when all is well.
 const REPORT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -56,16 +58,14 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
-/// One pass, if this executor holds the singleton lock (session-level locks are tied to a
-/// connection, so it is taken and released on one pooled connection).
+/// One pass, if this executor holds the singleton lock (`db::leader`: a stalled holder loses it
+/// after `LEADER_LEASE`).
 pub async fn tick(context: &Context, judge_heartbeats: bool) -> Result<bool, crate::Error> {
-    let mut connection = context.db.acquire().await?;
-    if !db::try_advisory_lock(&mut connection, MONITOR_LOCK).await? {
+    let Some(leadership) = db::leader::Leadership::try_take(&context.db, MONITOR_LOCK, LEADER_LEASE).await? else {
         return Ok(false);
-    }
-    let result = sweep(context, judge_heartbeats).await;
-    db::advisory_unlock(&mut connection, MONITOR_LOCK).await?;
-    result.map(|()| true)
+    };
+    leadership.run(sweep(context, judge_heartbeats)).await??;
+    Ok(true)
 }
 
 /// The monitor's limits from the executor's settings.

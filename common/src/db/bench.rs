@@ -229,6 +229,7 @@ pub async fn load_history_chunk(db: &PgPool, load: &HistoryLoad<'_>, from: i64, 
     let mut tx = db.begin().await?;
     // (the window over the chunk's positions sorts in memory)
     sqlx::query("SET LOCAL work_mem = '64MB'").execute(&mut *tx).await?;
+    sqlx::query("SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
     let inserted = sqlx::query(LOAD_HISTORY)
         .bind(from)
         .bind(to)
@@ -249,7 +250,11 @@ pub async fn load_history_chunk(db: &PgPool, load: &HistoryLoad<'_>, from: i64, 
 
 /// `VACUUM ANALYZE execution`: after a load, the table's visibility map and statistics.
 pub async fn vacuum_analyze_execution(db: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql("VACUUM ANALYZE execution").execute(db).await.map(|_| ())
+    // (no statement limit: minutes at 10 million rows)
+    sqlx::raw_sql("SET statement_timeout = 0; VACUUM ANALYZE execution; RESET statement_timeout")
+        .execute(&mut *db.acquire().await?)
+        .await
+        .map(|_| ())
 }
 
 /// Whether the schema has `execution_rollup_rebuild()` (the statistics' rollups).
@@ -262,7 +267,10 @@ pub async fn rollup_rebuild_exists(db: &PgPool) -> Result<bool, sqlx::Error> {
 /// Rebuilds the statistics' rollups from the execution table (`execution_rollup_rebuild()`),
 /// which a load behind the services' back leaves stale.
 pub async fn rollup_rebuild(db: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql("SELECT execution_rollup_rebuild()").execute(db).await.map(|_| ())
+    sqlx::raw_sql("SET statement_timeout = 0; SELECT execution_rollup_rebuild(); RESET statement_timeout")
+        .execute(&mut *db.acquire().await?)
+        .await
+        .map(|_| ())
 }
 
 /// The newest retry of `core.flaky` (retry count 1, with an original) created at or before

@@ -133,9 +133,11 @@ pub async fn prune_rollup(db: &PgPool) -> Result<u64, sqlx::Error> {
 /// Vacuums `execution` (its space goes back to new rows) unless another vacuum of it is under way.
 pub async fn vacuum(db: &PgPool) -> Result<(), sqlx::Error> {
     let mut connection = db.acquire().await?;
+    // (as long as it takes, but not behind another vacuum)
+    sqlx::query("SET statement_timeout = 0").execute(&mut *connection).await?;
     sqlx::query("SET lock_timeout = '1s'").execute(&mut *connection).await?;
     let result = sqlx::query("VACUUM (ANALYZE) execution").execute(&mut *connection).await;
-    sqlx::query("RESET lock_timeout").execute(&mut *connection).await?;
+    super::restore_limits(&mut connection).await?;
     match result {
         // lock_not_available: autovacuum (or an operator) is at it already
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => Ok(()),

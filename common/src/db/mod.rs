@@ -8,6 +8,7 @@ pub mod circuit;
 pub mod execution;
 pub mod history;
 pub mod idempotency;
+pub mod leader;
 pub mod pack;
 pub mod report;
 pub mod stats;
@@ -95,10 +96,38 @@ pub async fn connect_checking(
 /// handshake waits twice on a delayed ACK).
 pub fn connect_options(database_url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     let options: PgConnectOptions = database_url.parse()?;
+    let options = options.options(session_limits(&crate::settings::Environment)?);
     let query = database_url.split_once('?').map_or("", |(_, query)| query);
     let in_url = query.split('&').any(|pair| pair.starts_with("sslmode=") || pair.starts_with("ssl-mode="));
     let in_environment = std::env::var("PGSSLMODE").is_ok_and(|mode| !mode.trim().is_empty());
     Ok(if in_url || in_environment { options } else { options.ssl_mode(PgSslMode::Disable) })
+}
+
+/// The limits every attune session starts with (`ATTUNE_DB_*_TIMEOUT_SECS`,
+/// `ATTUNE_DB_IDLE_IN_TRANSACTION_SECS`): no statement runs, waits for a lock or holds a
+/// transaction open without end, so one stalled session cannot hold up the others. As server
+/// settings (`statement_timeout` and so on, in milliseconds; 0 is off).
+pub fn session_limits(source: &dyn crate::settings::Source) -> Result<Vec<(&'static str, String)>, sqlx::Error> {
+    let millis = |name: &str| -> Result<String, sqlx::Error> {
+        let secs: f64 = crate::settings::read(source, name).map_err(|e| sqlx::Error::Configuration(e.into()))?;
+        if !secs.is_finite() || secs < 0.0 {
+            let reason = format!("invalid value {secs} for {name}: seconds, 0 or more");
+            return Err(sqlx::Error::Configuration(reason.into()));
+        }
+        Ok(format!("{}", (secs * 1000.0).round() as u64))
+    };
+    Ok(vec![
+        ("statement_timeout", millis("ATTUNE_DB_STATEMENT_TIMEOUT_SECS")?),
+        ("lock_timeout", millis("ATTUNE_DB_LOCK_TIMEOUT_SECS")?),
+        ("idle_in_transaction_session_timeout", millis("ATTUNE_DB_IDLE_IN_TRANSACTION_SECS")?),
+    ])
+}
+
+/// Puts back the statement and lock limits a connection started with, after work that is long
+/// by nature lifted them (`SET statement_timeout = 0`, say).
+pub async fn restore_limits(connection: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("RESET statement_timeout").execute(&mut *connection).await?;
+    sqlx::query("RESET lock_timeout").execute(&mut *connection).await.map(|_| ())
 }
 
 /// `error` as a `sqlx::Error::Tls` that says what to check when it is a TLS refusal — the server's
@@ -158,7 +187,11 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
             let code = e.code().unwrap_or_default();
             // connection exceptions, admin shutdown / crash / cannot connect now, too many
             // connections, serialization failure and deadlock
-            code.starts_with("08") || code.starts_with("57P") || matches!(code.as_ref(), "53300" | "40001" | "40P01")
+            // lock_not_available: a lock held past `ATTUNE_DB_LOCK_TIMEOUT_SECS` (by a stalled
+            // session, which the server ends after `ATTUNE_DB_IDLE_IN_TRANSACTION_SECS`)
+            code.starts_with("08")
+                || code.starts_with("57P")
+                || matches!(code.as_ref(), "53300" | "40001" | "40P01" | "55P03")
         }
         _ => false,
     }
@@ -221,5 +254,11 @@ pub async fn now(db: impl sqlx::PgExecutor<'_>) -> Result<chrono::DateTime<chron
 /// Applies pending migrations. Safe to call from several services at once (sqlx takes an
 /// advisory lock).
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(pool).await
+    // On a connection of its own without the statement and lock limits: an index built over a
+    // long history may take minutes, and waiting for the table's lock is what a migration must do.
+    let options = (*pool.connect_options()).clone().options([("statement_timeout", "0"), ("lock_timeout", "0")]);
+    let unlimited = PgPoolOptions::new().max_connections(1).connect_with(options).await?;
+    let migrated = MIGRATOR.run(&unlimited).await;
+    unlimited.close().await;
+    migrated
 }
