@@ -4,10 +4,11 @@
 //! Each pass:
 //! - fails executions stuck in `scheduling` (a claim by an earlier version) as
 //!   `worker_unavailable`;
-//! - hands back to waiting the executions left `scheduled` past the queue TTL plus a grace
-//!   period that no worker holds (workers keep what they hold marked): their dispatch was lost
-//!   (an executor died between its claim and the publish), they never started, so no retry is
-//!   spent. Waiting `requested` executions need nothing from the monitor: every scheduler sweeps
+//! - hands back to waiting the executions `scheduled` on an active worker that its heartbeats
+//!   since did not mark as held (workers mark what they hold before each heartbeat): their
+//!   dispatch was lost (an executor died between its claim and the publish), they never started,
+//!   so no retry is spent; and, whatever the worker, those left `scheduled` past the queue TTL
+//!   plus a grace period. Waiting `requested` executions need nothing from the monitor: every scheduler sweeps
 //!   them (see `scheduler`), so nothing is re-published;
 //! - finds active workers whose heartbeat is stale: marks them inactive, hands their `scheduled`
 //!   executions back to waiting at once (never started: no retry spent) and fails their `running` ones as
@@ -34,6 +35,9 @@ use crate::Context;
 /// The advisory lock key of the monitor ("attune" in ASCII, then 1).
 const MONITOR_LOCK: i64 = 0x6174_7475_6e65_0001;
 const BATCH: i64 = 500;
+/// How long after it was scheduled a dispatch must have reached its worker, by the worker's
+/// heartbeats (`db::execution::lost_dispatches`).
+const LOST_DISPATCH_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long the monitor's lock outlives a stalled holder (`db::leader`).
 pub const LEADER_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a report kept in its row (`db::report`) waits for its message before the monitor
@@ -94,6 +98,12 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
         for id in db::execution::unchanged_for(&context.db, status, after, BATCH).await? {
             recover(context, id, status, recovery).await?;
         }
+    }
+
+    // dispatches never sent (an executor died between its claim and its publish): found by the
+    // heartbeats of their workers, in seconds
+    for id in db::execution::lost_dispatches(&context.db, LOST_DISPATCH_SLACK, BATCH).await? {
+        hand_back(context, id).await?;
     }
 
     if judge_heartbeats {

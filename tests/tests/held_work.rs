@@ -132,3 +132,77 @@ async fn requests_wait_through_the_restart_of_the_only_worker_of_their_runtime()
     assert_eq!(echo_runs.len(), 5, "nothing failed, nothing retried: {echo_runs:?}");
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_claimed_and_never_sent_waits_again_within_seconds() {
+    let system = System::builder().worker("w", &[]).start().await;
+    let worker = system.worker_id("w").await;
+    // what an executor killed between its claim and its publish leaves: the execution scheduled
+    // on a live worker, and no message for it anywhere (it is written delayed, far off, so that
+    // no scheduler takes it first)
+    let action = attune_common::db::action::get_by_ref(&system.db.pool, "core.echo").await.unwrap().unwrap();
+    let new = attune_common::db::execution::NewExecution {
+        runtime: Some(action.runtime.clone()),
+        status: attune_core::ExecutionStatus::Delayed,
+        not_before: Some(chrono::Utc::now() + chrono::Duration::days(1)),
+        ..attune_testkit::echo_execution(&action)
+    };
+    let stranded = attune_common::db::execution::insert(&system.db.pool, &new).await.unwrap().id;
+    attune_testkit::force_status(&system.db.pool, stranded, attune_core::ExecutionStatus::Scheduled, Some(worker))
+        .await;
+    // the worker's heartbeats (every second here) do not mark it held; the monitor (every 5 s)
+    // hands it back, long before the queue TTL and grace (330 s)
+    let view = system.wait_terminal(stranded, Duration::from_secs(25)).await;
+    assert_eq!((view["status"].as_str(), view["retry_count"].as_i64()), (Some("completed"), Some(0)), "{view}");
+    assert!(system.log("executor").contains("dispatch lost before it started"), "the monitor handed it back");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_executors_never_place_more_on_a_worker_than_its_slots() {
+    // one slot: one run at once, nothing taken ahead
+    let system = System::builder()
+        .worker("w", &[("ATTUNE_WORKER_CONCURRENCY", "1"), ("ATTUNE_WORKER_PREFETCH", "0")])
+        .start()
+        .await;
+    let worker = system.worker_id("w").await;
+    let mut second = system
+        .command("attune-executor")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ids = Vec::new();
+    for n in 0..30 {
+        ids.push(id(&system.submit("core.echo", json!({"message": format!("one at a time {n}")})).await));
+    }
+    // what is dispatched to the worker and unfinished, sampled until every one has finished
+    let mut most = 0;
+    let started = Instant::now();
+    loop {
+        let (inflight, unfinished): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE worker = $1 AND status IN ('scheduled', 'running')), \
+                    count(*) FILTER (WHERE status NOT IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned')) \
+             FROM execution WHERE id = ANY($2)",
+        )
+        .bind(worker)
+        .bind(&ids)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+        most = most.max(inflight);
+        if unfinished == 0 {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "{unfinished} still unfinished");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(most, 1, "the worker has one slot");
+    for execution in ids {
+        assert_eq!(system.wait_terminal(execution, DEADLINE).await["status"], "completed");
+    }
+    let _ = second.kill();
+    let _ = second.wait();
+    system.stop().await;
+}

@@ -603,6 +603,17 @@ impl Worker {
             let lookahead = self.lookahead_now();
             let capabilities =
                 capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, lookahead, up, draining);
+            // what it holds is marked before the heartbeat: executors take a dispatch its
+            // heartbeat did not mark for lost (`db::execution::lost_dispatches`)
+            let held: Vec<i64> = self.held.lock().expect("held set poisoned").iter().copied().collect();
+            let keep = db::execution::keep_held(&self.db, self.id, &held);
+            if !held.is_empty()
+                && let Err(e) = tokio::time::timeout(self.settings.lease() / 2, keep)
+                    .await
+                    .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
+            {
+                tracing::warn!(error = %e, "could not mark held dispatches");
+            }
             let sent = Instant::now();
             // (a heartbeat that hangs, the database unreachable without a reset, is given up in
             // time for the next)
@@ -634,15 +645,6 @@ impl Worker {
                     self.settings.heartbeat_interval.min(Duration::from_secs(1))
                 }
             };
-            let held: Vec<i64> = self.held.lock().expect("held set poisoned").iter().copied().collect();
-            let keep = db::execution::keep_held(&self.db, self.id, &held);
-            if !held.is_empty()
-                && let Err(e) = tokio::time::timeout(self.settings.lease() / 2, keep)
-                    .await
-                    .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
-            {
-                tracing::warn!(error = %e, "could not mark held dispatches");
-            }
         }
     }
 

@@ -1011,8 +1011,10 @@ pub struct Claimed {
 /// The batch form of `transition` for the scheduler: requested → scheduled for the oldest
 /// waiting executions of `runtime` (a retry by its `not_before`), the first to `plan[0]`, the
 /// next to `plan[1]`, and so on: one statement for as many executions as the plan has slots.
-/// `SKIP LOCKED` lets several executors claim at once without taking a row twice; fewer rows
-/// than slots means fewer were waiting.
+/// `SKIP LOCKED` lets several executors claim at once without taking a row twice. Claims for one
+/// worker take turns, and each places on a worker no more than the room it has when the claim
+/// runs (its reported slots less what is in flight on it): fewer rows than the plan means fewer
+/// were waiting, or another executor filled the room first.
 pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<Vec<Claimed>, sqlx::Error> {
     // the states stay literals: a bound one would keep a generic plan off the partial index
     // `execution_waiting_idx` (WHERE status = 'requested'). The rows picked are updated by the
@@ -1020,24 +1022,14 @@ pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<V
     // ends): joined by id, the planner, with statistics taken when few rows waited, would scan
     // every waiting row (and dead index entries) on each claim under a backlog.
     Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).check();
+    // (`execution_claim`, migration `claim_within_room`: the claims for one worker take turns,
+    // and each takes no more than the room the worker has when it runs)
     sqlx::query_as(
-        "WITH picked AS ( \
-            SELECT ctid AS tid, id, COALESCE(not_before, created) AS since FROM execution w \
-            WHERE status = 'requested' AND runtime = $1 \
-              AND NOT EXISTS (SELECT 1 FROM action_circuit c WHERE c.action = w.action \
-                              AND c.state <> 'closed' AND c.trial IS DISTINCT FROM w.id) \
-            ORDER BY COALESCE(not_before, created), id LIMIT $3 FOR UPDATE OF w SKIP LOCKED), \
-         numbered AS (SELECT tid, row_number() OVER (ORDER BY since, id) AS n FROM picked), \
-         plan AS (SELECT worker, n FROM unnest($2::bigint[]) WITH ORDINALITY AS p(worker, n)) \
-         UPDATE execution e SET status = 'scheduled', worker = plan.worker, updated = now() \
-         FROM numbered JOIN plan USING (n) \
-         WHERE e.ctid = numbered.tid AND e.status = 'requested' \
-         RETURNING e.id, e.worker, e.action, e.action_ref, e.parameters, e.timeout_seconds, e.retry_count, \
-            e.not_before, e.created, e.idempotency_key",
+        "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
+            idempotency_key FROM execution_claim($1, $2)",
     )
     .bind(runtime)
     .bind(plan)
-    .bind(plan.len() as i64)
     .fetch_all(db)
     .await
 }
@@ -1201,6 +1193,24 @@ pub async fn keep_held(db: &PgPool, worker_id: i64, execution_ids: &[i64]) -> Re
         .execute(db)
         .await?;
     Ok(())
+}
+
+/// Dispatches lost on their way: executions `scheduled` on an active worker that its heartbeats
+/// since (each marks what the worker holds first, `keep_held`) did not mark, `slack` after they
+/// were scheduled or last marked. A dispatch reaches a consuming worker in milliseconds, so the
+/// message was never sent (its executor died between its claim and its publish) or went to a
+/// queue nobody takes from; oldest id first.
+pub async fn lost_dispatches(db: &PgPool, slack: std::time::Duration, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT e.id FROM execution e JOIN worker w ON w.id = e.worker \
+         WHERE e.status = $1 AND w.status = 'active' AND e.updated < w.last_heartbeat - make_interval(secs => $2) \
+         ORDER BY e.id LIMIT $3",
+    )
+    .bind(ExecutionStatus::Scheduled)
+    .bind(slack.as_secs_f64())
+    .bind(limit)
+    .fetch_all(db)
+    .await
 }
 
 /// The batch form of `transition` for the retry timer: due `delayed` retries become `requested`.

@@ -1,0 +1,46 @@
+-- A scheduling claim takes no more for a worker than the room it has when the claim runs (issue
+-- 31): several executors that read the same free slot no longer each fill it. The claim holds a
+-- transaction-level advisory lock per planned worker (so claims for one worker, from any
+-- executor, take turns) and then, with a fresh snapshot, counts what is in flight on each and
+-- trims the plan to the room left (its slots, as reported, less what is dispatched and
+-- unfinished; a worker that reports no slots is not limited). One round trip, as before.
+CREATE FUNCTION execution_claim(p_runtime TEXT, p_plan BIGINT[]) RETURNS SETOF execution
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- (the two-key form: apart from the services' one-key locks)
+    PERFORM pg_advisory_xact_lock(1635022965, planned.worker::int)
+        FROM (SELECT DISTINCT unnest(p_plan) AS worker ORDER BY 1) AS planned;
+    -- a statement of a function takes its snapshot when it starts: this one sees every claim
+    -- that took its turn before
+    RETURN QUERY
+    WITH inflight AS (
+        SELECT x.worker, count(*) AS n FROM execution x
+        WHERE x.status IN ('scheduled', 'running') AND x.worker = ANY (p_plan)
+        GROUP BY x.worker),
+    room AS (
+        SELECT w.id AS worker,
+               COALESCE((w.capabilities->>'slots')::bigint, 9223372036854775807) - COALESCE(i.n, 0) AS free
+        FROM worker w LEFT JOIN inflight i ON i.worker = w.id
+        WHERE w.id = ANY (p_plan)),
+    kept AS (
+        SELECT p.worker, row_number() OVER (ORDER BY p.n) AS n
+        FROM (SELECT q.worker, q.n, row_number() OVER (PARTITION BY q.worker ORDER BY q.n) AS k
+              FROM unnest(p_plan) WITH ORDINALITY AS q(worker, n)) AS p
+        JOIN room ON room.worker = p.worker
+        WHERE p.k <= room.free),
+    picked AS (
+        SELECT ctid AS tid, id, COALESCE(not_before, created) AS since FROM execution w
+        WHERE status = 'requested' AND runtime = p_runtime
+          AND NOT EXISTS (SELECT 1 FROM action_circuit c WHERE c.action = w.action
+                          AND c.state <> 'closed' AND c.trial IS DISTINCT FROM w.id)
+        ORDER BY COALESCE(not_before, created), id
+        LIMIT (SELECT count(*) FROM kept) FOR UPDATE OF w SKIP LOCKED),
+    numbered AS (SELECT tid, row_number() OVER (ORDER BY since, id) AS n FROM picked),
+    claimed AS (
+        UPDATE execution e SET status = 'scheduled', worker = kept.worker, updated = now()
+        FROM numbered JOIN kept USING (n)
+        WHERE e.ctid = numbered.tid AND e.status = 'requested'
+        RETURNING e.*)
+    SELECT * FROM claimed;
+END
+$$;
