@@ -75,7 +75,7 @@ pub async fn create(
         let execution = state.submissions.submit(new, caller.token_id, withdrawal).await?;
         return Ok((StatusCode::CREATED, Json(execution)));
     };
-    idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, body).await
+    idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, &withdrawal, body).await
 }
 
 /// Checks a submission and returns what to insert: a first attempt of the action, or (the seed's

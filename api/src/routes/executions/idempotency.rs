@@ -66,6 +66,7 @@ impl Keyed {
     pub async fn submit(
         &self,
         state: &crate::AppState,
+        withdrawal: &crate::server::Withdrawal,
         body: CreateExecution,
     ) -> Result<(StatusCode, Json<Execution>), ApiError> {
         if let Some(first) = self.earlier(state).await? {
@@ -82,6 +83,11 @@ impl Keyed {
                     .await?;
             if !claimed {
                 return Ok(None);
+            }
+            // the request timed out meanwhile and was answered 503: nothing is written (the
+            // transaction rolls back); otherwise it waits for the commit, however late
+            if !withdrawal.begin_write() {
+                return Err(ApiError::request_timeout(state.settings.http.request_timeout));
             }
             transaction.commit().await?;
             Ok::<_, ApiError>(Some(execution))
