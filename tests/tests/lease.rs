@@ -121,3 +121,49 @@ async fn a_worker_cut_off_from_the_database_stops_its_run_before_the_execution_r
     let _ = std::fs::remove_file(&log);
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_s_run_is_stopped_by_its_supervisor_before_the_execution_runs_elsewhere() {
+    const SIGSTOP: i32 = 19;
+    const SIGCONT: i32 = 18;
+    let pack = TempPack::new("fence", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
+    let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
+    let frozen = format!("frozen-{:08x}", rand::random::<u32>());
+    let other = format!("other-{:08x}", rand::random::<u32>());
+    let mut system = System::builder()
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
+        .worker(&frozen, &[("ATTUNE_WORKER_RUNTIMES", "shell")])
+        .pack(pack.path())
+        .start()
+        .await;
+    let first = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 15})).await;
+    wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&first)).then_some(()) }).await;
+    system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "shell")]);
+    wait_consuming(&system, &other).await;
+
+    // the worker stops (a stalled VM, SIGSTOP): its action, another process, would run on
+    system.signal(&frozen, SIGSTOP);
+    let chain = wait_for("the retry to start on the other worker", Duration::from_secs(20), || async {
+        let (_, chain) = system.get(&format!("/api/v1/executions/{}/chain", id(&first))).await;
+        let attempts = chain["attempts"].as_array()?.clone();
+        let retry = attempts.get(1)?;
+        spans(&log).contains_key(&id(retry)).then_some(attempts)
+    })
+    .await;
+    let retry = id(&chain[1]);
+    let last = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(last[0]["failure_kind"], "worker_heartbeat_stale", "{last:#?}");
+    assert_eq!(last[1]["status"], "completed", "{last:#?}");
+    let spans = spans(&log);
+    let (original, again) = (spans[&id(&first)], spans[&retry]);
+    assert!(
+        original.1 < again.0,
+        "the frozen worker's run was last seen {:.2} s after the retry started",
+        (original.1 - again.0) as f64 / 1e9
+    );
+    system.signal(&frozen, SIGCONT);
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
+}

@@ -304,6 +304,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     }
     // not consuming yet: the heartbeat sent when the consumer is up makes it eligible
     let registered = Instant::now();
+    let registered_boot = supervise::boot_clock_ns();
     let capabilities = capabilities(&settings, &queue, &runtimes, &health, settings.lookahead(None), false, false);
     if !db::worker::heartbeat(&pool, worker_id, &capabilities).await? {
         return Err(Error::Config(ConfigError {
@@ -337,6 +338,16 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         renewed: std::sync::Mutex::new(registered),
         lease_lost: Default::default(),
     });
+    if settings.supervisor.is_some() {
+        // the supervisors of its actions kill them once this file's deadline passes (ADR 0008)
+        let path = std::env::temp_dir().join(format!("attune-worker-{worker_id}-{}.lease", std::process::id()));
+        match supervise::write_lease(&path, registered_boot + settings.lease().as_nanos()) {
+            Ok(()) => supervise::set_lease_file(path),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "no lease file: a stalled worker's actions run on")
+            }
+        }
+    }
     worker.recover_previous_run().await?;
 
     // Stopping has its own order (see the module's documentation): the consumer runs on until
@@ -413,6 +424,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         // say) waits again; a late message for it is stale
         worker.hand_back_unstarted().await;
         worker.remove_queue().await;
+    }
+    if let Some(path) = supervise::lease_file() {
+        let _ = std::fs::remove_file(path);
     }
     if let Err(e) = db::worker::deactivate(&worker.db, worker_id).await {
         tracing::warn!(error = %e, "could not mark the worker inactive");
@@ -614,7 +628,7 @@ impl Worker {
             {
                 tracing::warn!(error = %e, "could not mark held dispatches");
             }
-            let sent = Instant::now();
+            let (sent, sent_boot) = (Instant::now(), supervise::boot_clock_ns());
             // (a heartbeat that hangs, the database unreachable without a reset, is given up in
             // time for the next)
             let beat = tokio::time::timeout(
@@ -626,6 +640,12 @@ impl Worker {
             delay = match beat {
                 Ok(true) => {
                     let mut renewed = self.renewed.lock().expect("lease poisoned");
+                    if sent > *renewed
+                        && let Some(path) = supervise::lease_file()
+                        && let Err(e) = supervise::write_lease(path, sent_boot + self.settings.lease().as_nanos())
+                    {
+                        tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file");
+                    }
                     *renewed = (*renewed).max(sent);
                     self.settings.heartbeat_interval
                 }

@@ -150,6 +150,13 @@ pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
     if finished.timed_out {
         return failure(FailureKind::Timeout, "the action exceeded its timeout and was killed".into());
     }
+    // killed by its supervisor because the worker's lease ran out (the worker stalled)
+    if finished.signal.is_some() && finished.stderr.lines().any(|line| line == crate::supervise::LEASE_EXPIRED) {
+        return failure(
+            FailureKind::WorkerHeartbeatStale,
+            "the worker's lease on its runs ran out (its heartbeats stopped landing): the run was stopped".into(),
+        );
+    }
     // killed by its supervisor (or the kernel's backstop) for a limit, which the supervisor said
     if finished.signal.is_some()
         && let Some(report) = crate::supervise::LimitReport::find(&finished.stderr)
@@ -331,7 +338,11 @@ async fn run_process(
         Some(supervisor) => {
             let mut command = tokio::process::Command::new(supervisor);
             command.arg(crate::supervise::MODE).arg(std::process::id().to_string());
-            command.args(crate::supervise::limit_args(&limits)).arg(interpreter);
+            command.args(crate::supervise::limit_args(&limits));
+            if let Some(lease_file) = crate::supervise::lease_file() {
+                command.arg(format!("--lease-file={}", lease_file.display()));
+            }
+            command.arg(interpreter);
             command
         }
         None => tokio::process::Command::new(interpreter),

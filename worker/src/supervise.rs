@@ -69,6 +69,51 @@ pub const CANNOT_START: i32 = 127;
 /// The start of the line a supervisor writes on stderr when it kills the group for a limit.
 pub const REPORT_PREFIX: &str = "attune-worker supervise: limit exceeded ";
 
+/// The line a supervisor writes on stderr when it kills the group because its worker's lease ran
+/// out (`--lease-file`).
+pub const LEASE_EXPIRED: &str = "attune-worker supervise: the worker's lease on its runs ran out";
+
+/// The clock of lease files: `CLOCK_BOOTTIME` in nanoseconds, one clock for every process of the
+/// host, and one that keeps counting while the machine sleeps.
+#[allow(unsafe_code)]
+pub fn boot_clock_ns() -> u128 {
+    // SAFETY: clock_gettime writes into a local struct.
+    let now = unsafe {
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now);
+        now
+    };
+    now.tv_sec as u128 * 1_000_000_000 + now.tv_nsec as u128
+}
+
+/// The lease file of this worker process, once it has one (`set_lease_file`).
+static LEASE_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// This worker's lease file, which every supervisor it starts watches (`--lease-file`).
+pub fn lease_file() -> Option<&'static std::path::Path> {
+    LEASE_FILE.get().map(std::path::PathBuf::as_path)
+}
+
+/// Gives this worker process its lease file (once; later calls change nothing).
+pub fn set_lease_file(path: std::path::PathBuf) {
+    let _ = LEASE_FILE.set(path);
+}
+
+/// Writes `deadline` (`boot_clock_ns`) into the lease file at `path`, whole (a reader sees the old
+/// deadline or the new one).
+pub fn write_lease(path: &std::path::Path, deadline: u128) -> std::io::Result<()> {
+    let mut next = path.as_os_str().to_owned();
+    next.push(".next");
+    std::fs::write(&next, deadline.to_string())?;
+    std::fs::rename(&next, path)
+}
+
+/// The lease deadline written in a lease file (`boot_clock_ns` at which it runs out), if the file
+/// holds one.
+fn read_lease(path: &OsStr) -> Option<u128> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 /// If this process was started as a supervisor, supervises and exits; otherwise returns.
 pub fn run_if_asked() {
     let mut args = std::env::args_os().skip(1);
@@ -120,11 +165,14 @@ pub fn limit_args(limits: &Limits) -> Vec<String> {
 }
 
 /// What the supervisor holds the action to.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Enforced {
     memory_mb: Option<u64>,
     cpu_secs: Option<u64>,
     open_files: Option<u64>,
+    /// The worker's lease file (docs/adr/0008): the group is killed once the deadline in it has
+    /// passed, so that a worker that stalls (and stops renewing it) runs nothing on.
+    lease_file: Option<OsString>,
 }
 
 /// `[worker pid, options..., program, args...]`.
@@ -134,6 +182,11 @@ fn parse_args(args: &[OsString]) -> Option<(i32, Enforced, &OsString, &[OsString
     let mut rest = &args[1..];
     while let Some(option) = rest.first().and_then(|a| a.to_str()).and_then(|a| a.strip_prefix("--")) {
         let (name, value) = option.split_once('=')?;
+        if name == "lease-file" {
+            enforced.lease_file = Some(OsString::from(value));
+            rest = &rest[1..];
+            continue;
+        }
         let value = Some(value.parse::<u64>().ok().filter(|v| *v > 0)?);
         match name {
             "memory-mb" => enforced.memory_mb = value,
@@ -154,7 +207,7 @@ fn supervise(args: &[OsString]) -> i32 {
     let Some((parent, enforced, program, program_args)) = parse_args(args) else {
         eprintln!(
             "attune-worker {MODE}: usage: attune-worker {MODE} <worker pid> [--memory-mb=N] [--cpu-secs=N] \
-             [--open-files=N] <program> [args...]"
+             [--open-files=N] [--lease-file=PATH] <program> [args...]"
         );
         return 2;
     };
@@ -200,6 +253,8 @@ fn supervise(args: &[OsString]) -> i32 {
     let timeout = libc::timespec { tv_sec: 0, tv_nsec: LOOK.as_nanos() as libc::c_long };
     let mut group = Group::default();
     let mut looks: u32 = 0;
+    // the last deadline read (a file that cannot be read keeps it: it runs out unless renewed)
+    let mut lease = enforced.lease_file.as_deref().and_then(read_lease);
     loop {
         // SAFETY: waits for one of the blocked signals in `watched`; the info struct is local.
         let signal = unsafe {
@@ -226,6 +281,13 @@ fn supervise(args: &[OsString]) -> i32 {
             Ok(None) => {}
             Err(e) => {
                 eprintln!("attune-worker {MODE}: lost the action: {e}");
+                kill_group();
+            }
+        }
+        if let Some(path) = enforced.lease_file.as_deref() {
+            lease = read_lease(path).or(lease);
+            if lease.is_some_and(|deadline| boot_clock_ns() > deadline) {
+                let _ = std::io::stderr().write_all(format!("\n{LEASE_EXPIRED}\n").as_bytes());
                 kill_group();
             }
         }
@@ -456,7 +518,16 @@ mod tests {
         let args = os(&["42", "--memory-mb=128", "--cpu-secs=1", "--open-files=16", "/usr/bin/python3", "--x=1"]);
         let (parent, enforced, program, rest) = parse_args(&args).unwrap();
         assert_eq!((parent, program.to_str(), rest), (42, Some("/usr/bin/python3"), &os(&["--x=1"])[..]));
-        assert_eq!(enforced, Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16) });
+        assert_eq!(
+            enforced,
+            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None }
+        );
+        let leased = os(&["42", "--lease-file=/run/w.lease", "--memory-mb=8", "/bin/sh"]);
+        let (_, enforced, _, _) = parse_args(&leased).unwrap();
+        assert_eq!(
+            enforced,
+            Enforced { memory_mb: Some(8), lease_file: Some(OsString::from("/run/w.lease")), ..Enforced::default() }
+        );
         let plain = os(&["42", "/bin/sh", "run.sh"]);
         let (_, enforced, program, _) = parse_args(&plain).unwrap();
         assert_eq!((enforced, program.to_str()), (Enforced::default(), Some("/bin/sh")));
@@ -471,8 +542,21 @@ mod tests {
         let args: Vec<OsString> = args.into_iter().map(OsString::from).collect();
         assert_eq!(
             parse_args(&args).unwrap().1,
-            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16) }
+            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None }
         );
+    }
+
+    #[test]
+    fn a_lease_file_holds_its_deadline_whole_and_a_missing_one_holds_none() {
+        let path = std::env::temp_dir().join(format!("attune-lease-test-{:016x}", rand::random::<u64>()));
+        assert_eq!(read_lease(path.as_os_str()), None);
+        let deadline = boot_clock_ns() + 5_000_000_000;
+        write_lease(&path, deadline).unwrap();
+        assert_eq!(read_lease(path.as_os_str()), Some(deadline));
+        write_lease(&path, deadline + 1).unwrap();
+        assert_eq!(read_lease(path.as_os_str()), Some(deadline + 1));
+        assert!(boot_clock_ns() < deadline, "the boot clock counts in nanoseconds");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
@@ -508,7 +592,7 @@ mod tests {
 
     #[test]
     fn the_first_limit_passed_is_reported() {
-        let enforced = Enforced { memory_mb: Some(100), cpu_secs: Some(2), open_files: None };
+        let enforced = Enforced { memory_mb: Some(100), cpu_secs: Some(2), open_files: None, lease_file: None };
         let group = |mb: u64, secs: f64| Group { members: vec![], resident_bytes: mb << 20, cpu_secs: secs };
         assert_eq!(exceeded(&enforced, &group(100, 1.99)), None, "at the limit is within it");
         assert_eq!(exceeded(&enforced, &group(101, 1.0)).unwrap().limit, LimitKind::MemoryMb);
@@ -541,7 +625,8 @@ mod tests {
 
     #[test]
     fn the_backstops_sit_above_the_limits() {
-        let limits = rlimits(&Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16) });
+        let limits =
+            rlimits(&Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None });
         let of = |resource| limits.iter().find(|(r, _)| *r == resource).map(|(_, l)| (l.rlim_cur, l.rlim_max));
         // (the test's own hard limits are far above these)
         assert_eq!(of(libc::RLIMIT_AS), Some(((256 + 1024) << 20, (256 + 1024) << 20)));
