@@ -3,13 +3,15 @@
 -- transaction-level advisory lock per planned worker (so claims for one worker, from any
 -- executor, take turns) and then, with a fresh snapshot, counts what is in flight on each and
 -- trims the plan to the room left (its slots, as reported, less what is dispatched and
--- unfinished; a worker that reports no slots is not limited). One round trip, as before.
+-- unfinished; a worker that reports no number of slots is not limited, as in the executors'
+-- picture). One round trip, as before. (Workers whose ids are equal modulo 2^31 - 1 share a lock:
+-- they only take turns.)
 CREATE FUNCTION execution_claim(p_runtime TEXT, p_plan BIGINT[]) RETURNS SETOF execution
 LANGUAGE plpgsql AS $$
 BEGIN
     -- (the two-key form: apart from the services' one-key locks)
-    PERFORM pg_advisory_xact_lock(1635022965, planned.worker::int)
-        FROM (SELECT DISTINCT unnest(p_plan) AS worker ORDER BY 1) AS planned;
+    PERFORM pg_advisory_xact_lock(1635022965, (planned.worker % 2147483647)::int)
+        FROM (SELECT DISTINCT unnest(p_plan) % 2147483647 AS worker ORDER BY 1) AS planned;
     -- a statement of a function takes its snapshot when it starts: this one sees every claim
     -- that took its turn before
     RETURN QUERY
@@ -19,7 +21,9 @@ BEGIN
         GROUP BY x.worker),
     room AS (
         SELECT w.id AS worker,
-               COALESCE((w.capabilities->>'slots')::bigint, 9223372036854775807) - COALESCE(i.n, 0) AS free
+               CASE WHEN jsonb_typeof(w.capabilities->'slots') = 'number'
+                    THEN floor(LEAST((w.capabilities->>'slots')::numeric, 1e18))::bigint
+                    ELSE 9223372036854775807 END - COALESCE(i.n, 0) AS free
         FROM worker w LEFT JOIN inflight i ON i.worker = w.id
         WHERE w.id = ANY (p_plan)),
     kept AS (

@@ -73,7 +73,7 @@ async fn a_schedulers_claim_whose_answer_was_lost_is_read_back_and_dispatched() 
     sqlx::query("UPDATE execution SET worker = NULL WHERE id = $1").bind(id).execute(&test.pool).await.unwrap();
     let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&test.pool).await.unwrap();
     let (cut, pool) = proxied(&test).await;
-    cut.arm("WITH picked AS");
+    cut.arm("FROM execution_claim(");
     let claimed = db::execution::claim_waiting_surely(&pool, "shell", &[worker], since).await.unwrap();
     assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
     assert_eq!(claimed.iter().map(|c| (c.id, c.worker)).collect::<Vec<_>>(), [(id, worker)]);

@@ -209,14 +209,21 @@ async fn a_report_is_kept_only_for_its_run_and_goes_when_the_execution_leaves_ru
     // waiting longer than the patience, and not before
     assert_eq!(
         db::report::waiting(&test.pool, std::time::Duration::from_secs(60), 10).await.unwrap(),
-        Vec::<serde_json::Value>::new()
+        Vec::<(i64, serde_json::Value)>::new()
     );
     sqlx::query("UPDATE execution SET reported_at = now() - interval '10 seconds' WHERE id = $1")
         .bind(id)
         .execute(&test.pool)
         .await
         .unwrap();
-    assert_eq!(db::report::waiting(&test.pool, std::time::Duration::from_secs(5), 10).await.unwrap(), vec![report]);
+    assert_eq!(
+        db::report::waiting(&test.pool, std::time::Duration::from_secs(5), 10).await.unwrap(),
+        vec![(id, report.clone())]
+    );
+    // one that cannot be recorded is dropped, and kept again by the next report
+    db::report::discard(&test.pool, id).await.unwrap();
+    assert_eq!(db::report::of(&test.pool, id).await.unwrap(), None);
+    assert!(db::report::keep(&test.pool, id, w, Some(TOKEN), &report).await.unwrap());
     // recorded: the report goes with the run
     let outcome = Outcome { failure_kind: Some(FailureKind::TransientError), ..Default::default() };
     let fail = Transition::to(Failed).from(&[Running]).owned_by(w).outcome(&outcome);

@@ -37,7 +37,8 @@ const MONITOR_LOCK: i64 = 0x6174_7475_6e65_0001;
 const BATCH: i64 = 500;
 /// How long after it was scheduled a dispatch must have reached its worker, by the worker's
 /// heartbeats (`db::execution::lost_dispatches`).
-const LOST_DISPATCH_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
+/// (the scheduler tries a publish for up to 5 s before it hands the execution back itself)
+const LOST_DISPATCH_SLACK: std::time::Duration = std::time::Duration::from_secs(6);
 /// How long the monitor's lock outlives a stalled holder (`db::leader`).
 pub const LEADER_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a report kept in its row (`db::report`) waits for its message before the monitor
@@ -88,9 +89,14 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
     let limits = limits(context);
     // reports the broker has not brought in time are recorded from their rows, before anything
     // below could take their runs for lost
-    for report in db::report::waiting(&context.db, REPORT_PATIENCE, BATCH).await? {
-        if let Err(e) = record_report(context, report).await {
-            tracing::warn!(error = %e, "monitor: could not record a report kept in its row");
+    for (id, report) in db::report::waiting(&context.db, REPORT_PATIENCE, BATCH).await? {
+        match record_report(context, report).await {
+            Ok(true) => {}
+            // (not read first at every pass: the sweeps below judge the run)
+            Ok(false) => db::report::discard(&context.db, id).await?,
+            Err(e) => {
+                tracing::warn!(execution_id = id, error = %e, "monitor: could not record a report kept in its row")
+            }
         }
     }
     for status in recovery::STUCK_STATUSES {
@@ -135,8 +141,9 @@ async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
     Ok(())
 }
 
-/// Records a report kept in its row (`db::report`) as the result message would have been.
-async fn record_report(context: &Context, report: serde_json::Value) -> Result<(), crate::Error> {
+/// Records a report kept in its row (`db::report`) as the result message would have been;
+/// `false` if it does not parse (a newer worker's, say), which leaves the run to the other sweeps.
+async fn record_report(context: &Context, report: serde_json::Value) -> Result<bool, crate::Error> {
     match serde_json::from_value::<attune_common::mq::ExecutionResult>(report) {
         Ok(result) => {
             tracing::warn!(
@@ -145,11 +152,12 @@ async fn record_report(context: &Context, report: serde_json::Value) -> Result<(
                 "monitor: recording a result the broker has not brought, from its row"
             );
             attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", "report")], 1);
-            crate::completion::record(context, &result).await
+            crate::completion::record(context, &result).await?;
+            Ok(true)
         }
         Err(e) => {
-            tracing::error!(error = %e, "monitor: a report kept in a row does not parse; left to the overdue sweep");
-            Ok(())
+            tracing::error!(error = %e, "monitor: a report kept in a row does not parse; the run is judged without it");
+            Ok(false)
         }
     }
 }
@@ -186,11 +194,13 @@ async fn fail(
     reason: &str,
 ) -> Result<(), crate::Error> {
     // a run whose worker reported how it ended is recorded as that, not as what the monitor
-    // would make of its silence
+    // would make of its silence (if the report records nothing, the failure below does: it is
+    // guarded, so after a report that was recorded it changes nothing)
     if from == ExecutionStatus::Running
         && let Some(report) = db::report::of(&context.db, execution_id).await?
+        && !record_report(context, report).await?
     {
-        return record_report(context, report).await;
+        db::report::discard(&context.db, execution_id).await?;
     }
     let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
     let reported = kind.reported_status();

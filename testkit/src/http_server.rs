@@ -88,8 +88,8 @@ impl Recorded {
 struct State {
     scripts: HashMap<String, VecDeque<Reply>>,
     requests: Vec<Recorded>,
-    /// Targets of requests whose client closed the connection before the reply.
-    hung_up: Vec<String>,
+    /// Targets of requests whose client closed the connection before the reply, and when.
+    hung_up: Vec<(String, Instant)>,
 }
 
 /// The server, listening on 127.0.0.1 at a port of its own until dropped.
@@ -144,7 +144,13 @@ impl HttpServer {
 
     /// How many clients of `path` closed their connection before their reply was sent.
     pub fn hung_up(&self, path: &str) -> usize {
-        self.state.lock().unwrap().hung_up.iter().filter(|t| t.split('?').next() == Some(path)).count()
+        self.hung_up_at(path).len()
+    }
+
+    /// When each client of `path` that closed its connection before its reply did.
+    pub fn hung_up_at(&self, path: &str) -> Vec<Instant> {
+        let state = self.state.lock().unwrap();
+        state.hung_up.iter().filter(|(t, _)| t.split('?').next() == Some(path)).map(|(_, at)| *at).collect()
     }
 
     /// Waits until `path` got at least `count` requests; returns them.
@@ -182,7 +188,7 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
         tokio::select! {
             _ = tokio::time::sleep(reply.delay) => {}
             _ = stream.read(&mut probe) => {
-                state.lock().unwrap().hung_up.push(target);
+                state.lock().unwrap().hung_up.push((target, Instant::now()));
                 return;
             }
         }

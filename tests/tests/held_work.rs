@@ -106,7 +106,7 @@ async fn requests_wait_through_the_restart_of_the_only_worker_of_their_runtime()
         .worker(&only, &env)
         .start()
         .await;
-    let sleep = system.submit("core.sleep", json!({"seconds": 10})).await;
+    let sleep = system.submit("core.sleep", json!({"seconds": 15})).await;
     wait_for("the long run to start", DEADLINE, || async {
         let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&sleep))).await;
         (view["status"] == "running").then_some(())
@@ -166,43 +166,71 @@ async fn two_executors_never_place_more_on_a_worker_than_its_slots() {
         .start()
         .await;
     let worker = system.worker_id("w").await;
-    let mut second = system
+    let second_log = std::env::temp_dir().join(format!("attune-second-executor-{:016x}.log", rand::random::<u64>()));
+    let output = std::fs::File::create(&second_log).unwrap();
+    let second = system
         .command("attune-executor")
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stdout(output.try_clone().unwrap())
+        .stderr(output)
         .spawn()
         .unwrap();
-    let mut ids = Vec::new();
-    for n in 0..30 {
-        ids.push(id(&system.submit("core.echo", json!({"message": format!("one at a time {n}")})).await));
-    }
-    // what is dispatched to the worker and unfinished, sampled until every one has finished
+    // (stopped however the test ends)
+    let _second = KillOnDrop(second);
+    wait_for("the second executor to consume", DEADLINE, || async {
+        std::fs::read_to_string(&second_log).unwrap_or_default().contains("consuming").then_some(())
+    })
+    .await;
+    let placed = |log: &str| log.lines().filter(|line| line.contains("dispatched")).count();
+    // waves of 20 until both executors have placed work (the test would prove nothing with one)
     let mut most = 0;
-    let started = Instant::now();
-    loop {
-        let (inflight, unfinished): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE worker = $1 AND status IN ('scheduled', 'running')), \
-                    count(*) FILTER (WHERE status NOT IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned')) \
-             FROM execution WHERE id = ANY($2)",
-        )
-        .bind(worker)
-        .bind(&ids)
-        .fetch_one(&system.db.pool)
-        .await
-        .unwrap();
-        most = most.max(inflight);
-        if unfinished == 0 {
+    let mut all = Vec::new();
+    for wave in 0..3 {
+        let mut ids = Vec::new();
+        for n in 0..20 {
+            ids.push(id(&system.submit("core.echo", json!({"message": format!("one at a time {wave}.{n}")})).await));
+        }
+        // what is dispatched to the worker and unfinished, sampled until every one has finished
+        let started = Instant::now();
+        loop {
+            let (inflight, unfinished): (i64, i64) = sqlx::query_as(
+                "SELECT count(*) FILTER (WHERE worker = $1 AND status IN ('scheduled', 'running')), \
+                        count(*) FILTER (WHERE status NOT IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned')) \
+                 FROM execution WHERE id = ANY($2)",
+            )
+            .bind(worker)
+            .bind(&ids)
+            .fetch_one(&system.db.pool)
+            .await
+            .unwrap();
+            most = most.max(inflight);
+            if unfinished == 0 {
+                break;
+            }
+            assert!(started.elapsed() < DEADLINE, "{unfinished} still unfinished");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        all.extend(ids);
+        let (first, other) = (placed(&system.log("executor")), placed(&std::fs::read_to_string(&second_log).unwrap()));
+        if first > 0 && other > 0 {
             break;
         }
-        assert!(started.elapsed() < DEADLINE, "{unfinished} still unfinished");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(wave < 2, "three waves and one executor placed everything: {first} and {other} dispatches");
     }
     assert_eq!(most, 1, "the worker has one slot");
-    for execution in ids {
+    for execution in all {
         assert_eq!(system.wait_terminal(execution, DEADLINE).await["status"], "completed");
     }
-    let _ = second.kill();
-    let _ = second.wait();
+    let _ = std::fs::remove_file(&second_log);
     system.stop().await;
+}
+
+/// A process of the test's own, killed when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -167,3 +167,52 @@ async fn a_frozen_worker_s_run_is_stopped_by_its_supervisor_before_the_execution
     let _ = std::fs::remove_file(&log);
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cut_off_from_the_database_aborts_its_http_request_before_the_execution_runs_elsewhere() {
+    use attune_testkit::http_server::{HttpServer, Reply};
+    // an http action runs inside the worker (no supervisor): only the worker's own look at its
+    // lease stops it
+    let server = HttpServer::start().await;
+    server.script("/slow", [Reply::status(200).after(Duration::from_secs(60)), Reply::status(200)]);
+    let call = format!(
+        "name: call\nruntime: http\ntimeout_seconds: 120\nmax_retries: 2\n\
+         http:\n  url: \"http://127.0.0.1:{}/slow\"\n",
+        server.port()
+    );
+    let pack = TempPack::new("fencehttp", &[("call.yaml", &call)]);
+    let mut system = System::builder()
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
+        .pack(pack.path())
+        .start()
+        .await;
+    let cut = PgCut::start("127.0.0.1:5432").await;
+    let cut_off = format!("cut-{:08x}", rand::random::<u32>());
+    let other = format!("other-{:08x}", rand::random::<u32>());
+    system.restart_with(&cut_off, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", "http")]);
+    wait_consuming(&system, &cut_off).await;
+    let first = system.submit("fencehttp.call", json!({})).await;
+    server.wait_requests("/slow", 1, DEADLINE).await;
+    system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "http")]);
+    wait_consuming(&system, &other).await;
+
+    cut.partition();
+    let healed_at = tokio::time::Instant::now() + Duration::from_secs(15);
+    let requests = server.wait_requests("/slow", 2, Duration::from_secs(15)).await;
+    tokio::time::sleep_until(healed_at).await;
+    cut.heal();
+
+    let chain = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(chain[0]["failure_kind"], "worker_heartbeat_stale", "{chain:#?}");
+    assert_eq!(chain.last().unwrap()["status"], "completed", "{chain:#?}");
+    let hung_up = server.hung_up_at("/slow");
+    assert_eq!(hung_up.len(), 1, "the first request was aborted");
+    assert!(
+        hung_up[0] < requests[1].received,
+        "the first request was aborted {:?} after the retry's was sent",
+        hung_up[0] - requests[1].received
+    );
+    system.stop().await;
+}

@@ -208,9 +208,8 @@ struct Worker {
     /// Another process took this worker's name: this one stops its own runs and exits, and
     /// touches nothing it shares with the new holder (the row, the queue, their dispatches).
     displaced: std::sync::atomic::AtomicBool,
-    /// When the last heartbeat that landed was sent: the worker's runs may go on until
-    /// `Settings::lease` after it.
-    renewed: std::sync::Mutex<Instant>,
+    /// The lease on its runs (ADR 0008).
+    lease: Lease,
     /// Runs stopped because the lease ran out (reported as `worker_heartbeat_stale`).
     lease_lost: std::sync::Mutex<std::collections::HashSet<i64>>,
 }
@@ -303,7 +302,6 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         }
     }
     // not consuming yet: the heartbeat sent when the consumer is up makes it eligible
-    let registered = Instant::now();
     let registered_boot = supervise::boot_clock_ns();
     let capabilities = capabilities(&settings, &queue, &runtimes, &health, settings.lookahead(None), false, false);
     if !db::worker::heartbeat(&pool, worker_id, &capabilities).await? {
@@ -335,7 +333,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         abort: CancellationToken::new(),
         shutdown: shutdown.clone(),
         displaced: Default::default(),
-        renewed: std::sync::Mutex::new(registered),
+        lease: Lease::new(registered_boot, settings.lease()),
         lease_lost: Default::default(),
     });
     if settings.supervisor.is_some() {
@@ -459,21 +457,25 @@ fn capabilities(
 
 impl Worker {
     /// The dispatches to take ahead now (see `selection::lookahead`): sized from the recent
-    /// execution time, or, while every run slot is taken, from how long the youngest of those
-    /// runs has been going if that is longer: a worker stuck behind long runs takes nothing
-    /// ahead that another worker could start at once.
+    /// execution time, and, while every run slot is taken, never more than how long the youngest
+    /// of those runs has been going allows; none once it has gone on longer than a dispatch may
+    /// be held (`hold_limit`): a worker stuck behind long runs takes nothing ahead that another
+    /// worker could start at once (and what it holds goes back).
     fn lookahead_now(&self) -> u16 {
         let recent = self.health.recent_duration_ms();
+        let usual = self.settings.lookahead(recent);
         let busy = self
             .running
             .lock()
             .expect("running map poisoned")
             .every_slot_busy_for(usize::from(self.settings.concurrency));
-        let duration = match busy {
-            Some(busy) => Some(recent.unwrap_or(0.0).max(busy.as_secs_f64() * 1000.0)),
-            None => recent,
-        };
-        self.settings.lookahead(duration)
+        match busy {
+            Some(busy) if busy >= self.hold_limit() => 0,
+            Some(busy) => {
+                usual.min(self.settings.lookahead(Some(recent.unwrap_or(0.0).max(busy.as_secs_f64() * 1000.0))))
+            }
+            None => usual,
+        }
     }
 
     /// How long a dispatch taken ahead waits for a run slot before it goes back to waiting for
@@ -515,10 +517,11 @@ impl Worker {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let silent_for = self.renewed.lock().expect("lease poisoned").elapsed();
+            let silent_for = self.lease.silent_for();
             if silent_for < lease {
                 continue;
             }
+            self.lease.lapsed();
             let running = self.running.lock().expect("running map poisoned");
             let mut lost = self.lease_lost.lock().expect("lease poisoned");
             for (execution_id, token) in &running.tokens {
@@ -536,11 +539,6 @@ impl Worker {
                 }
             }
         }
-    }
-
-    /// Whether no heartbeat has landed for the lease: no run may start.
-    fn lease_expired(&self) -> bool {
-        self.renewed.lock().expect("lease poisoned").elapsed() >= self.settings.lease()
     }
 
     /// Hands back every execution dispatched to this worker that has not started.
@@ -617,36 +615,37 @@ impl Worker {
             let lookahead = self.lookahead_now();
             let capabilities =
                 capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, lookahead, up, draining);
-            // what it holds is marked before the heartbeat: executors take a dispatch its
-            // heartbeat did not mark for lost (`db::execution::lost_dispatches`)
+            // What it holds is marked with the heartbeat: executors take a dispatch its heartbeat
+            // did not mark for lost (`db::execution::lost_dispatches`). A heartbeat that hangs
+            // (the database unreachable without a reset) is given up in time for the next.
             let held: Vec<i64> = self.held.lock().expect("held set poisoned").iter().copied().collect();
-            let keep = db::execution::keep_held(&self.db, self.id, &held);
-            if !held.is_empty()
-                && let Err(e) = tokio::time::timeout(self.settings.lease() / 2, keep)
+            let budget = self.settings.lease() / 2;
+            let sent = supervise::boot_clock_ns();
+            let keep = async {
+                if held.is_empty() {
+                    return Ok(());
+                }
+                tokio::time::timeout(budget, db::execution::keep_held(&self.db, self.id, &held))
                     .await
-                    .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
-            {
+                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            };
+            let beat = async {
+                tokio::time::timeout(budget, db::worker::heartbeat(&self.db, self.id, &capabilities))
+                    .await
+                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            };
+            let (kept, beat) = tokio::join!(keep, beat);
+            if let Err(e) = kept {
                 tracing::warn!(error = %e, "could not mark held dispatches");
             }
-            let (sent, sent_boot) = (Instant::now(), supervise::boot_clock_ns());
-            // (a heartbeat that hangs, the database unreachable without a reset, is given up in
-            // time for the next)
-            let beat = tokio::time::timeout(
-                self.settings.lease() / 2,
-                db::worker::heartbeat(&self.db, self.id, &capabilities),
-            )
-            .await
-            .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut));
             delay = match beat {
                 Ok(true) => {
-                    let mut renewed = self.renewed.lock().expect("lease poisoned");
-                    if sent > *renewed
+                    if self.lease.renew(sent)
                         && let Some(path) = supervise::lease_file()
-                        && let Err(e) = supervise::write_lease(path, sent_boot + self.settings.lease().as_nanos())
+                        && let Err(e) = supervise::write_lease(path, sent + self.settings.lease().as_nanos())
                     {
                         tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file");
                     }
-                    *renewed = (*renewed).max(sent);
                     self.settings.heartbeat_interval
                 }
                 Ok(false) => {
@@ -853,17 +852,15 @@ impl Worker {
         // the execution unstarted). A dispatch that must wait for a run slot is checked for
         // staleness on the way (`wait_for_slot`).
         let immediate = self.run_slots.try_acquire().ok();
-        self.held.lock().expect("held set poisoned").insert(execution_id);
+        // held (marked with each heartbeat) until its claim has answered
+        let held = Held::new(&self.held, execution_id);
         let mut held_too_long = false;
         let permit = match immediate {
             Some(permit) => Some(permit),
             None => tokio::select! {
                 permit = self.wait_for_slot(execution_id) => match permit {
                     Some(permit) => Some(permit),
-                    None => {
-                        self.held.lock().expect("held set poisoned").remove(&execution_id);
-                        return Disposition::Ack;
-                    }
+                    None => return Disposition::Ack,
                 },
                 _ = tokio::time::sleep(self.hold_limit()) => {
                     held_too_long = true;
@@ -873,7 +870,6 @@ impl Worker {
                 _ = incoming.channel_lost.cancelled() => None,
             },
         };
-        self.held.lock().expect("held set poisoned").remove(&execution_id);
         if incoming.channel_lost.is_cancelled() && permit.is_none() {
             // (the message's redelivery, if it comes, finds the execution no longer here)
             self.give_back_held(execution_id, "its channel was lost").await;
@@ -893,7 +889,7 @@ impl Worker {
             }
             return self.hand_back(execution_id).await;
         };
-        if self.lease_expired() {
+        if self.lease.expired() {
             // the executors may take this worker for dead any moment: the dispatch waits for
             // another (or for this one once its heartbeats land again)
             self.give_back_held(execution_id, "no heartbeat has landed within the lease").await;
@@ -908,7 +904,9 @@ impl Worker {
         // the claim reads what to run from the database: nothing of the message but the ids is
         // believed (a forged dispatch for an execution not scheduled here claims nothing)
         let run_token = new_run_token();
+        let lapses = self.lease.lapses();
         let claimed = self.writes.claim(execution_id, &run_token).await;
+        drop(held);
         if !matches!(claimed, Ok(Some(_))) {
             self.running.lock().expect("running map poisoned").release(execution_id);
         }
@@ -923,6 +921,21 @@ impl Worker {
                 return Disposition::Retry;
             }
         };
+        if self.lease.lapses() != lapses || self.lease.expired() {
+            // The claim's answer came after the lease ran out: the executors may have taken
+            // this worker for dead meanwhile and started the execution elsewhere. It does not run
+            // here (its failure is reported, and is stale if it was).
+            self.running.lock().expect("running map poisoned").release(execution_id);
+            let result = failure_result(
+                execution_id,
+                self.id,
+                Some(run_token),
+                FailureKind::WorkerHeartbeatStale,
+                "the worker's lease on its runs ran out while it claimed the execution: not started".into(),
+            );
+            self.report(&result).await;
+            return Disposition::Ack;
+        }
         let started = Instant::now();
         let (cancel, kill) = (self.abort.child_token(), CancellationToken::new());
         let runtime = claimed.runtime.as_deref().unwrap_or_default();
@@ -1123,6 +1136,67 @@ impl Worker {
 /// What a heartbeat reports that executors schedule by: the look-ahead, the health class and the
 /// last failure (a probe that failed must restart the probation at once).
 type Reported = (u16, HealthClass, Option<chrono::DateTime<chrono::Utc>>);
+
+/// The worker's lease on its runs (ADR 0008), on the boot clock (`supervise::boot_clock_ns`: it
+/// counts while the machine sleeps, as the database's clock does).
+struct Lease {
+    /// When the last heartbeat that landed was sent.
+    renewed: std::sync::Mutex<u128>,
+    /// How many looks found it run out: a claim during which this changed must not start its run.
+    lapses: std::sync::atomic::AtomicU64,
+    length: Duration,
+}
+
+impl Lease {
+    fn new(sent: u128, length: Duration) -> Lease {
+        Lease { renewed: std::sync::Mutex::new(sent), lapses: Default::default(), length }
+    }
+
+    /// A heartbeat sent at `sent` landed; `true` if that renews the lease.
+    fn renew(&self, sent: u128) -> bool {
+        let mut renewed = self.renewed.lock().expect("lease poisoned");
+        let newer = sent > *renewed;
+        *renewed = (*renewed).max(sent);
+        newer
+    }
+
+    /// How long since the last heartbeat that landed was sent.
+    fn silent_for(&self) -> Duration {
+        let renewed = *self.renewed.lock().expect("lease poisoned");
+        let nanos = supervise::boot_clock_ns().saturating_sub(renewed);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// Whether it has run out: no run may start.
+    fn expired(&self) -> bool {
+        self.silent_for() >= self.length
+    }
+
+    /// A look found it run out.
+    fn lapsed(&self) {
+        self.lapses.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn lapses(&self) -> u64 {
+        self.lapses.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A dispatch in the held set (marked with each heartbeat) until dropped.
+struct Held<'a>(&'a std::sync::Mutex<std::collections::HashSet<i64>>, i64);
+
+impl<'a> Held<'a> {
+    fn new(set: &'a std::sync::Mutex<std::collections::HashSet<i64>>, execution_id: i64) -> Self {
+        set.lock().expect("held set poisoned").insert(execution_id);
+        Held(set, execution_id)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.lock().expect("held set poisoned").remove(&self.1);
+    }
+}
 
 /// Counts a delivery as being handled until dropped.
 struct Busy<'a>(&'a std::sync::atomic::AtomicUsize);

@@ -403,17 +403,19 @@ async fn run_process(
 
     let mut finished = Finished::default();
     let status = tokio::select! {
-        status = child.wait() => status.ok(),
-        _ = tokio::time::sleep(run.timeout) => {
-            finished.timed_out = true;
-            terminate(&mut child, process_group).await
-        }
+        // (in this order: a kill fired with a cancel, the lease's, kills at once)
+        biased;
         _ = killed(run.kill) => {
             finished.aborted = true;
             if let Some(pgid) = process_group {
                 signal_group(pgid, libc::SIGKILL);
             }
             child.wait().await.ok()
+        }
+        status = child.wait() => status.ok(),
+        _ = tokio::time::sleep(run.timeout) => {
+            finished.timed_out = true;
+            terminate(&mut child, process_group).await
         }
         _ = abort.cancelled() => {
             finished.aborted = true;

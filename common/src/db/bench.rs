@@ -251,10 +251,11 @@ pub async fn load_history_chunk(db: &PgPool, load: &HistoryLoad<'_>, from: i64, 
 /// `VACUUM ANALYZE execution`: after a load, the table's visibility map and statistics.
 pub async fn vacuum_analyze_execution(db: &PgPool) -> Result<(), sqlx::Error> {
     // (no statement limit: minutes at 10 million rows)
-    sqlx::raw_sql("SET statement_timeout = 0; VACUUM ANALYZE execution; RESET statement_timeout")
-        .execute(&mut *db.acquire().await?)
-        .await
-        .map(|_| ())
+    let mut connection = db.acquire().await?;
+    sqlx::query("SET statement_timeout = 0").execute(&mut *connection).await?;
+    let vacuumed = sqlx::query("VACUUM ANALYZE execution").execute(&mut *connection).await.map(|_| ());
+    super::restore_limits(&mut connection).await?;
+    vacuumed
 }
 
 /// Whether the schema has `execution_rollup_rebuild()` (the statistics' rollups).
@@ -267,10 +268,11 @@ pub async fn rollup_rebuild_exists(db: &PgPool) -> Result<bool, sqlx::Error> {
 /// Rebuilds the statistics' rollups from the execution table (`execution_rollup_rebuild()`),
 /// which a load behind the services' back leaves stale.
 pub async fn rollup_rebuild(db: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql("SET statement_timeout = 0; SELECT execution_rollup_rebuild(); RESET statement_timeout")
-        .execute(&mut *db.acquire().await?)
-        .await
-        .map(|_| ())
+    let mut connection = db.acquire().await?;
+    sqlx::query("SET statement_timeout = 0").execute(&mut *connection).await?;
+    let rebuilt = sqlx::query("SELECT execution_rollup_rebuild()").execute(&mut *connection).await.map(|_| ());
+    super::restore_limits(&mut connection).await?;
+    rebuilt
 }
 
 /// The newest retry of `core.flaky` (retry count 1, with an original) created at or before

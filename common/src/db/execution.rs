@@ -1047,7 +1047,8 @@ pub async fn claim_waiting_surely(
     since: DateTime<Utc>,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     match claim_waiting(db, runtime, plan).await {
-        Err(e) if crate::db::is_transient(&e) => {
+        // (a lock timeout, say, committed nothing: nothing to read back)
+        Err(e) if crate::db::is_connection_lost(&e) => {
             tracing::warn!(runtime, error = %e, "a claim's answer was lost; reading back what it claimed");
             crate::db::retry_while_unavailable("reading back a claim", || claimed_since(db, runtime, plan, since)).await
         }

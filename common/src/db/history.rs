@@ -132,12 +132,15 @@ pub async fn prune_rollup(db: &PgPool) -> Result<u64, sqlx::Error> {
 
 /// Vacuums `execution` (its space goes back to new rows) unless another vacuum of it is under way.
 pub async fn vacuum(db: &PgPool) -> Result<(), sqlx::Error> {
+    // (as long as it takes, but not behind another vacuum; the connection goes back to the pool
+    // with its session's own limits, or is closed)
     let mut connection = db.acquire().await?;
-    // (as long as it takes, but not behind another vacuum)
     sqlx::query("SET statement_timeout = 0").execute(&mut *connection).await?;
     sqlx::query("SET lock_timeout = '1s'").execute(&mut *connection).await?;
     let result = sqlx::query("VACUUM (ANALYZE) execution").execute(&mut *connection).await;
-    super::restore_limits(&mut connection).await?;
+    if super::restore_limits(&mut connection).await.is_err() {
+        drop(connection.detach());
+    }
     match result {
         // lock_not_available: autovacuum (or an operator) is at it already
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => Ok(()),

@@ -54,9 +54,17 @@ impl Leadership {
             }
             Err(e) => return Err(e),
         }
-        if !super::try_advisory_lock(&mut connection, key).await? {
-            release_session(connection).await;
-            return Ok(None);
+        match super::try_advisory_lock(&mut connection, key).await {
+            Ok(true) => {}
+            Ok(false) => {
+                release_session(connection).await;
+                return Ok(None);
+            }
+            // (not back to the pool with the session's timeout, or perhaps the lock)
+            Err(e) => {
+                drop(connection.detach());
+                return Err(e);
+            }
         }
         Ok(Some(Leadership { connection: Some(connection), key, lease }))
     }
@@ -66,11 +74,17 @@ impl Leadership {
     /// someone else's now).
     pub async fn run<F: Future>(mut self, work: F) -> Result<F::Output, sqlx::Error> {
         let (key, lease) = (self.key, self.lease);
-        let mut connection = self.connection.take().expect("a leadership is run once");
+        // (if this future is dropped before the end, the connection is closed, not returned to
+        // the pool holding the lock)
+        let mut held = Session(self.connection.take());
+        let connection = held.0.as_mut().expect("a leadership is run once");
         let every = (lease / 3).max(Duration::from_millis(10));
+        // a ping may take up to two thirds of the lease: the server ends the session only once
+        // it has been idle for the whole lease
+        let patience = lease * 2 / 3;
         // a holder that stalled since it took the lock may have lost it: no work without it
-        if let Err(e) = sqlx::query("SELECT 1").execute(&mut *connection).await {
-            drop(connection.detach());
+        if let Err(e) = sqlx::query("SELECT 1").execute(&mut **connection).await {
+            held.close();
             return Err(e);
         }
         let lost = {
@@ -80,8 +94,8 @@ impl Leadership {
                 tick.tick().await;
                 loop {
                     tick.tick().await;
-                    let ping = sqlx::query("SELECT 1").execute(&mut *connection);
-                    match tokio::time::timeout(every, ping).await {
+                    let ping = sqlx::query("SELECT 1").execute(&mut **connection);
+                    match tokio::time::timeout(patience, ping).await {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => return e,
                         Err(_) => return sqlx::Error::PoolTimedOut,
@@ -95,6 +109,7 @@ impl Leadership {
         };
         match lost {
             Ok(output) => {
+                let mut connection = held.0.take().expect("held until released");
                 match super::advisory_unlock(&mut connection, key).await {
                     Ok(()) => release_session(connection).await,
                     // (closing the session releases the lock)
@@ -104,10 +119,27 @@ impl Leadership {
             }
             Err(e) => {
                 tracing::warn!(error = %e, lock = key, "lost the session holding a singleton lock: stopping its work");
-                drop(connection.detach());
+                held.close();
                 Err(e)
             }
         }
+    }
+}
+
+/// The lock's session while the work runs: closed when dropped, unless released.
+struct Session(Option<PoolConnection<sqlx::Postgres>>);
+
+impl Session {
+    fn close(&mut self) {
+        if let Some(connection) = self.0.take() {
+            drop(connection.detach());
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 

@@ -123,13 +123,6 @@ pub fn session_limits(source: &dyn crate::settings::Source) -> Result<Vec<(&'sta
     ])
 }
 
-/// Puts back the statement and lock limits a connection started with, after work that is long
-/// by nature lifted them (`SET statement_timeout = 0`, say).
-pub async fn restore_limits(connection: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("RESET statement_timeout").execute(&mut *connection).await?;
-    sqlx::query("RESET lock_timeout").execute(&mut *connection).await.map(|_| ())
-}
-
 /// `error` as a `sqlx::Error::Tls` that says what to check when it is a TLS refusal — the server's
 /// certificate refused, `sslrootcert` unreadable, TLS required of a server without it — and
 /// `error` itself otherwise. (sqlx reports a refused certificate as an I/O error.)
@@ -192,6 +185,27 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
             code.starts_with("08")
                 || code.starts_with("57P")
                 || matches!(code.as_ref(), "53300" | "40001" | "40P01" | "55P03")
+        }
+        _ => false,
+    }
+}
+
+/// Puts back the statement and lock limits a connection started with (after work that is long
+/// by nature lifted them).
+pub async fn restore_limits(connection: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("RESET statement_timeout").execute(&mut *connection).await?;
+    sqlx::query("RESET lock_timeout").execute(&mut *connection).await.map(|_| ())
+}
+
+/// Whether `error` is the connection's loss (I/O, a protocol error, a connection exception or
+/// the server going away): a write sent before it may have committed with its answer lost. A
+/// transient error of another kind (a lock or serialization timeout) committed nothing.
+pub fn is_connection_lost(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(e) => {
+            let code = e.code().unwrap_or_default();
+            code.starts_with("08") || code.starts_with("57P")
         }
         _ => false,
     }

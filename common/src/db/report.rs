@@ -34,10 +34,10 @@ pub async fn keep(
 }
 
 /// The reports of running executions kept longer than `patience` (oldest first), at most
-/// `limit`.
-pub async fn waiting(db: &PgPool, patience: std::time::Duration, limit: i64) -> Result<Vec<Value>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT report FROM execution WHERE report IS NOT NULL \
+/// `limit`, with their executions' ids.
+pub async fn waiting(db: &PgPool, patience: std::time::Duration, limit: i64) -> Result<Vec<(i64, Value)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, report FROM execution WHERE report IS NOT NULL \
          AND reported_at < now() - make_interval(secs => $1) AND status = $2 ORDER BY reported_at LIMIT $3",
     )
     .bind(patience.as_secs_f64())
@@ -45,6 +45,15 @@ pub async fn waiting(db: &PgPool, patience: std::time::Duration, limit: i64) -> 
     .bind(limit)
     .fetch_all(db)
     .await
+}
+
+/// Drops the report kept in the row of execution `id` (one that cannot be recorded).
+pub async fn discard(db: &PgPool, id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE execution SET report = NULL, reported_at = NULL WHERE id = $1 AND report IS NOT NULL")
+        .bind(id)
+        .execute(db)
+        .await
+        .map(|_| ())
 }
 
 /// The report kept in the row of running execution `id`, if any.
