@@ -290,3 +290,53 @@ async fn statistics_read_the_rollup_for_counted_minutes_and_keep_counting_what_r
         sqlx::query_scalar("SELECT execution_rollup_rebuild()").fetch_one(&db.pool).await.unwrap();
     assert_eq!(db::stats::retry_totals(&db.pool, window).await.unwrap(), (1, 0, 0, 0));
 }
+
+#[tokio::test]
+async fn an_action_keeps_its_history_for_its_own_ages_where_its_pack_sets_them() {
+    let db = TestDb::new().await;
+    // a pack whose noisy action keeps its successes a day and its failures for ever
+    let dir = std::env::temp_dir().join(format!("attune-retention-pack-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(dir.join("actions")).unwrap();
+    std::fs::write(dir.join("pack.yaml"), "ref: kept\nversion: 1.0.0\n").unwrap();
+    std::fs::write(dir.join("actions/noisy.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::write(
+        dir.join("actions/noisy.yaml"),
+        "name: noisy\nruntime: shell\nentrypoint: actions/noisy.sh\nretention:\n  completed: 1d\n  failed: 'off'\n",
+    )
+    .unwrap();
+    db::pack::register(&db.pool, &attune_common::pack::load_pack(&dir).unwrap()).await.unwrap();
+    let noisy: i64 =
+        sqlx::query_scalar("SELECT id FROM action WHERE ref = 'kept.noisy'").fetch_one(&db.pool).await.unwrap();
+    let of_noisy = |id: i64| {
+        sqlx::query("UPDATE execution SET action = $2, action_ref = 'kept.noisy' WHERE id = $1")
+            .bind(id)
+            .bind(noisy)
+            .execute(&db.pool)
+    };
+    let noisy_done = insert(&db, Completed, Some(2.0), None).await;
+    of_noisy(noisy_done).await.unwrap();
+    let noisy_young = insert(&db, Completed, Some(0.5), None).await;
+    of_noisy(noisy_young).await.unwrap();
+    let noisy_failed = insert(&db, Failed, Some(400.0), None).await;
+    of_noisy(noisy_failed).await.unwrap();
+    // another action's: the executors' ages (completed 7 days, failed 30)
+    let other_done = insert(&db, Completed, Some(2.0), None).await;
+    let other_failed = insert(&db, Failed, Some(400.0), None).await;
+
+    assert_eq!(prune_all(&db, &Retention::default(), 500, false).await, 2);
+    assert!(!exists(&db, noisy_done).await, "its own 1 day, not the executors' 7");
+    assert!(!exists(&db, other_failed).await, "the executors' 30 days");
+    for kept in [noisy_young, noisy_failed, other_done] {
+        assert!(exists(&db, kept).await, "{kept} is kept");
+    }
+    // a status the executors keep for ever is still removed for an action that sets an age
+    let off = Retention { completed: Age::OFF, ..Retention::default() };
+    // (ids follow creation times, as they do when executions are submitted: 1.5 days ago is
+    // after everything else that is older than a day here)
+    let noisy_old = insert(&db, Completed, Some(1.5), None).await;
+    of_noisy(noisy_old).await.unwrap();
+    assert_eq!(prune_all(&db, &off, 500, false).await, 1);
+    assert!(!exists(&db, noisy_old).await);
+    let _ = std::fs::remove_dir_all(&dir);
+    db.drop_database().await;
+}

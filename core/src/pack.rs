@@ -58,9 +58,33 @@ pub struct ActionSpec {
     /// What one run may take (see `ActionLimits`); unset fields take the worker's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ActionLimits>,
+    /// How long this action's finished executions are kept, per terminal status (`completed:
+    /// 1d`, `failed: 90d`, `canceled: off`), over the executors' `ATTUNE_RETENTION_*` for the
+    /// statuses it names (see `attune_core::retention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<BTreeMap<String, String>>,
 }
 
 impl ActionSpec {
+    /// The ages of its `retention` block, each with its status; the error names the field.
+    pub fn retention_ages(&self) -> Result<Vec<(crate::ExecutionStatus, crate::retention::Age)>, (String, String)> {
+        let Some(block) = &self.retention else { return Ok(Vec::new()) };
+        let mut ages = Vec::new();
+        for (status, age) in block {
+            let field = format!("retention.{status}");
+            let known: Vec<&str> = crate::ExecutionStatus::TERMINAL.iter().map(|s| s.as_str()).collect();
+            let Some(parsed) = crate::ExecutionStatus::parse(status).filter(|s| s.is_terminal()) else {
+                return Err((
+                    "retention".into(),
+                    format!("'{status}' is not a finished status (expected one of: {})", known.join(", ")),
+                ));
+            };
+            let age = age.parse::<crate::retention::Age>().map_err(|reason| (field, reason))?;
+            ages.push((parsed, age));
+        }
+        Ok(ages)
+    }
+
     /// The retries after the first attempt this action allows: `max_retries`, else Tasker's
     /// `retry.max_attempts` less the first attempt, else none; none at all with
     /// `retry.retryable: false`. -1 is unlimited.
@@ -515,6 +539,9 @@ fn validate_action(
     if let Some(retry) = &spec.retry {
         validate_retry(retry).or_else(|(field, reason)| fail(&format!("retry.{field}"), reason))?;
     }
+    if let Err((field, reason)) = spec.retention_ages() {
+        return fail(&field, reason);
+    }
     if let Some(limits) = &spec.limits {
         if spec.runtime == "builtin" || spec.runtime == "http" {
             return fail(
@@ -734,6 +761,18 @@ mod tests {
     }
 
     #[test]
+    fn a_retention_block_gives_ages_per_finished_status() {
+        let spec = parse(
+            "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretention:\n  completed: 1d\n  failed: 'off'\n",
+        )
+        .unwrap();
+        use crate::ExecutionStatus::{Completed, Failed};
+        use crate::retention::Age;
+        assert_eq!(spec.retention_ages().unwrap(), vec![(Completed, Age::days(1)), (Failed, Age::OFF)]);
+        assert_eq!(parse(SEED_ACTION).unwrap().retention_ages().unwrap(), vec![]);
+    }
+
+    #[test]
     fn the_seed_action_parses_as_written() {
         let spec = parse(SEED_ACTION).unwrap();
         assert_eq!(spec.timeout_seconds, Some(120));
@@ -867,6 +906,16 @@ mod tests {
                 "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nlimits: {output_kb: 0}\n",
                 "limits.output_kb",
                 "between 1 and",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretention: {running: 1d}\n",
+                "retention",
+                "'running' is not a finished status",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretention: {failed: 3w}\n",
+                "retention.failed",
+                "unknown unit 'w'",
             ),
             (
                 "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nlimits: {memory: 64}\n",

@@ -4,7 +4,8 @@
 //! Each pass (every `ATTUNE_HISTORY_INTERVAL_SECS`):
 //! - counts the minutes that are over into `execution_rollup` (`db::history::rollup`), which the
 //!   statistics read instead of the history they stand for;
-//! - removes the retry chains past their age (`attune_core::retention`), one finished status at
+//! - removes the retry chains past their age (`attune_core::retention`; an action's own `retention:`
+//!   block over the settings for the statuses it names), one finished status at
 //!   a time, oldest first, in short transactions of `ATTUNE_RETENTION_BATCH` executions, archiving
 //!   them first when `ATTUNE_RETENTION_ARCHIVE` is on, then the rows of long-inactive workers and
 //!   rollup minutes past the longest statistics window;
@@ -46,13 +47,13 @@ pub struct Pass {
 }
 
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
-    let mut removed_since_vacuum = 0;
+    let mut progress = Progress::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(context.settings.history.interval) => {}
         }
-        match tick(&context, &shutdown, &mut removed_since_vacuum).await {
+        match tick(&context, &shutdown, &mut progress).await {
             Ok(Some(pass)) if pass.removed > 0 || pass.workers_removed > 0 => {
                 tracing::info!(removed = pass.removed, workers_removed = pass.workers_removed, "history pass")
             }
@@ -62,32 +63,47 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
+/// What the job carries from one pass to the next.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Rows removed since the last vacuum (it decides the next).
+    pub removed_since_vacuum: i64,
+    /// Where each status's walk resumes: a pass walks at most `BATCHES_PER_PASS` batches of a
+    /// status (chains kept past its age, by a longer age of one of their attempts or of their
+    /// action, are walked again on every cycle).
+    resume: std::collections::HashMap<ExecutionStatus, i64>,
+}
+
+/// The most batches of one status a pass walks; the next pass goes on from there.
+const BATCHES_PER_PASS: usize = 100;
+
 /// One pass, if this executor holds the singleton lock; `None` when another one does.
-/// `removed_since_vacuum` carries the count that decides the next vacuum across passes.
 pub async fn tick(
     context: &Context,
     shutdown: &CancellationToken,
-    removed_since_vacuum: &mut i64,
+    progress: &mut Progress,
 ) -> Result<Option<Pass>, crate::Error> {
     let lease = crate::monitor::LEADER_LEASE;
     let Some(leadership) = db::leader::Leadership::try_take(&context.db, HISTORY_LOCK, lease).await? else {
         return Ok(None);
     };
-    leadership.run(pass(context, shutdown, removed_since_vacuum)).await?.map(Some)
+    leadership.run(pass(context, shutdown, progress)).await?.map(Some)
 }
 
-async fn pass(
-    context: &Context,
-    shutdown: &CancellationToken,
-    removed_since_vacuum: &mut i64,
-) -> Result<Pass, crate::Error> {
+async fn pass(context: &Context, shutdown: &CancellationToken, progress: &mut Progress) -> Result<Pass, crate::Error> {
     let settings = &context.settings.history;
     // the rollup first: what retention removes next must have been counted
     db::history::rollup(&context.db).await?;
     let mut pass = Pass::default();
     for status in ExecutionStatus::TERMINAL {
-        let mut after = 0;
+        let mut after = progress.resume.remove(&status).unwrap_or(0);
+        let mut batches = 0;
         while !shutdown.is_cancelled() {
+            if batches == BATCHES_PER_PASS {
+                progress.resume.insert(status, after);
+                break;
+            }
+            batches += 1;
             let batch = match db::history::prune_batch(
                 &context.db,
                 &settings.retention,
@@ -118,10 +134,10 @@ async fn pass(
         pass.workers_removed = db::history::prune_workers(&context.db, age).await?;
     }
     db::history::prune_rollup(&context.db).await?;
-    *removed_since_vacuum += pass.removed;
-    if *removed_since_vacuum >= VACUUM_AFTER_ROWS.max(db::history::estimated_rows(&context.db).await? / 20) {
+    progress.removed_since_vacuum += pass.removed;
+    if progress.removed_since_vacuum >= VACUUM_AFTER_ROWS.max(db::history::estimated_rows(&context.db).await? / 20) {
         db::history::vacuum(&context.db).await?;
-        *removed_since_vacuum = 0;
+        progress.removed_since_vacuum = 0;
     }
     Ok(pass)
 }

@@ -176,18 +176,18 @@ async fn one_executor_at_a_time_removes_old_history_and_counts_it_into_the_rollu
     )
     .await;
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let mut removed_since_vacuum = 0;
+    let mut progress = history::Progress::default();
 
     // another executor holds the job: this one does nothing
     let mut other = step.pool().acquire().await.unwrap();
     assert!(db::try_advisory_lock(&mut other, history::HISTORY_LOCK).await.unwrap());
-    assert_eq!(history::tick(&step.context, &shutdown, &mut removed_since_vacuum).await.unwrap(), None);
+    assert_eq!(history::tick(&step.context, &shutdown, &mut progress).await.unwrap(), None);
     assert!(db::execution::get(step.pool(), old).await.unwrap().is_some());
     db::advisory_unlock(&mut other, history::HISTORY_LOCK).await.unwrap();
     // (returned to the pool: closing the pool at the end waits for every connection)
     drop(other);
 
-    let pass = history::tick(&step.context, &shutdown, &mut removed_since_vacuum).await.unwrap().expect("its turn");
+    let pass = history::tick(&step.context, &shutdown, &mut progress).await.unwrap().expect("its turn");
     assert_eq!(pass.removed, 1);
     assert!(db::execution::get(step.pool(), old).await.unwrap().is_none(), "8 days after it completed");
     assert!(db::execution::get(step.pool(), young).await.unwrap().is_some());
@@ -196,7 +196,7 @@ async fn one_executor_at_a_time_removes_old_history_and_counts_it_into_the_rollu
         .await
         .unwrap();
     assert_eq!(counted, 1, "the removed execution was counted first (the young one's minute is not over)");
-    assert_eq!(removed_since_vacuum, 1);
+    assert_eq!(progress.removed_since_vacuum, 1);
     step.stop().await;
 }
 

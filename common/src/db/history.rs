@@ -23,8 +23,9 @@ pub struct Pruned {
 
 /// The chains of the executions of `status` removable by `retention`: up to `batch` of them
 /// with ids above `after`, oldest first. A chain goes whole, and only when every attempt in it
-/// finished longer ago than its own status's age; its executions are moved into
-/// `execution_archive` first when `archive` is set.
+/// finished longer ago than its own status's age (its action's own, where the action's pack set
+/// one in `retention:`, else the executors'); its executions are moved into `execution_archive`
+/// first when `archive` is set.
 pub async fn prune_batch(
     db: &PgPool,
     retention: &Retention,
@@ -33,8 +34,18 @@ pub async fn prune_batch(
     batch: i64,
     archive: bool,
 ) -> Result<Pruned, sqlx::Error> {
-    let Some(age_secs) = retention.age(status).and_then(|age| age.secs()) else {
-        return Ok(Pruned { removed: 0, examined: 0, last: None });
+    // the walk's age: the shortest of the executors' and of the actions' own for this status
+    let shortest_of_actions: Option<f64> = sqlx::query_scalar(
+        "SELECT min((retention->>$1)::float8) FROM action WHERE retention ? $1 AND jsonb_typeof(retention->$1) = 'number'",
+    )
+    .bind(status.as_str())
+    .fetch_one(db)
+    .await?;
+    let global = retention.age(status).and_then(|age| age.secs());
+    let age_secs = match (global, shortest_of_actions) {
+        (Some(global), Some(action)) => global.min(action),
+        (Some(age), None) | (None, Some(age)) => age,
+        (None, None) => return Ok(Pruned { removed: 0, examined: 0, last: None }),
     };
     let (statuses, ages): (Vec<ExecutionStatus>, Vec<f64>) = retention.removed().into_iter().unzip();
     // The candidates: `status`, finished past the age, among ids no newer than the newest
@@ -54,14 +65,19 @@ pub async fn prune_batch(
          up AS (SELECT e.id, e.original_execution FROM execution e WHERE e.id IN (SELECT id FROM candidate) \
                 UNION \
                 SELECT p.id, p.original_execution FROM execution p JOIN up ON p.id = up.original_execution), \
-         down AS (SELECT e.id AS root, e.id, e.status, e.finished FROM execution e \
+         down AS (SELECT e.id AS root, e.id, e.status, e.finished, e.action FROM execution e \
                   WHERE e.id IN (SELECT id FROM up WHERE original_execution IS NULL) \
                   UNION ALL \
-                  SELECT down.root, e.id, e.status, e.finished FROM execution e JOIN down ON e.original_execution = down.id), \
-         removable AS (SELECT down.root FROM down LEFT JOIN policy ON policy.status = down.status \
-                       GROUP BY down.root \
-                       HAVING bool_and(down.finished IS NOT NULL AND policy.secs IS NOT NULL \
-                                       AND down.finished < now() - make_interval(secs => policy.secs))), \
+                  SELECT down.root, e.id, e.status, e.finished, e.action FROM execution e \
+                  JOIN down ON e.original_execution = down.id), \
+         aged AS (SELECT down.root, down.finished, \
+                         CASE WHEN a.retention ? down.status::text \
+                              THEN (a.retention->>down.status::text)::float8 ELSE policy.secs END AS secs \
+                  FROM down LEFT JOIN policy ON policy.status = down.status \
+                  LEFT JOIN action a ON a.id = down.action), \
+         removable AS (SELECT aged.root FROM aged GROUP BY aged.root \
+                       HAVING bool_and(aged.finished IS NOT NULL AND aged.secs IS NOT NULL \
+                                       AND aged.finished < now() - make_interval(secs => aged.secs))), \
          gone AS (DELETE FROM execution WHERE id IN (SELECT id FROM down WHERE root IN (SELECT root FROM removable)) \
                   RETURNING *){archive_step} \
          SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM candidate), (SELECT max(id) FROM candidate)"

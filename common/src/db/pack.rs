@@ -83,11 +83,11 @@ async fn register_with(db: &PgPool, pack: &LoadedPack, replace: bool) -> Result<
         let spec = &action.spec;
         sqlx::query(
             "INSERT INTO action (ref, pack, name, description, runtime, entrypoint, parameters, \
-                timeout_seconds, max_retries, retry_policy, http, limits) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+                timeout_seconds, max_retries, retry_policy, http, limits, retention) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
              ON CONFLICT (ref) DO UPDATE SET pack = $2, name = $3, description = $4, runtime = $5, \
                 entrypoint = $6, parameters = $7, timeout_seconds = $8, max_retries = $9, \
-                retry_policy = $10, http = $11, limits = $12, updated = now()",
+                retry_policy = $10, http = $11, limits = $12, retention = $13, updated = now()",
         )
         .bind(&action.action_ref)
         .bind(pack_id)
@@ -101,6 +101,7 @@ async fn register_with(db: &PgPool, pack: &LoadedPack, replace: bool) -> Result<
         .bind(spec.retry.as_ref().map(|r| serde_json::to_value(r).expect("retry policy serializes")))
         .bind(spec.http.as_ref().map(|h| serde_json::to_value(h).expect("an http block serializes")))
         .bind(spec.limits.as_ref().map(|l| serde_json::to_value(l).expect("a limits block serializes")))
+        .bind(retention_secs(spec))
         .execute(&mut *tx)
         .await?;
         refs.push(action.action_ref.clone());
@@ -120,4 +121,14 @@ async fn register_with(db: &PgPool, pack: &LoadedPack, replace: bool) -> Result<
 
 pub async fn list(db: &PgPool) -> Result<Vec<Pack>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} ORDER BY p.ref"))).fetch_all(db).await
+}
+
+/// An action's `retention` block as stored: seconds per finished status, null for `off`
+/// (validated when the pack was loaded; an age that does not parse is left out).
+fn retention_secs(spec: &attune_core::pack::ActionSpec) -> Option<serde_json::Value> {
+    spec.retention.as_ref()?;
+    let ages = spec.retention_ages().unwrap_or_default();
+    let map: serde_json::Map<String, serde_json::Value> =
+        ages.into_iter().map(|(status, age)| (status.as_str().to_string(), age.secs().into())).collect();
+    Some(serde_json::Value::Object(map))
 }
