@@ -216,3 +216,37 @@ async fn a_worker_cut_off_from_the_database_aborts_its_http_request_before_the_e
     );
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_ends_while_its_worker_is_cut_off_is_recorded_once_and_not_run_again() {
+    let pack = TempPack::new("fence", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
+    let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
+    let mut system = System::builder()
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
+        .pack(pack.path())
+        .start()
+        .await;
+    let cut = PgCut::start("127.0.0.1:5432").await;
+    let cut_off = format!("cut-{:08x}", rand::random::<u32>());
+    system.restart_with(&cut_off, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", "shell")]);
+    wait_consuming(&system, &cut_off).await;
+    let first = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 2})).await;
+    wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&first)).then_some(()) }).await;
+    // cut off for 12 s: the run ends 2 s in, well inside the lease, and the worker cannot write
+    // its success; the executors take the worker for dead 5 s after its last heartbeat
+    cut.partition();
+    let healed_at = tokio::time::Instant::now() + Duration::from_secs(12);
+    let view = system.wait_terminal(id(&first), Duration::from_secs(12)).await;
+    tokio::time::sleep_until(healed_at).await;
+    cut.heal();
+    assert_eq!(view["status"], "completed", "recorded as what it was: {view}");
+    // and it stays so once the worker is back (its own write of the success misses)
+    let chain = system.wait_chain(id(&first), DEADLINE).await;
+    assert_eq!(chain.len(), 1, "not run again: {chain:#?}");
+    assert_eq!(chain[0]["status"], "completed", "{chain:#?}");
+    assert_eq!(spans(&log).len(), 1, "one run");
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
+}

@@ -1028,19 +1028,30 @@ impl Worker {
         if result.status == ResultStatus::Completed && self.record_success(&result).await {
             return Disposition::Ack;
         }
-        self.keep_report(&result).await;
-        self.report(&result).await;
+        // (the row, if the database answers, and the message at once: neither waits for the other)
+        tokio::join!(self.keep_report(&result), self.report(&result));
         Disposition::Ack
     }
 
     /// Records a success here, with the guarded transition an executor would use (running →
     /// completed, fenced by this worker): one message, one delivery and one executor round trip
-    /// fewer per execution. Failures go to the executors as results, for the RetryManager. Waits
-    /// out a database outage; `false` (after logging) if the database refused the write for
-    /// another reason, in which case the result goes to the executors as well.
+    /// fewer per execution. Failures go to the executors as results, for the RetryManager.
+    /// `false` (after logging) if the database refused the write, or did not take it within a
+    /// quarter of the lease (cut off): the result then goes to the executors as well.
     async fn record_success(&self, result: &ExecutionResult) -> bool {
-        let recorded =
-            self.writes.record_success(result.execution_id, result.outcome(), result.run_token.clone()).await;
+        let write = self.writes.record_success(result.execution_id, result.outcome(), result.run_token.clone());
+        // A success that cannot be written soon (the database cut off) goes to the executors
+        // too: they record it, before anyone may take this worker for dead and run the execution
+        // again. Whichever write lands first records it; the other misses (the same guard).
+        let patience = self.settings.lease() / 4;
+        let Ok(recorded) = tokio::time::timeout(patience, write).await else {
+            tracing::warn!(
+                execution_id = result.execution_id,
+                waited_ms = patience.as_millis() as u64,
+                "the success could not be written yet; reporting it to the executors"
+            );
+            return false;
+        };
         match recorded {
             Ok(true) => {
                 result.observe_duration();
