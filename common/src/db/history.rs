@@ -82,7 +82,9 @@ pub async fn prune_batch(
                   RETURNING *){archive_step} \
          SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM candidate), (SELECT max(id) FROM candidate)"
     );
+    // (planned for the status given, as `db::execution::unchanged_for` says why)
     let (removed, examined, last): (i64, i64, Option<i64>) = sqlx::query_as(sqlx::AssertSqlSafe(statement))
+        .persistent(false)
         .bind(&statuses)
         .bind(&ages)
         .bind(status)
