@@ -395,10 +395,9 @@ fn page(columns: &str, filter: &ListFilter) -> sqlx::QueryBuilder<sqlx::Postgres
 }
 
 /// Newest first. Returns the page and the number of matching executions, counted up to one
-/// past [`LIST_TOTAL_CAP`]. (Each page is planned for its own filter: a generic plan of "some
-/// status" would walk history backwards for `status=requested`.)
+/// past [`LIST_TOTAL_CAP`].
 pub async fn list(db: &PgPool, filter: &ListFilter) -> Result<(Vec<Execution>, i64), sqlx::Error> {
-    let rows = page(COLUMNS, filter).build_query_as().persistent(false).fetch_all(db).await?;
+    let rows = page(COLUMNS, filter).build_query_as().fetch_all(db).await?;
     Ok((rows, list_total(db, filter).await?))
 }
 
@@ -408,7 +407,7 @@ async fn list_total(db: &PgPool, filter: &ListFilter) -> Result<i64, sqlx::Error
     let mut query = filtered("SELECT count(*) FROM (SELECT 1".to_string(), filter, false);
     // one past the cap tells "exactly the cap" from "more"
     query.push(" LIMIT ").push_bind(LIST_TOTAL_CAP + 1).push(") AS matching");
-    query.build_query_scalar().persistent(false).fetch_one(db).await
+    query.build_query_scalar().fetch_one(db).await
 }
 
 /// An execution without its heavy fields (`parameters`, `config`, `result`, `stdout`, `stderr`,
@@ -454,7 +453,7 @@ const SUMMARY_COLUMNS: &str = "id, action, action_ref, runtime, status, worker, 
 
 /// `list` without the heavy fields: the page (newest first) and the total (see `list`).
 pub async fn list_summaries(db: &PgPool, filter: &ListFilter) -> Result<(Vec<ExecutionSummary>, i64), sqlx::Error> {
-    let rows = page(SUMMARY_COLUMNS, filter).build_query_as().persistent(false).fetch_all(db).await?;
+    let rows = page(SUMMARY_COLUMNS, filter).build_query_as().fetch_all(db).await?;
     Ok((rows, list_total(db, filter).await?))
 }
 
@@ -470,7 +469,6 @@ pub async fn list_sizes(db: &PgPool, filter: &ListFilter) -> Result<Vec<i64>, sq
         filter,
     )
     .build_query_scalar()
-    .persistent(false)
     .fetch_all(db)
     .await
 }
