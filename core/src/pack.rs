@@ -577,8 +577,28 @@ fn validate_http(http: &HttpSpec, parameters: &ParamSpecs) -> Result<(), (String
         return Err(("url".into(), "must start with http:// or https://".into()));
     }
     let names = crate::template::names(&http.url).map_err(|e| ("url".to_string(), e))?;
-    if http.url.split("://").nth(1).is_some_and(|rest| rest.starts_with("{{")) {
-        return Err(("url".into(), "the host must be written in the URL, not taken from a parameter".into()));
+    // The host is written in the pack: a parameter anywhere before it or in it could choose the
+    // destination (`http://@{{ host }}`, `http://{{ user }}@h`, `http://h{{ rest }}`). The
+    // authority runs to the first '/', '?', '#' or '\\' (which URL parsers also take for a '/');
+    // a parameter may fill the port (its value is URL-encoded, so it cannot leave it).
+    let rest = http.url.split_once("://").map_or("", |(_, rest)| rest);
+    let authority = &rest[..rest.find(['/', '?', '#', '\\']).unwrap_or(rest.len())];
+    let (userinfo, host_port) = authority.rsplit_once('@').unwrap_or(("", authority));
+    let host = match host_port.strip_prefix('[') {
+        Some(ipv6) => ipv6.split_once(']').map_or(host_port, |(address, _)| address),
+        None => host_port.split(':').next().unwrap_or(""),
+    };
+    if userinfo.contains("{{") || host.contains("{{") || host.contains("}}") {
+        return Err((
+            "url".into(),
+            format!(
+                "the host must be written in the URL, not taken from a parameter: '{authority}' may hold a \
+                 '{{{{ }}}}' in its port only"
+            ),
+        ));
+    }
+    if host.is_empty() {
+        return Err(("url".into(), "the URL must name its host, e.g. https://api.example.com/path".into()));
     }
     declared("url", owned(names))?;
     for (name, value) in &http.headers {
@@ -761,6 +781,20 @@ mod tests {
     }
 
     #[test]
+    fn an_http_url_may_take_its_port_path_and_query_from_parameters_but_not_its_host() {
+        let params = "parameters:\n  port:\n    type: integer\n  page:\n    type: string\n";
+        for url in [
+            "http://127.0.0.1:{{ port }}/{{ page }}",
+            "https://user@api.example.com/{{ page }}?q={{ page }}",
+            "http://[::1]:{{ port }}/x",
+            "http://example.com\\\\{{ page }}",
+        ] {
+            let yaml = format!("name: x\nruntime: http\n{params}http:\n  url: \"{url}\"\n");
+            assert!(parse(&yaml).is_ok(), "{url}: {:?}", parse(&yaml).err());
+        }
+    }
+
+    #[test]
     fn a_retention_block_gives_ages_per_finished_status() {
         let spec = parse(
             "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nretention:\n  completed: 1d\n  failed: 'off'\n",
@@ -872,6 +906,31 @@ mod tests {
                 "name: x\nruntime: http\nparameters:\n  host:\n    type: string\nhttp:\n  url: \"https://{{ host }}/x\"\n",
                 "http.url",
                 "host must be written",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http://@{{ host }}:{{ port }}/x\"\n",
+                "http.url",
+                "host must be written",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http://{{ user }}@example.com/x\"\n",
+                "http.url",
+                "host must be written",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http://example.com{{ rest }}\"\n",
+                "http.url",
+                "host must be written",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http:///{{ rest }}\"\n",
+                "http.url",
+                "must name its host",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http://user@/x\"\n",
+                "http.url",
+                "must name its host",
             ),
             ("name: x\nruntime: http\nhttp:\n  url: \"ftp://h/\"\n", "http.url", "http:// or https://"),
             ("name: x\nruntime: http\nhttp:\n  method: FETCH\n  url: \"http://h/\"\n", "http.method", "unknown method"),
