@@ -45,6 +45,9 @@ pub struct Settings {
     /// `ATTUNE_API_MAX_PARAMETERS_BYTES` (65536) and `ATTUNE_API_MAX_PARAMETER_VALUE_BYTES`
     /// (32768): how large a submission's parameters may be.
     pub parameter_limits: attune_core::params::SizeLimits,
+    /// `ATTUNE_API_MAX_CONFIG_BYTES` (16384): how large a submission's `config` may be as JSON
+    /// (each retry copies it).
+    pub max_config_bytes: usize,
     /// The HTTP server's bounds and TLS (`server`): header and request timeouts, connections,
     /// body size, the list pages' byte budget, the certificate.
     pub http: server::HttpSettings,
@@ -69,6 +72,7 @@ impl FromEnv for Settings {
                 total_bytes: read(source, "ATTUNE_API_MAX_PARAMETERS_BYTES")?,
                 value_bytes: read(source, "ATTUNE_API_MAX_PARAMETER_VALUE_BYTES")?,
             },
+            max_config_bytes: read(source, "ATTUNE_API_MAX_CONFIG_BYTES")?,
             http: server::HttpSettings::from_source(source)?,
         })
     }

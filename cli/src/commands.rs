@@ -139,7 +139,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Execution(ExecutionCommand::Chain { id }) => {
-            let chain = client.get(&format!("/api/v1/executions/{id}/chain"), &[]).await?;
+            // the table shows only light fields; JSON has the attempts whole
+            let fields = if out == Output::Json { "full" } else { "summary" };
+            let chain = whole_chain(&client, id, fields).await?;
             print(out, &chain, |chain| {
                 let secs = |v: &Value| v.as_f64().map(|s| format!("{s:.3}s")).unwrap_or_else(|| "-".into());
                 let rows: Vec<Vec<String>> = chain["attempts"]
@@ -236,7 +238,7 @@ async fn watch(client: &Client, out: Output, id: i64, timeout: Duration) -> anyh
     let started = Instant::now();
     let mut seen: Vec<(i64, String)> = Vec::new();
     loop {
-        let chain = client.get(&format!("/api/v1/executions/{id}/chain"), &[]).await?;
+        let chain = whole_chain(client, id, "summary").await?;
         let attempts = chain["attempts"].as_array().cloned().unwrap_or_default();
         for attempt in &attempts {
             let state = (attempt["id"].as_i64().unwrap_or_default(), text(&attempt["status"]));
@@ -261,6 +263,7 @@ async fn watch(client: &Client, out: Output, id: i64, timeout: Duration) -> anyh
             let view = client.get(&format!("/api/v1/executions/{}", text(&last["id"])), &[]).await?;
             if view["retried_by"].is_null() {
                 if out == Output::Json {
+                    let chain = whole_chain(client, id, "full").await?;
                     println!("{}", serde_json::to_string_pretty(&chain)?);
                 }
                 return Ok(if status == "completed" { 0 } else { 2 });
@@ -271,6 +274,28 @@ async fn watch(client: &Client, out: Output, id: i64, timeout: Duration) -> anyh
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The retry chain of `id`, every attempt of it (`fields`: `summary` or `full`): an answer of the
+/// chain API holds what its byte budget allows and says where the rest start (`next_offset`), so
+/// the pages are read until the last and returned as one answer.
+async fn whole_chain(client: &Client, id: i64, fields: &str) -> anyhow::Result<Value> {
+    let path = format!("/api/v1/executions/{id}/chain");
+    let mut chain = client.get(&path, &[("fields", fields.to_string())]).await?;
+    while let Some(next) = chain["next_offset"].as_i64() {
+        let page = client.get(&path, &[("fields", fields.to_string()), ("offset", next.to_string())]).await?;
+        let more = page["attempts"].as_array().cloned().unwrap_or_default();
+        if more.is_empty() {
+            break;
+        }
+        if let Some(attempts) = chain["attempts"].as_array_mut() {
+            attempts.extend(more);
+        }
+        chain["next_offset"] = page["next_offset"].clone();
+    }
+    chain["next_offset"] = Value::Null;
+    chain["truncated"] = Value::Bool(false);
+    Ok(chain)
 }
 
 /// `key=value` pairs typed by the action's declared parameters: strings stay as written, other

@@ -152,7 +152,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_API_LIST_BUDGET_BYTES",
         default: Value("4194304"),
         read_by: &[Api],
-        doc: "about the most bytes of rows in one page of `GET /api/v1/executions`: a page that would be larger holds fewer rows than its `limit` and says where the next starts",
+        doc: "about the most bytes of rows in one page of `GET /api/v1/executions` (and of attempts in one answer of `GET /api/v1/executions/{id}/chain`): a page that would be larger holds fewer rows than its `limit` and says where the next starts",
     },
     Setting {
         name: "ATTUNE_TOKEN_CACHE_SECS",
@@ -177,6 +177,12 @@ pub const SETTINGS: &[Setting] = &[
         default: Value("32768"),
         read_by: &[Api],
         doc: "the most bytes one parameter's value may take (a string's own bytes, another value's JSON); larger is refused with 413 naming it",
+    },
+    Setting {
+        name: "ATTUNE_API_MAX_CONFIG_BYTES",
+        default: Value("16384"),
+        read_by: &[Api],
+        doc: "the most bytes a submission's `config` may take as JSON (a larger one is refused with 413 naming `config`); every retry of the execution carries a copy of it",
     },
     Setting {
         name: "ATTUNE_API_URL",

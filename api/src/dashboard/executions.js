@@ -1,5 +1,5 @@
 // attune dashboard: the executions list (status, action and time filters, pagination) and one
-// execution's page: its details, parameters, result and output, its whole retry chain as a
+// execution's page: its details, parameters, result and output, its retry chain as a
 // timeline, and the Retry and Cancel buttons, which call the API and show what it answers (shown
 // only to a token whose role may use them: operator or admin).
 
@@ -117,7 +117,7 @@ export function executionPage(id) {
   const ui = { cancelArmed: false, cancelTimer: null };
   const load = async (gen) => {
     const [execution, chain, names, me] = await Promise.all([api('GET', `/api/v1/executions/${id}`),
-      api('GET', `/api/v1/executions/${id}/chain`), workerNames(), whoami()]);
+      api('GET', `/api/v1/executions/${id}/chain?fields=summary`), workerNames(), whoami()]);
     // the action's circuit breaker (gone with a removed action: no badge then)
     const action = await api('GET', `/api/v1/actions/${encodeURIComponent(execution.action_ref)}`).catch(() => null);
     if (gen !== generation) throw new LeftPage();
@@ -214,8 +214,11 @@ function executionView(e, chain, names, actions, action) {
       statusBadge(e.status), el('span', { class: 'spacer' }), actions.operate ? [retryButton, cancelButton] : null),
     el('div', { class: 'columns' },
       el('section', {}, el('h2', {}, 'Details'), facts),
-      el('section', {}, el('h2', {}, `Retry chain (${chain.attempts.length} attempt${chain.attempts.length === 1 ? '' : 's'})`),
-        timeline(chain.attempts, e.id, names))),
+      el('section', {}, el('h2', {}, `Retry chain (${chain.total} attempt${chain.total === 1 ? '' : 's'})`),
+        timeline(chain.attempts, e.id, names),
+        // an answer holds what the API's byte budget allows: a longer chain shows its first attempts
+        chain.truncated ? el('p', { class: 'muted', id: 'chain-truncated' },
+          `the first ${chain.attempts.length} shown`) : null)),
     block('Parameters', 'parameters', JSON.stringify(e.parameters, null, 2)),
     block('Result', 'result', e.result === null ? null : JSON.stringify(e.result, null, 2)),
     block('stdout', 'stdout', e.stdout),

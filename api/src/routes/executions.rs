@@ -1,5 +1,5 @@
 //! Executions: submit (with an optional `Idempotency-Key`, see `idempotency`), read, list, retry,
-//! cancel, fail.
+//! cancel, fail; a retry chain in `chain`.
 
 use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
 use attune_common::mq::{CancelNotice, MqError};
@@ -16,6 +16,7 @@ use sqlx::PgExecutor;
 use crate::ApiError;
 use crate::server::Withdrawal;
 
+pub mod chain;
 mod idempotency;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -28,7 +29,9 @@ pub struct CreateExecution {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub parameters: Option<Value>,
-    /// Free-form; `retry_of` (with `max_retries`) makes this a manual retry (quick reference Example 4).
+    /// Free-form, at most `ATTUNE_API_MAX_CONFIG_BYTES` (16384) as JSON, else 413 naming `config`
+    /// (every retry carries a copy); `retry_of` (with `max_retries`) makes this a manual retry
+    /// (quick reference Example 4).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub config: Option<Value>,
@@ -51,7 +54,7 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
         (status = 400, description = "A malformed `Idempotency-Key` header (empty, over 255 bytes, not visible ASCII, or sent twice; `parameter` names it), or a body that is not JSON", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such action (or execution to retry)", body = crate::openapi::ErrorBody),
         (status = 409, description = "Already retried, or not finished; or (`idempotency_key_reused`) the `Idempotency-Key` was used with a different body within 24 hours, `execution_id` naming the execution it created", body = crate::openapi::ErrorBody),
-        (status = 413, description = "The parameters are too large (ATTUNE_API_MAX_PARAMETERS_BYTES, ATTUNE_API_MAX_PARAMETER_VALUE_BYTES); `parameter` names the one", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The parameters are too large (ATTUNE_API_MAX_PARAMETERS_BYTES, ATTUNE_API_MAX_PARAMETER_VALUE_BYTES), or the `config` (ATTUNE_API_MAX_CONFIG_BYTES, 16384 bytes as JSON by default); `parameter` names the one, or `config`", body = crate::openapi::ErrorBody),
         (status = 422, description = "A parameter is invalid; `parameter` names it", body = crate::openapi::ErrorBody),
     ))]
 pub async fn create(
@@ -86,6 +89,9 @@ async fn plan(state: &crate::AppState, body: CreateExecution) -> Result<NewExecu
         if let Some(value) = value {
             crate::error::storable_json(field, value)?;
         }
+    }
+    if let Some(config) = &body.config {
+        config_within_limit(state, config)?;
     }
     let parameters_given = body.parameters.as_ref().is_some_and(|p| !p.is_null());
     let given = object("parameters", body.parameters)?;
@@ -192,6 +198,38 @@ fn within_limits(state: &crate::AppState, resolved: &Map<String, Value>) -> Resu
     })
 }
 
+/// Refuses a `config` larger than `ATTUNE_API_MAX_CONFIG_BYTES` as JSON (413, naming `config`):
+/// every retry of the execution carries a copy of it, so one large `config` is held as many
+/// times as the chain has attempts.
+fn config_within_limit(state: &crate::AppState, config: &Value) -> Result<(), ApiError> {
+    let (bytes, limit) = (json_bytes(config), state.settings.max_config_bytes);
+    if bytes <= limit {
+        return Ok(());
+    }
+    let message =
+        format!("'config' takes {bytes} bytes as JSON, more than the limit of {limit} (ATTUNE_API_MAX_CONFIG_BYTES)");
+    let mut error = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message);
+    error.parameter = Some("config".to_string());
+    Err(error)
+}
+
+/// The length of `value` written as compact JSON, counted without writing it out.
+fn json_bytes(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    serde_json::to_writer(&mut counter, value).expect("a JSON value serializes");
+    counter.0
+}
+
 /// An execution with where its retry chain goes next, and the names of the tokens that submitted
 /// and ended it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -239,52 +277,6 @@ pub async fn get(
         ended_by_name: name_of(execution.ended_by),
         execution,
     }))
-}
-
-/// One attempt of a retry chain, with the timing between it and the attempt it retries.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Attempt {
-    #[serde(flatten)]
-    pub execution: Execution,
-    /// Seconds from the previous attempt's end to this attempt's `not_before` (the computed backoff).
-    pub backoff_secs: Option<f64>,
-    /// Seconds from the previous attempt's end to this attempt's start.
-    pub gap_secs: Option<f64>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Chain {
-    pub execution_id: i64,
-    pub attempts: Vec<Attempt>,
-}
-
-#[utoipa::path(get, path = "/executions/{id}/chain", operation_id = "get_execution_chain", tag = "executions", params(("id" = i64, Path, description = "Any execution of the chain")),
-    responses((status = 200, body = Chain),
-        (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),))]
-pub async fn chain(
-    State(state): State<crate::State>,
-    id: Result<Path<i64>, PathRejection>,
-) -> Result<Json<Chain>, ApiError> {
-    let Path(id) = id?;
-    find(&state, id).await?;
-    let executions = db::execution::chain(&state.db, id).await?;
-    let seconds = |from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>| match (from, to) {
-        (Some(from), Some(to)) => Some((to - from).num_milliseconds() as f64 / 1000.0),
-        _ => None,
-    };
-    let attempts = executions
-        .iter()
-        .map(|execution| {
-            let parent = executions.iter().find(|p| Some(p.id) == execution.original_execution);
-            let parent_end = parent.and_then(|p| p.finished);
-            Attempt {
-                backoff_secs: seconds(parent_end, execution.not_before),
-                gap_secs: seconds(parent_end, execution.started),
-                execution: execution.clone(),
-            }
-        })
-        .collect();
-    Ok(Json(Chain { execution_id: id, attempts }))
 }
 
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
@@ -622,9 +614,9 @@ fn cursor_id(cursor: &str) -> Result<i64, ApiError> {
 }
 
 /// What a page's own fields take besides its rows, reserved from the budget.
-const PAGE_ENVELOPE_BYTES: usize = 256;
+pub(crate) const PAGE_ENVELOPE_BYTES: usize = 256;
 /// What a full row takes besides its heavy fields, for the estimate made before reading them.
-const ROW_OVERHEAD_BYTES: usize = 1024;
+pub(crate) const ROW_OVERHEAD_BYTES: usize = 1024;
 
 /// How many rows, of the sizes given in page order, a page of `budget` bytes holds: as many as
 /// fit, and at least one (a row larger than the budget comes alone, so paging always advances).

@@ -1318,9 +1318,11 @@ pub async fn retry_of(db: impl PgExecutor<'_>, execution_id: i64) -> Result<Opti
         .await
 }
 
-/// Every attempt in the retry chain `execution_id` belongs to, first attempt first.
-pub async fn chain(db: &PgPool, execution_id: i64) -> Result<Vec<Execution>, sqlx::Error> {
-    let sql = format!(
+/// `SELECT {select} FROM execution WHERE <the attempts of the retry chain $1 belongs to>`: the
+/// chain is walked up to its first attempt and down again through `original_execution` (ids
+/// only, at most 10000 steps each way), and its rows read once.
+fn chain_walk(select: &str) -> String {
+    format!(
         "WITH RECURSIVE up AS ( \
             SELECT id, original_execution, 0 AS depth FROM execution WHERE id = $1 \
             UNION ALL \
@@ -1332,7 +1334,62 @@ pub async fn chain(db: &PgPool, execution_id: i64) -> Result<Vec<Execution>, sql
             UNION ALL \
             SELECT e.id, down.depth + 1 FROM execution e JOIN down ON e.original_execution = down.id \
             WHERE down.depth < 10000) \
-         SELECT {COLUMNS} FROM execution WHERE id IN (SELECT id FROM down) ORDER BY retry_count, id"
-    );
+         SELECT {select} FROM execution WHERE id IN (SELECT id FROM down)"
+    )
+}
+
+/// Every attempt in the retry chain `execution_id` belongs to, first attempt first.
+pub async fn chain(db: &PgPool, execution_id: i64) -> Result<Vec<Execution>, sqlx::Error> {
+    let sql = format!("{} ORDER BY retry_count, id", chain_walk(COLUMNS));
     sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(execution_id).fetch_all(db).await
+}
+
+/// One attempt of a retry chain as the walk finds it: its id and what its fields weigh, as
+/// `list_sizes` weighs them: all the heavy ones, and those a light attempt keeps (`error` and
+/// `retry_decision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct ChainLink {
+    pub id: i64,
+    pub full_bytes: i64,
+    pub light_bytes: i64,
+}
+
+/// The attempts of the retry chain `execution_id` belongs to, first attempt first, weighed in
+/// the database without sending their fields (empty when there is no such execution).
+pub async fn chain_links(db: &PgPool, execution_id: i64) -> Result<Vec<ChainLink>, sqlx::Error> {
+    let select = "id, \
+        (octet_length(parameters::text) + octet_length(config::text) \
+            + coalesce(octet_length(result::text), 0) + coalesce(octet_length(retry_decision::text), 0) \
+            + coalesce(octet_length(stdout), 0) + coalesce(octet_length(stderr), 0) \
+            + coalesce(octet_length(error), 0))::bigint AS full_bytes, \
+        (coalesce(octet_length(retry_decision::text), 0) + coalesce(octet_length(error), 0))::bigint AS light_bytes";
+    let sql = format!("{} ORDER BY retry_count, id", chain_walk(select));
+    sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(execution_id).fetch_all(db).await
+}
+
+/// The executions `ids`, whole, in retry order (`retry_count`, then id).
+pub async fn attempts(db: &PgPool, ids: &[i64]) -> Result<Vec<Execution>, sqlx::Error> {
+    let sql = format!("SELECT {COLUMNS} FROM execution WHERE id = ANY($1) ORDER BY retry_count, id");
+    sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(ids).fetch_all(db).await
+}
+
+/// A light attempt of a retry chain: the summary of its execution and what the RetryManager
+/// decided for it (written by the executor, a few hundred bytes: what the chain is read for).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct AttemptSummary {
+    #[sqlx(flatten)]
+    pub summary: ExecutionSummary,
+    pub retry_decision: Option<Value>,
+}
+
+/// The executions `ids` without their heavy fields but with `retry_decision`, in retry order.
+pub async fn attempt_summaries(db: &PgPool, ids: &[i64]) -> Result<Vec<AttemptSummary>, sqlx::Error> {
+    let sql =
+        format!("SELECT {SUMMARY_COLUMNS}, retry_decision FROM execution WHERE id = ANY($1) ORDER BY retry_count, id");
+    sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(ids).fetch_all(db).await
+}
+
+/// When each of the executions `ids` finished (null while unfinished), in no order.
+pub async fn finished_times(db: &PgPool, ids: &[i64]) -> Result<Vec<(i64, Option<DateTime<Utc>>)>, sqlx::Error> {
+    sqlx::query_as("SELECT id, finished FROM execution WHERE id = ANY($1)").bind(ids).fetch_all(db).await
 }
