@@ -14,13 +14,20 @@ pub async fn healthz() -> Json<Value> {
 }
 
 /// Ready when both the database and the broker answer.
-#[utoipa::path(get, path = "/readyz", tag = "probes", security(()), responses((status = 200, description = "Database and broker answer"), (status = 503, description = "A dependency is down; the body says which")))]
+#[utoipa::path(get, path = "/readyz", tag = "probes", security(()), responses((status = 200, description = "Database and broker answer"), (status = 503, description = "A dependency is down; the body says which (`unavailable`), and the API's log why")))]
 pub async fn readyz(State(state): State<crate::State>) -> (StatusCode, Json<Value>) {
     let database = attune_common::db::ping(&state.db).await.map_err(|e| e.to_string());
     let broker = state.publisher.ping().await.map_err(|e| e.to_string());
+    // The answer (to anyone: no token) names the dependency that is away and nothing of it: its
+    // error may carry an address or a user name. The reason is the operator's, in the log.
+    for (dependency, result) in [("database", &database), ("broker", &broker)] {
+        if let Err(error) = result {
+            tracing::warn!(dependency, %error, "not ready: a dependency does not answer");
+        }
+    }
     let status = |r: &Result<(), String>| match r {
         Ok(()) => json!("ok"),
-        Err(e) => json!(format!("unavailable: {e}")),
+        Err(_) => json!("unavailable"),
     };
     let ready = database.is_ok() && broker.is_ok();
     let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
