@@ -10,6 +10,7 @@
 //! Settings: `ATTUNE_TEST_DATABASE_URL` (else `DATABASE_URL`, else the attune default) must be
 //! allowed to create databases; `AMQP_URL` as for the services.
 
+pub mod api;
 pub mod browser;
 pub mod http_server;
 pub mod pgcut;

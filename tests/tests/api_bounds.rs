@@ -3,111 +3,8 @@
 //! naming `config`), and a retry chain is answered within the list pages' byte budget
 //! (`ATTUNE_API_LIST_BUDGET_BYTES`), however large its attempts are.
 
-use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::Duration;
-
-use attune_testkit::system::repo_root;
-use attune_testkit::{Namespace, TestDb, wait_for, workspace_binary};
+use attune_testkit::api::Api;
 use serde_json::{Value, json};
-
-/// One `attune-api` process with a database, a broker namespace and a packs directory of its own
-/// (as in `api_limits.rs`).
-struct Api {
-    child: tokio::process::Child,
-    url: String,
-    http: reqwest::Client,
-    token: String,
-    db: TestDb,
-    namespace: Namespace,
-    dir: PathBuf,
-}
-
-impl Api {
-    /// Starts the API with `env` on top of its database, broker and packs; returns once
-    /// `/readyz` answers 200.
-    async fn start(env: &[(&str, &str)]) -> Api {
-        let db = TestDb::new().await;
-        let namespace = Namespace::new();
-        let dir = repo_root().join("target/test-logs").join(&namespace.name);
-        attune_testkit::copy_dir(&repo_root().join("packs/core"), &dir.join("packs/core"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.join("api.log")).unwrap();
-        let child = tokio::process::Command::new(workspace_binary("attune-api"))
-            .kill_on_drop(true)
-            .env("DATABASE_URL", &db.url)
-            .env("AMQP_URL", attune_testkit::amqp_url())
-            .env("ATTUNE_MQ_NAMESPACE", &namespace.name)
-            .env("ATTUNE_API_ADDR", &addr)
-            .env("ATTUNE_PACKS_DIR", dir.join("packs"))
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start attune-api");
-        attune_common::tls::install_default_provider();
-        let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-        let token = attune_common::db::token::create(&db.pool, "api-bounds").await.unwrap();
-        let api = Api { child, url: format!("http://{addr}"), http, token, db, namespace, dir };
-        let ready = format!("{}/readyz", api.url);
-        wait_for("the API to be ready", Duration::from_secs(60), || {
-            let (http, ready) = (api.http.clone(), ready.clone());
-            async move { http.get(&ready).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
-        })
-        .await;
-        api
-    }
-
-    async fn get(&self, path: &str) -> (u16, Vec<u8>) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-        (response.status().as_u16(), response.bytes().await.unwrap().to_vec())
-    }
-
-    async fn get_json(&self, path: &str) -> (u16, Value) {
-        let (status, body) = self.get(path).await;
-        (status, serde_json::from_slice(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e})")))
-    }
-
-    /// POSTs `body` (with an `Idempotency-Key` when given); returns the status and the JSON answer.
-    async fn post(&self, path: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
-        let mut request = self.http.post(format!("{}{path}", self.url)).bearer_auth(&self.token).json(body);
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        let response = request.send().await.unwrap_or_else(|e| panic!("POST {path}: {e}"));
-        (response.status().as_u16(), response.json().await.unwrap())
-    }
-
-    async fn executions(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM execution").fetch_one(&self.db.pool).await.unwrap()
-    }
-
-    /// The API process's resident memory now and at its peak, in MiB (from `/proc`).
-    fn memory_mib(&self) -> Option<(u64, u64)> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()?)).ok()?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-        };
-        Some((field("VmRSS:")? / 1024, field("VmHWM:")? / 1024))
-    }
-
-    async fn stop(mut self) {
-        let _ = self.child.kill().await;
-        self.namespace.delete(&[]).await;
-        self.db.drop_database().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// Asserts a 413 `too_large` that names `config` and the limit.
 fn assert_config_refused(status: u16, body: &Value, limit: usize) {
@@ -128,7 +25,7 @@ fn assert_config_refused(status: u16, body: &Value, limit: usize) {
 async fn a_config_over_its_limit_is_refused_with_413_naming_config_and_nothing_is_stored() {
     const LIMIT: usize = 16_384;
     // the default limit, below the body limit (1 MiB) and the parameters' (64 KiB)
-    let api = Api::start(&[]).await;
+    let api = Api::start(&[], None).await;
     let big = json!({"note": "x".repeat(LIMIT)});
 
     // a first attempt, with and without an idempotency key
@@ -170,7 +67,7 @@ async fn a_config_over_its_limit_is_refused_with_413_naming_config_and_nothing_i
 async fn a_long_retry_chain_of_large_attempts_is_answered_within_the_byte_budget() {
     const BUDGET: usize = 4 * 1024 * 1024;
     const ATTEMPTS: usize = 20;
-    let api = Api::start(&[("ATTUNE_API_LIST_BUDGET_BYTES", &BUDGET.to_string())]).await;
+    let api = Api::start(&[("ATTUNE_API_LIST_BUDGET_BYTES", &BUDGET.to_string())], None).await;
     // twenty attempts of one chain, each carrying a megabyte of config (as retries copy it; rows
     // written before the config limit, or inserted by hand): 20 MB in all
     let mut ids: Vec<i64> = Vec::new();

@@ -8,106 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use attune_testkit::system::repo_root;
-use attune_testkit::{Namespace, TestDb, wait_for, workspace_binary};
+use attune_testkit::api::{Api, client};
+use attune_testkit::{wait_for, workspace_binary};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// One `attune-api` process with a database, a broker namespace and a packs directory of its own.
-struct Api {
-    child: tokio::process::Child,
-    /// `127.0.0.1:<port>`.
-    addr: String,
-    /// `http://127.0.0.1:<port>` (`https://` when served with TLS).
-    url: String,
-    http: reqwest::Client,
-    token: String,
-    db: TestDb,
-    namespace: Namespace,
-    dir: PathBuf,
-}
-
-impl Api {
-    /// Starts the API with `env` on top of its database, broker and packs; `ca` is the
-    /// certificate (PEM) to trust when it serves HTTPS. Returns once `/readyz` answers 200.
-    async fn start(env: &[(&str, &str)], ca: Option<&Path>) -> Api {
-        let db = TestDb::new().await;
-        let namespace = Namespace::new();
-        let dir = repo_root().join("target/test-logs").join(&namespace.name);
-        attune_testkit::copy_dir(&repo_root().join("packs/core"), &dir.join("packs/core"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.join("api.log")).unwrap();
-        let child = tokio::process::Command::new(workspace_binary("attune-api"))
-            .kill_on_drop(true)
-            .env("DATABASE_URL", &db.url)
-            .env("AMQP_URL", attune_testkit::amqp_url())
-            .env("ATTUNE_MQ_NAMESPACE", &namespace.name)
-            .env("ATTUNE_API_ADDR", &addr)
-            .env("ATTUNE_PACKS_DIR", dir.join("packs"))
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start attune-api");
-        let http = client(ca);
-        let url = format!("{}://{addr}", if ca.is_some() { "https" } else { "http" });
-        let token = attune_common::db::token::create(&db.pool, "api-limits").await.unwrap();
-        let api = Api { child, addr, url, http, token, db, namespace, dir };
-        let ready = format!("{}/readyz", api.url);
-        wait_for("the API to be ready", Duration::from_secs(60), || {
-            let (http, ready) = (api.http.clone(), ready.clone());
-            async move { http.get(&ready).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
-        })
-        .await;
-        api
-    }
-
-    async fn get(&self, path: &str) -> (u16, Vec<u8>) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-        (response.status().as_u16(), response.bytes().await.unwrap().to_vec())
-    }
-
-    async fn get_json(&self, path: &str) -> (u16, Value) {
-        let (status, body) = self.get(path).await;
-        (status, serde_json::from_slice(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e})")))
-    }
-
-    async fn executions(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM execution").fetch_one(&self.db.pool).await.unwrap()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("api.log")).unwrap_or_default()
-    }
-
-    async fn stop(mut self) {
-        let _ = self.child.kill().await;
-        self.namespace.delete(&[]).await;
-        self.db.drop_database().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A reqwest client (rustls with ring), trusting `ca` besides the system's roots when given. It
-/// keeps no idle connection: each would hold one of the server's connections.
-fn client(ca: Option<&Path>) -> reqwest::Client {
-    attune_common::tls::install_default_provider();
-    let mut builder = reqwest::Client::builder().pool_max_idle_per_host(0);
-    if let Some(ca) = ca {
-        let pem = std::fs::read(ca).unwrap();
-        builder = builder.tls_certs_merge(reqwest::Certificate::from_pem_bundle(&pem).unwrap());
-    }
-    builder.build().unwrap()
-}
 
 /// Reads from `stream` until the server closes it (end of stream or a reset) or `deadline`
 /// passes; returns what was read and when it closed, or `None` if it stayed open.

@@ -67,6 +67,25 @@ async fn wait_consuming(system: &System, name: &str) {
     .await;
 }
 
+/// A system whose executors take a worker for dead after 5 s without a heartbeat (its lease:
+/// 3.75 s) and retry at once; no worker yet.
+fn fenced() -> attune_testkit::SystemBuilder {
+    System::builder()
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
+}
+
+/// A worker offering `runtime` that reaches PostgreSQL through a proxy the test can partition;
+/// returns the proxy once the worker consumes.
+async fn start_cut_off(system: &mut System, runtime: &str) -> PgCut {
+    let cut = PgCut::start("127.0.0.1:5432").await;
+    let name = format!("cut-{:08x}", rand::random::<u32>());
+    system.restart_with(&name, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", runtime)]);
+    wait_consuming(system, &name).await;
+    cut
+}
+
 fn id(v: &Value) -> i64 {
     v["id"].as_i64().unwrap()
 }
@@ -75,19 +94,9 @@ fn id(v: &Value) -> i64 {
 async fn a_worker_cut_off_from_the_database_stops_its_run_before_the_execution_runs_elsewhere() {
     let pack = TempPack::new("fence", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
     let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
-    let mut system = System::builder()
-        // taken for dead after 5 s without a heartbeat; retried at once
-        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
-        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
-        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
-        .pack(pack.path())
-        .start()
-        .await;
-    let cut = PgCut::start("127.0.0.1:5432").await;
-    let cut_off = format!("cut-{:08x}", rand::random::<u32>());
+    let mut system = fenced().pack(pack.path()).start().await;
     let other = format!("other-{:08x}", rand::random::<u32>());
-    system.restart_with(&cut_off, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", "shell")]);
-    wait_consuming(&system, &cut_off).await;
+    let cut = start_cut_off(&mut system, "shell").await;
     let first = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 25})).await;
     wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&first)).then_some(()) }).await;
     system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "shell")]);
@@ -130,14 +139,7 @@ async fn a_frozen_worker_s_run_is_stopped_by_its_supervisor_before_the_execution
     let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
     let frozen = format!("frozen-{:08x}", rand::random::<u32>());
     let other = format!("other-{:08x}", rand::random::<u32>());
-    let mut system = System::builder()
-        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
-        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
-        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
-        .worker(&frozen, &[("ATTUNE_WORKER_RUNTIMES", "shell")])
-        .pack(pack.path())
-        .start()
-        .await;
+    let mut system = fenced().worker(&frozen, &[("ATTUNE_WORKER_RUNTIMES", "shell")]).pack(pack.path()).start().await;
     let first = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 15})).await;
     wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&first)).then_some(()) }).await;
     system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "shell")]);
@@ -181,18 +183,9 @@ async fn a_worker_cut_off_from_the_database_aborts_its_http_request_before_the_e
         server.port()
     );
     let pack = TempPack::new("fencehttp", &[("call.yaml", &call)]);
-    let mut system = System::builder()
-        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
-        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
-        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
-        .pack(pack.path())
-        .start()
-        .await;
-    let cut = PgCut::start("127.0.0.1:5432").await;
-    let cut_off = format!("cut-{:08x}", rand::random::<u32>());
+    let mut system = fenced().pack(pack.path()).start().await;
     let other = format!("other-{:08x}", rand::random::<u32>());
-    system.restart_with(&cut_off, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", "http")]);
-    wait_consuming(&system, &cut_off).await;
+    let cut = start_cut_off(&mut system, "http").await;
     let first = system.submit("fencehttp.call", json!({})).await;
     server.wait_requests("/slow", 1, DEADLINE).await;
     system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "http")]);
@@ -221,17 +214,8 @@ async fn a_worker_cut_off_from_the_database_aborts_its_http_request_before_the_e
 async fn a_run_that_ends_while_its_worker_is_cut_off_is_recorded_once_and_not_run_again() {
     let pack = TempPack::new("fence", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
     let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
-    let mut system = System::builder()
-        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
-        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
-        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
-        .pack(pack.path())
-        .start()
-        .await;
-    let cut = PgCut::start("127.0.0.1:5432").await;
-    let cut_off = format!("cut-{:08x}", rand::random::<u32>());
-    system.restart_with(&cut_off, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", "shell")]);
-    wait_consuming(&system, &cut_off).await;
+    let mut system = fenced().pack(pack.path()).start().await;
+    let cut = start_cut_off(&mut system, "shell").await;
     let first = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 2})).await;
     wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&first)).then_some(()) }).await;
     // cut off for 12 s: the run ends 2 s in, well inside the lease, and the worker cannot write

@@ -13,89 +13,21 @@
 //! (`attune_api::submissions`) through `PgCut`, which loses exactly one acknowledgement.
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use attune_api::server::Withdrawal;
 use attune_api::submissions::Submissions;
 use attune_common::db::{self, execution::NewExecution};
+use attune_testkit::api::Api;
 use attune_testkit::pgcut::PgCut;
-use attune_testkit::system::repo_root;
-use attune_testkit::{Namespace, TestDb, wait_for, workspace_binary};
+use attune_testkit::{TestDb, wait_for};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-/// One `attune-api` process (no executor, no worker: nothing runs, the rows stay as written) with
-/// a database, a broker namespace and a packs directory (the core pack) of its own.
-struct Api {
-    child: tokio::process::Child,
-    url: String,
-    http: reqwest::Client,
-    token: String,
-    db: TestDb,
-    namespace: Namespace,
-    dir: std::path::PathBuf,
-}
-
-impl Api {
-    /// Starts the API with `env` on top of its database, broker and packs; returns once
-    /// `/readyz` answers 200.
-    async fn start(env: &[(&str, &str)]) -> Api {
-        let db = TestDb::new().await;
-        let namespace = Namespace::new();
-        let dir = repo_root().join("target/test-logs").join(&namespace.name);
-        attune_testkit::copy_dir(&repo_root().join("packs/core"), &dir.join("packs/core"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.join("api.log")).unwrap();
-        let child = tokio::process::Command::new(workspace_binary("attune-api"))
-            .kill_on_drop(true)
-            .env("DATABASE_URL", &db.url)
-            .env("AMQP_URL", attune_testkit::amqp_url())
-            .env("ATTUNE_MQ_NAMESPACE", &namespace.name)
-            .env("ATTUNE_API_ADDR", &addr)
-            .env("ATTUNE_PACKS_DIR", dir.join("packs"))
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start attune-api");
-        // no idle connections kept: every request has a connection of its own
-        let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-        let token = db::token::create(&db.pool, "submission-timeouts").await.unwrap();
-        let api = Api { child, url: format!("http://{addr}"), http, token, db, namespace, dir };
-        let ready = format!("{}/readyz", api.url);
-        wait_for("the API to be ready", Duration::from_secs(60), || {
-            let (http, ready) = (api.http.clone(), ready.clone());
-            async move { http.get(&ready).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
-        })
-        .await;
-        api
-    }
-
-    /// Submits `core.noop` with `config.request = request` (how the test tells the submissions
-    /// apart: the config is stored as given) and returns the answer's status and body.
-    async fn submit(&self, request: i64) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}/api/v1/executions", self.url))
-            .bearer_auth(&self.token)
-            .timeout(Duration::from_secs(60))
-            .json(&json!({"action_ref": "core.noop", "config": {"request": request}}))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("submission {request}: {e}"));
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn stop(mut self) {
-        let _ = self.child.kill().await;
-        self.namespace.delete(&[]).await;
-        self.db.drop_database().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// Submits `core.noop` with `config.request = request` (how the test tells the submissions
+/// apart: the config is stored as given) and returns the answer's status and body.
+async fn submit(api: &Api, request: i64) -> (u16, Value) {
+    api.post("/api/v1/executions", &json!({"action_ref": "core.noop", "config": {"request": request}}), None).await
 }
 
 /// For each `config.request`, the ids of the executions written for it.
@@ -134,7 +66,7 @@ const LOCK_HELD: Duration = Duration::from_secs(6);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submission_answered_503_left_nothing_behind_and_one_answered_201_names_its_execution() {
     let timeout = REQUEST_TIMEOUT_SECS.to_string();
-    let api = Api::start(&[("ATTUNE_API_REQUEST_TIMEOUT_SECS", timeout.as_str())]).await;
+    let api = Api::start(&[("ATTUNE_API_REQUEST_TIMEOUT_SECS", timeout.as_str())], None).await;
     // the scenario: the table locked (a long migration, a `VACUUM FULL`, a stuck transaction)
     // for three request timeouts while clients submit
     let mut lock = api.db.pool.begin().await.unwrap();
@@ -143,7 +75,7 @@ async fn a_submission_answered_503_left_nothing_behind_and_one_answered_201_name
     let answers: Vec<_> = (0..SUBMISSIONS)
         .map(|request| {
             let api = api.clone();
-            tokio::spawn(async move { (request, api.submit(request).await) })
+            tokio::spawn(async move { (request, submit(&api, request).await) })
         })
         .collect();
     tokio::time::sleep(LOCK_HELD).await;
@@ -153,7 +85,7 @@ async fn a_submission_answered_503_left_nothing_behind_and_one_answered_201_name
 
     // One more submission, answered once the writer has gone through everything queued before it
     // (one writer, first come first written): after it, nothing of the above is still on its way.
-    let (status, body) = api.submit(SUBMISSIONS).await;
+    let (status, body) = submit(&api, SUBMISSIONS).await;
     assert_eq!(status, 201, "{body}");
     let written = written(&api.db.pool).await;
 
@@ -181,7 +113,7 @@ async fn a_submission_answered_503_left_nothing_behind_and_one_answered_201_name
 
     // clients that were told 503 try again, as told: every request ends with one execution
     for request in refused {
-        let (status, body) = api.submit(request).await;
+        let (status, body) = submit(&api, request).await;
         assert_eq!(status, 201, "{body}");
     }
     let written = self::written(&api.db.pool).await;

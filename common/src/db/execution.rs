@@ -181,6 +181,15 @@ pub async fn insert_submitted(
         .await
 }
 
+/// A new chain key for each of `news`, which must all be first submissions (`requested`, no
+/// parent, no chain key of their own).
+fn first_submission_keys(news: &[(&NewExecution, i64)]) -> Vec<String> {
+    debug_assert!(news.iter().all(|(new, _)| new.status == ExecutionStatus::Requested
+        && new.original_execution.is_none()
+        && new.idempotency_key.is_none()));
+    news.iter().map(|_| draw_chain_key()).collect()
+}
+
 /// Inserts many first submissions in one statement (one commit for them all), each with the token
 /// that submitted it; the rows come back in the order given. Each must be a first attempt
 /// (`requested`, no parent, no chain key of its own): retries and keyed submissions are inserted
@@ -189,10 +198,7 @@ pub async fn insert_many_submitted(
     db: impl PgExecutor<'_>,
     news: &[(&NewExecution, i64)],
 ) -> Result<Vec<Execution>, sqlx::Error> {
-    debug_assert!(news.iter().all(|(new, _)| new.status == ExecutionStatus::Requested
-        && new.original_execution.is_none()
-        && new.idempotency_key.is_none()));
-    let keys: Vec<String> = news.iter().map(|_| draw_chain_key()).collect();
+    let keys = first_submission_keys(news);
     insert_many_keyed(db, news, &keys).await
 }
 
@@ -210,10 +216,7 @@ pub async fn insert_many_submitted_surely(
     db: &PgPool,
     news: &[(&NewExecution, i64)],
 ) -> Result<Vec<Execution>, sqlx::Error> {
-    debug_assert!(news.iter().all(|(new, _)| new.status == ExecutionStatus::Requested
-        && new.original_execution.is_none()
-        && new.idempotency_key.is_none()));
-    let keys: Vec<String> = news.iter().map(|_| draw_chain_key()).collect();
+    let keys = first_submission_keys(news);
     let started = std::time::Instant::now();
     let tried = std::sync::atomic::AtomicBool::new(false);
     crate::db::retry_while_unavailable("inserting submissions", || {
@@ -1286,28 +1289,20 @@ pub async fn held_by_silent_workers(
     max_age: std::time::Duration,
     limit: i64,
 ) -> Result<Vec<(i64, ExecutionStatus)>, sqlx::Error> {
-    // One status at a time, each read in id order from `execution_status_id_idx`: with the list
-    // bound (`status = ANY($1)`), a generic plan walked the primary key through all of history
-    // for the id order (1.4 s a pass at 10 million rows).
-    let mut held = Vec::new();
-    for &status in statuses {
-        let rows: Vec<(i64, ExecutionStatus)> = sqlx::query_as(
-            "SELECT e.id, e.status FROM execution e JOIN worker w ON w.id = e.worker \
-             WHERE e.status = $1 \
-               AND (w.last_heartbeat IS NULL OR w.last_heartbeat < now() - make_interval(secs => $2)) \
-             ORDER BY e.id LIMIT $3",
-        )
-        .bind(status)
-        .bind(max_age.as_secs_f64())
-        .bind(limit)
-        .persistent(false)
-        .fetch_all(db)
-        .await?;
-        held.extend(rows);
-    }
-    held.sort_unstable_by_key(|(id, _)| *id);
-    held.truncate(usize::try_from(limit).unwrap_or(0));
-    Ok(held)
+    // (planned for the statuses given, as `unchanged_for` says why: with them known, the
+    // in-flight partial index serves it)
+    sqlx::query_as(
+        "SELECT e.id, e.status FROM execution e JOIN worker w ON w.id = e.worker \
+         WHERE e.status = ANY($1) \
+           AND (w.last_heartbeat IS NULL OR w.last_heartbeat < now() - make_interval(secs => $2)) \
+         ORDER BY e.id LIMIT $3",
+    )
+    .bind(statuses)
+    .bind(max_age.as_secs_f64())
+    .bind(limit)
+    .persistent(false)
+    .fetch_all(db)
+    .await
 }
 
 /// The retry of `execution_id`, if one exists.
