@@ -174,17 +174,16 @@ async fn warm(pool: &PgPool, connections: u32) {
 /// Whether an error means the database is unreachable or the statement lost a race (so the same
 /// work will succeed if tried again later), as opposed to a problem with the data itself.
 pub fn is_transient(error: &sqlx::Error) -> bool {
+    if is_connection_lost(error) {
+        return true;
+    }
     match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        // too many connections, serialization failure and deadlock; lock_not_available: a lock
+        // held past `ATTUNE_DB_LOCK_TIMEOUT_SECS` (by a stalled session, which the server ends
+        // after `ATTUNE_DB_IDLE_IN_TRANSACTION_SECS`)
         sqlx::Error::Database(e) => {
-            let code = e.code().unwrap_or_default();
-            // connection exceptions, admin shutdown / crash / cannot connect now, too many
-            // connections, serialization failure and deadlock
-            // lock_not_available: a lock held past `ATTUNE_DB_LOCK_TIMEOUT_SECS` (by a stalled
-            // session, which the server ends after `ATTUNE_DB_IDLE_IN_TRANSACTION_SECS`)
-            code.starts_with("08")
-                || code.starts_with("57P")
-                || matches!(code.as_ref(), "53300" | "40001" | "40P01" | "55P03")
+            matches!(e.code().unwrap_or_default().as_ref(), "53300" | "40001" | "40P01" | "55P03")
         }
         _ => false,
     }
@@ -197,8 +196,8 @@ pub async fn restore_limits(connection: &mut sqlx::PgConnection) -> Result<(), s
     sqlx::query("RESET lock_timeout").execute(&mut *connection).await.map(|_| ())
 }
 
-/// Whether `error` is the connection's loss (I/O, a protocol error, a connection exception or
-/// the server going away): a write sent before it may have committed with its answer lost. A
+/// Whether `error` is the connection's loss (I/O, a protocol error, a connection exception, or
+/// the server going away, crashing or not yet taking connections): a write sent before it may have committed with its answer lost. A
 /// transient error of another kind (a lock or serialization timeout) committed nothing.
 pub fn is_connection_lost(error: &sqlx::Error) -> bool {
     match error {
