@@ -55,7 +55,7 @@ for _ in $(seq 1 300); do
     kill -0 "$up" 2>/dev/null || { tail -n 30 target/bench/up.log >&2; die "attune up exited"; }
     sleep 0.2
 done
-export ATTUNE_TOKEN=$("$attune_bin" token create --name bench)
+export ATTUNE_TOKEN=$("$attune_bin" token create --name bench --role admin --expires-in 1d)
 
 # CPU seconds (user + system) of every process whose command line matches, from /proc.
 cpu_of() {

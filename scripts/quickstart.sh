@@ -34,7 +34,7 @@ done
 curl -sf "$ATTUNE_API_URL/readyz" >/dev/null || { tail -n 30 .attune/up.log >&2; die "attune did not become ready"; }
 
 if [ ! -s .attune/token ]; then
-    target/debug/attune token create --name quickstart >.attune/token
+    target/debug/attune token create --name quickstart --role admin >.attune/token
     chmod 600 .attune/token
 fi
 export ATTUNE_TOKEN=$(cat .attune/token)

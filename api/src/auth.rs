@@ -92,6 +92,9 @@ pub async fn require_token(
     if verified.expires.is_some_and(|expires| expires <= Utc::now()) {
         return Err(ApiError::unauthorized("token expired"));
     }
+    if let Some(trust) = request.extensions().get::<crate::server::ConnectionTrust>() {
+        trust.vouch();
+    }
     request.extensions_mut().insert(verified.caller);
     Ok(next.run(request).await)
 }

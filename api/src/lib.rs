@@ -39,6 +39,8 @@ pub struct Settings {
     pub worker_queue_ttl: Duration,
     /// `ATTUNE_TOKEN_CACHE_SECS` (10): how long a verified token is trusted without a database read.
     pub token_cache_ttl: Duration,
+    /// `ATTUNE_TOKEN_DEFAULT_EXPIRY` (unset: never): the lifetime of a token created without one.
+    pub token_default_expiry: Option<chrono::Duration>,
     /// `ATTUNE_ACTION_CACHE_SECS` (5; 0: never): how long an action read for a submission is reused.
     /// A pack registered through this API is seen at once; one registered elsewhere within this time.
     pub action_cache_ttl: Duration,
@@ -67,6 +69,7 @@ impl FromEnv for Settings {
             addr: read(source, "ATTUNE_API_ADDR")?,
             worker_queue_ttl: Duration::from_secs(read(source, "ATTUNE_WORKER_QUEUE_TTL_SECS")?),
             token_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_TOKEN_CACHE_SECS")?),
+            token_default_expiry: attune_common::db::token::default_lifetime(source)?,
             action_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_ACTION_CACHE_SECS")?),
             parameter_limits: attune_core::params::SizeLimits {
                 total_bytes: read(source, "ATTUNE_API_MAX_PARAMETERS_BYTES")?,

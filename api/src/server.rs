@@ -5,10 +5,18 @@
 //! - Headers: a connection that has not sent a whole request head within
 //!   `ATTUNE_API_HEADER_TIMEOUT_SECS` is closed (hyper's header-read timeout; it also closes a
 //!   keep-alive connection idle that long, and bounds a TLS handshake).
+//! - Answers: a connection whose client takes none of the bytes of its answers for
+//!   `ATTUNE_API_WRITE_TIMEOUT_SECS` is closed (`WriteDeadline`). Requests on one connection are
+//!   answered one after the other, and at most `ATTUNE_API_MAX_REQUESTS_PER_CONNECTION` of them:
+//!   the last is answered with `Connection: close`. So a client that pipelines requests and never
+//!   reads the answers holds its connection for the write timeout, not for ever.
 //! - Connections: at most `ATTUNE_API_MAX_CONNECTIONS` are served at once. The accept loop takes
 //!   a permit before it accepts, so further connections wait in the kernel's listen backlog
-//!   (1024) until one closes; past the backlog the kernel refuses them. None is accepted only to
-//!   be dropped: a client that waits is served in turn.
+//!   (1024) until one closes; past the backlog the kernel refuses them. When every slot is taken
+//!   and a client is waiting, the oldest connection that has never carried a valid token is
+//!   closed to make room (`Registry`): connections without a token cannot keep out one with a
+//!   token, nor newer ones of their own kind. Connections that carried a token are never closed
+//!   for another: when they take every slot, the next client waits in turn.
 //! - Bodies: a body over `ATTUNE_API_MAX_BODY_BYTES` is answered 413 `payload_too_large`: at once
 //!   when its `Content-Length` says so (before authentication, nothing read), or when reading it
 //!   passes the limit (a chunked body). Below it, the routes' own limits (the parameters') apply.
@@ -22,11 +30,17 @@
 //! - TLS: with `ATTUNE_API_TLS_CERT_FILE` and `ATTUNE_API_TLS_KEY_FILE` (both or neither) every
 //!   connection is TLS (rustls with ring; TLS 1.2 and 1.3): there is no plain-HTTP port.
 //! - Shutdown: when the token fires the listener closes, each connection finishes the request it
-//!   is serving (then closes, keep-alive or not), and `serve` returns once all have.
+//!   is serving (then closes, keep-alive or not), and `serve` returns once all have, or after
+//!   `ATTUNE_API_SHUTDOWN_TIMEOUT_SECS`, closing the connections still open (a client that does
+//!   not read, a request still waiting on the database).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use attune_common::config::{ConfigError, FromEnv, Source, read, read_optional};
@@ -38,10 +52,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -56,6 +69,12 @@ pub struct HttpSettings {
     pub header_timeout: Duration,
     /// `ATTUNE_API_REQUEST_TIMEOUT_SECS` (30).
     pub request_timeout: Duration,
+    /// `ATTUNE_API_WRITE_TIMEOUT_SECS` (10).
+    pub write_timeout: Duration,
+    /// `ATTUNE_API_MAX_REQUESTS_PER_CONNECTION` (1000).
+    pub max_requests_per_connection: u64,
+    /// `ATTUNE_API_SHUTDOWN_TIMEOUT_SECS` (35).
+    pub shutdown_timeout: Duration,
     /// `ATTUNE_API_MAX_CONNECTIONS` (1024).
     pub max_connections: usize,
     /// `ATTUNE_API_MAX_BODY_BYTES` (1 MiB).
@@ -78,6 +97,9 @@ impl FromEnv for HttpSettings {
         Ok(HttpSettings {
             header_timeout: Duration::from_secs(at_least_one(source, "ATTUNE_API_HEADER_TIMEOUT_SECS")?),
             request_timeout: Duration::from_secs(at_least_one(source, "ATTUNE_API_REQUEST_TIMEOUT_SECS")?),
+            write_timeout: Duration::from_secs(at_least_one(source, "ATTUNE_API_WRITE_TIMEOUT_SECS")?),
+            max_requests_per_connection: at_least_one(source, "ATTUNE_API_MAX_REQUESTS_PER_CONNECTION")?,
+            shutdown_timeout: Duration::from_secs(at_least_one(source, "ATTUNE_API_SHUTDOWN_TIMEOUT_SECS")?),
             max_connections: at_least_one(source, "ATTUNE_API_MAX_CONNECTIONS")? as usize,
             max_body_bytes: at_least_one(source, "ATTUNE_API_MAX_BODY_BYTES")? as usize,
             list_budget_bytes: at_least_one(source, "ATTUNE_API_LIST_BUDGET_BYTES")? as usize,
@@ -241,7 +263,7 @@ impl Withdrawal {
 }
 
 /// Serves `app` (already `with_limits`) on `listener` until `shutdown` fires, then lets each
-/// connection finish its request and returns once all have.
+/// connection finish its request and returns once all have (or the shutdown timeout passed).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -252,36 +274,72 @@ pub async fn serve(
     http.timer(TokioTimer::new()).header_read_timeout(settings.header_timeout);
     let tls = settings.tls.as_ref().map(|tls| tokio_rustls::TlsAcceptor::from(tls.config.clone()));
     let permits = Arc::new(Semaphore::new(settings.max_connections));
+    let registry = Arc::new(Registry::default());
+    let abort = CancellationToken::new();
     let connections = TaskTracker::new();
     loop {
-        let permit = tokio::select! {
+        let (permit, stream) = tokio::select! {
             _ = shutdown.cancelled() => break,
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-        };
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+            taken = take_slot(&listener, &permits, &registry) => match taken {
+                Ok(taken) => taken,
                 Err(e) => {
                     accept_failed(e, &shutdown).await;
                     continue;
                 }
             },
         };
+        let entry = registry.open(&abort);
         let connection = Connection {
             http: http.clone(),
             app: app.clone(),
             tls: tls.clone(),
             handshake_timeout: settings.header_timeout,
+            write_timeout: settings.write_timeout,
+            max_requests: settings.max_requests_per_connection,
             shutdown: shutdown.clone(),
+            entry,
             _permit: permit,
         };
         connections.spawn(connection.run(stream));
     }
     drop(listener);
     connections.close();
-    connections.wait().await;
+    if tokio::time::timeout(settings.shutdown_timeout, connections.wait()).await.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            timeout_secs = settings.shutdown_timeout.as_secs(),
+            "connections still open at the shutdown timeout: closing them"
+        );
+        abort.cancel();
+        connections.wait().await;
+    }
     Ok(())
+}
+
+/// A slot and the connection to serve in it. A free slot is taken before accepting, so that
+/// waiting clients wait in the backlog. With none free, the next client is accepted and the
+/// oldest connection that never carried a token is closed to make room for it; with none such,
+/// it waits for a slot like the rest.
+async fn take_slot(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    registry: &Registry,
+) -> std::io::Result<(OwnedSemaphorePermit, TcpStream)> {
+    if let Ok(permit) = permits.clone().try_acquire_owned() {
+        return Ok((permit, listener.accept().await?.0));
+    }
+    let stream = tokio::select! {
+        permit = permits.clone().acquire_owned() => {
+            let permit = permit.expect("the semaphore is never closed");
+            return Ok((permit, listener.accept().await?.0));
+        }
+        accepted = listener.accept() => accepted?.0,
+    };
+    if registry.close_oldest_untrusted() {
+        tracing::debug!("every connection slot taken: closed the oldest connection without a token");
+    }
+    let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+    Ok((permit, stream))
 }
 
 /// A failed accept: the peer's own trouble (reset, aborted) passes; running out of file
@@ -298,24 +356,88 @@ async fn accept_failed(error: std::io::Error, shutdown: &CancellationToken) {
     }
 }
 
+/// Whether a connection has carried a request with a valid token: put in each request's
+/// extensions by the server, vouched for by `auth` once it has verified the request's token.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionTrust(Arc<AtomicBool>);
+
+impl ConnectionTrust {
+    pub fn vouch(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn vouched(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The open connections, oldest first, each with its trust and the token that closes it.
+#[derive(Default)]
+struct Registry {
+    open: Mutex<(u64, BTreeMap<u64, (ConnectionTrust, CancellationToken)>)>,
+}
+
+impl Registry {
+    fn open(self: &Arc<Self>, abort: &CancellationToken) -> Entry {
+        let (trust, close) = (ConnectionTrust::default(), abort.child_token());
+        let mut open = self.open.lock().expect("registry poisoned");
+        open.0 += 1;
+        let id = open.0;
+        open.1.insert(id, (trust.clone(), close.clone()));
+        Entry { registry: self.clone(), id, trust, close }
+    }
+
+    /// Closes the oldest connection that never carried a valid token; `false` if there is none.
+    fn close_oldest_untrusted(&self) -> bool {
+        let mut open = self.open.lock().expect("registry poisoned");
+        let oldest = open.1.iter().find(|(_, (trust, _))| !trust.vouched()).map(|(id, _)| *id);
+        match oldest.and_then(|id| open.1.remove(&id)) {
+            Some((_, close)) => {
+                close.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A connection's place in the registry, left when the connection ends.
+struct Entry {
+    registry: Arc<Registry>,
+    id: u64,
+    trust: ConnectionTrust,
+    close: CancellationToken,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.registry.open.lock().expect("registry poisoned").1.remove(&self.id);
+    }
+}
+
 /// One accepted connection and what serving it needs; its permit is given back when it ends.
 struct Connection {
     http: http1::Builder,
     app: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
     handshake_timeout: Duration,
+    write_timeout: Duration,
+    max_requests: u64,
     shutdown: CancellationToken,
+    entry: Entry,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Connection {
     async fn run(self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
+        let stream = WriteDeadline::new(stream, self.write_timeout);
         let Some(acceptor) = self.tls.clone() else {
             return self.serve(stream).await;
         };
         let handshake = tokio::select! {
             _ = self.shutdown.cancelled() => return,
+            _ = self.entry.close.cancelled() => return,
             handshake = tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)) => handshake,
         };
         match handshake {
@@ -326,20 +448,123 @@ impl Connection {
     }
 
     async fn serve<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, stream: I) {
-        let service = TowerToHyperService::new(self.app);
+        let service = PerConnection {
+            app: self.app,
+            trust: self.entry.trust.clone(),
+            served: Arc::new(AtomicU64::new(0)),
+            max_requests: self.max_requests,
+        };
         let connection = self.http.serve_connection(TokioIo::new(stream), service);
         let mut connection = std::pin::pin!(connection);
+        let close = self.entry.close.clone();
         let result = tokio::select! {
             result = connection.as_mut() => result,
+            _ = close.cancelled() => return,
             _ = self.shutdown.cancelled() => {
                 connection.as_mut().graceful_shutdown();
-                connection.await
+                tokio::select! {
+                    result = connection.as_mut() => result,
+                    _ = close.cancelled() => return,
+                }
             }
         };
         if let Err(error) = result {
-            // a header timeout, a client gone, a malformed request: the client's business
+            // a header or write timeout, a client gone, a malformed request: the client's business
             tracing::debug!(%error, "connection ended with an error");
         }
+    }
+}
+
+/// The router as one connection serves it: each request carries the connection's trust, and
+/// the connection's last allowed request is answered with `Connection: close`.
+struct PerConnection {
+    app: Router,
+    trust: ConnectionTrust,
+    served: Arc<AtomicU64>,
+    max_requests: u64,
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for PerConnection {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Self::Error>> + Send>>;
+
+    fn call(&self, mut request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        request.extensions_mut().insert(self.trust.clone());
+        let last = self.served.fetch_add(1, Ordering::Relaxed) + 1 >= self.max_requests;
+        let answer = tower_service::Service::call(&mut self.app.clone(), request.map(axum::body::Body::new));
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(if last { closing(response) } else { response })
+        })
+    }
+}
+
+/// `I` whose writes fail (`TimedOut`) once one has waited `limit` for the client to take any
+/// byte: a client that stops reading its answers loses its connection. Progress, however slow,
+/// starts the wait again.
+struct WriteDeadline<I> {
+    inner: I,
+    limit: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<I> WriteDeadline<I> {
+    fn new(inner: I, limit: Duration) -> Self {
+        WriteDeadline { inner, limit, stalled: None }
+    }
+
+    /// What a write that made progress (`Ready`) or none (`Pending`) comes to.
+    fn judge<T>(&mut self, cx: &mut Context<'_>, poll: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let limit = self.limit;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client took none of its answer for {} s", limit.as_secs()),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for WriteDeadline<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.judge(cx, poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.judge(cx, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.judge(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.judge(cx, poll)
     }
 }
 
@@ -358,6 +583,10 @@ mod tests {
         assert_eq!(
             (settings.max_connections, settings.max_body_bytes, settings.list_budget_bytes),
             (1024, 1024 * 1024, 4 * 1024 * 1024)
+        );
+        assert_eq!(
+            (settings.write_timeout, settings.max_requests_per_connection, settings.shutdown_timeout),
+            (Duration::from_secs(10), 1000, Duration::from_secs(35))
         );
         assert!(settings.tls.is_none());
     }

@@ -173,14 +173,15 @@ pub enum TokenCommand {
     Create {
         #[arg(long)]
         name: String,
-        /// What it may do: read (every GET but the token list), operator (also submit, retry,
-        /// cancel and fail executions) or admin (also register packs and manage tokens)
-        #[arg(long, default_value = "admin", value_parser = parse_role)]
+        /// What it may do (required: there is no default): read (every GET but the token list),
+        /// operator (also submit, retry, cancel and fail executions) or admin (also register
+        /// packs and manage tokens)
+        #[arg(long, value_parser = parse_role)]
         role: attune_common::db::token::Role,
-        /// Make it expire after this long: a number and a unit, s, m, h, d or w (30d, 12h);
-        /// without it, it never expires
-        #[arg(long, value_name = "DURATION", value_parser = tokens::parse_lifetime)]
-        expires_in: Option<chrono::Duration>,
+        /// Make it expire after this long: a number and a unit, s, m, h, d or w (30d, 12h), or
+        /// never; without it, ATTUNE_TOKEN_DEFAULT_EXPIRY (unset: never)
+        #[arg(long, value_name = "DURATION", value_parser = tokens::parse_expires_in)]
+        expires_in: Option<tokens::Lifetime>,
     },
     /// List the tokens: id, name, role, created, expires, revoked (never the tokens themselves)
     List,

@@ -17,7 +17,12 @@ pub async fn run(command: TokenCommand, out: Output) -> anyhow::Result<i32> {
     let pool = database().await?;
     match command {
         TokenCommand::Create { name, role, expires_in } => {
-            let expires = expires_in.map(|lifetime| Utc::now() + lifetime);
+            let lifetime = match expires_in {
+                Some(Lifetime::Never) => None,
+                Some(Lifetime::For(lifetime)) => Some(lifetime),
+                None => token::default_lifetime(&attune_common::config::Environment)?,
+            };
+            let expires = lifetime.map(|lifetime| Utc::now() + lifetime);
             let (info, token) = token::create_with(&pool, &name, role, expires).await?;
             match out {
                 Output::Json => {
@@ -113,26 +118,18 @@ fn table(tokens: &[TokenInfo]) -> String {
     output::table(&["id", "name", "role", "state", "created", "expires", "revoked"], &rows)
 }
 
-/// A token's lifetime as `--expires-in` takes it: a whole number and a unit, `s`, `m`, `h`, `d`
-/// or `w` (`30d`, `12h`), from one second to ten years.
-pub fn parse_lifetime(text: &str) -> Result<chrono::Duration, String> {
-    let unit_at = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(unit_at);
-    let number: i64 = number.parse().map_err(|_| format!("'{text}' is not a number and a unit (30d, 12h)"))?;
-    let unit_secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        _ => return Err(format!("'{text}' has no unit of s, m, h, d or w (30d, 12h)")),
-    };
-    let secs = number.checked_mul(unit_secs).unwrap_or(i64::MAX);
-    let max = attune_api::routes::tokens::MAX_EXPIRES_IN_SECS;
-    if !(1..=max).contains(&secs) {
-        return Err(format!("'{text}' is not between one second and ten years"));
+/// `--expires-in`: a lifetime (`parse_lifetime`) or `never`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    Never,
+    For(chrono::Duration),
+}
+
+pub fn parse_expires_in(text: &str) -> Result<Lifetime, String> {
+    match text {
+        "never" => Ok(Lifetime::Never),
+        _ => token::parse_lifetime(text).map(Lifetime::For),
     }
-    Ok(chrono::Duration::seconds(secs))
 }
 
 #[cfg(test)]
@@ -140,8 +137,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lifetimes_are_a_number_and_a_unit_from_a_second_to_ten_years() {
-        let secs = |text| parse_lifetime(text).map(|d| d.num_seconds());
+    fn lifetimes_are_a_number_and_a_unit_from_a_second_to_ten_years_or_never() {
+        let secs = |text| match parse_expires_in(text) {
+            Ok(Lifetime::For(d)) => Ok(d.num_seconds()),
+            Ok(Lifetime::Never) => Ok(-1),
+            Err(e) => Err(e),
+        };
+        assert_eq!(secs("never"), Ok(-1));
         assert_eq!(secs("30d"), Ok(30 * 86_400));
         assert_eq!(secs("12h"), Ok(12 * 3600));
         assert_eq!(secs("90m"), Ok(5400));
@@ -149,7 +151,7 @@ mod tests {
         assert_eq!(secs("2w"), Ok(14 * 86_400));
         assert_eq!(secs("3650d"), Ok(3650 * 86_400));
         for bad in ["", "30", "d", "0d", "3651d", "-1d", "1.5h", "30 d", "30days", "99999999999999999999w"] {
-            assert!(parse_lifetime(bad).is_err(), "{bad:?} was taken");
+            assert!(parse_expires_in(bad).is_err(), "{bad:?} was taken");
         }
     }
 }

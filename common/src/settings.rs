@@ -137,10 +137,28 @@ pub const SETTINGS: &[Setting] = &[
         doc: "a request not answered this long (its body read and its handler run) is answered 503 `request_timeout`",
     },
     Setting {
+        name: "ATTUNE_API_WRITE_TIMEOUT_SECS",
+        default: Value("10"),
+        read_by: &[Api],
+        doc: "a connection whose client takes none of its answer's bytes this long is closed",
+    },
+    Setting {
+        name: "ATTUNE_API_MAX_REQUESTS_PER_CONNECTION",
+        default: Value("1000"),
+        read_by: &[Api],
+        doc: "requests answered on one connection; the last is answered with `Connection: close`",
+    },
+    Setting {
+        name: "ATTUNE_API_SHUTDOWN_TIMEOUT_SECS",
+        default: Value("35"),
+        read_by: &[Api],
+        doc: "on SIGTERM, how long requests in progress may finish before their connections are closed",
+    },
+    Setting {
         name: "ATTUNE_API_MAX_CONNECTIONS",
         default: Value("1024"),
         read_by: &[Api],
-        doc: "connections served at once; further ones wait in the listen backlog until one closes",
+        doc: "connections served at once; when all are taken, the oldest that never carried a valid token makes room, else further ones wait in the listen backlog",
     },
     Setting {
         name: "ATTUNE_API_MAX_BODY_BYTES",
@@ -153,6 +171,12 @@ pub const SETTINGS: &[Setting] = &[
         default: Value("4194304"),
         read_by: &[Api],
         doc: "about the most bytes of rows in one page of `GET /api/v1/executions` (and of attempts in one answer of `GET /api/v1/executions/{id}/chain`): a page that would be larger holds fewer rows than its `limit` and says where the next starts",
+    },
+    Setting {
+        name: "ATTUNE_TOKEN_DEFAULT_EXPIRY",
+        default: Described("— (never)"),
+        read_by: &[Api, Cli],
+        doc: "the lifetime of a token created without one (`30d`, `12h`; units s, m, h, d, w), by `attune token create` and `POST /api/v1/tokens`",
     },
     Setting {
         name: "ATTUNE_TOKEN_CACHE_SECS",
@@ -255,6 +279,12 @@ pub const SETTINGS: &[Setting] = &[
         default: Value("65536"),
         read_by: &[Worker],
         doc: "stdout/stderr kept per execution (the tail; an action's `limits.output_kb` replaces it, up to `ATTUNE_ACTION_MAX_OUTPUT_KB`)",
+    },
+    Setting {
+        name: "ATTUNE_WORKER_HTTP_ALLOW",
+        default: Described("none: global addresses only"),
+        read_by: &[Worker],
+        doc: "networks `http` actions may reach besides global addresses, comma-separated CIDRs (`127.0.0.1/32,10.0.0.0/8,::1/128`; an address alone is one host); without it loopback, private, link-local and other non-global destinations are refused (`action_failed`, before any connection), checked on the address a name resolves to",
     },
     Setting {
         name: "ATTUNE_ACTION_MEMORY_MB",

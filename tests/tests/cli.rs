@@ -19,8 +19,12 @@ fn attune(system: &System, args: &[&str]) -> std::process::Output {
 async fn scripts_can_rely_on_token_run_and_exit_codes() {
     let system = System::builder().worker("w1", &[]).start().await;
 
-    // `attune token create` prints the token alone, and it works against the API.
+    // `attune token create` has no default role: it asks for one
     let out = attune(&system, &["token", "create", "--name", "ci"]);
+    let told = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && told.contains("--role"), "{out:?}");
+    // it prints the token alone, and it works against the API.
+    let out = attune(&system, &["token", "create", "--name", "ci", "--role", "read"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let token = stdout.strip_suffix('\n').expect("one line");

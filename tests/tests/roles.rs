@@ -31,6 +31,62 @@ fn attune_json(system: &System, token: &str, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("attune {args:?}: {e}"))
 }
 
+/// The lifetime `token` was given, from its `expires` (RFC 3339), if it has one.
+fn lifetime(token: &Value) -> Option<chrono::Duration> {
+    let expires = chrono::DateTime::parse_from_rfc3339(token["expires"].as_str()?).unwrap();
+    Some(expires.with_timezone(&chrono::Utc) - chrono::Utc::now())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_made_without_a_lifetime_get_the_default_expiry_where_one_is_set() {
+    let system = System::builder().env("ATTUNE_TOKEN_DEFAULT_EXPIRY", "2h").start().await;
+    let day = chrono::Duration::days(1);
+    let about = |lifetime: Option<chrono::Duration>, expected: chrono::Duration| {
+        lifetime.is_some_and(|l| l <= expected && l > expected - chrono::Duration::minutes(1))
+    };
+    // the CLI, with the setting in its environment
+    let cli = |args: &[&str], default: Option<&str>| {
+        let mut command = Command::new(attune_testkit::workspace_binary("attune"));
+        command.args(args).args(["--output", "json"]).env("DATABASE_URL", &system.db.url);
+        if let Some(default) = default {
+            command.env("ATTUNE_TOKEN_DEFAULT_EXPIRY", default);
+        }
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let made = cli(&["token", "create", "--name", "a", "--role", "read"], Some("1d"));
+    assert!(about(lifetime(&made), day), "{made}");
+    let made = cli(&["token", "create", "--name", "b", "--role", "read", "--expires-in", "30d"], Some("1d"));
+    assert!(about(lifetime(&made), day * 30), "an explicit lifetime wins: {made}");
+    let made = cli(&["token", "create", "--name", "c", "--role", "read", "--expires-in", "never"], Some("1d"));
+    assert_eq!(made["expires"], Value::Null, "never is never: {made}");
+    let made = cli(&["token", "create", "--name", "d", "--role", "read"], None);
+    assert_eq!(made["expires"], Value::Null, "without the setting tokens never expire: {made}");
+    // a bad setting is refused, naming it
+    let out = Command::new(attune_testkit::workspace_binary("attune"))
+        .args(["token", "create", "--name", "e", "--role", "read"])
+        .env("DATABASE_URL", &system.db.url)
+        .env("ATTUNE_TOKEN_DEFAULT_EXPIRY", "soon")
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("ATTUNE_TOKEN_DEFAULT_EXPIRY"));
+
+    // the API, started with the setting at 2 h
+    let (status, made) =
+        system.request(Method::POST, "/api/v1/tokens", Some(&json!({"name": "f", "role": "read"})), Some(&system.token)).await;
+    assert_eq!(status, 201, "{made}");
+    assert!(about(lifetime(&made), chrono::Duration::hours(2)), "{made}");
+    let (status, made) = system
+        .request(Method::POST, "/api/v1/tokens", Some(&json!({"name": "g", "role": "read", "expires_in_secs": 60})), Some(&system.token))
+        .await;
+    assert_eq!(status, 201, "{made}");
+    assert!(about(lifetime(&made), chrono::Duration::seconds(60)), "{made}");
+    // a token with no role cannot be written, even by hand
+    let unnamed = sqlx::query("INSERT INTO api_token (name, token_hash) VALUES ('h', '\\x01')").execute(&system.db.pool).await;
+    assert!(unnamed.is_err(), "a token was written without a role");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_made_with_the_cli_carry_their_role_and_record_what_they_did() {
     // no worker: submissions stay requested, to be canceled; revocations count at once

@@ -13,7 +13,7 @@ use crate::ApiError;
 use crate::auth::Caller;
 
 /// The longest lifetime a token can be given: 10 years.
-pub const MAX_EXPIRES_IN_SECS: i64 = 10 * 365 * 24 * 3600;
+pub const MAX_EXPIRES_IN_SECS: i64 = db::token::MAX_LIFETIME_SECS;
 
 /// The token a request came with.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -57,7 +57,8 @@ pub struct CreateToken {
     /// What it may do.
     #[schema(value_type = Role)]
     pub role: String,
-    /// Seconds until it expires (at most 10 years); left out or null: never.
+    /// Seconds until it expires (at most 10 years); left out or null: the API's
+    /// `ATTUNE_TOKEN_DEFAULT_EXPIRY`, never when that is unset.
     // read as a number: JSON Schema's integers include `60.0`
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 315_360_000)]
     pub expires_in_secs: Option<f64>,
@@ -86,7 +87,7 @@ pub async fn create(
     }
     let role: Role = body.role.parse().map_err(|e: db::token::UnknownRole| ApiError::invalid("role", e.to_string()))?;
     let expires = match body.expires_in_secs {
-        None => None,
+        None => state.settings.token_default_expiry.map(|lifetime| Utc::now() + lifetime),
         Some(secs) if secs.fract() == 0.0 && (1.0..=MAX_EXPIRES_IN_SECS as f64).contains(&secs) => {
             Some(Utc::now() + chrono::Duration::seconds(secs as i64))
         }

@@ -6,9 +6,11 @@
 //!
 //! A token's `Role` says what it may call (the API's table of routes is `attune_api::roles`):
 //! `read` reads, `operator` also submits, retries, cancels and fails executions, `admin` also
-//! registers packs and manages tokens. A token made without a role (`create`, or an INSERT that
-//! names none) is `admin`, as every token was before roles existed. Tokens are revoked, never
-//! deleted: executions name the token that submitted or ended them.
+//! registers packs and manages tokens. Every token is made with the role its maker chose: there is
+//! no default (`attune token create` requires `--role`; the column has no default since
+//! `20261130000000_token_role_required.sql`). A token lives for the lifetime it was made with, or
+//! `ATTUNE_TOKEN_DEFAULT_EXPIRY` when its maker gave none (unset: for ever). Tokens are revoked,
+//! never deleted: executions name the token that submitted or ended them.
 
 use chrono::{DateTime, Utc};
 use rand::RngExt;
@@ -17,6 +19,40 @@ use sha2::{Digest, Sha256};
 use sqlx::{PgExecutor, PgPool};
 
 pub const PREFIX: &str = "attune_";
+
+/// The longest lifetime a token may be given: ten years.
+pub const MAX_LIFETIME_SECS: i64 = 10 * 365 * 24 * 3600;
+
+/// A token's lifetime as `--expires-in` and `ATTUNE_TOKEN_DEFAULT_EXPIRY` take it: a whole number
+/// and a unit, `s`, `m`, `h`, `d` or `w` (`30d`, `12h`), from one second to ten years.
+pub fn parse_lifetime(text: &str) -> Result<chrono::Duration, String> {
+    let unit_at = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(unit_at);
+    let number: i64 = number.parse().map_err(|_| format!("'{text}' is not a number and a unit (30d, 12h)"))?;
+    let unit_secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return Err(format!("'{text}' has no unit of s, m, h, d or w (30d, 12h)")),
+    };
+    let secs = number.checked_mul(unit_secs).unwrap_or(i64::MAX);
+    if !(1..=MAX_LIFETIME_SECS).contains(&secs) {
+        return Err(format!("'{text}' is not between one second and ten years"));
+    }
+    Ok(chrono::Duration::seconds(secs))
+}
+
+/// `ATTUNE_TOKEN_DEFAULT_EXPIRY`: the lifetime of a token made without one (`None`: for ever).
+pub fn default_lifetime(source: &dyn crate::config::Source) -> Result<Option<chrono::Duration>, crate::config::ConfigError> {
+    const NAME: &str = "ATTUNE_TOKEN_DEFAULT_EXPIRY";
+    crate::config::read_optional(source, NAME)
+        .map(|text| {
+            parse_lifetime(text.trim()).map_err(|reason| crate::config::ConfigError { name: NAME.into(), value: text, reason })
+        })
+        .transpose()
+}
 
 /// What a token may do; each role may do everything the ones before it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]

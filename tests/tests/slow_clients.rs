@@ -1,0 +1,134 @@
+//! Slow and greedy clients against a real `attune-api` (issue 32): clients that pipeline
+//! requests and never read the answers, on every connection slot, with and without a token.
+//! Each was a hole: the slots stayed held for as long as the clients wished, a fresh request (with
+//! a token or without) waited for ever, and SIGTERM waited for the clients to leave.
+
+use std::time::{Duration, Instant};
+
+use attune_testkit::api::Api;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+/// No cap on the requests of one connection, which would close a pinner's connection by itself.
+const UNCAPPED: (&str, &str) = ("ATTUNE_API_MAX_REQUESTS_PER_CONNECTION", "1000000000");
+
+/// A client that takes a slot (one request answered), then pipelines `GET /healthz` without
+/// reading. With `token` its first request is an authenticated one. The task ends when a write
+/// fails: the server closed the connection.
+async fn pinner(addr: &str, token: Option<&str>) -> JoinHandle<std::io::Error> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let first = match token {
+        Some(token) => format!(
+            "GET /api/v1/executions?limit=1 HTTP/1.1\r\nHost: attune\r\nAuthorization: Bearer {token}\r\n\r\n"
+        ),
+        None => "GET /healthz HTTP/1.1\r\nHost: attune\r\n\r\n".to_string(),
+    };
+    stream.write_all(first.as_bytes()).await.unwrap();
+    let mut answer = [0u8; 12];
+    stream.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200", "the pinner's first request is answered");
+    tokio::spawn(async move {
+        let burst = "GET /healthz HTTP/1.1\r\nHost: attune\r\n\r\n".repeat(1000);
+        loop {
+            if let Err(error) = stream.write_all(burst.as_bytes()).await {
+                return error;
+            }
+        }
+    })
+}
+
+/// A fresh `GET /healthz` (no token) answered within `within`.
+async fn healthz(api: &Api, within: Duration) -> Result<u16, String> {
+    let request = api.http.get(format!("{}/healthz", api.url)).timeout(within).send();
+    request.await.map(|r| r.status().as_u16()).map_err(|e| e.to_string())
+}
+
+async fn closed_within(pinner: JoinHandle<std::io::Error>, within: Duration, what: &str) -> std::io::Error {
+    tokio::time::timeout(within, pinner)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: its connection still open after {within:?}"))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_its_answers_loses_its_connection() {
+    let api = Api::start(&[("ATTUNE_API_WRITE_TIMEOUT_SECS", "2"), UNCAPPED], None).await;
+    let started = Instant::now();
+    let pinner = pinner(&api.addr, Some(&api.token)).await;
+    // its socket buffers fill first (a few MB of answers), then the 2 s run
+    let error = closed_within(pinner, Duration::from_secs(30), "a client that reads nothing").await;
+    eprintln!("closed after {:?}: {error}", started.elapsed());
+    assert_eq!(healthz(&api, Duration::from_secs(5)).await, Ok(200));
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn connections_held_without_a_token_make_room_for_others_oldest_first() {
+    let api = Api::start(
+        &[("ATTUNE_API_MAX_CONNECTIONS", "8"), ("ATTUNE_API_WRITE_TIMEOUT_SECS", "600"), UNCAPPED],
+        None,
+    )
+    .await;
+    // the oldest holds a token; the 7 after it do not
+    let trusted = pinner(&api.addr, Some(&api.token)).await;
+    let mut untrusted = Vec::new();
+    for _ in 0..7 {
+        untrusted.push(pinner(&api.addr, None).await);
+    }
+    // every slot is held: a fresh client (with a token or without) is answered, and the oldest
+    // connection without a token is closed to make room; the fresh ones pin in turn
+    let (status, _) = api.get_json("/api/v1/executions?limit=1").await;
+    assert_eq!(status, 200, "an authenticated request while every slot is held");
+    closed_within(untrusted.remove(0), Duration::from_secs(10), "the oldest connection without a token").await;
+    // that client's connection closed after its answer: its slot is free for the next
+    untrusted.push(pinner(&api.addr, None).await);
+    for _ in 0..10 {
+        let fresh = tokio::time::timeout(Duration::from_secs(10), pinner(&api.addr, None))
+            .await
+            .expect("a fresh client (no token) is answered while every slot is held");
+        untrusted.push(fresh);
+        closed_within(untrusted.remove(0), Duration::from_secs(10), "the next oldest connection without a token")
+            .await;
+    }
+    // the connection that carried a token was never closed for another
+    assert!(!trusted.is_finished(), "the connection with a token was closed");
+    trusted.abort();
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn sigterm_ends_the_api_within_its_shutdown_timeout_while_clients_hold_connections() {
+    let mut api = Api::start(
+        &[("ATTUNE_API_WRITE_TIMEOUT_SECS", "600"), ("ATTUNE_API_SHUTDOWN_TIMEOUT_SECS", "2"), UNCAPPED],
+        None,
+    )
+    .await;
+    let pinners = [pinner(&api.addr, None).await, pinner(&api.addr, Some(&api.token)).await];
+    let pid = api.child.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let started = Instant::now();
+    let exited = tokio::time::timeout(Duration::from_secs(15), api.child.wait()).await;
+    assert!(exited.is_ok(), "the API still runs 15 s after SIGTERM with 2 s to shut down");
+    eprintln!("exited {:?} after SIGTERM", started.elapsed());
+    for pinner in pinners {
+        closed_within(pinner, Duration::from_secs(5), "a client of the API that exited").await;
+    }
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_answers_at_most_its_share_of_pipelined_requests_then_closes() {
+    let api = Api::start(&[("ATTUNE_API_MAX_REQUESTS_PER_CONNECTION", "20")], None).await;
+    let mut stream = TcpStream::connect(&api.addr).await.unwrap();
+    // 100 requests in one write (3.9 kB: read by the server at once, so its close sends no reset)
+    stream.write_all("GET /healthz HTTP/1.1\r\nHost: attune\r\n\r\n".repeat(100).as_bytes()).await.unwrap();
+    let mut answers = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answers)).await;
+    let answers = String::from_utf8_lossy(&answers);
+    let count = answers.matches("HTTP/1.1 200").count();
+    assert!(read.is_ok(), "the connection was not closed after its share ({count} answers read)");
+    assert_eq!(count, 20, "answers on one connection");
+    assert!(answers.to_ascii_lowercase().contains("connection: close"), "the last answer says it closes");
+    api.stop().await;
+}
