@@ -26,6 +26,11 @@ impl SystemBuilder {
         self.env.insert(key.to_string(), value.to_string());
         self
     }
+    /// Lets the workers' http actions reach 127.0.0.1, where a test's `HttpServer` listens
+    /// (`ATTUNE_WORKER_HTTP_ALLOW`): without it they refuse loopback, as by default.
+    pub fn allow_http_to_loopback(self) -> Self {
+        self.env("ATTUNE_WORKER_HTTP_ALLOW", "127.0.0.1/32")
+    }
     /// A pack to register once the API is up (`packs/core` is always registered).
     pub fn pack(mut self, path: impl Into<PathBuf>) -> Self {
         self.packs.push(path.into());

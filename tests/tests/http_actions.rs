@@ -55,7 +55,7 @@ impl HttpPack {
 }
 
 async fn system_with(pack: &HttpPack) -> System {
-    System::builder().worker("w1", &[]).pack(pack.0.path()).start().await
+    System::builder().allow_http_to_loopback().worker("w1", &[]).pack(pack.0.path()).start().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -183,7 +183,7 @@ async fn a_worker_cut_off_from_the_database_aborts_its_http_request_before_the_e
         server.port()
     );
     let pack = TempPack::new("fencehttp", &[("call.yaml", &call)]);
-    let mut system = fenced().pack(pack.path()).start().await;
+    let mut system = fenced().allow_http_to_loopback().pack(pack.path()).start().await;
     let other = format!("other-{:08x}", rand::random::<u32>());
     let cut = start_cut_off(&mut system, "http").await;
     let first = system.submit("fencehttp.call", json!({})).await;

@@ -197,7 +197,7 @@ async fn an_open_circuit_keeps_fifty_submissions_and_their_retries_away_from_a_f
     let server = HttpServer::start().await;
     server.script("/dependency", [Reply::status(503)]);
     let pack = TempPack::new("policy", &[("guarded.yaml", GUARDED)]);
-    let system = system(&pack).await;
+    let system = System::builder().allow_http_to_loopback().worker("w1", &[]).pack(pack.path()).start().await;
     let (_, worker) = system.get("/api/v1/workers").await;
     let slots = worker[0]["capabilities"]["slots"].as_u64().unwrap() as usize;
 

@@ -10,6 +10,17 @@
 //! action sets that header itself. Redirects are not followed, and the client never resends a
 //! request by itself: retrying is the retry policy's decision.
 //!
+//! The destination (issue 32): the worker's own loopback and networks are not the action's to
+//! reach. Loopback, private, link-local and every other non-global address is refused unless
+//! `ATTUNE_WORKER_HTTP_ALLOW` lists it (`crate::destination` has the rule), checked on the
+//! address actually connected to: a name is resolved by the client's own resolver
+//! (`AdmittedOnly`), which keeps only the addresses admitted and fails a name that has none, and
+//! an address written in the URL (which the client does not resolve) is checked before the
+//! request. No proxy is used, and since no redirect is followed, no redirect can lead to a
+//! refused address. A refusal is `action_failed` before any connection is tried, so it says
+//! nothing about the destination (an open port and a closed one answer alike); its error names
+//! the host as written and the setting.
+//!
 //! The outcome: 2xx completes with the result `{"status", "headers", "body"}` (header names in
 //! lower case; the body parsed when the response says it is JSON, else its text, cut at the
 //! worker's output limit). 429, 5xx, a connection that fails and a timeout are
@@ -20,6 +31,8 @@
 //! Parameter values may be secrets: errors and logs name the URL without its query and a header
 //! by its name, never a header's value.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use attune_common::mq::ResultStatus;
@@ -31,6 +44,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::destination::{self, AllowList};
 use crate::runner::{ActionRun, Outcome, Ran};
 
 /// The longest wait a `Retry-After` header may ask for; a longer one is cut to this.
@@ -40,19 +54,23 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// The worker's HTTP client: one per worker, its connections pooled across executions.
 pub struct HttpClient {
     client: reqwest::Client,
+    allow: Arc<AllowList>,
 }
 
 impl HttpClient {
-    pub fn new() -> Self {
+    /// A client that reaches global addresses and those `allow` names.
+    pub fn new(allow: AllowList) -> Self {
         attune_common::tls::install_default_provider();
+        let allow = Arc::new(allow);
         let client = reqwest::Client::builder()
             .user_agent(concat!("attune-worker/", env!("CARGO_PKG_VERSION")))
             .redirect(reqwest::redirect::Policy::none())
             .retry(reqwest::retry::never())
             .no_proxy()
+            .dns_resolver(AdmittedOnly { allow: allow.clone() })
             .build()
             .expect("the worker's HTTP client builds (no proxy, no redirects, ring installed)");
-        HttpClient { client }
+        HttpClient { client, allow }
     }
 
     /// Makes the request of `run` (an http action), until it ends, its timeout passes or `abort`
@@ -78,6 +96,12 @@ impl HttpClient {
                 ),
             );
         }
+        let host = request.url.host_str().unwrap_or_default().to_string();
+        // an address in the URL is connected to as written, past the resolver: checked here
+        let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().ok();
+        if literal.is_some_and(|ip| !self.allow.admits(ip)) {
+            return failed(FailureKind::ActionFailed, destination::refusal(&host));
+        }
         let Request { method, url, headers, body } = request;
         let mut builder = self.client.request(method, url).headers(headers);
         if let Some(body) = body {
@@ -101,6 +125,7 @@ impl HttpClient {
                 FailureKind::TransientError,
                 format!("timed out after {} s waiting for {shown}", run.timeout.as_secs_f64()),
             ),
+            Ok(Err(e)) if is_refused(&e) => failed(FailureKind::ActionFailed, destination::refusal(&host)),
             Ok(Err(e)) => failed(FailureKind::TransientError, request_error(&e, &shown)),
             Ok(Ok((status, headers, body))) => {
                 let response = Response { status, headers: &headers, body, limit: run.output_limit };
@@ -111,9 +136,52 @@ impl HttpClient {
 }
 
 impl Default for HttpClient {
+    /// A client that reaches global addresses only.
     fn default() -> Self {
-        Self::new()
+        Self::new(AllowList::default())
     }
+}
+
+/// The client's resolver: the system's (`getaddrinfo`, through tokio), keeping only the addresses
+/// the allow-list admits, so the client never connects to another; a name with none left fails
+/// with `Refused`.
+struct AdmittedOnly {
+    allow: Arc<AllowList>,
+}
+
+impl reqwest::dns::Resolve for AdmittedOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow = self.allow.clone();
+        let name = name.as_str().to_string();
+        Box::pin(async move {
+            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            if resolved.is_empty() {
+                return Err(format!("{name} has no address").into());
+            }
+            let admitted: Vec<SocketAddr> = resolved.into_iter().filter(|address| allow.admits(address.ip())).collect();
+            if admitted.is_empty() {
+                return Err(Box::new(Refused) as Box<dyn std::error::Error + Send + Sync>);
+            }
+            Ok(Box::new(admitted.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Every address of a name is refused (`AdmittedOnly`).
+#[derive(Debug)]
+struct Refused;
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("every address of the name is refused")
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Whether a request failed because its name resolved to refused addresses only.
+fn is_refused(error: &reqwest::Error) -> bool {
+    std::iter::successors(std::error::Error::source(error), |e| e.source()).any(|e| e.is::<Refused>())
 }
 
 /// A rendered request.
@@ -517,6 +585,11 @@ mod tests {
         assert_eq!(shown_url(&url), "http://h:1/a/b");
     }
 
+    /// A client allowed to reach 127.0.0.1, where the test servers listen.
+    fn loopback_client() -> HttpClient {
+        HttpClient::new(AllowList::parse("127.0.0.1/32").unwrap())
+    }
+
     fn run_of<'a>(http: &'a Value, parameters: &'a Value, timeout: Duration, limit: usize) -> ActionRun<'a> {
         ActionRun {
             execution_id: 1,
@@ -548,7 +621,7 @@ mod tests {
         );
         let http = json!({"method": "PUT", "url": server.url("/things/{{ name }}?secret={{ secret }}"), "body": {"name": "{{ name }}"}});
         let params = json!({"name": "a b", "secret": "s3cret"});
-        let client = HttpClient::new();
+        let client = loopback_client();
         let first = client.run(&run_of(&http, &params, Duration::from_secs(10), 1000), &CancellationToken::new()).await;
         assert_eq!(first.outcome.failure_kind, Some(FailureKind::TransientError), "{first:?}");
         assert_eq!((first.http_status, first.retry_after), (Some(503), Some(Duration::from_secs(3))));
@@ -579,7 +652,7 @@ mod tests {
         server.script("/big", [Reply::status(200).body(vec![b'x'; 200_000])]);
         let http = json!({"url": server.url("/big")});
         let params = json!({});
-        let ran = HttpClient::new()
+        let ran = loopback_client()
             .run(&run_of(&http, &params, Duration::from_secs(10), 1000), &CancellationToken::new())
             .await;
         assert_eq!(ran.outcome.status, ResultStatus::Completed);
@@ -595,7 +668,7 @@ mod tests {
         let http = json!({"url": server.url("/slow?token={{ token }}")});
         let params = json!({"token": "s3cret"});
         let started = std::time::Instant::now();
-        let ran = HttpClient::new()
+        let ran = loopback_client()
             .run(&run_of(&http, &params, Duration::from_millis(300), 1000), &CancellationToken::new())
             .await;
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -611,7 +684,7 @@ mod tests {
         let http = json!({"url": server.url("/hang")});
         let params = json!({});
         let cancel = CancellationToken::new();
-        let client = HttpClient::new();
+        let client = loopback_client();
         let run = run_of(&http, &params, Duration::from_secs(60), 1000);
         let running = client.run(&run, &cancel);
         let canceling = async {
@@ -633,7 +706,7 @@ mod tests {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let http = json!({"url": format!("http://127.0.0.1:{port}/x?key={{{{ key }}}}")});
         let params = json!({"key": "s3cret"});
-        let ran = HttpClient::new()
+        let ran = loopback_client()
             .run(&run_of(&http, &params, Duration::from_secs(10), 1000), &CancellationToken::new())
             .await;
         assert_eq!((ran.outcome.failure_kind, ran.http_status), (Some(FailureKind::TransientError), None));
@@ -645,15 +718,77 @@ mod tests {
     async fn https_and_bad_parameters_fail_without_a_request() {
         let params = json!({"note": "a\nb"});
         let https = json!({"url": "https://example.invalid/"});
-        let ran = HttpClient::new()
+        let ran = loopback_client()
             .run(&run_of(&https, &params, Duration::from_secs(10), 1000), &CancellationToken::new())
             .await;
         assert_eq!(ran.outcome.failure_kind, Some(FailureKind::ActionFailed));
         assert!(ran.outcome.error.unwrap().contains("https is not supported"));
         let header = json!({"url": "http://127.0.0.1:9/", "headers": {"X-Note": "{{ note }}"}});
-        let ran = HttpClient::new()
+        let ran = loopback_client()
             .run(&run_of(&header, &params, Duration::from_secs(10), 1000), &CancellationToken::new())
             .await;
         assert_eq!(ran.outcome.failure_kind, Some(FailureKind::InvalidParameters));
+    }
+
+    #[tokio::test]
+    async fn a_non_global_destination_is_refused_without_a_connection() {
+        let server = HttpServer::start().await;
+        server.script("/secret", [Reply::status(200).body("the secret")]);
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let open = server.port();
+        let params = json!({});
+        let client = HttpClient::default();
+        let refused = async |url: String| {
+            let http = json!({"url": url});
+            client.run(&run_of(&http, &params, Duration::from_secs(10), 1000), &CancellationToken::new()).await
+        };
+        let cases = [
+            (format!("http://127.0.0.1:{open}/secret"), "127.0.0.1"),
+            (format!("http://127.0.0.1:{closed}/secret"), "127.0.0.1"),
+            (format!("http://0x7f.1:{open}/secret"), "127.0.0.1"),
+            (format!("http://[::1]:{open}/secret"), "[::1]"),
+            (format!("http://[::ffff:127.0.0.1]:{open}/secret"), "[::ffff:7f00:1]"),
+            (format!("http://localhost:{open}/secret"), "localhost"),
+            (format!("http://LocalHost:{closed}/secret"), "localhost"),
+            ("http://169.254.169.254/latest/meta-data/".to_string(), "169.254.169.254"),
+            ("http://10.0.0.1:5432/".to_string(), "10.0.0.1"),
+        ];
+        for (url, host) in cases {
+            let ran = refused(url.clone()).await;
+            assert_eq!((ran.outcome.failure_kind, ran.http_status), (Some(FailureKind::ActionFailed), None), "{url}");
+            assert_eq!(ran.outcome.status, ResultStatus::Failed);
+            assert_eq!(ran.outcome.result, None);
+            assert_eq!(ran.outcome.error.unwrap(), destination::refusal(host), "{url}");
+        }
+        assert!(server.requests().is_empty(), "nothing reached the server: {:?}", server.requests());
+    }
+
+    #[tokio::test]
+    async fn the_resolver_keeps_only_admitted_addresses() {
+        let localhost = || "localhost".parse::<reqwest::dns::Name>().unwrap();
+        let none = AdmittedOnly { allow: Arc::new(AllowList::default()) };
+        use reqwest::dns::Resolve;
+        let error = none.resolve(localhost()).await.err().expect("every address of localhost is refused");
+        assert!(error.is::<Refused>(), "{error}");
+        let v4 = AdmittedOnly { allow: Arc::new(AllowList::parse("127.0.0.0/8").unwrap()) };
+        let addresses: Vec<SocketAddr> = v4.resolve(localhost()).await.unwrap().collect();
+        assert!(!addresses.is_empty());
+        assert!(addresses.iter().all(|a| a.ip().is_ipv4() && a.ip().is_loopback()), "no ::1: {addresses:?}");
+        let global = AdmittedOnly { allow: Arc::new(AllowList::default()) };
+        let error = global.resolve("name.invalid".parse().unwrap()).await.err().unwrap();
+        assert!(!error.is::<Refused>(), "a name that does not resolve is not a refusal: {error}");
+    }
+
+    #[tokio::test]
+    async fn an_allowed_name_is_reached() {
+        let server = HttpServer::start().await;
+        server.script("/ok", [Reply::status(200).body("fine")]);
+        let http = json!({"url": format!("http://localhost:{}/ok", server.port())});
+        let params = json!({});
+        let ran = loopback_client()
+            .run(&run_of(&http, &params, Duration::from_secs(10), 1000), &CancellationToken::new())
+            .await;
+        assert_eq!(ran.outcome.status, ResultStatus::Completed, "{ran:?}");
+        assert_eq!(server.requests_to("/ok").len(), 1);
     }
 }

@@ -26,6 +26,7 @@
 //! (scheduled → requested: no retry spent), keeps heartbeating while its running actions finish
 //! (up to `ATTUNE_WORKER_DRAIN_SECS`), then deletes its queue and marks itself inactive.
 
+pub mod destination;
 pub mod health;
 pub mod http;
 pub mod runner;
@@ -48,6 +49,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::destination::{ALLOW_SETTING, AllowList};
 use crate::health::HealthState;
 use crate::runner::{ActionRun, Ran, Runtimes};
 
@@ -85,6 +87,10 @@ pub struct Settings {
     pub cancel_check: Duration,
     /// `ATTUNE_HEALTH_WINDOW_SECS`: the window its failure rate is measured over (default 600).
     pub health_window_secs: i64,
+    /// `ATTUNE_WORKER_HTTP_ALLOW`: the networks http actions may reach besides global addresses,
+    /// comma-separated CIDRs (default none: loopback, private and other non-global destinations
+    /// are refused; see `destination`).
+    pub http_allow: AllowList,
     /// The program that supervises each action (`supervise`): the worker's own binary, set by
     /// `attune-worker`; `None` runs actions directly (their process group still dies with a
     /// timeout or a cancel, but not with the worker).
@@ -121,6 +127,16 @@ impl FromEnv for Settings {
             health_override_file: read_optional(source, "ATTUNE_WORKER_HEALTH_OVERRIDE_FILE").map(PathBuf::from),
             cancel_check: Duration::from_secs_f64(read(source, "ATTUNE_WORKER_CANCEL_CHECK_SECS")?),
             health_window_secs: read(source, "ATTUNE_HEALTH_WINDOW_SECS")?,
+            http_allow: match read_optional(source, ALLOW_SETTING) {
+                None => AllowList::default(),
+                Some(text) => AllowList::parse(&text).map_err(|(entry, reason)| ConfigError {
+                    name: ALLOW_SETTING.into(),
+                    value: entry,
+                    reason: format!(
+                        "{reason}; the setting is a comma-separated list of CIDRs such as 127.0.0.1/32,10.0.0.0/8"
+                    ),
+                })?,
+            },
             supervisor: None,
         };
         let lease = settings.lease();
@@ -279,7 +295,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let pool =
         db::connect_checking(&settings.common.database_url, 4, Duration::from_secs(60), db::Check::AfterIdle).await?;
     db::migrate(&pool).await?;
-    let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone()).await;
+    let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone(), settings.http_allow.clone()).await;
     let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
     let publisher =
         Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());
@@ -1355,6 +1371,24 @@ mod settings_tests {
         );
         assert!(s.name.ends_with(&format!("-{}", std::process::id())), "host name and pid: {}", s.name);
         assert_eq!(s.health_override_file, None);
+        assert_eq!(s.http_allow, AllowList::default(), "http actions reach global addresses only");
+    }
+
+    #[test]
+    fn the_http_allow_list_is_read_and_a_bad_entry_is_named() {
+        use attune_common::settings::Vars;
+        let allowed = Settings::from_source(&Vars(&[("ATTUNE_WORKER_HTTP_ALLOW", "127.0.0.1/32, ::1/128")])).unwrap();
+        assert!(
+            allowed.http_allow.admits("127.0.0.1".parse().unwrap())
+                && allowed.http_allow.admits("::1".parse().unwrap())
+        );
+        assert!(!allowed.http_allow.admits("10.0.0.1".parse().unwrap()));
+        let error =
+            Settings::from_source(&Vars(&[("ATTUNE_WORKER_HTTP_ALLOW", "127.0.0.1/32,10.0.0.0/33")])).unwrap_err();
+        assert!(
+            error.to_string().starts_with("invalid value \"10.0.0.0/33\" for ATTUNE_WORKER_HTTP_ALLOW: "),
+            "{error}"
+        );
     }
 }
 

@@ -29,6 +29,8 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::destination::AllowList;
+
 /// EX_TEMPFAIL from sysexits.h: "temporary failure, try again later".
 pub const TRANSIENT_EXIT_CODE: i32 = 75;
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -190,7 +192,9 @@ pub struct Runtimes {
 }
 
 impl Runtimes {
-    pub async fn detect(wanted: &[String], supervisor: Option<PathBuf>) -> Self {
+    /// The runtimes of `wanted` this host can run; http actions may reach global addresses and
+    /// those `http_allow` names.
+    pub async fn detect(wanted: &[String], supervisor: Option<PathBuf>, http_allow: AllowList) -> Self {
         let wants = |r: &str| wanted.iter().any(|w| w == r);
         let python = if wants("python") { resolve_python().await } else { None };
         if wants("python") && python.is_none() {
@@ -200,7 +204,7 @@ impl Runtimes {
             shell: wants("shell").then(|| PathBuf::from("/bin/sh")),
             python,
             builtin: wants("builtin"),
-            http: wants("http").then(crate::http::HttpClient::new),
+            http: wants("http").then(|| crate::http::HttpClient::new(http_allow)),
             supervisor,
         }
     }
@@ -610,7 +614,7 @@ mod tests {
         // cargo sets CARGO_MANIFEST_DIR for the test process; like DATABASE_URL, it must not leak
         assert!(std::env::var("CARGO_MANIFEST_DIR").is_ok());
         let parameters = json!({"message": "$(touch /tmp/pwned); `id`; 'q\"", "count": 3});
-        let runtimes = Runtimes::detect(&["shell".into()], None).await;
+        let runtimes = Runtimes::detect(&["shell".into()], None, AllowList::default()).await;
         let finished =
             runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new()).await;
         assert_eq!(finished.exit_code, Some(0), "{finished:?}");
@@ -625,7 +629,7 @@ mod tests {
     async fn the_chains_idempotency_key_reaches_the_action() {
         let dir = temp_pack("printf '%s' \"$ATTUNE_IDEMPOTENCY_KEY\"\n");
         let parameters = json!({"idempotency_key": "not this"});
-        let runtimes = Runtimes::detect(&["shell".into()], None).await;
+        let runtimes = Runtimes::detect(&["shell".into()], None, AllowList::default()).await;
         let ran = runtimes
             .execute(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new())
             .await;
@@ -636,7 +640,7 @@ mod tests {
     async fn a_timeout_kills_the_whole_process_group() {
         let dir = temp_pack("sleep 30 &\necho $! > child.pid\nsleep 30\n");
         let parameters = json!({});
-        let runtimes = Runtimes::detect(&["shell".into()], None).await;
+        let runtimes = Runtimes::detect(&["shell".into()], None, AllowList::default()).await;
         let started = std::time::Instant::now();
         let finished =
             runtimes.run(&run_of(&dir, &parameters, Duration::from_millis(300), 4096), &CancellationToken::new()).await;
@@ -658,7 +662,7 @@ mod tests {
     async fn output_is_bounded_to_its_tail() {
         let dir = temp_pack("i=0; while [ $i -lt 5000 ]; do echo line-$i; i=$((i+1)); done\n");
         let parameters = json!({});
-        let runtimes = Runtimes::detect(&["shell".into()], None).await;
+        let runtimes = Runtimes::detect(&["shell".into()], None, AllowList::default()).await;
         let finished =
             runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(10), 1000), &CancellationToken::new()).await;
         assert!(finished.stdout.starts_with("[... "), "{}", &finished.stdout[..40]);
@@ -701,7 +705,7 @@ mod tests {
         std::fs::remove_file(pack.join("run.sh")).unwrap();
         std::os::unix::fs::symlink(outside.join("run.sh"), pack.join("run.sh")).unwrap();
         let parameters = json!({});
-        let runtimes = Runtimes::detect(&["shell".into()], None).await;
+        let runtimes = Runtimes::detect(&["shell".into()], None, AllowList::default()).await;
         let ran = runtimes
             .execute(&run_of(&pack, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new())
             .await;
@@ -714,7 +718,7 @@ mod tests {
     async fn a_runtime_this_worker_does_not_offer_is_not_run() {
         let pack = temp_pack("touch marker\n");
         let parameters = json!({});
-        let runtimes = Runtimes::detect(&["python".into()], None).await;
+        let runtimes = Runtimes::detect(&["python".into()], None, AllowList::default()).await;
         let ran = runtimes
             .execute(&run_of(&pack, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new())
             .await;
