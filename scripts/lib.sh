@@ -102,15 +102,21 @@ ensure_password_auth() {
     fi
 }
 
+# The attune role owns the schema and runs the migrations (`attune migrate`), which create the
+# services' group roles (attune_api, attune_executor, attune_worker): it needs CREATEROLE.
 ensure_database() {
     ensure_password_auth
     if PGPASSWORD=$ATTUNE_DB_PASSWORD psql -h "$PGHOST_ADDR" -p "$PGPORT" -U "$ATTUNE_DB_USER" -d "$ATTUNE_DB_NAME" -tAc 'SELECT 1' >/dev/null 2>&1 </dev/null; then
+        if [ "$(psql_admin -tAc "SELECT rolcreaterole FROM pg_roles WHERE rolname = '$ATTUNE_DB_USER'")" != t ]; then
+            log "PostgreSQL: the '$ATTUNE_DB_USER' role may create the services' roles (CREATEROLE)"
+            psql_admin -c "ALTER ROLE $ATTUNE_DB_USER CREATEROLE" >/dev/null
+        fi
         return 0
     fi
     log "creating PostgreSQL role and database '$ATTUNE_DB_NAME'"
     psql_admin -c "DO \$\$ BEGIN
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$ATTUNE_DB_USER') THEN
-            CREATE ROLE $ATTUNE_DB_USER LOGIN CREATEDB;
+            CREATE ROLE $ATTUNE_DB_USER LOGIN CREATEDB CREATEROLE;
         END IF; END \$\$;"
     psql_admin -c "SET password_encryption = 'scram-sha-256'; ALTER ROLE $ATTUNE_DB_USER PASSWORD '$ATTUNE_DB_PASSWORD'"
     if [ -z "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$ATTUNE_DB_NAME'")" ]; then

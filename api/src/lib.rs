@@ -129,10 +129,10 @@ pub fn router(state: State) -> Router {
         .with_state(state)
 }
 
-/// Connects, migrates and builds the shared state.
+/// Connects, checks the schema is current and builds the shared state.
 pub async fn state(settings: Settings) -> Result<State, Error> {
     let pool = db::connect(&settings.common.database_url, 16, Duration::from_secs(60)).await?;
-    db::migrate(&pool).await?;
+    db::check_schema(&pool).await?;
     if let Err(e) = register_packs(&pool, &settings.common.packs_dir).await {
         tracing::error!(error = %e, "packs in ATTUNE_PACKS_DIR were not all registered");
     }

@@ -34,9 +34,9 @@
 //!   `ATTUNE_API_SHUTDOWN_TIMEOUT_SECS`, closing the connections still open (a client that does
 //!   not read, a request still waiting on the database).
 
-use std::path::{Path, PathBuf};
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -374,8 +374,12 @@ impl ConnectionTrust {
 /// The open connections, oldest first, each with its trust and the token that closes it.
 #[derive(Default)]
 struct Registry {
-    open: Mutex<(u64, BTreeMap<u64, (ConnectionTrust, CancellationToken)>)>,
+    open: Mutex<Open>,
 }
+
+/// The last id given, and the open connections by id.
+#[derive(Default)]
+struct Open(u64, BTreeMap<u64, (ConnectionTrust, CancellationToken)>);
 
 impl Registry {
     fn open(self: &Arc<Self>, abort: &CancellationToken) -> Entry {

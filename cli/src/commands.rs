@@ -28,6 +28,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let client = Client::new(&api_url, token.clone());
     let out = cli.output;
     match cli.command {
+        Command::Migrate => crate::up::migrate(out).await.map(|()| 0),
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
         Command::Token(command) => crate::tokens::run(command, out).await,
         Command::Pack(PackCommand::Register { path, force }) => {

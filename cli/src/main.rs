@@ -64,7 +64,10 @@ pub enum Output {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Run api, executor and workers in this process until interrupted (for development)
+    /// Apply the database migrations (DATABASE_URL: the role that owns the schema); the
+    /// services only check that the schema is current
+    Migrate,
+    /// Migrate, then run api, executor and workers in this process until interrupted (for development)
     Up {
         /// Number of workers
         #[arg(long, default_value_t = 2)]

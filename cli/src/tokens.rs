@@ -64,7 +64,7 @@ async fn database() -> anyhow::Result<PgPool> {
     let pool = attune_common::db::connect(&url, 1, Duration::from_secs(10))
         .await
         .with_context(|| "cannot connect to the database (DATABASE_URL)")?;
-    attune_common::db::migrate(&pool).await?;
+    attune_common::db::check_schema(&pool).await?;
     Ok(pool)
 }
 

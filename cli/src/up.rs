@@ -1,9 +1,37 @@
 //! `attune up`: migrations, pack registration, then api, executor and workers in one process.
+//! And `attune migrate`, the migrations alone: the explicit step before services start.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use attune_common::db;
+
+/// `attune migrate`: applies what is pending as DATABASE_URL's role and says what it applied.
+pub async fn migrate(out: crate::Output) -> anyhow::Result<()> {
+    let url: String = attune_common::settings::get("DATABASE_URL")?;
+    let pool =
+        db::connect(&url, 1, Duration::from_secs(30)).await.context("cannot connect to the database (DATABASE_URL)")?;
+    let applied = |pool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default()
+    };
+    let before = applied(&pool).await;
+    db::migrate(&pool).await.context("applying migrations (DATABASE_URL must be the role that owns the schema)")?;
+    let now = applied(&pool).await;
+    let new: Vec<String> = db::MIGRATOR
+        .iter()
+        .filter(|m| now.contains(&m.version) && !before.contains(&m.version))
+        .map(|m| format!("{}_{}", m.version, m.description.replace(' ', "_")))
+        .collect();
+    match out {
+        crate::Output::Json => println!("{}", serde_json::json!({"applied": new, "current": now.last()})),
+        crate::Output::Table if new.is_empty() => println!("the schema is current (nothing to apply)"),
+        crate::Output::Table => println!("applied {} migration(s):\n  {}", new.len(), new.join("\n  ")),
+    }
+    Ok(())
+}
 
 pub async fn run(workers: u16) -> anyhow::Result<()> {
     attune_common::telemetry::init();

@@ -11,6 +11,8 @@ pub enum ServiceError {
     Database(#[from] sqlx::Error),
     #[error("migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0}")]
+    SchemaBehind(#[from] db::SchemaBehind),
     #[error("broker: {0}")]
     Broker(#[from] crate::mq::MqError),
     #[error("listener: {0}")]
@@ -25,7 +27,10 @@ impl db::AsTransient for ServiceError {
         match self {
             ServiceError::Database(e) => db::is_transient(e),
             ServiceError::Broker(_) => true,
-            ServiceError::Migrate(_) | ServiceError::Io(_) | ServiceError::Config(_) => false,
+            ServiceError::Migrate(_)
+            | ServiceError::SchemaBehind(_)
+            | ServiceError::Io(_)
+            | ServiceError::Config(_) => false,
         }
     }
 }

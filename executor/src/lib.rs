@@ -161,7 +161,7 @@ pub struct Context {
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
     let pool =
         db::connect_checking(&settings.common.database_url, 16, Duration::from_secs(60), db::Check::AfterIdle).await?;
-    db::migrate(&pool).await?;
+    db::check_schema(&pool).await?;
     db::worker::store_health_config(&pool, &settings.health).await?;
     db::worker::store_retry_config(&pool, &settings.retry).await?;
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);

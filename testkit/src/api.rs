@@ -40,7 +40,7 @@ impl Api {
         let log = std::fs::File::create(dir.join("api.log")).unwrap();
         let child = tokio::process::Command::new(workspace_binary("attune-api"))
             .kill_on_drop(true)
-            .env("DATABASE_URL", &db.url)
+            .env("DATABASE_URL", db.url_as("attune_test_api"))
             .env("AMQP_URL", crate::amqp_url())
             .env("ATTUNE_MQ_NAMESPACE", &namespace.name)
             .env("ATTUNE_API_ADDR", &addr)

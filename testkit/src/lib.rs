@@ -52,7 +52,13 @@ impl TestDb {
     pub async fn new() -> TestDb {
         let db = Self::empty().await;
         attune_common::db::migrate(&db.pool).await.expect("migrate test database");
+        ensure_service_logins().await;
         db
+    }
+
+    /// This database's URL for `login` (one of `SERVICE_LOGINS`).
+    pub fn url_as(&self, login: &str) -> String {
+        as_login(&self.url, login)
     }
 
     /// A database of its own with no schema at all (for tests of the migrations themselves).
@@ -80,6 +86,59 @@ impl TestDb {
             .execute(&admin)
             .await;
     }
+}
+
+/// The logins the tests' services use, one per service (`attune_test_api`, ...), each a member
+/// of the group role the migrations make for it (`migrations/20261130000100_service_roles.sql`),
+/// with this password. `attune_test_worker_b` is a second worker login, for tests that two
+/// workers' logins cannot touch each other's executions.
+pub const SERVICE_LOGINS: [(&str, &str); 4] = [
+    ("attune_test_api", "attune_api"),
+    ("attune_test_executor", "attune_executor"),
+    ("attune_test_worker", "attune_worker"),
+    ("attune_test_worker_b", "attune_worker"),
+];
+pub const SERVICE_LOGIN_PASSWORD: &str = "attune-test";
+
+/// Makes the service logins where they are missing (once per test process; several processes
+/// take turns on an advisory lock). The group roles must exist: a database was migrated.
+pub async fn ensure_service_logins() {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_init(|| async {
+        let admin = PgPool::connect(&admin_database_url()).await.expect("admin connection");
+        let mut connection = admin.acquire().await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock(7300432)").execute(&mut *connection).await.unwrap();
+        for (login, group) in SERVICE_LOGINS {
+            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)")
+                .bind(login)
+                .fetch_one(&mut *connection)
+                .await
+                .unwrap();
+            if !exists {
+                let create = format!("CREATE ROLE {login} LOGIN PASSWORD '{SERVICE_LOGIN_PASSWORD}' IN ROLE {group}");
+                sqlx::query(sqlx::AssertSqlSafe(create)).execute(&mut *connection).await.unwrap_or_else(|e| {
+                    panic!("cannot create the test login {login} (the admin role needs CREATEROLE): {e}")
+                });
+            }
+        }
+        sqlx::query("SELECT pg_advisory_unlock(7300432)").execute(&mut *connection).await.unwrap();
+    })
+    .await;
+}
+
+/// The login (user) `url` names.
+pub fn login_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or("");
+    authority.rsplit_once('@').map_or("", |(userinfo, _)| userinfo.split(':').next().unwrap_or(""))
+}
+
+/// `url` logging in as `login` (with the service logins' password).
+pub fn as_login(url: &str, login: &str) -> String {
+    let scheme_end = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let rest = &url[scheme_end..];
+    let host_start = rest.find('/').map_or(rest.len(), |slash| rest[..slash].rfind('@').map_or(0, |at| at + 1));
+    format!("{}{login}:{SERVICE_LOGIN_PASSWORD}@{}", &url[..scheme_end], &rest[host_start..])
 }
 
 /// `postgres://u:p@h:port/db?x` with `db` replaced.

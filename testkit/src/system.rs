@@ -224,12 +224,29 @@ impl System {
         SystemBuilder { workers: Vec::new(), env: BTreeMap::new(), packs: Vec::new() }
     }
 
+    /// Starts `binary` as `name`. A service logs into the database as its own test login
+    /// (`crate::SERVICE_LOGINS`), with the least rights its group role grants, unless the test
+    /// gave it a `DATABASE_URL` with another login.
     fn spawn(&mut self, name: &str, binary: &str, extra_env: &BTreeMap<String, String>) {
         let path = workspace_binary(binary);
         let log = std::fs::File::create(self.logs.join(format!("{name}.log"))).unwrap();
+        let mut env = extra_env.clone();
+        let login = match binary {
+            "attune-api" => Some("attune_test_api"),
+            "attune-executor" => Some("attune_test_executor"),
+            "attune-worker" => Some("attune_test_worker"),
+            _ => None,
+        };
+        if let Some(login) = login {
+            let url = env.get("DATABASE_URL").or_else(|| self.env.get("DATABASE_URL")).cloned();
+            // a test that names another login keeps it
+            if let Some(url) = url.filter(|url| crate::login_of(url) == crate::login_of(&self.db.url)) {
+                env.insert("DATABASE_URL".into(), crate::as_login(&url, login));
+            }
+        }
         let child = Command::new(&path)
             .envs(&self.env)
-            .envs(extra_env)
+            .envs(&env)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -73,17 +73,24 @@ async fn tokens_made_without_a_lifetime_get_the_default_expiry_where_one_is_set(
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("ATTUNE_TOKEN_DEFAULT_EXPIRY"));
 
     // the API, started with the setting at 2 h
-    let (status, made) =
-        system.request(Method::POST, "/api/v1/tokens", Some(&json!({"name": "f", "role": "read"})), Some(&system.token)).await;
+    let (status, made) = system
+        .request(Method::POST, "/api/v1/tokens", Some(&json!({"name": "f", "role": "read"})), Some(&system.token))
+        .await;
     assert_eq!(status, 201, "{made}");
     assert!(about(lifetime(&made), chrono::Duration::hours(2)), "{made}");
     let (status, made) = system
-        .request(Method::POST, "/api/v1/tokens", Some(&json!({"name": "g", "role": "read", "expires_in_secs": 60})), Some(&system.token))
+        .request(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(&json!({"name": "g", "role": "read", "expires_in_secs": 60})),
+            Some(&system.token),
+        )
         .await;
     assert_eq!(status, 201, "{made}");
     assert!(about(lifetime(&made), chrono::Duration::seconds(60)), "{made}");
     // a token with no role cannot be written, even by hand
-    let unnamed = sqlx::query("INSERT INTO api_token (name, token_hash) VALUES ('h', '\\x01')").execute(&system.db.pool).await;
+    let unnamed =
+        sqlx::query("INSERT INTO api_token (name, token_hash) VALUES ('h', '\\x01')").execute(&system.db.pool).await;
     assert!(unnamed.is_err(), "a token was written without a role");
 }
 

@@ -19,9 +19,9 @@ const UNCAPPED: (&str, &str) = ("ATTUNE_API_MAX_REQUESTS_PER_CONNECTION", "10000
 async fn pinner(addr: &str, token: Option<&str>) -> JoinHandle<std::io::Error> {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     let first = match token {
-        Some(token) => format!(
-            "GET /api/v1/executions?limit=1 HTTP/1.1\r\nHost: attune\r\nAuthorization: Bearer {token}\r\n\r\n"
-        ),
+        Some(token) => {
+            format!("GET /api/v1/executions?limit=1 HTTP/1.1\r\nHost: attune\r\nAuthorization: Bearer {token}\r\n\r\n")
+        }
         None => "GET /healthz HTTP/1.1\r\nHost: attune\r\n\r\n".to_string(),
     };
     stream.write_all(first.as_bytes()).await.unwrap();
@@ -65,11 +65,9 @@ async fn a_client_that_never_reads_its_answers_loses_its_connection() {
 
 #[tokio::test]
 async fn connections_held_without_a_token_make_room_for_others_oldest_first() {
-    let api = Api::start(
-        &[("ATTUNE_API_MAX_CONNECTIONS", "8"), ("ATTUNE_API_WRITE_TIMEOUT_SECS", "600"), UNCAPPED],
-        None,
-    )
-    .await;
+    let api =
+        Api::start(&[("ATTUNE_API_MAX_CONNECTIONS", "8"), ("ATTUNE_API_WRITE_TIMEOUT_SECS", "600"), UNCAPPED], None)
+            .await;
     // the oldest holds a token; the 7 after it do not
     let trusted = pinner(&api.addr, Some(&api.token)).await;
     let mut untrusted = Vec::new();
@@ -78,8 +76,15 @@ async fn connections_held_without_a_token_make_room_for_others_oldest_first() {
     }
     // every slot is held: a fresh client (with a token or without) is answered, and the oldest
     // connection without a token is closed to make room; the fresh ones pin in turn
-    let (status, _) = api.get_json("/api/v1/executions?limit=1").await;
-    assert_eq!(status, 200, "an authenticated request while every slot is held");
+    let answered = api
+        .http
+        .get(format!("{}/api/v1/executions?limit=1", api.url))
+        .bearer_auth(&api.token)
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map(|r| r.status().as_u16());
+    assert_eq!(answered.ok(), Some(200), "an authenticated request while every slot is held");
     closed_within(untrusted.remove(0), Duration::from_secs(10), "the oldest connection without a token").await;
     // that client's connection closed after its answer: its slot is free for the next
     untrusted.push(pinner(&api.addr, None).await);
@@ -88,8 +93,7 @@ async fn connections_held_without_a_token_make_room_for_others_oldest_first() {
             .await
             .expect("a fresh client (no token) is answered while every slot is held");
         untrusted.push(fresh);
-        closed_within(untrusted.remove(0), Duration::from_secs(10), "the next oldest connection without a token")
-            .await;
+        closed_within(untrusted.remove(0), Duration::from_secs(10), "the next oldest connection without a token").await;
     }
     // the connection that carried a token was never closed for another
     assert!(!trusted.is_finished(), "the connection with a token was closed");
@@ -98,19 +102,46 @@ async fn connections_held_without_a_token_make_room_for_others_oldest_first() {
 }
 
 #[tokio::test]
-async fn sigterm_ends_the_api_within_its_shutdown_timeout_while_clients_hold_connections() {
+async fn sigterm_ends_the_api_within_its_shutdown_timeout_while_a_request_waits_on_the_database() {
     let mut api = Api::start(
-        &[("ATTUNE_API_WRITE_TIMEOUT_SECS", "600"), ("ATTUNE_API_SHUTDOWN_TIMEOUT_SECS", "2"), UNCAPPED],
+        &[
+            ("ATTUNE_API_WRITE_TIMEOUT_SECS", "600"),
+            ("ATTUNE_API_REQUEST_TIMEOUT_SECS", "600"),
+            ("ATTUNE_DB_LOCK_TIMEOUT_SECS", "600"),
+            ("ATTUNE_API_SHUTDOWN_TIMEOUT_SECS", "2"),
+            UNCAPPED,
+        ],
         None,
     )
     .await;
     let pinners = [pinner(&api.addr, None).await, pinner(&api.addr, Some(&api.token)).await];
+    // a submission whose insert waits on a lock held by someone else, for as long as it is held
+    let mut holder = api.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE execution IN EXCLUSIVE MODE").execute(&mut *holder).await.unwrap();
+    let submission = api
+        .http
+        .post(format!("{}/api/v1/executions", api.url))
+        .bearer_auth(&api.token)
+        .json(&serde_json::json!({"action_ref": "core.noop"}))
+        .send();
+    let submission = tokio::spawn(submission);
+    attune_testkit::wait_for("the submission's insert to wait on the lock", Duration::from_secs(30), || async {
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'execution'::regclass")
+                .fetch_one(&api.db.pool)
+                .await
+                .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
     let pid = api.child.id().unwrap().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let started = Instant::now();
-    let exited = tokio::time::timeout(Duration::from_secs(15), api.child.wait()).await;
-    assert!(exited.is_ok(), "the API still runs 15 s after SIGTERM with 2 s to shut down");
+    let exited = tokio::time::timeout(Duration::from_secs(8), api.child.wait()).await;
+    holder.rollback().await.unwrap();
+    assert!(exited.is_ok(), "the API still runs 8 s after SIGTERM with 2 s to shut down");
     eprintln!("exited {:?} after SIGTERM", started.elapsed());
+    assert!(submission.await.unwrap().is_err(), "the waiting submission's connection was closed, unanswered");
     for pinner in pinners {
         closed_within(pinner, Duration::from_secs(5), "a client of the API that exited").await;
     }

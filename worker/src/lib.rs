@@ -294,7 +294,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     protect_process();
     let pool =
         db::connect_checking(&settings.common.database_url, 4, Duration::from_secs(60), db::Check::AfterIdle).await?;
-    db::migrate(&pool).await?;
+    db::check_schema(&pool).await?;
     let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone(), settings.http_allow.clone()).await;
     let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
     let publisher =

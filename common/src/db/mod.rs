@@ -264,8 +264,40 @@ pub async fn now(db: impl sqlx::PgExecutor<'_>) -> Result<chrono::DateTime<chron
     sqlx::query_scalar("SELECT now()").fetch_one(db).await
 }
 
-/// Applies pending migrations. Safe to call from several services at once (sqlx takes an
-/// advisory lock).
+/// The schema is older than this binary: migrations it needs are not applied.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the database schema is behind this binary: {} migration(s) not applied, the first {first}; run `attune migrate` (as the role that owns the schema) before starting the services",
+    .pending
+)]
+pub struct SchemaBehind {
+    pub pending: usize,
+    pub first: String,
+}
+
+/// Checks that every migration of this binary is applied (the services do not migrate: that is
+/// `attune migrate`'s, as the role that owns the schema). Reads `_sqlx_migrations` only.
+pub async fn check_schema(db: &PgPool) -> Result<(), crate::ServiceError> {
+    let applied: Vec<i64> =
+        match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(db).await {
+            Ok(applied) => applied,
+            // no migration ever ran here
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+    let pending: Vec<_> = MIGRATOR.iter().filter(|m| !applied.contains(&m.version)).collect();
+    match pending.first() {
+        None => Ok(()),
+        Some(first) => Err(SchemaBehind {
+            pending: pending.len(),
+            first: format!("{}_{}", first.version, first.description.replace(' ', "_")),
+        }
+        .into()),
+    }
+}
+
+/// Applies pending migrations (`attune migrate`, `attune up`, the tests). Safe to call from
+/// several processes at once (sqlx takes an advisory lock).
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     // On a connection of its own without the statement and lock limits: an index built over a
     // long history may take minutes, and waiting for the table's lock is what a migration must do.

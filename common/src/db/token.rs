@@ -45,11 +45,17 @@ pub fn parse_lifetime(text: &str) -> Result<chrono::Duration, String> {
 }
 
 /// `ATTUNE_TOKEN_DEFAULT_EXPIRY`: the lifetime of a token made without one (`None`: for ever).
-pub fn default_lifetime(source: &dyn crate::config::Source) -> Result<Option<chrono::Duration>, crate::config::ConfigError> {
+pub fn default_lifetime(
+    source: &dyn crate::config::Source,
+) -> Result<Option<chrono::Duration>, crate::config::ConfigError> {
     const NAME: &str = "ATTUNE_TOKEN_DEFAULT_EXPIRY";
     crate::config::read_optional(source, NAME)
         .map(|text| {
-            parse_lifetime(text.trim()).map_err(|reason| crate::config::ConfigError { name: NAME.into(), value: text, reason })
+            parse_lifetime(text.trim()).map_err(|reason| crate::config::ConfigError {
+                name: NAME.into(),
+                value: text,
+                reason,
+            })
         })
         .transpose()
 }

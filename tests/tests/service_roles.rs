@@ -1,0 +1,175 @@
+//! One database role per service (issue 32): the services of every system test log in as their
+//! own test logins (`attune_testkit::SERVICE_LOGINS`), members of the group roles the migrations
+//! make. Here, what a worker's login can and cannot do, tried by hand as someone who took a
+//! worker host would; what the executors' may not read; and `attune migrate` as the one step
+//! that changes the schema.
+
+use std::process::Command;
+use std::time::Duration;
+
+use attune_testkit::{System, TestDb};
+use serde_json::json;
+use sqlx::PgPool;
+
+async fn log_in(db: &TestDb, login: &str) -> PgPool {
+    PgPool::connect(&db.url_as(login)).await.unwrap_or_else(|e| panic!("log in as {login}: {e}"))
+}
+
+/// The SQLSTATE of `result`'s error (panics if it succeeded).
+fn refused<T: std::fmt::Debug>(result: Result<T, sqlx::Error>, what: &str) -> String {
+    match result {
+        Err(sqlx::Error::Database(e)) => e.code().map(|c| c.to_string()).unwrap_or_default(),
+        other => panic!("{what}: expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() {
+    let system = System::builder().worker("w1", &[]).start().await;
+    // the services run as their own logins, and work
+    let submitted = system.submit("core.echo", json!({"message": "hi"})).await;
+    let done = system.wait_terminal(submitted["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let (w1, login): (i64, String) = sqlx::query_as("SELECT id, login::text FROM worker WHERE name = 'w1'")
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(login, "attune_test_worker", "the worker registered as its own login");
+
+    // another worker host's login has a worker with work placed on it
+    let other: i64 = sqlx::query_scalar(
+        "INSERT INTO worker (name, status, login) VALUES ('other', 'active', 'attune_test_worker_b') RETURNING id",
+    )
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    let theirs = system.submit("core.echo", json!({"message": "theirs"})).await["id"].as_i64().unwrap();
+    attune_testkit::force_status(&system.db.pool, theirs, attune_core::ExecutionStatus::Scheduled, Some(other)).await;
+
+    let worker = log_in(&system.db, "attune_test_worker").await;
+    // no token, no key, no archive
+    for table in ["api_token", "api_idempotency_key", "execution_archive"] {
+        let code = refused(
+            sqlx::query(sqlx::AssertSqlSafe(format!("SELECT * FROM {table}"))).fetch_all(&worker).await,
+            &format!("reading {table}"),
+        );
+        assert_eq!(code, "42501", "reading {table}");
+    }
+    let code = refused(
+        sqlx::query("INSERT INTO api_token (name, token_hash, role) VALUES ('x', '\\x00', 'admin')")
+            .execute(&worker)
+            .await,
+        "creating a token",
+    );
+    assert_eq!(code, "42501");
+    // no schema change, no server program
+    assert_eq!(refused(sqlx::query("CREATE TABLE mine (x int)").execute(&worker).await, "CREATE TABLE"), "42501");
+    assert_eq!(refused(sqlx::query("COPY (SELECT 1) TO PROGRAM 'true'").execute(&worker).await, "COPY"), "42501");
+    assert_eq!(refused(sqlx::query("DELETE FROM execution").execute(&worker).await, "DELETE"), "42501");
+    assert_eq!(
+        refused(
+            sqlx::query("INSERT INTO execution (action_ref) VALUES ('core.echo')").execute(&worker).await,
+            "INSERT"
+        ),
+        "42501"
+    );
+
+    // the other login's execution: not seen, not changed, not claimed
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE id = $1")
+        .bind(theirs)
+        .fetch_one(&worker)
+        .await
+        .unwrap();
+    assert_eq!(seen, 0, "a worker's login sees an execution placed on another login's worker");
+    let mine: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE worker = $1")
+        .bind(w1)
+        .fetch_one(&worker)
+        .await
+        .unwrap();
+    assert_eq!(mine, 1, "its own execution is seen");
+    let changed = sqlx::query("UPDATE execution SET status = 'completed' WHERE id = $1")
+        .bind(theirs)
+        .execute(&worker)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(changed, 0);
+    let claimed: Vec<i64> = sqlx::query_scalar("SELECT id FROM claim_runs(ARRAY[$1]::bigint[], ARRAY['t'], $2, false)")
+        .bind(theirs)
+        .bind(other)
+        .fetch_all(&worker)
+        .await
+        .unwrap();
+    assert!(claimed.is_empty(), "claimed another login's execution");
+    // moving it onto its own worker is refused
+    let moved =
+        sqlx::query("UPDATE execution SET worker = $1 WHERE id = $2").bind(w1).bind(theirs).execute(&worker).await;
+    assert_eq!(moved.unwrap().rows_affected(), 0);
+    let status: String = sqlx::query_scalar("SELECT status::text FROM execution WHERE id = $1")
+        .bind(theirs)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "scheduled", "another login's execution was changed");
+    // nor its own executions onto another's worker
+    let code = refused(
+        sqlx::query("UPDATE execution SET worker = $1 WHERE worker = $2").bind(other).bind(w1).execute(&worker).await,
+        "moving its own execution onto another login's worker",
+    );
+    assert_eq!(code, "42501");
+    // the other login's worker row: not changed, not forged
+    let changed = sqlx::query("UPDATE worker SET status = 'inactive' WHERE id = $1")
+        .bind(other)
+        .execute(&worker)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(changed, 0);
+    let code = refused(
+        sqlx::query("INSERT INTO worker (name, login) VALUES ('forged', 'attune_test_worker_b')")
+            .execute(&worker)
+            .await,
+        "registering a worker for another login",
+    );
+    assert_eq!(code, "42501");
+
+    // the executors' login reads no token either; the API's does (it serves them)
+    let executor = log_in(&system.db, "attune_test_executor").await;
+    assert_eq!(refused(sqlx::query("SELECT * FROM api_token").fetch_all(&executor).await, "executor"), "42501");
+    let api = log_in(&system.db, "attune_test_api").await;
+    sqlx::query("SELECT id FROM api_token").fetch_all(&api).await.expect("the API reads tokens");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_start_only_on_a_current_schema_and_attune_migrate_makes_it_current() {
+    let db = TestDb::empty().await;
+    // a service does not migrate: it names the step
+    let out = Command::new(attune_testkit::workspace_binary("attune-executor"))
+        .env("DATABASE_URL", &db.url)
+        .env("AMQP_URL", attune_testkit::amqp_url())
+        .output()
+        .unwrap();
+    let told = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success() && told.contains("attune migrate"), "{told}");
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0, "a service changed the schema");
+
+    let migrate = || {
+        let out = Command::new(attune_testkit::workspace_binary("attune"))
+            .args(["migrate", "--output", "json"])
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "attune migrate: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = migrate();
+    assert!(first["applied"].as_array().is_some_and(|a| a.len() > 10), "{first}");
+    assert_eq!(migrate()["applied"], json!([]), "a second run applies nothing");
+    attune_common::db::check_schema(&db.pool).await.expect("current after attune migrate");
+    db.drop_database().await;
+}
