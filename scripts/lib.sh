@@ -2,8 +2,11 @@
 # where the thing is already there, so running it on a machine that has everything is harmless.
 
 ATTUNE_DB_USER=${ATTUNE_DB_USER:-attune}
-ATTUNE_DB_PASSWORD=${ATTUNE_DB_PASSWORD:-attune}
 ATTUNE_DB_NAME=${ATTUNE_DB_NAME:-attune}
+# Passwords: random, made once per checkout into .attune/credentials (mode 0600) and kept there;
+# one set in the environment wins (ensure_credentials).
+CREDENTIALS=.attune/credentials
+CREDENTIAL_NAMES="ATTUNE_DB_PASSWORD ATTUNE_DB_API_PASSWORD ATTUNE_DB_EXECUTOR_PASSWORD ATTUNE_DB_WORKER_PASSWORD ATTUNE_MQ_API_PASSWORD ATTUNE_MQ_EXECUTOR_PASSWORD ATTUNE_MQ_WORKER_PASSWORD"
 PGHOST_ADDR=${PGHOST_ADDR:-127.0.0.1}
 PGPORT=${PGPORT:-5432}
 AMQP_PORT=${AMQP_PORT:-5672}
@@ -20,6 +23,28 @@ apt_install() {
     log "installing $* (apt-get)"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+random_secret() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
+
+# Makes .attune/credentials (0600) with a random password for each name that has none yet, and
+# exports each (a value already in the environment wins).
+ensure_credentials() {
+    mkdir -p .attune
+    (umask 077; touch "$CREDENTIALS")
+    chmod 600 "$CREDENTIALS"
+    local name value
+    for name in $CREDENTIAL_NAMES; do
+        grep -q "^$name=" "$CREDENTIALS" || echo "$name=$(random_secret)" >>"$CREDENTIALS"
+    done
+    while IFS='=' read -r name value; do
+        [ -n "$name" ] && [ -z "${!name:-}" ] && export "$name=$value"
+    done <"$CREDENTIALS"
+    # the key that seals secrets (ATTUNE_SECRETS_KEY_FILE), made once
+    if [ ! -s .attune/secrets.key ]; then
+        (umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >.attune/secrets.key)
+    fi
+    chmod 600 .attune/secrets.key
 }
 
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
@@ -124,6 +149,30 @@ ensure_database() {
     fi
 }
 
+# The services' own logins, each a member of the group role the migrations make (run after
+# `attune migrate`): attune_api_login, attune_executor_login, attune_worker_login, with the
+# passwords of .attune/credentials.
+ensure_service_logins() {
+    local service password
+    for service in api executor worker; do
+        password=$(eval "echo \$ATTUNE_DB_$(echo "$service" | tr a-z A-Z)_PASSWORD")
+        psql_admin -c "DO \$\$ BEGIN
+            IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'attune_${service}_login') THEN
+                CREATE ROLE attune_${service}_login LOGIN IN ROLE attune_${service};
+            END IF; END \$\$;"
+        psql_admin -c "SET password_encryption = 'scram-sha-256'; ALTER ROLE attune_${service}_login PASSWORD '$password'"
+    done
+}
+
+# The broker's users, one per service (scripts/broker-users.sh), with the passwords of
+# .attune/credentials.
+ATTUNE_VHOST=${ATTUNE_VHOST:-attune}
+ensure_broker_users() {
+    as_root env ATTUNE_VHOST="$ATTUNE_VHOST" ATTUNE_MQ_API_PASSWORD="$ATTUNE_MQ_API_PASSWORD" \
+        ATTUNE_MQ_EXECUTOR_PASSWORD="$ATTUNE_MQ_EXECUTOR_PASSWORD" ATTUNE_MQ_WORKER_PASSWORD="$ATTUNE_MQ_WORKER_PASSWORD" \
+        "$PWD/scripts/broker-users.sh"
+}
+
 # The dashboard's browser tests drive Debian's chromium through chromedriver (no download at run time).
 ensure_chromium() {
     if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
@@ -156,6 +205,7 @@ ensure_sqlx_cli() {
 }
 
 ensure_services() {
+    ensure_credentials
     ensure_postgres
     ensure_rabbitmq
     ensure_database

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Command 1: set up everything attune needs on this machine (installing and starting PostgreSQL
-# and RabbitMQ where they are missing), build, start attune (api + executor + 2 workers, packs
-# registered) in the background, and run core.echo through the API.
+# and RabbitMQ where they are missing), build, migrate, start attune (api + executor + 2 workers,
+# each as its own database login and broker user, packs registered) in the background, and run
+# core.echo through the API.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -14,38 +15,77 @@ mkdir -p .attune
 log "building"
 cargo build --workspace --bins
 
-if [ -f .attune/up.pid ] && kill -0 "$(cat .attune/up.pid)" 2>/dev/null; then
-    log "stopping the attune started earlier (pid $(cat .attune/up.pid))"
-    kill "$(cat .attune/up.pid)"
-    while kill -0 "$(cat .attune/up.pid)" 2>/dev/null; do sleep 0.1; done
-fi
+# what an earlier run started (this script's services, or an `attune up` of an older version)
+for pidfile in .attune/*.pid; do
+    [ -f "$pidfile" ] || continue
+    pid=$(cat "$pidfile")
+    if kill -0 "$pid" 2>/dev/null; then
+        log "stopping $(basename "$pidfile" .pid) started earlier (pid $pid)"
+        kill "$pid"
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    fi
+    rm -f "$pidfile"
+done
+
+# The schema, changed by its owner alone; then each service logs in as its own login (database)
+# and its own user (broker), with random passwords kept in .attune/credentials (0600).
+log "migrating the database (attune migrate, as $ATTUNE_DB_USER)"
+target/debug/attune migrate
+ensure_service_logins
+log "creating the broker's users (vhost $ATTUNE_VHOST)"
+ensure_broker_users
 
 export ATTUNE_API_ADDR=${ATTUNE_API_ADDR:-127.0.0.1:8080}
 export ATTUNE_API_URL=${ATTUNE_API_URL:-http://$ATTUNE_API_ADDR}
 export ATTUNE_PACKS_DIR=${ATTUNE_PACKS_DIR:-$PWD/packs}
-log "starting attune (log: .attune/up.log)"
-nohup target/debug/attune up --workers 2 >.attune/up.log 2>&1 &
-echo $! >.attune/up.pid
+export ATTUNE_SECRETS_KEY_FILE=${ATTUNE_SECRETS_KEY_FILE:-$PWD/.attune/secrets.key}
+db_url() { echo "postgres://attune_$1_login:$2@$PGHOST_ADDR:$PGPORT/$ATTUNE_DB_NAME"; }
+mq_url() { echo "amqp://attune-$1:$2@127.0.0.1:$AMQP_PORT/$ATTUNE_VHOST"; }
+start() { # name binary service db-password mq-password [VAR=value ...]
+    local name=$1 binary=$2 service=$3 db=$4 mq=$5
+    shift 5
+    env DATABASE_URL="$(db_url "$service" "$db")" AMQP_URL="$(mq_url "$service" "$mq")" "$@" \
+        nohup "target/debug/$binary" >".attune/$name.log" 2>&1 &
+    echo $! >".attune/$name.pid"
+}
+log "starting attune: executor, 2 workers, api (logs: .attune/*.log)"
+start executor attune-executor executor "$ATTUNE_DB_EXECUTOR_PASSWORD" "$ATTUNE_MQ_EXECUTOR_PASSWORD"
+for i in 1 2; do
+    start "worker-$i" attune-worker worker "$ATTUNE_DB_WORKER_PASSWORD" "$ATTUNE_MQ_WORKER_PASSWORD" ATTUNE_WORKER_NAME="local-$i"
+done
+start api attune-api api "$ATTUNE_DB_API_PASSWORD" "$ATTUNE_MQ_API_PASSWORD"
 for _ in $(seq 1 300); do
     curl -sf "$ATTUNE_API_URL/readyz" >/dev/null 2>&1 && break
-    kill -0 "$(cat .attune/up.pid)" 2>/dev/null || { tail -n 30 .attune/up.log >&2; die "attune up exited"; }
+    for pidfile in .attune/*.pid; do
+        kill -0 "$(cat "$pidfile")" 2>/dev/null || { tail -n 30 ".attune/$(basename "$pidfile" .pid).log" >&2; die "$(basename "$pidfile" .pid) exited"; }
+    done
     sleep 0.2
 done
-curl -sf "$ATTUNE_API_URL/readyz" >/dev/null || { tail -n 30 .attune/up.log >&2; die "attune did not become ready"; }
+curl -sf "$ATTUNE_API_URL/readyz" >/dev/null || { tail -n 30 .attune/api.log >&2; die "attune did not become ready"; }
 
 if [ ! -s .attune/token ]; then
-    target/debug/attune token create --name quickstart --role admin >.attune/token
-    chmod 600 .attune/token
+    (umask 077; target/debug/attune token create --name quickstart --role admin >.attune/token)
 fi
+chmod 600 .attune/token
 export ATTUNE_TOKEN=$(cat .attune/token)
+# for a shell of the operator's: `. .attune/env` (the CLI, psql and `attune token create`, which
+# writes to the database as its owner)
+(umask 077; cat >.attune/env <<ENV
+export ATTUNE_API_URL=$ATTUNE_API_URL
+export ATTUNE_TOKEN=$ATTUNE_TOKEN
+export DATABASE_URL=$DATABASE_URL
+export PGHOST=$PGHOST_ADDR PGPORT=$PGPORT PGUSER=$ATTUNE_DB_USER PGPASSWORD=$ATTUNE_DB_PASSWORD PGDATABASE=$ATTUNE_DB_NAME
+ENV
+)
 
 log "running core.echo through the API"
 target/debug/attune run core.echo message="Hello from attune" --wait
 
 cat >&2 <<MSG
 
-attune is running (api on $ATTUNE_API_URL, executor and 2 workers; pid $(cat .attune/up.pid)).
-  export ATTUNE_TOKEN=\$(cat .attune/token)
+attune is running (api on $ATTUNE_API_URL, executor and 2 workers; pids in .attune/*.pid), each
+service logged into PostgreSQL and RabbitMQ as its own user (passwords in .attune/credentials).
+  . .attune/env    # ATTUNE_TOKEN, DATABASE_URL and PG* for the CLI and psql
   target/debug/attune run core.python_echo message=hi --wait
   target/debug/attune worker list
   make down        # stop it

@@ -13,7 +13,7 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
     compose.apply_merge().expect("merge keys resolve");
     let services = compose["services"].as_mapping().expect("services");
     let names: Vec<&str> = services.keys().filter_map(Value::as_str).collect();
-    for expected in ["postgres", "rabbitmq", "api", "executor", "worker-shell", "worker-python"] {
+    for expected in ["postgres", "rabbitmq", "migrate", "api", "executor", "worker-shell", "worker-python"] {
         assert!(names.contains(&expected), "service {expected} missing: {names:?}");
     }
     // docker compose exec postgres psql -U attune -d attune -f /migrations/20260209000000_phase3_retry_and_health.sql
@@ -33,18 +33,35 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
             "{dependency} has a health check"
         );
     }
-    for service in ["api", "executor", "worker-shell", "worker-python"] {
+    // the schema changes in one step, as its owner, before any service starts
+    let migrate = &compose["services"]["migrate"];
+    assert_eq!(migrate["command"], serde_yaml_ng::from_str::<Value>("[attune, migrate]").unwrap());
+    assert_eq!(
+        migrate["environment"]["DATABASE_URL"],
+        "postgres://attune:${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD, see README With Docker}@postgres:5432/attune"
+    );
+    assert!(volumes.iter().any(|v| v.starts_with("./scripts/compose/postgres-logins.sh:/docker-entrypoint-initdb.d/")));
+    for (service, own) in
+        [("api", "api"), ("executor", "executor"), ("worker-shell", "worker"), ("worker-python", "worker")]
+    {
         let s = &compose["services"][service];
         assert_eq!(s["depends_on"]["postgres"]["condition"], "service_healthy", "{service}");
         assert_eq!(s["depends_on"]["rabbitmq"]["condition"], "service_healthy", "{service}");
+        assert_eq!(s["depends_on"]["migrate"]["condition"], "service_completed_successfully", "{service}");
+        // each service logs in as its own database login and broker user
+        let upper = own.to_uppercase();
         assert_eq!(
-            s["environment"]["DATABASE_URL"],
-            "postgres://attune:${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD, see README With Docker}@postgres:5432/attune",
+            s["environment"]["DATABASE_URL"].as_str().unwrap(),
+            format!(
+                "postgres://attune_{own}_login:${{POSTGRES_{upper}_PASSWORD:?set POSTGRES_{upper}_PASSWORD, see README With Docker}}@postgres:5432/attune"
+            ),
             "{service}"
         );
         assert_eq!(
-            s["environment"]["AMQP_URL"],
-            "amqp://attune:${RABBITMQ_PASSWORD:?set RABBITMQ_PASSWORD, see README With Docker}@rabbitmq:5672/%2f",
+            s["environment"]["AMQP_URL"].as_str().unwrap(),
+            format!(
+                "amqp://attune-{own}:${{RABBITMQ_{upper}_PASSWORD:?set RABBITMQ_{upper}_PASSWORD, see README With Docker}}@rabbitmq:5672/attune"
+            ),
             "{service}"
         );
         let mounts: Vec<&str> = s["volumes"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();

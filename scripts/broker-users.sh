@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The broker's users, one per service (attune-api, attune-executor, attune-worker), in a vhost of
+# attune's own, with the permissions docs/security-broker.md explains. Idempotent: a user that
+# exists gets its password set again. Run where `rabbitmqctl` reaches the node (as root on a
+# Debian host: the quickstart; inside the broker's container: compose), with
+#   ATTUNE_VHOST (default attune), ATTUNE_MQ_API_PASSWORD, ATTUNE_MQ_EXECUTOR_PASSWORD,
+#   ATTUNE_MQ_WORKER_PASSWORD; and ATTUNE_MQ_NAMESPACE (default attune: the services' own
+#   setting, letters, digits and '_' here) and ATTUNE_MQ_USER_PREFIX (default attune: the users
+#   are <prefix>-api, ...).
+set -euo pipefail
+vhost=${ATTUNE_VHOST:-attune}
+ns=${ATTUNE_MQ_NAMESPACE:-attune}
+prefix=${ATTUNE_MQ_USER_PREFIX:-attune}
+ctl() { rabbitmqctl -q "$@"; }
+
+ctl list_vhosts | grep -qx "$vhost" || ctl add_vhost "$vhost" >/dev/null
+for service in api executor worker; do
+    variable="ATTUNE_MQ_$(echo "$service" | tr a-z A-Z)_PASSWORD"
+    password=${!variable:?set $variable}
+    if ctl list_users | awk '{print $1}' | grep -qx "$prefix-$service"; then
+        ctl change_password "$prefix-$service" "$password" >/dev/null
+    else
+        ctl add_user "$prefix-$service" "$password" >/dev/null
+    fi
+done
+
+# configure, write, read. Every service declares the shared topology (so each may configure and
+# bind every shared name); the API writes only cancel notices (<ns>.control), never to <ns>.
+shared='dlx|control|dlq|parked|execution\.requests|execution\.results'
+own='worker\.[0-9]+\.ttl[0-9]+\.q2|control\.[0-9]+\.[0-9a-f]+'
+ctl set_permissions -p "$vhost" "$prefix-api" "^$ns(\.($shared))?\$" \
+    "^$ns\.(control|dlx|dlq|parked|execution\.requests|execution\.results)\$" \
+    "^$ns(\.(dlx|execution\.requests|execution\.results))?\$" >/dev/null
+ctl set_permissions -p "$vhost" "$prefix-executor" "^$ns(\.($shared))?\$" \
+    "^$ns(\.(dlx|dlq|parked|execution\.requests|execution\.results))?\$" \
+    "^$ns(\.(dlx|dlq|execution\.requests|execution\.results))?\$" >/dev/null
+ctl set_permissions -p "$vhost" "$prefix-worker" "^$ns(\.($shared|$own))?\$" \
+    "^$ns(\.(dlx|dlq|parked|execution\.requests|execution\.results|$own))?\$" \
+    "^$ns(\.(dlx|control|execution\.requests|execution\.results|$own))?\$" >/dev/null
