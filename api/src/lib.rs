@@ -39,6 +39,9 @@ pub struct Settings {
     pub worker_queue_ttl: Duration,
     /// `ATTUNE_TOKEN_CACHE_SECS` (10): how long a verified token is trusted without a database read.
     pub token_cache_ttl: Duration,
+    /// `ATTUNE_SECRETS_KEY_FILE`: the key that seals secrets and secret parameters (none: both
+    /// are refused).
+    pub sealer: Option<attune_common::secrets::Sealer>,
     /// `ATTUNE_TOKEN_DEFAULT_EXPIRY` (unset: never): the lifetime of a token created without one.
     pub token_default_expiry: Option<chrono::Duration>,
     /// `ATTUNE_ACTION_CACHE_SECS` (5; 0: never): how long an action read for a submission is reused.
@@ -70,6 +73,7 @@ impl FromEnv for Settings {
             worker_queue_ttl: Duration::from_secs(read(source, "ATTUNE_WORKER_QUEUE_TTL_SECS")?),
             token_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_TOKEN_CACHE_SECS")?),
             token_default_expiry: attune_common::db::token::default_lifetime(source)?,
+            sealer: attune_common::secrets::Sealer::from_source(source)?,
             action_cache_ttl: Duration::from_secs_f64(read(source, "ATTUNE_ACTION_CACHE_SECS")?),
             parameter_limits: attune_core::params::SizeLimits {
                 total_bytes: read(source, "ATTUNE_API_MAX_PARAMETERS_BYTES")?,

@@ -4,8 +4,9 @@
 //! (`auth::require_token` puts the `Caller` with its role on the request) and before any handler
 //! or extractor, so a refused call is a 403 whatever its body or parameters.
 //!
-//! The policy: `read` may call every GET but the token list; `operator` also submits, retries,
-//! cancels and fails executions; `admin` also registers packs and manages tokens. A route missing
+//! The policy: `read` may call every GET but the token and secret lists; `operator` also
+//! submits, retries, cancels and fails executions and lists the secrets' names; `admin` also
+//! registers packs and manages tokens and secrets. A route missing
 //! from the table needs `admin` (and the tests fail on it: every route of the OpenAPI document
 //! must be listed here, so none is added without deciding who may call it). A method the path
 //! does not serve is let through to its 405.
@@ -42,6 +43,9 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::GET, "/api/v1/tokens", Role::Admin),
     (Method::POST, "/api/v1/tokens", Role::Admin),
     (Method::DELETE, "/api/v1/tokens/{id}", Role::Admin),
+    (Method::GET, "/api/v1/secrets", Role::Operator),
+    (Method::PUT, "/api/v1/secrets/{name}", Role::Admin),
+    (Method::DELETE, "/api/v1/secrets/{name}", Role::Admin),
 ];
 
 /// The role `method` on the route `path` (a template: `/api/v1/executions/{id}`) needs: its entry
@@ -119,6 +123,9 @@ mod tests {
         for (method, path, role) in REQUIRED {
             let expected = if path.starts_with("/api/v1/tokens") {
                 Role::Admin
+            } else if path.starts_with("/api/v1/secrets") {
+                // the names, for operators to refer to; the values are set by admins alone
+                if method == Method::GET { Role::Operator } else { Role::Admin }
             } else if method == Method::GET {
                 Role::Read
             } else if path.starts_with("/api/v1/executions") {

@@ -77,6 +77,14 @@ impl Client {
     pub async fn post(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Value> {
         self.request(Method::POST, path, &[], Some(body)).await
     }
+
+    pub async fn put(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Value> {
+        self.request(Method::PUT, path, &[], Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+        self.request(Method::DELETE, path, &[], None::<&()>).await
+    }
 }
 
 fn http_client(source: &dyn Source) -> anyhow::Result<reqwest::Client> {

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use crate::client::Client;
 use crate::output::{self, text};
-use crate::{Cli, Command, ExecutionCommand, Output, PackCommand, WorkerCommand};
+use crate::{Cli, Command, ExecutionCommand, Output, PackCommand, SecretCommand, WorkerCommand};
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
     match output {
@@ -31,6 +31,32 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Migrate => crate::up::migrate(out).await.map(|()| 0),
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
         Command::Token(command) => crate::tokens::run(command, out).await,
+        Command::Secret(SecretCommand::Set { name }) => {
+            let mut value = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut value).context("reading the value from stdin")?;
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            let set = client.put(&format!("/api/v1/secrets/{name}"), &json!({"value": value})).await?;
+            print(out, &set, |s| format!("secret {} set at {}", text(&s["name"]), text(&s["updated"])));
+            Ok(0)
+        }
+        Command::Secret(SecretCommand::List) => {
+            let secrets = client.get("/api/v1/secrets", &[]).await?;
+            print(out, &secrets, |list| {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .map(|items| {
+                        items.iter().map(|s| vec![text(&s["name"]), text(&s["created"]), text(&s["updated"])]).collect()
+                    })
+                    .unwrap_or_default();
+                output::table(&["name", "created", "updated"], &rows)
+            });
+            Ok(0)
+        }
+        Command::Secret(SecretCommand::Delete { name }) => {
+            client.delete(&format!("/api/v1/secrets/{name}")).await?;
+            print(out, &json!({"deleted": name}), |_| format!("secret {name} deleted"));
+            Ok(0)
+        }
         Command::Pack(PackCommand::Register { path, force }) => {
             let path =
                 std::fs::canonicalize(&path).with_context(|| format!("pack directory {} not found", path.display()))?;

@@ -101,6 +101,9 @@ pub enum Command {
     /// Register packs
     #[command(subcommand)]
     Pack(PackCommand),
+    /// Manage the secret store: set (the value read from stdin), list (names only), delete
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// Manage API tokens and their roles (talks to the database directly: DATABASE_URL)
     #[command(subcommand)]
     Token(TokenCommand),
@@ -157,6 +160,17 @@ pub enum ExecutionCommand {
 pub enum WorkerCommand {
     /// List workers with their health class, queue depth and heartbeat age
     List,
+}
+
+#[derive(Subcommand)]
+pub enum SecretCommand {
+    /// Set a secret (admin): its value is read from stdin (never the command line, which other
+    /// users of the machine can see), one trailing newline dropped
+    Set { name: String },
+    /// The secrets' names and when they were set (operator); never a value
+    List,
+    /// Delete a secret (admin)
+    Delete { name: String },
 }
 
 #[derive(Subcommand)]

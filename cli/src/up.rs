@@ -11,15 +11,9 @@ pub async fn migrate(out: crate::Output) -> anyhow::Result<()> {
     let url: String = attune_common::settings::get("DATABASE_URL")?;
     let pool =
         db::connect(&url, 1, Duration::from_secs(30)).await.context("cannot connect to the database (DATABASE_URL)")?;
-    let applied = |pool| async move {
-        sqlx::query_scalar::<_, i64>("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
-            .fetch_all(pool)
-            .await
-            .unwrap_or_default()
-    };
-    let before = applied(&pool).await;
+    let before = db::applied_migrations(&pool).await?;
     db::migrate(&pool).await.context("applying migrations (DATABASE_URL must be the role that owns the schema)")?;
-    let now = applied(&pool).await;
+    let now = db::applied_migrations(&pool).await?;
     let new: Vec<String> = db::MIGRATOR
         .iter()
         .filter(|m| now.contains(&m.version) && !before.contains(&m.version))

@@ -173,6 +173,18 @@ pub const SETTINGS: &[Setting] = &[
         doc: "about the most bytes of rows in one page of `GET /api/v1/executions` (and of attempts in one answer of `GET /api/v1/executions/{id}/chain`): a page that would be larger holds fewer rows than its `limit` and says where the next starts",
     },
     Setting {
+        name: "ATTUNE_WORKER_ACTION_UIDS",
+        default: Described("`1900000000-1900065535` when the worker runs as root, else `off`"),
+        read_by: &[Worker],
+        doc: "the user ids process actions run as, one of its own per running action (group id the same; no passwd entry needed), so that actions cannot read each other's `/proc` entries or signal the worker; `off`: the worker's own user. Packs must be readable by other users",
+    },
+    Setting {
+        name: "ATTUNE_SECRETS_KEY_FILE",
+        default: Described("— (no secrets: setting one, or a secret parameter, is refused)"),
+        read_by: &[Api, Worker],
+        doc: "a file (mode 0600) holding the key that seals secrets: 32 random bytes as 64 hex digits (`od -An -N32 -tx1 /dev/urandom | tr -d ' \\n'`); the API seals with it, workers open with it",
+    },
+    Setting {
         name: "ATTUNE_TOKEN_DEFAULT_EXPIRY",
         default: Described("— (never)"),
         read_by: &[Api, Cli],

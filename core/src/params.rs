@@ -58,6 +58,22 @@ pub struct ParamSpec {
     /// When present, the value must be one of these.
     #[serde(default, rename = "enum", skip_serializing_if = "Option::is_none")]
     pub allowed: Option<Vec<Value>>,
+    /// A secret (a string): sealed by the API at submission, shown `[redacted]`, opened by the
+    /// worker only to run the action (`attune_common::secrets`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret: bool,
+}
+
+/// The key of a reference to a stored secret, `{"$secret": "<name>"}`, which a string
+/// parameter takes in place of its value.
+pub const SECRET_KEY: &str = "$secret";
+/// The key of a sealed secret parameter as the record keeps it, `{"$sealed": "<hex>"}`.
+pub const SEALED_KEY: &str = "$sealed";
+
+/// The secret `value` refers to, when it is a reference `{"$secret": "<name>"}`.
+pub fn secret_reference(value: &Value) -> Option<&str> {
+    let object = value.as_object().filter(|o| o.len() == 1)?;
+    object.get(SECRET_KEY)?.as_str()
 }
 
 pub type ParamSpecs = BTreeMap<String, ParamSpec>;
@@ -75,15 +91,36 @@ impl ParamError {
     }
 }
 
-/// Checks a spec on its own (used at pack load): a default must fit its type and enum.
+/// Checks a spec on its own (used at pack load): a default must fit its type and enum; a secret
+/// parameter is a string, and its default may only be a reference to a stored secret (a value
+/// written in a pack file is no secret).
 pub fn check_spec(name: &str, spec: &ParamSpec) -> Result<(), ParamError> {
+    if spec.secret && spec.param_type != ParamType::String {
+        return Err(ParamError::new(name, "a secret parameter must be of type string"));
+    }
     if let Some(default) = &spec.default {
+        if spec.secret && secret_reference(default).is_none() {
+            return Err(ParamError::new(
+                name,
+                "a secret parameter's default must be a reference to a stored secret ({\"$secret\": \"<name>\"})",
+            ));
+        }
         check_value(name, spec, default)?;
     }
     Ok(())
 }
 
 fn check_value(name: &str, spec: &ParamSpec, value: &Value) -> Result<(), ParamError> {
+    if let Some(secret) = secret_reference(value) {
+        // a reference stands for a string, checked when the worker opens it
+        if spec.param_type != ParamType::String {
+            return Err(ParamError::new(name, "only a string parameter takes a reference to a secret"));
+        }
+        if secret.is_empty() || secret.len() > 128 {
+            return Err(ParamError::new(name, "a secret's name is 1 to 128 characters"));
+        }
+        return Ok(());
+    }
     if !spec.param_type.accepts(value) {
         return Err(ParamError::new(name, format!("expected {}, got {}", spec.param_type.name(), json_type(value))));
     }
@@ -206,6 +243,22 @@ pub fn check_size(parameters: &Map<String, Value>, limits: SizeLimits) -> Result
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn secret_parameters_are_strings_whose_default_can_only_be_a_reference() {
+        let spec = |yaml: &str| serde_yaml_ng::from_str::<ParamSpec>(yaml).unwrap();
+        assert!(check_spec("t", &spec("{type: string, secret: true}")).is_ok());
+        assert!(check_spec("t", &spec("{type: string, secret: true, default: {$secret: shop}}")).is_ok());
+        let literal = check_spec("t", &spec("{type: string, secret: true, default: hunter2}")).unwrap_err();
+        assert!(literal.reason.contains("reference"), "{literal}");
+        assert!(check_spec("t", &spec("{type: integer, secret: true}")).is_err());
+        // a reference stands for a string, for any string parameter, and for nothing else
+        let string = spec("{type: string}");
+        assert!(check_value("s", &string, &serde_json::json!({"$secret": "shop"})).is_ok());
+        assert!(check_value("s", &spec("{type: integer}"), &serde_json::json!({"$secret": "shop"})).is_err());
+        assert!(check_value("s", &string, &serde_json::json!({"$secret": "shop", "x": 1})).is_err());
+    }
+
     use super::*;
     use serde_json::json;
 

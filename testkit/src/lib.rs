@@ -120,6 +120,12 @@ pub async fn ensure_service_logins() {
                     panic!("cannot create the test login {login} (the admin role needs CREATEROLE): {e}")
                 });
             }
+            // the tests' admin may end the services' sessions (pg_terminate_backend), as a
+            // member of each login
+            sqlx::query(sqlx::AssertSqlSafe(format!("GRANT {login} TO CURRENT_USER")))
+                .execute(&mut *connection)
+                .await
+                .unwrap_or_else(|e| panic!("cannot make the tests' admin a member of {login}: {e}"));
         }
         sqlx::query("SELECT pg_advisory_unlock(7300432)").execute(&mut *connection).await.unwrap();
     })

@@ -31,6 +31,11 @@ impl SystemBuilder {
     pub fn allow_http_to_loopback(self) -> Self {
         self.env("ATTUNE_WORKER_HTTP_ALLOW", "127.0.0.1/32")
     }
+    /// Workers run process actions as the product does by default when root: each as a user id
+    /// of its own (`ATTUNE_WORKER_ACTION_UIDS` unset).
+    pub fn actions_as_their_own_users(self) -> Self {
+        self.env("ATTUNE_WORKER_ACTION_UIDS", "")
+    }
     /// A pack to register once the API is up (`packs/core` is always registered).
     pub fn pack(mut self, path: impl Into<PathBuf>) -> Self {
         self.packs.push(path.into());
@@ -63,6 +68,10 @@ impl SystemBuilder {
         system.env.insert("AMQP_URL".into(), amqp_url());
         system.env.insert("ATTUNE_MQ_NAMESPACE".into(), system.namespace.name.clone());
         system.env.insert("ATTUNE_API_ADDR".into(), format!("127.0.0.1:{port}"));
+        // the tests run as root, and their actions write pidfiles and marks into directories of
+        // root's: actions run as the worker's user unless a test asks for the product's default
+        // (`actions_as_their_own_users`)
+        system.env.entry("ATTUNE_WORKER_ACTION_UIDS".into()).or_insert_with(|| "off".into());
         // packs are registered only from ATTUNE_PACKS_DIR: each system has its own, holding a
         // copy of packs/core and of every pack the test gave
         let packs_dir = system.packs_dir();

@@ -118,10 +118,15 @@ async fn a_request_that_takes_longer_than_the_request_timeout_is_answered_503_in
 async fn connections_beyond_the_limit_wait_until_one_closes() {
     let api = Api::start(&[("ATTUNE_API_MAX_CONNECTIONS", "2")], None).await;
     let request = b"GET /healthz HTTP/1.1\r\nHost: attune\r\n\r\n";
+    // connections that carried a token (one without makes room: tests/tests/slow_clients.rs)
+    let authenticated = format!(
+        "GET /api/v1/executions?limit=1 HTTP/1.1\r\nHost: attune\r\nAuthorization: Bearer {}\r\n\r\n",
+        api.token
+    );
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut stream = TcpStream::connect(&api.addr).await.unwrap();
-        stream.write_all(request).await.unwrap();
+        stream.write_all(authenticated.as_bytes()).await.unwrap();
         let (status, _) =
             read_response(&mut stream, Duration::from_secs(5)).await.expect("a held connection is served");
         assert_eq!(status, 200);

@@ -259,6 +259,31 @@ async fn an_entrypoint_that_leads_outside_its_pack_is_refused() {
     system.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_runs_no_pack_the_record_places_outside_its_packs_directory() {
+    let packs = TempDir::new("fenced-pack");
+    let system = with_e2e().pack(fenced_pack(&packs)).worker("w1", &[]).start().await;
+    // a copy of the pack outside the worker's ATTUNE_PACKS_DIR, its script replaced, and the
+    // record edited to name it (someone who can write the database, or an old registration)
+    let outside = TempDir::new("fenced-elsewhere");
+    let (script, marker) = evil_script(&outside);
+    let copy = outside.path().join("fenced");
+    std::fs::create_dir_all(copy.join("actions")).unwrap();
+    std::fs::copy(&script, copy.join("actions/run.sh")).unwrap();
+    sqlx::query("UPDATE pack SET path = $1 WHERE ref = 'fenced'")
+        .bind(copy.to_str().unwrap())
+        .execute(&system.db.pool)
+        .await
+        .unwrap();
+    let execution = id(&system.submit("fenced.link", json!({})).await);
+    let done = system.wait_terminal(execution, DEADLINE).await;
+    assert_eq!((done["status"].as_str(), done["failure_kind"].as_str()), (Some("failed"), Some("action_not_found")));
+    let error = done["error"].as_str().unwrap();
+    assert!(error.contains("not under this worker's ATTUNE_PACKS_DIR"), "{error}");
+    assert!(!marker.exists(), "a script outside the worker's packs directory ran");
+    system.stop().await;
+}
+
 /// Users of the test's own with the permissions `docs/security-broker.md` gives each service,
 /// for this system's namespace; deleted when dropped.
 struct BrokerUsers {
@@ -275,25 +300,15 @@ impl BrokerUsers {
             path => path.replace("%2f", "/").replace("%2F", "/"),
         };
         let users = BrokerUsers { namespace: namespace.to_string(), vhost, url };
-        let doc = std::fs::read_to_string(repo_root().join("docs/security-broker.md")).unwrap();
-        let lines: Vec<&str> = doc.lines().filter(|l| l.starts_with("rabbitmqctl set_permissions")).collect();
-        assert_eq!(lines.len(), 3, "one set_permissions line per service");
-        for line in lines {
-            // rabbitmqctl set_permissions -p "$VHOST" attune-<service> '<configure>' '<write>' '<read>'
-            let service = line.split_whitespace().nth(4).unwrap().strip_prefix("attune-").unwrap();
-            let patterns: Vec<String> = line
-                .split('\'')
-                .skip(1)
-                .step_by(2)
-                .map(|p| p.replacen("^attune", &format!("^{namespace}"), 1))
-                .collect();
-            assert_eq!(patterns.len(), 3, "{line}");
-            let user = users.user(service);
-            rabbitmqctl(&["add_user", &user, "secret"]);
-            let mut args = vec!["set_permissions", "-p", &users.vhost, &user];
-            args.extend(patterns.iter().map(String::as_str));
-            rabbitmqctl(&args);
-        }
+        // the script the quickstart and compose run, for this namespace and users of its own
+        let status = std::process::Command::new(repo_root().join("scripts/broker-users.sh"))
+            .env("ATTUNE_VHOST", &users.vhost)
+            .env("ATTUNE_MQ_NAMESPACE", namespace)
+            .env("ATTUNE_MQ_USER_PREFIX", namespace)
+            .envs(["API", "EXECUTOR", "WORKER"].map(|s| (format!("ATTUNE_MQ_{s}_PASSWORD"), "secret")))
+            .status()
+            .expect("run scripts/broker-users.sh");
+        assert!(status.success(), "scripts/broker-users.sh failed");
         users
     }
 
@@ -316,11 +331,6 @@ impl Drop for BrokerUsers {
             let _ = std::process::Command::new("rabbitmqctl").args(["-q", "delete_user", &self.user(service)]).output();
         }
     }
-}
-
-fn rabbitmqctl(args: &[&str]) {
-    let out = std::process::Command::new("rabbitmqctl").arg("-q").args(args).output().expect("rabbitmqctl (as root)");
-    assert!(out.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Child processes started by the test, killed when dropped; their logs in `dir`.

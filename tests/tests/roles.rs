@@ -194,7 +194,7 @@ async fn tokens_made_with_the_cli_carry_their_role_and_record_what_they_did() {
 /// `path` with its parameters filled in with values that name nothing (so that an allowed call
 /// changes nothing: it is a 404 or a 422).
 fn concrete(path: &str) -> String {
-    let filled = path.replace("{id}", "987654321").replace("{action_ref}", "core.nope");
+    let filled = path.replace("{id}", "987654321").replace("{action_ref}", "core.nope").replace("{name}", "nope");
     assert!(!filled.contains('{'), "{path}: give its path parameter a value in roles.rs `concrete`");
     filled
 }
@@ -230,7 +230,7 @@ async fn every_route_of_the_document_answers_every_role_as_the_roles_table_says(
                 assert!(documented.contains("forbidden"), "{method} {path} does not document its 403: {operation}");
             }
             for role in Role::ALL {
-                let body = (method == Method::POST).then(|| json!({}));
+                let body = (method == Method::POST || method == Method::PUT).then(|| json!({}));
                 let (status, answer) =
                     system.request(method.clone(), &concrete(path), body.as_ref(), Some(token(role))).await;
                 calls += 1;

@@ -91,6 +91,14 @@ pub struct Settings {
     /// comma-separated CIDRs (default none: loopback, private and other non-global destinations
     /// are refused; see `destination`).
     pub http_allow: AllowList,
+    /// `ATTUNE_SECRETS_KEY_FILE`: opens the secrets an execution's parameters refer to and its
+    /// secret parameters (`attune_common::secrets`); without it such executions fail as
+    /// `invalid_parameters`.
+    pub sealer: Option<attune_common::secrets::Sealer>,
+    /// `ATTUNE_WORKER_ACTION_UIDS`: the user ids process actions run as, one of its own per
+    /// running action (`runner::ActionUsers`); by default `DEFAULT_ACTION_UIDS` when the worker
+    /// runs as root, and none (the worker's own user) otherwise or with `off`.
+    pub action_uids: Option<std::ops::RangeInclusive<u32>>,
     /// The program that supervises each action (`supervise`): the worker's own binary, set by
     /// `attune-worker`; `None` runs actions directly (their process group still dies with a
     /// timeout or a cancel, but not with the worker).
@@ -137,6 +145,8 @@ impl FromEnv for Settings {
                     ),
                 })?,
             },
+            sealer: attune_common::secrets::Sealer::from_source(source)?,
+            action_uids: action_uids(source, running_as_root())?,
             supervisor: None,
         };
         let lease = settings.lease();
@@ -289,13 +299,49 @@ async fn claim_name(pool: &PgPool, settings: &Settings) -> Result<i64, Error> {
     }
 }
 
+/// The user ids actions run as when the worker runs as root and `ATTUNE_WORKER_ACTION_UIDS` is
+/// not set: a range no account uses on a usual system (below 2^31).
+pub const DEFAULT_ACTION_UIDS: std::ops::RangeInclusive<u32> = 1_900_000_000..=1_900_065_535;
+const ACTION_UIDS: &str = "ATTUNE_WORKER_ACTION_UIDS";
+
+#[allow(unsafe_code)]
+fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `ATTUNE_WORKER_ACTION_UIDS`: `off`, `<first>-<last>` (root only), or unset (the default range
+/// as root, none otherwise).
+fn action_uids(source: &dyn Source, root: bool) -> Result<Option<std::ops::RangeInclusive<u32>>, ConfigError> {
+    let Some(text) = read_optional(source, ACTION_UIDS) else {
+        return Ok(root.then_some(DEFAULT_ACTION_UIDS));
+    };
+    let error = |reason: &str| ConfigError { name: ACTION_UIDS.into(), value: text.clone(), reason: reason.into() };
+    if text.trim() == "off" {
+        return Ok(None);
+    }
+    let range = text
+        .trim()
+        .split_once('-')
+        .and_then(|(first, last)| Some(first.trim().parse::<u32>().ok()?..=last.trim().parse::<u32>().ok()?))
+        .filter(|range| *range.start() > 0 && range.start() <= range.end())
+        .ok_or_else(|| error("expected `off` or a range of user ids, `<first>-<last>` (first at least 1)"))?;
+    if !root {
+        return Err(error("running actions as other users needs the worker to run as root; set `off`"));
+    }
+    Ok(Some(range))
+}
+
 /// Runs a worker until `shutdown` fires.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
     protect_process();
     let pool =
         db::connect_checking(&settings.common.database_url, 4, Duration::from_secs(60), db::Check::AfterIdle).await?;
     db::check_schema(&pool).await?;
-    let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone(), settings.http_allow.clone()).await;
+    let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone(), settings.http_allow.clone())
+        .await
+        .packs_under(settings.common.packs_dir.clone())
+        .as_users(settings.action_uids.clone().map(runner::ActionUsers::new));
     let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
     let publisher =
         Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());
@@ -957,13 +1003,20 @@ impl Worker {
         let runtime = claimed.runtime.as_deref().unwrap_or_default();
         let transient_exit_codes = transient_exit_codes(claimed.retry_policy.as_ref());
         let timeout_seconds = claimed.timeout_seconds.unwrap_or(self.settings.common.default_timeout_secs);
+        // secrets referred to or sealed among the parameters, opened for this run alone; every
+        // value opened is redacted from what the run produced before it is recorded
+        let opened = attune_common::secrets::open(&self.db, self.settings.sealer.as_ref(), &claimed.parameters).await;
+        let (parameters, redactor, unopened) = match opened {
+            Ok(opened) => (opened.parameters, opened.redactor, None),
+            Err(error) => (claimed.parameters.clone(), Default::default(), Some(error)),
+        };
         let run = ActionRun {
             execution_id,
             action_ref: &claimed.action_ref,
             runtime,
             pack_path: PathBuf::from(claimed.pack_path.as_deref().unwrap_or_default()),
             entrypoint: claimed.entrypoint.as_deref().unwrap_or_default(),
-            parameters: &claimed.parameters,
+            parameters: &parameters,
             timeout: Duration::from_secs(timeout_seconds.max(1) as u64),
             retry_count: claimed.retry_count,
             output_limit: self.settings.output_limit,
@@ -976,15 +1029,29 @@ impl Worker {
         self.running.lock().expect("running map poisoned").start(execution_id, &cancel, &kill);
         // (an action removed since it was dispatched: nothing to run, and not this worker's fault)
         let action_gone = claimed.runtime.is_none();
-        let ran = match action_gone {
-            true => Ran::of(runner::Outcome {
+        let mut ran = match (action_gone, unopened) {
+            (true, _) => Ran::of(runner::Outcome {
                 status: ResultStatus::Failed,
                 failure_kind: Some(FailureKind::ActionNotFound),
                 error: Some(format!("action '{}' no longer exists", claimed.action_ref)),
                 result: None,
             }),
-            false => self.runtimes.execute(&run, &cancel).await,
+            (false, Some(error)) => Ran::of(runner::Outcome {
+                status: ResultStatus::Failed,
+                failure_kind: Some(FailureKind::InvalidParameters),
+                error: Some(error),
+                result: None,
+            }),
+            (false, None) => self.runtimes.execute(&run, &cancel).await,
         };
+        if !redactor.is_empty() {
+            ran.stdout = redactor.text(&ran.stdout);
+            ran.stderr = redactor.text(&ran.stderr);
+            ran.outcome.error = ran.outcome.error.map(|error| redactor.text(&error));
+            if let Some(result) = ran.outcome.result.as_mut() {
+                redactor.json(result);
+            }
+        }
         self.running.lock().expect("running map poisoned").end(execution_id);
         // the slot is for running an action: the next one may start while this one is recorded
         drop(permit);
@@ -1372,6 +1439,23 @@ mod settings_tests {
         assert!(s.name.ends_with(&format!("-{}", std::process::id())), "host name and pid: {}", s.name);
         assert_eq!(s.health_override_file, None);
         assert_eq!(s.http_allow, AllowList::default(), "http actions reach global addresses only");
+    }
+
+    #[test]
+    fn actions_run_as_their_own_users_by_default_as_root_and_only_as_root() {
+        use attune_common::settings::Vars;
+        let none = Vars(&[]);
+        assert_eq!(action_uids(&none, true).unwrap(), Some(DEFAULT_ACTION_UIDS));
+        assert_eq!(action_uids(&none, false).unwrap(), None, "a worker that is not root runs them as itself");
+        let off = Vars(&[(ACTION_UIDS, "off")]);
+        assert_eq!(action_uids(&off, true).unwrap(), None);
+        let range = Vars(&[(ACTION_UIDS, "70000-70009")]);
+        assert_eq!(action_uids(&range, true).unwrap(), Some(70000..=70009));
+        assert_eq!(action_uids(&range, false).unwrap_err().name, ACTION_UIDS, "a range needs root");
+        for bad in ["0-10", "10-5", "x", "5", "-5"] {
+            let vars: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(ACTION_UIDS, bad)]));
+            assert_eq!(action_uids(&Vars(vars), true).unwrap_err().name, ACTION_UIDS, "{bad}");
+        }
     }
 
     #[test]

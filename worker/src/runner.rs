@@ -189,6 +189,44 @@ pub struct Runtimes {
     http: Option<crate::http::HttpClient>,
     /// The program that supervises each action (see `crate::supervise`), if any.
     supervisor: Option<PathBuf>,
+    /// The worker's `ATTUNE_PACKS_DIR`: a script runs only from a pack under it (`packs_under`).
+    packs_root: Option<PathBuf>,
+    /// The user ids actions run as, one of its own for each running action (`users`).
+    users: Option<ActionUsers>,
+}
+
+/// User ids for actions, one per running action, so that actions cannot read each other's
+/// `/proc/<pid>` entries (environment, memory) nor signal each other or the worker (which runs as
+/// root to use them). The group id is the user id; neither needs a passwd entry.
+#[derive(Debug)]
+pub struct ActionUsers {
+    range: std::ops::RangeInclusive<u32>,
+    in_use: std::sync::Mutex<std::collections::BTreeSet<u32>>,
+}
+
+/// A user id taken for one run, given back when dropped.
+pub struct ActionUser<'a> {
+    users: &'a ActionUsers,
+    pub uid: u32,
+}
+
+impl ActionUsers {
+    pub fn new(range: std::ops::RangeInclusive<u32>) -> ActionUsers {
+        ActionUsers { range, in_use: Default::default() }
+    }
+
+    fn take(&self) -> Option<ActionUser<'_>> {
+        let mut in_use = self.in_use.lock().expect("action users poisoned");
+        let uid = self.range.clone().find(|uid| !in_use.contains(uid))?;
+        in_use.insert(uid);
+        Some(ActionUser { users: self, uid })
+    }
+}
+
+impl Drop for ActionUser<'_> {
+    fn drop(&mut self) {
+        self.users.in_use.lock().expect("action users poisoned").remove(&self.uid);
+    }
 }
 
 impl Runtimes {
@@ -206,7 +244,22 @@ impl Runtimes {
             builtin: wants("builtin"),
             http: wants("http").then(|| crate::http::HttpClient::new(http_allow)),
             supervisor,
+            packs_root: None,
+            users: None,
         }
+    }
+
+    /// Runs each process action as a user id of its own from `users` (the worker is root).
+    pub fn as_users(mut self, users: Option<ActionUsers>) -> Self {
+        self.users = users;
+        self
+    }
+
+    /// Runs scripts only from packs under `root` (the worker's `ATTUNE_PACKS_DIR`): a pack
+    /// directory the database names elsewhere fails the execution as `action_not_found`.
+    pub fn packs_under(mut self, root: PathBuf) -> Self {
+        self.packs_root = Some(root);
+        self
     }
 
     pub fn offered(&self) -> Vec<&'static str> {
@@ -247,7 +300,19 @@ impl Runtimes {
         let Some(interpreter) = interpreter else {
             return not_started(format!("this worker does not offer runtime '{}'", run.runtime));
         };
-        run_process(interpreter, self.supervisor.as_deref(), run, abort).await
+        let user = match &self.users {
+            None => None,
+            Some(users) => match users.take() {
+                Some(user) => Some(user),
+                None => {
+                    return not_started(
+                        "every user id of ATTUNE_WORKER_ACTION_UIDS is taken by a running action".into(),
+                    );
+                }
+            },
+        };
+        let uid = user.as_ref().map(|user| user.uid);
+        run_process(interpreter, self.supervisor.as_deref(), self.packs_root.as_deref(), uid, run, abort).await
     }
 }
 
@@ -289,9 +354,11 @@ pub fn param_env_name(name: &str) -> String {
 /// absolute path, and the entrypoint a relative path that, symbolic links followed, names a file
 /// inside it. The database says what to run, but neither a pack directory changed after its
 /// registration (a link swapped for one that leads elsewhere) nor an edited record makes the
-/// worker run a program outside the pack. Returns the resolved path (the one that runs); `Err`
-/// says why not, the worker's failure (`action_not_found`).
-pub fn resolve_entrypoint(pack_path: &Path, entrypoint: &str) -> Result<PathBuf, String> {
+/// worker run a program outside the pack. With `packs_root` (the worker's `ATTUNE_PACKS_DIR`),
+/// the pack directory must lie under it too, links followed: a record edited to name a
+/// directory the worker's operator did not put there runs nothing. Returns the resolved path (the
+/// one that runs); `Err` says why not, the worker's failure (`action_not_found`).
+pub fn resolve_entrypoint(packs_root: Option<&Path>, pack_path: &Path, entrypoint: &str) -> Result<PathBuf, String> {
     use std::path::Component;
     if !pack_path.is_absolute() {
         return Err(format!("the pack directory '{}' is not an absolute path", pack_path.display()));
@@ -302,6 +369,18 @@ pub fn resolve_entrypoint(pack_path: &Path, entrypoint: &str) -> Result<PathBuf,
     }
     let root = std::fs::canonicalize(pack_path)
         .map_err(|_| format!("the pack directory {} is missing on this worker", pack_path.display()))?;
+    if let Some(packs_root) = packs_root {
+        let allowed = std::fs::canonicalize(packs_root).map_err(|_| {
+            format!("this worker's ATTUNE_PACKS_DIR {} is missing: it runs no script", packs_root.display())
+        })?;
+        if !root.starts_with(&allowed) {
+            return Err(format!(
+                "the pack directory {} is not under this worker's ATTUNE_PACKS_DIR {}",
+                pack_path.display(),
+                allowed.display()
+            ));
+        }
+    }
     let script = pack_path.join(relative);
     let resolved = std::fs::canonicalize(&script)
         .map_err(|_| format!("the entrypoint {} is missing on this worker", script.display()))?;
@@ -322,12 +401,14 @@ pub fn resolve_entrypoint(pack_path: &Path, entrypoint: &str) -> Result<PathBuf,
 async fn run_process(
     interpreter: &Path,
     supervisor: Option<&Path>,
+    packs_root: Option<&Path>,
+    uid: Option<u32>,
     run: &ActionRun<'_>,
     abort: &CancellationToken,
 ) -> Finished {
     // what is missing on this worker, or leads outside the pack, is its own failure, told apart
     // from the action's exit code
-    let script = match resolve_entrypoint(&run.pack_path, run.entrypoint) {
+    let script = match resolve_entrypoint(packs_root, &run.pack_path, run.entrypoint) {
         Ok(script) => script,
         Err(error) => return not_started(error),
     };
@@ -346,10 +427,19 @@ async fn run_process(
             if let Some(lease_file) = crate::supervise::lease_file() {
                 command.arg(format!("--lease-file={}", lease_file.display()));
             }
+            if let Some(uid) = uid {
+                command.arg(format!("--uid={uid}"));
+            }
             command.arg(interpreter);
             command
         }
-        None => tokio::process::Command::new(interpreter),
+        None => {
+            let mut command = tokio::process::Command::new(interpreter);
+            if let Some(uid) = uid {
+                command.uid(uid).gid(uid);
+            }
+            command
+        }
     };
     command
         .arg(&script)
@@ -679,11 +769,19 @@ mod tests {
         std::os::unix::fs::symlink(outside.join("run.sh"), pack.join("actions/outer.sh")).unwrap();
         std::os::unix::fs::symlink(&outside, pack.join("elsewhere")).unwrap();
         let inside = std::fs::canonicalize(pack.join("run.sh")).unwrap();
-        assert_eq!(resolve_entrypoint(&pack, "run.sh"), Ok(inside.clone()));
-        assert_eq!(resolve_entrypoint(&pack, "./run.sh"), Ok(inside.clone()));
-        assert_eq!(resolve_entrypoint(&pack, "actions/inner.sh"), Ok(inside), "a link within the pack");
+        assert_eq!(resolve_entrypoint(None, &pack, "run.sh"), Ok(inside.clone()));
+        assert_eq!(resolve_entrypoint(None, &pack, "./run.sh"), Ok(inside.clone()));
+        assert_eq!(resolve_entrypoint(None, &pack, "actions/inner.sh"), Ok(inside.clone()), "a link within the pack");
+        // under the worker's packs directory, or nowhere
+        let packs_root = pack.parent().unwrap();
+        assert_eq!(resolve_entrypoint(Some(packs_root), &pack, "run.sh"), Ok(inside));
+        let error = resolve_entrypoint(Some(&packs_root.join("elsewhere-root")), &pack, "run.sh").unwrap_err();
+        assert!(error.contains("ATTUNE_PACKS_DIR") && error.contains("is missing"), "{error}");
+        std::fs::create_dir_all(packs_root.join("other-root")).unwrap();
+        let error = resolve_entrypoint(Some(&packs_root.join("other-root")), &pack, "run.sh").unwrap_err();
+        assert!(error.contains("not under this worker's ATTUNE_PACKS_DIR"), "{error}");
         let refused = |pack: &Path, entrypoint: &str, why: &str| {
-            let error = resolve_entrypoint(pack, entrypoint).unwrap_err();
+            let error = resolve_entrypoint(None, pack, entrypoint).unwrap_err();
             assert!(error.contains(why), "{entrypoint}: {error}");
         };
         refused(&pack, "actions/outer.sh", "leads outside its pack directory");

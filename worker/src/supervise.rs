@@ -173,6 +173,9 @@ struct Enforced {
     /// The worker's lease file (docs/adr/0008): the group is killed once the deadline in it has
     /// passed, so that a worker that stalls (and stops renewing it) runs nothing on.
     lease_file: Option<OsString>,
+    /// The user (and group) id the action runs as (`runner::ActionUsers`), when the worker drops
+    /// root for it; its supplementary groups are dropped too.
+    uid: Option<u32>,
 }
 
 /// `[worker pid, options..., program, args...]`.
@@ -184,6 +187,11 @@ fn parse_args(args: &[OsString]) -> Option<(i32, Enforced, &OsString, &[OsString
         let (name, value) = option.split_once('=')?;
         if name == "lease-file" {
             enforced.lease_file = Some(OsString::from(value));
+            rest = &rest[1..];
+            continue;
+        }
+        if name == "uid" {
+            enforced.uid = Some(value.parse::<u32>().ok().filter(|uid| *uid > 0)?);
             rest = &rest[1..];
             continue;
         }
@@ -207,7 +215,7 @@ fn supervise(args: &[OsString]) -> i32 {
     let Some((parent, enforced, program, program_args)) = parse_args(args) else {
         eprintln!(
             "attune-worker {MODE}: usage: attune-worker {MODE} <worker pid> [--memory-mb=N] [--cpu-secs=N] \
-             [--open-files=N] [--lease-file=PATH] <program> [args...]"
+             [--open-files=N] [--lease-file=PATH] [--uid=N] <program> [args...]"
         );
         return 2;
     };
@@ -230,6 +238,11 @@ fn supervise(args: &[OsString]) -> i32 {
     let rlimits = rlimits(&enforced);
     let mut command = std::process::Command::new(program);
     command.args(program_args);
+    if let Some(uid) = enforced.uid {
+        // std sets the group, drops the supplementary groups and sets the user, in the child,
+        // before the limits below and the exec
+        command.uid(uid).gid(uid);
+    }
     // SAFETY: the closure runs in the forked child before exec and calls only setrlimit, which
     // is async-signal-safe, on values computed before the fork; it allocates nothing.
     unsafe {
@@ -520,7 +533,7 @@ mod tests {
         assert_eq!((parent, program.to_str(), rest), (42, Some("/usr/bin/python3"), &os(&["--x=1"])[..]));
         assert_eq!(
             enforced,
-            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None }
+            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None, uid: None }
         );
         let leased = os(&["42", "--lease-file=/run/w.lease", "--memory-mb=8", "/bin/sh"]);
         let (_, enforced, _, _) = parse_args(&leased).unwrap();
@@ -528,6 +541,9 @@ mod tests {
             enforced,
             Enforced { memory_mb: Some(8), lease_file: Some(OsString::from("/run/w.lease")), ..Enforced::default() }
         );
+        let as_user = os(&["42", "--uid=1900000001", "/bin/sh"]);
+        assert_eq!(parse_args(&as_user).unwrap().1, Enforced { uid: Some(1_900_000_001), ..Enforced::default() });
+        assert!(parse_args(&os(&["42", "--uid=0", "/bin/sh"])).is_none(), "never root by option");
         let plain = os(&["42", "/bin/sh", "run.sh"]);
         let (_, enforced, program, _) = parse_args(&plain).unwrap();
         assert_eq!((enforced, program.to_str()), (Enforced::default(), Some("/bin/sh")));
@@ -542,7 +558,7 @@ mod tests {
         let args: Vec<OsString> = args.into_iter().map(OsString::from).collect();
         assert_eq!(
             parse_args(&args).unwrap().1,
-            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None }
+            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None, uid: None }
         );
     }
 
@@ -592,7 +608,8 @@ mod tests {
 
     #[test]
     fn the_first_limit_passed_is_reported() {
-        let enforced = Enforced { memory_mb: Some(100), cpu_secs: Some(2), open_files: None, lease_file: None };
+        let enforced =
+            Enforced { memory_mb: Some(100), cpu_secs: Some(2), open_files: None, lease_file: None, uid: None };
         let group = |mb: u64, secs: f64| Group { members: vec![], resident_bytes: mb << 20, cpu_secs: secs };
         assert_eq!(exceeded(&enforced, &group(100, 1.99)), None, "at the limit is within it");
         assert_eq!(exceeded(&enforced, &group(101, 1.0)).unwrap().limit, LimitKind::MemoryMb);
@@ -625,8 +642,13 @@ mod tests {
 
     #[test]
     fn the_backstops_sit_above_the_limits() {
-        let limits =
-            rlimits(&Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None });
+        let limits = rlimits(&Enforced {
+            memory_mb: Some(128),
+            cpu_secs: Some(1),
+            open_files: Some(16),
+            lease_file: None,
+            uid: None,
+        });
         let of = |resource| limits.iter().find(|(r, _)| *r == resource).map(|(_, l)| (l.rlim_cur, l.rlim_max));
         // (the test's own hard limits are far above these)
         assert_eq!(of(libc::RLIMIT_AS), Some(((256 + 1024) << 20, (256 + 1024) << 20)));

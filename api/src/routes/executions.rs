@@ -116,6 +116,7 @@ async fn plan(state: &crate::AppState, body: CreateExecution) -> Result<NewExecu
     let resolved = params::validate(&specs, &given)
         .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
     within_limits(state, &resolved)?;
+    let resolved = sealed(state, &specs, resolved)?;
     Ok(NewExecution {
         action: Some(action.id),
         action_ref: action.action_ref.clone(),
@@ -175,6 +176,31 @@ fn count_manual_retry(execution: &Execution) {
         tracing::info!(execution_id = execution.id, retried, "manual retry requested");
         attune_common::metrics::increment(&attune_common::metrics::RETRIES_CREATED, &[("reason", "manual_retry")], 1);
     }
+}
+
+/// `parameters` with the value of each parameter declared `secret: true` sealed with the API's
+/// key (a reference to a stored secret stays as it is); without a key such a value is refused,
+/// naming the parameter.
+fn sealed(
+    state: &crate::AppState,
+    specs: &params::ParamSpecs,
+    mut parameters: Map<String, Value>,
+) -> Result<Map<String, Value>, ApiError> {
+    for (name, _) in specs.iter().filter(|(_, spec)| spec.secret) {
+        let Some(Value::String(plain)) = parameters.get(name) else { continue };
+        let sealer = state.settings.sealer.as_ref().ok_or_else(|| {
+            ApiError::invalid(
+                &format!("parameters.{name}"),
+                format!(
+                    "parameter '{name}' is secret, and this API has no {} to seal it: pass a reference to a stored secret ({{\"$secret\": \"<name>\"}}) or set the key",
+                    attune_common::secrets::KEY_FILE
+                ),
+            )
+        })?;
+        let sealed = sealer.seal_parameter(plain);
+        parameters.insert(name.clone(), sealed);
+    }
+    Ok(parameters)
 }
 
 /// Refuses parameters larger than the API's limits (413, naming the parameter, or the largest one
@@ -370,7 +396,7 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
             let resolved = params::validate(&specs, &given)
                 .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
             within_limits(state, &resolved)?;
-            Some(Value::Object(resolved))
+            Some(Value::Object(sealed(state, &specs, resolved)?))
         }
         None => None,
     };

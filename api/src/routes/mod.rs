@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod executions;
 pub mod probes;
+pub mod secrets;
 pub mod stats;
 pub mod tokens;
 pub mod workers;
@@ -33,6 +34,8 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(tokens::whoami))
         .routes(routes!(tokens::list, tokens::create))
         .routes(routes!(tokens::revoke))
+        .routes(routes!(secrets::list))
+        .routes(routes!(secrets::set, secrets::delete))
 }
 
 /// Probes and metrics (no token).

@@ -17,7 +17,10 @@ pub struct Execution {
     pub action_ref: String,
     /// The runtime of its action when it was submitted: requests wait for a worker per runtime.
     pub runtime: Option<String>,
+    /// As submitted, defaults filled in; a secret parameter is sealed in the record and shown
+    /// `[redacted]` wherever an execution is serialized (`crate::secrets::shown`).
     #[schema(value_type = Object)]
+    #[serde(serialize_with = "crate::secrets::serialize_shown")]
     pub parameters: Value,
     #[schema(value_type = Object)]
     pub config: Value,

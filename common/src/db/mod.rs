@@ -11,6 +11,7 @@ pub mod idempotency;
 pub mod leader;
 pub mod pack;
 pub mod report;
+pub mod secret;
 pub mod stats;
 pub mod token;
 pub mod worker;
@@ -275,16 +276,19 @@ pub struct SchemaBehind {
     pub first: String,
 }
 
+/// The versions of the migrations applied here, oldest first (none where none ran).
+pub async fn applied_migrations(db: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
+    match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version").fetch_all(db).await
+    {
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Ok(Vec::new()),
+        applied => applied,
+    }
+}
+
 /// Checks that every migration of this binary is applied (the services do not migrate: that is
 /// `attune migrate`'s, as the role that owns the schema). Reads `_sqlx_migrations` only.
 pub async fn check_schema(db: &PgPool) -> Result<(), crate::ServiceError> {
-    let applied: Vec<i64> =
-        match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(db).await {
-            Ok(applied) => applied,
-            // no migration ever ran here
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
+    let applied = applied_migrations(db).await?;
     let pending: Vec<_> = MIGRATOR.iter().filter(|m| !applied.contains(&m.version)).collect();
     match pending.first() {
         None => Ok(()),

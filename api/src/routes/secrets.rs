@@ -1,0 +1,84 @@
+//! The secret store (`attune_common::secrets`): an admin sets and deletes named secrets; an
+//! operator lists their names to refer to them (`{"$secret": "<name>"}` as a parameter's value).
+//! No route answers a value: it is sealed with `ATTUNE_SECRETS_KEY_FILE` before it is written.
+
+use attune_common::db::{self, secret::SecretInfo};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use serde::Deserialize;
+
+use crate::ApiError;
+use crate::auth::Caller;
+
+/// The most bytes a secret's value may hold.
+pub const MAX_SECRET_BYTES: usize = 16 * 1024;
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetSecret {
+    /// The value (at most 16 KiB); sealed before it is stored, never answered.
+    #[schema(max_length = 16384, pattern = r"^[^\x00]*$")]
+    pub value: String,
+}
+
+/// Every secret's name and when it was set; never a value.
+#[utoipa::path(get, path = "/secrets", operation_id = "list_secrets", tag = "secrets",
+    responses((status = 200, body = Vec<SecretInfo>)))]
+pub async fn list(State(state): State<crate::State>) -> Result<Json<Vec<SecretInfo>>, ApiError> {
+    Ok(Json(db::secret::list(&state.db).await?))
+}
+
+fn checked_name(name: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(name) = name?;
+    let valid = (1..=128).contains(&name.len())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if !valid {
+        return Err(ApiError::invalid("name", "a secret's name is 1 to 128 letters, digits, '_', '.' or '-'"));
+    }
+    Ok(name)
+}
+
+/// Sets a secret (made or replaced), sealed with the API's key; answers what is listed of it.
+#[utoipa::path(put, path = "/secrets/{name}", operation_id = "set_secret", tag = "secrets", request_body = SetSecret,
+    params(("name" = String, Path, description = "The secret's name: 1 to 128 letters, digits, '_', '.' or '-'", pattern = r"^[A-Za-z0-9_.-]{1,128}$")),
+    responses((status = 200, description = "The secret as listed (never its value)", body = SecretInfo),
+        (status = 422, description = "A bad name or value (`parameter` names it), or no key to seal with (`value`)", body = crate::openapi::ErrorBody)))]
+pub async fn set(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<Caller>,
+    name: Result<Path<String>, PathRejection>,
+    crate::error::JsonObject(body): crate::error::JsonObject<SetSecret>,
+) -> Result<Json<SecretInfo>, ApiError> {
+    let name = checked_name(name)?;
+    crate::error::storable("value", &body.value)?;
+    if body.value.is_empty() || body.value.len() > MAX_SECRET_BYTES {
+        return Err(ApiError::invalid("value", format!("'value' must be 1 to {MAX_SECRET_BYTES} bytes")));
+    }
+    let sealer = state.settings.sealer.as_ref().ok_or_else(|| {
+        ApiError::invalid("value", format!("this API has no {} to seal secrets with", attune_common::secrets::KEY_FILE))
+    })?;
+    let info = db::secret::set(&state.db, &name, &sealer.seal(&name, &body.value), caller.token_id).await?;
+    tracing::info!(name = %info.name, by = caller.token_id, "secret set");
+    Ok(Json(info))
+}
+
+/// Deletes a secret: executions that refer to it fail as `invalid_parameters` when they run.
+#[utoipa::path(delete, path = "/secrets/{name}", operation_id = "delete_secret", tag = "secrets",
+    params(("name" = String, Path, description = "The secret's name", pattern = r"^[A-Za-z0-9_.-]{1,128}$")),
+    responses((status = 204, description = "Deleted"),
+        (status = 404, description = "No such secret", body = crate::openapi::ErrorBody),
+        (status = 422, description = "Not a secret's name (`parameter`: `name`)", body = crate::openapi::ErrorBody)))]
+pub async fn delete(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<Caller>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let name = checked_name(name)?;
+    if !db::secret::delete(&state.db, &name).await? {
+        return Err(ApiError::not_found("secret", format!("secret '{name}' does not exist")));
+    }
+    tracing::info!(%name, by = caller.token_id, "secret deleted");
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,304 @@
+//! Secrets: values actions need that nobody reads back.
+//!
+//! - The store (`db::secret`): an `admin` sets a named secret (`PUT /api/v1/secrets/{name}`,
+//!   `attune secret set`); its value is sealed (AES-256-GCM, the secret's name bound in as
+//!   associated data) with the key the operator provides in `ATTUNE_SECRETS_KEY_FILE` before it
+//!   reaches the database, and no route or command answers it.
+//! - References: a parameter whose value is `{"$secret": "<name>"}` (submitted, or an action's
+//!   `default`) stands for that secret; an HTTP action's headers, URL and body take it like any
+//!   parameter. The reference, not the value, is what is stored and shown.
+//! - Secret parameters: a parameter declared `secret: true` is sealed by the API at submission
+//!   (`{"$sealed": "<hex>"}` in the record) and shown as `[redacted]` in every answer.
+//! - At run time the worker opens both forms (`Opened`), hands the action the values, and
+//!   redacts every one of them from what it records: stdout, stderr, the result, the error.
+//!
+//! A single-key object `{"$secret": ...}` or `{"$sealed": ...}` is therefore never a parameter's
+//! own value.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde_json::{Map, Value};
+
+use crate::config::{ConfigError, Source, read_optional};
+
+pub const KEY_FILE: &str = "ATTUNE_SECRETS_KEY_FILE";
+/// What stands in a record or an answer for a secret value.
+pub const REDACTED: &str = "[redacted]";
+pub use attune_core::params::{SEALED_KEY, SECRET_KEY};
+
+/// The operator's key: seals and opens secret values.
+#[derive(Clone)]
+pub struct Sealer {
+    key: Arc<LessSafeKey>,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sealer(..)")
+    }
+}
+
+/// A sealed value that does not open with this key (another key, or altered).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a sealed value does not open with this key (sealed with another ATTUNE_SECRETS_KEY_FILE, or altered)")]
+pub struct Unopenable;
+
+impl Sealer {
+    /// `ATTUNE_SECRETS_KEY_FILE`, if set: a file holding 32 random bytes as 64 hex digits (make
+    /// one with `od -An -N32 -tx1 /dev/urandom | tr -d ' \n'`); errors name the setting and file.
+    pub fn from_source(source: &dyn Source) -> Result<Option<Sealer>, ConfigError> {
+        let Some(path) = read_optional(source, KEY_FILE) else { return Ok(None) };
+        let path = path.trim().to_string();
+        let error = |reason: String| ConfigError { name: KEY_FILE.into(), value: path.clone(), reason };
+        let text = std::fs::read_to_string(Path::new(&path)).map_err(|e| error(format!("cannot read it: {e}")))?;
+        let bytes = from_hex(text.trim())
+            .filter(|bytes| bytes.len() == 32)
+            .ok_or_else(|| error("must hold 32 bytes as 64 hex digits (od -An -N32 -tx1 /dev/urandom)".into()))?;
+        Ok(Some(Sealer::from_key(&bytes)))
+    }
+
+    pub fn from_key(key: &[u8]) -> Sealer {
+        let key = UnboundKey::new(&AES_256_GCM, key).expect("an AES-256 key is 32 bytes");
+        Sealer { key: Arc::new(LessSafeKey::new(key)) }
+    }
+
+    /// `plaintext` sealed for `context` (a secret's name, or `parameter`): nonce then ciphertext.
+    pub fn seal(&self, context: &str, plaintext: &str) -> Vec<u8> {
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new().fill(&mut nonce).expect("the system's random source");
+        let mut sealed = plaintext.as_bytes().to_vec();
+        self.key
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(context.as_bytes()), &mut sealed)
+            .expect("sealing a value in memory");
+        [nonce.as_slice(), &sealed].concat()
+    }
+
+    pub fn open(&self, context: &str, sealed: &[u8]) -> Result<String, Unopenable> {
+        if sealed.len() < NONCE_LEN {
+            return Err(Unopenable);
+        }
+        let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| Unopenable)?;
+        let mut buffer = ciphertext.to_vec();
+        let opened =
+            self.key.open_in_place(nonce, Aad::from(context.as_bytes()), &mut buffer).map_err(|_| Unopenable)?;
+        String::from_utf8(opened.to_vec()).map_err(|_| Unopenable)
+    }
+
+    /// A secret parameter's value as the record keeps it: `{"$sealed": "<hex>"}`.
+    pub fn seal_parameter(&self, plaintext: &str) -> Value {
+        let mut sealed = Map::new();
+        sealed.insert(SEALED_KEY.into(), Value::String(to_hex(&self.seal(PARAMETER, plaintext))));
+        Value::Object(sealed)
+    }
+}
+
+const PARAMETER: &str = "parameter";
+
+/// The name `value` refers to, when it is a reference `{"$secret": "<name>"}`.
+pub fn reference(value: &Value) -> Option<&str> {
+    attune_core::params::secret_reference(value)
+}
+
+/// The sealed bytes `value` holds, when it is `{"$sealed": "<hex>"}`.
+fn sealed(value: &Value) -> Option<Option<Vec<u8>>> {
+    let object = value.as_object().filter(|o| o.len() == 1)?;
+    Some(object.get(SEALED_KEY)?.as_str().and_then(from_hex))
+}
+
+/// `parameters` as an answer shows them: each sealed value as `[redacted]` (references stay:
+/// they name a secret, they are not one).
+pub fn shown(parameters: &mut Value) {
+    if let Some(parameters) = parameters.as_object_mut() {
+        for value in parameters.values_mut() {
+            if sealed(value).is_some() {
+                *value = Value::String(REDACTED.into());
+            }
+        }
+    }
+}
+
+/// Serializes parameters as `shown` makes them (for `db::execution::Execution`).
+pub fn serialize_shown<S: serde::Serializer>(parameters: &Value, serializer: S) -> Result<S::Ok, S::Error> {
+    if !parameters.as_object().is_some_and(|given| given.values().any(|v| sealed(v).is_some())) {
+        return serde::Serialize::serialize(parameters, serializer);
+    }
+    let mut shown_parameters = parameters.clone();
+    shown(&mut shown_parameters);
+    serde::Serialize::serialize(&shown_parameters, serializer)
+}
+
+/// The parameters with every secret opened, and what to redact from what the run produces.
+#[derive(Debug, Default)]
+pub struct Opened {
+    pub parameters: Value,
+    pub redactor: Redactor,
+}
+
+/// Opens the references and sealed values among `parameters` (top-level values), reading the
+/// named secrets from the store. `Err`: why the action cannot get its parameters (a secret not
+/// set, no key, a value that does not open), for `invalid_parameters`.
+pub async fn open(db: &sqlx::PgPool, sealer: Option<&Sealer>, parameters: &Value) -> Result<Opened, String> {
+    let Some(given) = parameters.as_object() else {
+        return Ok(Opened { parameters: parameters.clone(), redactor: Redactor::default() });
+    };
+    let names: Vec<String> = given.values().filter_map(reference).map(str::to_string).collect();
+    let has_sealed = given.values().any(|v| sealed(v).is_some());
+    if names.is_empty() && !has_sealed {
+        return Ok(Opened { parameters: parameters.clone(), redactor: Redactor::default() });
+    }
+    let sealer = sealer
+        .ok_or_else(|| format!("this worker has no {KEY_FILE}: it cannot open the secrets among the parameters"))?;
+    let stored = crate::db::secret::sealed_values(db, &names).await.map_err(|e| format!("reading secrets: {e}"))?;
+    let mut opened = Map::new();
+    let mut values = Vec::new();
+    for (name, value) in given {
+        let plain = if let Some(secret) = reference(value) {
+            let (_, bytes) = stored
+                .iter()
+                .find(|(stored, _)| stored == secret)
+                .ok_or_else(|| format!("parameter '{name}': the secret '{secret}' is not set"))?;
+            let plain =
+                sealer.open(secret, bytes).map_err(|e| format!("parameter '{name}': secret '{secret}': {e}"))?;
+            Some(plain)
+        } else if let Some(bytes) = sealed(value) {
+            let bytes = bytes.ok_or_else(|| format!("parameter '{name}': its sealed value is not hex"))?;
+            Some(sealer.open(PARAMETER, &bytes).map_err(|e| format!("parameter '{name}': {e}"))?)
+        } else {
+            None
+        };
+        match plain {
+            Some(plain) => {
+                values.push(plain.clone());
+                opened.insert(name.clone(), Value::String(plain));
+            }
+            None => {
+                opened.insert(name.clone(), value.clone());
+            }
+        }
+    }
+    Ok(Opened { parameters: Value::Object(opened), redactor: Redactor::new(values) })
+}
+
+/// Replaces secret values wherever they appear in what a run produced.
+#[derive(Debug, Default, Clone)]
+pub struct Redactor {
+    /// Longest first, so that a value inside another is not half-replaced.
+    values: Vec<String>,
+}
+
+impl Redactor {
+    pub fn new(mut values: Vec<String>) -> Redactor {
+        values.retain(|v| !v.is_empty());
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        values.dedup();
+        Redactor { values }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    pub fn text(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        for value in &self.values {
+            if text.contains(value.as_str()) {
+                text = text.replace(value.as_str(), REDACTED);
+            }
+        }
+        text
+    }
+
+    /// Every string of `value` (keys too), redacted.
+    pub fn json(&self, value: &mut Value) {
+        match value {
+            Value::String(s) => *s = self.text(s),
+            Value::Array(items) => items.iter_mut().for_each(|item| self.json(item)),
+            Value::Object(object) => {
+                let entries = std::mem::take(object);
+                for (key, mut item) in entries {
+                    self.json(&mut item);
+                    object.insert(self.text(&key), item);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn from_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_sealed_value_opens_only_with_its_key_and_its_context() {
+        let sealer = Sealer::from_key(&[7u8; 32]);
+        let sealed = sealer.seal("db_password", "hunter2");
+        assert!(!to_hex(&sealed).contains(&to_hex(b"hunter2")));
+        assert_eq!(sealer.open("db_password", &sealed).as_deref(), Ok("hunter2"));
+        assert_eq!(sealer.open("other_name", &sealed), Err(Unopenable), "the name is bound in");
+        assert_eq!(Sealer::from_key(&[8u8; 32]).open("db_password", &sealed), Err(Unopenable));
+        let mut altered = sealed.clone();
+        *altered.last_mut().unwrap() ^= 1;
+        assert_eq!(sealer.open("db_password", &altered), Err(Unopenable));
+        assert_ne!(sealer.seal("db_password", "hunter2"), sealed, "a fresh nonce each time");
+    }
+
+    #[test]
+    fn sealed_parameters_are_shown_redacted_and_references_as_they_are() {
+        let sealer = Sealer::from_key(&[1u8; 32]);
+        let mut parameters = json!({"token": sealer.seal_parameter("s3cr3t"), "api": {"$secret": "shop"}, "n": 1});
+        shown(&mut parameters);
+        assert_eq!(parameters, json!({"token": REDACTED, "api": {"$secret": "shop"}, "n": 1}));
+    }
+
+    #[test]
+    fn the_redactor_replaces_every_value_in_text_and_json() {
+        let redactor = Redactor::new(vec!["abc".into(), "abcdef".into(), String::new()]);
+        assert_eq!(redactor.text("x abcdef y abc"), format!("x {REDACTED} y {REDACTED}"));
+        let mut value = json!({"abc": ["abcdef", 1, {"k": "zabcz"}]});
+        redactor.json(&mut value);
+        assert_eq!(value, json!({REDACTED: [REDACTED, 1, {"k": format!("z{REDACTED}z")}]}));
+    }
+
+    /// `ATTUNE_SECRETS_KEY_FILE` alone, set to a path.
+    struct KeyFile(Option<String>);
+
+    impl Source for KeyFile {
+        fn var(&self, name: &str) -> Option<String> {
+            self.0.clone().filter(|_| name == KEY_FILE)
+        }
+    }
+
+    #[test]
+    fn the_key_file_is_64_hex_digits_and_errors_name_the_setting() {
+        let dir = std::env::temp_dir().join(format!("attune-key-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (good, bad) = (dir.join("good"), dir.join("bad"));
+        std::fs::write(&good, format!("{}\n", "ab".repeat(32))).unwrap();
+        std::fs::write(&bad, "abcd").unwrap();
+        let path = |p: &Path| KeyFile(Some(p.display().to_string()));
+        assert!(Sealer::from_source(&KeyFile(None)).unwrap().is_none());
+        assert!(Sealer::from_source(&path(&good)).unwrap().is_some());
+        for unusable in [bad, dir.join("missing")] {
+            let error = Sealer::from_source(&path(&unusable)).unwrap_err();
+            assert_eq!((error.name.as_str(), error.value.as_str()), (KEY_FILE, unusable.to_str().unwrap()));
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,216 @@
+//! The secret store and secret parameters against the real binaries (issue 32): two planted
+//! values, one stored secret (referred to by name, and sent as an HTTP header) and one secret
+//! parameter, reach the actions that need them, and then appear nowhere: not in any table, not
+//! in any log, not in any API answer, for any role.
+
+use std::time::Duration;
+
+use attune_testkit::http_server::{HttpServer, Reply};
+use attune_testkit::{System, TempPack};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const STORED: &str = "planted-STORED-secret-4f2a9c";
+const PARAMETER: &str = "planted-PARAMETER-secret-9c1d7e";
+
+const SHOW: &str = "name: show
+runtime: shell
+entrypoint: actions/show.sh
+max_retries: 0
+parameters:
+  token: {type: string, secret: true, required: true}
+  api_key: {type: string, default: {$secret: shop}}
+";
+// what it was given, plainly (to be redacted) and transformed (to show it got the values)
+const SHOW_SH: &str = r#"#!/bin/sh
+echo "token=$ATTUNE_PARAM_TOKEN api_key=$ATTUNE_PARAM_API_KEY"
+echo "to stderr: $ATTUNE_PARAM_TOKEN" >&2
+printf 'upper=%s/%s\n' "$(printf %s "$ATTUNE_PARAM_TOKEN" | tr a-z A-Z)" "$(printf %s "$ATTUNE_PARAM_API_KEY" | tr a-z A-Z)"
+printf '{"echo": "%s"}\n' "$ATTUNE_PARAM_API_KEY"
+"#;
+const CALL: &str = r#"name: call
+runtime: http
+max_retries: 0
+http:
+  method: GET
+  url: "http://127.0.0.1:{{ port }}/echo"
+  headers:
+    Authorization: "Bearer {{ api_key }}"
+parameters:
+  port: {type: integer, required: true}
+  api_key: {type: string, default: {$secret: shop}}
+"#;
+
+fn key_file() -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("attune-secrets-key-{:016x}", rand::random::<u64>()));
+    let key: String = (0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+    std::fs::write(&path, key).unwrap();
+    path
+}
+
+fn assert_absent(what: &str, text: &str) {
+    for planted in [STORED, PARAMETER] {
+        assert!(!text.contains(planted), "{what} holds a planted secret ({planted}):\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_reach_the_actions_that_need_them_and_nothing_else() {
+    let key = key_file();
+    let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH), ("call.yaml", CALL)]);
+    let system = System::builder()
+        .env("ATTUNE_SECRETS_KEY_FILE", key.to_str().unwrap())
+        .allow_http_to_loopback()
+        .pack(pack.path())
+        .worker("w1", &[])
+        .start()
+        .await;
+    let server = HttpServer::start().await;
+    server.script("/echo", [Reply::status(200).json(&json!({"you_sent": format!("Bearer {STORED}")}))]);
+
+    // an admin sets the secret; the answer holds no value
+    let (status, set) =
+        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": STORED})), Some(&system.token)).await;
+    assert_eq!(status, 200, "{set}");
+    assert_eq!(set["name"], "shop");
+    let mut answers = vec![set.to_string()];
+    // an operator lists names; a read token may not
+    let operator = system.cli(&["token", "create", "--name", "ops", "--role", "operator"]).trim().to_string();
+    let reader = system.cli(&["token", "create", "--name", "viewer", "--role", "read"]).trim().to_string();
+    let (status, listed) = system.request(Method::GET, "/api/v1/secrets", None, Some(&operator)).await;
+    assert_eq!((status, listed[0]["name"].as_str()), (200, Some("shop")), "{listed}");
+    answers.push(listed.to_string());
+    let (status, _) = system.request(Method::GET, "/api/v1/secrets", None, Some(&reader)).await;
+    assert_eq!(status, 403);
+    let (status, _) =
+        system.request(Method::PUT, "/api/v1/secrets/x", Some(&json!({"value": "v"})), Some(&operator)).await;
+    assert_eq!(status, 403, "an operator sets no secret");
+
+    // a secret parameter and a reference, to a script
+    let (status, submitted) = system
+        .request(
+            Method::POST,
+            "/api/v1/executions",
+            Some(&json!({"action_ref": "vault.show", "parameters": {"token": PARAMETER}})),
+            Some(&operator),
+        )
+        .await;
+    assert_eq!(status, 201, "{submitted}");
+    answers.push(submitted.to_string());
+    assert_eq!(submitted["parameters"]["token"], "[redacted]", "{submitted}");
+    assert_eq!(submitted["parameters"]["api_key"], json!({"$secret": "shop"}), "{submitted}");
+    let shown = system.wait_terminal(submitted["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(shown["status"], "completed", "{shown}");
+    let stdout = shown["stdout"].as_str().unwrap();
+    assert!(stdout.contains("token=[redacted] api_key=[redacted]"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("upper={}/{}", PARAMETER.to_uppercase(), STORED.to_uppercase())),
+        "the script got the values: {stdout}"
+    );
+    assert_eq!(shown["result"], json!({"echo": "[redacted]"}));
+    assert!(shown["stderr"].as_str().unwrap().contains("to stderr: [redacted]"), "{shown}");
+
+    // a reference as an HTTP header: the server gets the value, the record does not
+    let (status, called) = system
+        .request(
+            Method::POST,
+            "/api/v1/executions",
+            Some(&json!({"action_ref": "vault.call", "parameters": {"port": server.port()}})),
+            Some(&operator),
+        )
+        .await;
+    assert_eq!(status, 201, "{called}");
+    let called = system.wait_terminal(called["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(called["status"], "completed", "{called}");
+    let received = server.requests_to("/echo");
+    assert_eq!(received[0].header("authorization"), Some(format!("Bearer {STORED}").as_str()));
+    assert_eq!(called["result"]["body"]["you_sent"], "Bearer [redacted]", "{called}");
+
+    // a manual retry runs with the same secrets, sealed as they were
+    let id = shown["id"].as_i64().unwrap();
+    let (status, retried) =
+        system.request(Method::POST, &format!("/api/v1/executions/{id}/retry"), None, Some(&operator)).await;
+    assert_eq!(status, 201, "{retried}");
+    let retried = system.wait_terminal(retried["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(retried["status"], "completed", "{retried}");
+    assert!(retried["stdout"].as_str().unwrap().contains(&PARAMETER.to_uppercase()), "{retried}");
+
+    // every answer, for every role
+    for token in [&system.token, &operator, &reader] {
+        for path in [
+            format!("/api/v1/executions/{id}"),
+            "/api/v1/executions?fields=full&limit=100".to_string(),
+            format!("/api/v1/executions/{id}/chain"),
+            format!("/api/v1/executions/{}", called["id"]),
+        ] {
+            let (status, answer) = system.request(Method::GET, &path, None, Some(token)).await;
+            assert_eq!(status, 200, "{path}: {answer}");
+            answers.push(answer.to_string());
+        }
+    }
+    for answer in &answers {
+        assert_absent("an API answer", answer);
+    }
+    // every table
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
+            .fetch_all(&system.db.pool)
+            .await
+            .unwrap();
+    assert!(tables.contains(&"secret".to_string()) && tables.len() > 10, "{tables:?}");
+    for table in &tables {
+        let text: Option<String> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT string_agg(t::text, ' ') FROM \"{table}\" t")))
+                .fetch_one(&system.db.pool)
+                .await
+                .unwrap();
+        assert_absent(&format!("table {table}"), &text.unwrap_or_default());
+    }
+    // every log
+    let logs = system.packs_dir().parent().unwrap().to_path_buf();
+    let mut read = 0;
+    for entry in std::fs::read_dir(&logs).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            assert_absent(&path.display().to_string(), &std::fs::read_to_string(&path).unwrap());
+            read += 1;
+        }
+    }
+    assert!(read >= 3, "the api, executor and worker logs were read ({read})");
+    system.stop().await;
+    let _ = std::fs::remove_file(key);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_key_secrets_are_refused_at_the_door_and_a_missing_secret_fails_the_run() {
+    let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH)]);
+    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let (status, refused) =
+        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": "v"})), Some(&system.token)).await;
+    assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("value")), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("ATTUNE_SECRETS_KEY_FILE"), "{refused}");
+    let (status, refused) = system
+        .request(
+            Method::POST,
+            "/api/v1/executions",
+            Some(&json!({"action_ref": "vault.show", "parameters": {"token": PARAMETER}})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("parameters.token")), "{refused}");
+    // a reference to a secret that is not set (and no key on the worker): the run fails, naming it
+    let (status, submitted) = system
+        .request(
+            Method::POST,
+            "/api/v1/executions",
+            Some(&json!({"action_ref": "vault.show", "parameters": {"token": {"$secret": "nowhere"}}})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!(status, 201, "{submitted}");
+    let done = system.wait_terminal(submitted["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!((done["status"].as_str(), done["failure_kind"].as_str()), (Some("failed"), Some("invalid_parameters")));
+    assert!(done["error"].as_str().unwrap().contains("ATTUNE_SECRETS_KEY_FILE"), "{done}");
+    let _: Value = done;
+    system.stop().await;
+}
