@@ -249,8 +249,26 @@ impl Runtimes {
         }
     }
 
-    /// Runs each process action as a user id of its own from `users` (the worker is root).
+    /// Runs each process action as a user id of its own from `users` (the worker is root). An
+    /// interpreter other users cannot run (a python under root's home, say) is replaced by the
+    /// system's (`/usr/bin/python3`) if that one can be run, else the runtime is not offered.
     pub fn as_users(mut self, users: Option<ActionUsers>) -> Self {
+        if users.is_some()
+            && let Some(python) = self.python.take()
+        {
+            let system = PathBuf::from("/usr/bin/python3");
+            self.python = if usable_by_others(&python) {
+                Some(python)
+            } else if usable_by_others(&system) {
+                tracing::warn!(python = %python.display(), instead = %system.display(),
+                    "actions run as other users, who cannot run this python: using the system's");
+                Some(system)
+            } else {
+                tracing::warn!(python = %python.display(),
+                    "actions run as other users, who cannot run this python: the python runtime is not offered");
+                None
+            };
+        }
         self.users = users;
         self
     }
@@ -341,6 +359,15 @@ fn run_builtin(run: &ActionRun<'_>) -> Finished {
 /// Not started, through the worker's fault.
 fn not_started(error: String) -> Finished {
     Finished { spawn_error: Some(StartFailure::Worker(error)), ..Default::default() }
+}
+
+/// Whether users other than its owner may run `path`: it and every directory above it (links
+/// followed) are executable by others.
+fn usable_by_others(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(real) = std::fs::canonicalize(path) else { return false };
+    let others_may = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0);
+    others_may(&real) && real.ancestors().skip(1).all(others_may)
 }
 
 /// `ATTUNE_PARAM_<NAME>` for a parameter name: upper case, anything but letters and digits as `_`.
@@ -668,6 +695,22 @@ mod tests {
     fn parameter_names_become_env_names() {
         assert_eq!(param_env_name("message"), "ATTUNE_PARAM_MESSAGE");
         assert_eq!(param_env_name("max-count.v2"), "ATTUNE_PARAM_MAX_COUNT_V2");
+    }
+
+    #[test]
+    fn an_interpreter_under_a_closed_directory_is_not_usable_by_other_users() {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(usable_by_others(Path::new("/bin/sh")));
+        let dir = std::env::temp_dir().join(format!("attune-closed-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let program = dir.join("python3");
+        std::fs::write(&program, "").unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(usable_by_others(&program));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(!usable_by_others(&program), "its directory is closed to others");
+        assert!(!usable_by_others(&dir.join("missing")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn temp_pack(script: &str) -> PathBuf {
