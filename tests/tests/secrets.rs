@@ -148,6 +148,11 @@ async fn secrets_reach_the_actions_that_need_them_and_nothing_else() {
             answers.push(answer.to_string());
         }
     }
+    // and what anyone may read without a token
+    for path in ["/metrics", "/readyz", "/healthz"] {
+        let answer = reqwest::get(format!("{}{path}", system.api_url)).await.unwrap().text().await.unwrap();
+        answers.push(answer);
+    }
     for answer in &answers {
         assert_absent("an API answer", answer);
     }
