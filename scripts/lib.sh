@@ -127,26 +127,55 @@ ensure_password_auth() {
     fi
 }
 
-# The attune role owns the schema and runs the migrations (`attune migrate`), which create the
-# services' group roles (attune_api, attune_executor, attune_worker): it needs CREATEROLE.
+# The attune role owns the schema and runs the migrations (`attune migrate`); the services' group
+# roles (attune_api, attune_executor, attune_worker) are made here, by the superuser, so that the
+# owner needs no CREATEROLE (which on PostgreSQL 15 is nearly a superuser's power).
 ensure_database() {
     ensure_password_auth
     if PGPASSWORD=$ATTUNE_DB_PASSWORD psql -h "$PGHOST_ADDR" -p "$PGPORT" -U "$ATTUNE_DB_USER" -d "$ATTUNE_DB_NAME" -tAc 'SELECT 1' >/dev/null 2>&1 </dev/null; then
-        if [ "$(psql_admin -tAc "SELECT rolcreaterole FROM pg_roles WHERE rolname = '$ATTUNE_DB_USER'")" != t ]; then
-            log "PostgreSQL: the '$ATTUNE_DB_USER' role may create the services' roles (CREATEROLE)"
-            psql_admin -c "ALTER ROLE $ATTUNE_DB_USER CREATEROLE" >/dev/null
-        fi
+        ensure_group_roles
         return 0
     fi
     log "creating PostgreSQL role and database '$ATTUNE_DB_NAME'"
     psql_admin -c "DO \$\$ BEGIN
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$ATTUNE_DB_USER') THEN
-            CREATE ROLE $ATTUNE_DB_USER LOGIN CREATEDB CREATEROLE;
+            CREATE ROLE $ATTUNE_DB_USER LOGIN CREATEDB;
         END IF; END \$\$;"
     psql_admin -c "SET password_encryption = 'scram-sha-256'; ALTER ROLE $ATTUNE_DB_USER PASSWORD '$ATTUNE_DB_PASSWORD'"
     if [ -z "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$ATTUNE_DB_NAME'")" ]; then
         psql_admin -c "CREATE DATABASE $ATTUNE_DB_NAME OWNER $ATTUNE_DB_USER"
     fi
+    ensure_group_roles
+}
+
+ensure_group_roles() {
+    psql_admin -c "DO \$\$ DECLARE r text; BEGIN
+        FOREACH r IN ARRAY ARRAY['attune_api', 'attune_executor', 'attune_worker'] LOOP
+            IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            END IF;
+        END LOOP; END \$\$;"
+    # an earlier version of this script gave the owner CREATEROLE: taken back
+    if [ "$(psql_admin -tAc "SELECT rolcreaterole FROM pg_roles WHERE rolname = '$ATTUNE_DB_USER'")" = t ]; then
+        log "PostgreSQL: the '$ATTUNE_DB_USER' role no longer needs CREATEROLE: taken back"
+        psql_admin -c "ALTER ROLE $ATTUNE_DB_USER NOCREATEROLE" >/dev/null
+    fi
+}
+
+# The system tests' service logins (attune_testkit::SERVICE_LOGINS: each service of a test system
+# logs in as its own), and the right of the tests' admin (the owner) to end the services'
+# sessions, which the chaos tests do (pg_signal_backend). For test machines only.
+ensure_test_logins() {
+    local login group
+    for pair in attune_test_api:attune_api attune_test_executor:attune_executor \
+        attune_test_worker:attune_worker attune_test_worker_b:attune_worker; do
+        login=${pair%%:*} group=${pair#*:}
+        psql_admin -c "DO \$\$ BEGIN
+            IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$login') THEN
+                CREATE ROLE $login LOGIN PASSWORD 'attune-test' IN ROLE $group;
+            END IF; END \$\$;"
+    done
+    psql_admin -c "GRANT pg_signal_backend TO $ATTUNE_DB_USER" >/dev/null
 }
 
 # The services' own logins, each a member of the group role the migrations make (run after

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 ensure_rust
 ensure_tools
 ensure_services
+ensure_test_logins
 ensure_chromium
 ensure_schemathesis
 ensure_sqlx_cli

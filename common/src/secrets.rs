@@ -88,15 +88,21 @@ impl Sealer {
         String::from_utf8(opened.to_vec()).map_err(|_| Unopenable)
     }
 
-    /// A secret parameter's value as the record keeps it: `{"$sealed": "<hex>"}`.
-    pub fn seal_parameter(&self, plaintext: &str) -> Value {
+    /// A secret parameter's value as the record keeps it: `{"$sealed": "<hex>"}`, sealed for
+    /// that parameter of that action (a value copied into another parameter or action does not
+    /// open).
+    pub fn seal_parameter(&self, action_ref: &str, name: &str, plaintext: &str) -> Value {
         let mut sealed = Map::new();
-        sealed.insert(SEALED_KEY.into(), Value::String(to_hex(&self.seal(PARAMETER, plaintext))));
+        let context = parameter_context(action_ref, name);
+        sealed.insert(SEALED_KEY.into(), Value::String(to_hex(&self.seal(&context, plaintext))));
         Value::Object(sealed)
     }
 }
 
-const PARAMETER: &str = "parameter";
+/// The associated data of a sealed parameter: the action's ref and the parameter's name.
+fn parameter_context(action_ref: &str, name: &str) -> String {
+    format!("parameter\u{0}{action_ref}\u{0}{name}")
+}
 
 /// The name `value` refers to, when it is a reference `{"$secret": "<name>"}`.
 pub fn reference(value: &Value) -> Option<&str> {
@@ -141,7 +147,12 @@ pub struct Opened {
 /// Opens the references and sealed values among `parameters` (top-level values), reading the
 /// named secrets from the store. `Err`: why the action cannot get its parameters (a secret not
 /// set, no key, a value that does not open), for `invalid_parameters`.
-pub async fn open(db: &sqlx::PgPool, sealer: Option<&Sealer>, parameters: &Value) -> Result<Opened, String> {
+pub async fn open(
+    db: &sqlx::PgPool,
+    sealer: Option<&Sealer>,
+    action_ref: &str,
+    parameters: &Value,
+) -> Result<Opened, String> {
     let Some(given) = parameters.as_object() else {
         return Ok(Opened { parameters: parameters.clone(), redactor: Redactor::default() });
     };
@@ -166,7 +177,8 @@ pub async fn open(db: &sqlx::PgPool, sealer: Option<&Sealer>, parameters: &Value
             Some(plain)
         } else if let Some(bytes) = sealed(value) {
             let bytes = bytes.ok_or_else(|| format!("parameter '{name}': its sealed value is not hex"))?;
-            Some(sealer.open(PARAMETER, &bytes).map_err(|e| format!("parameter '{name}': {e}"))?)
+            let context = parameter_context(action_ref, name);
+            Some(sealer.open(&context, &bytes).map_err(|e| format!("parameter '{name}': {e}"))?)
         } else {
             None
         };
@@ -191,7 +203,16 @@ pub struct Redactor {
 }
 
 impl Redactor {
-    pub fn new(mut values: Vec<String>) -> Redactor {
+    /// Redacts each of `values` as it is, and as it appears JSON-escaped (a script that prints
+    /// JSON) and URL-encoded (an HTTP action's URL in its error).
+    pub fn new(given: Vec<String>) -> Redactor {
+        let mut values = Vec::new();
+        for value in given {
+            let escaped = serde_json::to_string(&value).expect("a string serializes");
+            let escaped = escaped[1..escaped.len() - 1].to_string();
+            let encoded = attune_core::template::url_encoded(&Value::String(value.clone()));
+            values.extend([value, escaped, encoded]);
+        }
         values.retain(|v| !v.is_empty());
         values.sort_by_key(|v| std::cmp::Reverse(v.len()));
         values.dedup();
@@ -262,9 +283,28 @@ mod tests {
     #[test]
     fn sealed_parameters_are_shown_redacted_and_references_as_they_are() {
         let sealer = Sealer::from_key(&[1u8; 32]);
-        let mut parameters = json!({"token": sealer.seal_parameter("s3cr3t"), "api": {"$secret": "shop"}, "n": 1});
+        let mut parameters =
+            json!({"token": sealer.seal_parameter("p.a", "token", "s3cr3t"), "api": {"$secret": "shop"}, "n": 1});
         shown(&mut parameters);
         assert_eq!(parameters, json!({"token": REDACTED, "api": {"$secret": "shop"}, "n": 1}));
+    }
+
+    #[test]
+    fn a_sealed_parameter_opens_only_as_the_parameter_of_the_action_it_was_sealed_for() {
+        let sealer = Sealer::from_key(&[3u8; 32]);
+        let sealed = sealer.seal_parameter("shop.order", "token", "s3cr3t");
+        let bytes = from_hex(sealed[SEALED_KEY].as_str().unwrap()).unwrap();
+        assert_eq!(sealer.open(&parameter_context("shop.order", "token"), &bytes).as_deref(), Ok("s3cr3t"));
+        assert!(sealer.open(&parameter_context("shop.order", "note"), &bytes).is_err(), "another parameter");
+        assert!(sealer.open(&parameter_context("core.echo", "token"), &bytes).is_err(), "another action");
+    }
+
+    #[test]
+    fn the_redactor_finds_a_value_escaped_as_json_and_encoded_in_a_url() {
+        let redactor = Redactor::new(vec!["a\"b c/é".into()]);
+        assert_eq!(redactor.text(r#"{"v": "a\"b c/é"}"#), format!(r#"{{"v": "{REDACTED}"}}"#));
+        let encoded = attune_core::template::url_encoded(&Value::String("a\"b c/é".into()));
+        assert_eq!(redactor.text(&format!("GET http://h/{encoded}")), format!("GET http://h/{REDACTED}"));
     }
 
     #[test]

@@ -111,6 +111,10 @@ pub fn check_spec(name: &str, spec: &ParamSpec) -> Result<(), ParamError> {
 }
 
 fn check_value(name: &str, spec: &ParamSpec, value: &Value) -> Result<(), ParamError> {
+    if value.as_object().is_some_and(|o| o.contains_key(SEALED_KEY)) {
+        // only the API seals a value, for a parameter declared secret
+        return Err(ParamError::new(name, format!("'{SEALED_KEY}' is reserved for values the API seals")));
+    }
     if let Some(secret) = secret_reference(value) {
         // a reference stands for a string, checked when the worker opens it
         if spec.param_type != ParamType::String {
@@ -257,6 +261,9 @@ mod tests {
         assert!(check_value("s", &string, &serde_json::json!({"$secret": "shop"})).is_ok());
         assert!(check_value("s", &spec("{type: integer}"), &serde_json::json!({"$secret": "shop"})).is_err());
         assert!(check_value("s", &string, &serde_json::json!({"$secret": "shop", "x": 1})).is_err());
+        // a sealed value is the API's to make, for any parameter
+        let object = spec("{type: object}");
+        assert!(check_value("o", &object, &serde_json::json!({"$sealed": "00"})).is_err());
     }
 
     use super::*;

@@ -100,8 +100,9 @@ pub const SERVICE_LOGINS: [(&str, &str); 4] = [
 ];
 pub const SERVICE_LOGIN_PASSWORD: &str = "attune-test";
 
-/// Makes the service logins where they are missing (once per test process; several processes
-/// take turns on an advisory lock). The group roles must exist: a database was migrated.
+/// Makes the service logins where they are missing, if the tests' admin may (`scripts/test.sh`
+/// makes them as the superuser: `ensure_test_logins`); once per test process, several processes
+/// taking turns on an advisory lock.
 pub async fn ensure_service_logins() {
     static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     DONE.get_or_init(|| async {
@@ -117,15 +118,12 @@ pub async fn ensure_service_logins() {
             if !exists {
                 let create = format!("CREATE ROLE {login} LOGIN PASSWORD '{SERVICE_LOGIN_PASSWORD}' IN ROLE {group}");
                 sqlx::query(sqlx::AssertSqlSafe(create)).execute(&mut *connection).await.unwrap_or_else(|e| {
-                    panic!("cannot create the test login {login} (the admin role needs CREATEROLE): {e}")
+                    panic!(
+                        "the test login {login} is missing and cannot be made here ({e}): scripts/test.sh makes \
+                         the test logins (or run `. scripts/lib.sh; ensure_test_logins`)"
+                    )
                 });
             }
-            // the tests' admin may end the services' sessions (pg_terminate_backend), as a
-            // member of each login
-            sqlx::query(sqlx::AssertSqlSafe(format!("GRANT {login} TO CURRENT_USER")))
-                .execute(&mut *connection)
-                .await
-                .unwrap_or_else(|e| panic!("cannot make the tests' admin a member of {login}: {e}"));
         }
         sqlx::query("SELECT pg_advisory_unlock(7300432)").execute(&mut *connection).await.unwrap();
     })

@@ -31,6 +31,14 @@ impl SystemBuilder {
     pub fn allow_http_to_loopback(self) -> Self {
         self.env("ATTUNE_WORKER_HTTP_ALLOW", "127.0.0.1/32")
     }
+    /// The API and the workers share a secrets key (`ATTUNE_SECRETS_KEY_FILE`), a file of random
+    /// bytes made for this system.
+    pub fn secrets_key(self) -> Self {
+        let path = std::env::temp_dir().join(format!("attune-secrets-key-{:016x}", rand::random::<u64>()));
+        let key: String = (0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+        std::fs::write(&path, key).unwrap();
+        self.env("ATTUNE_SECRETS_KEY_FILE", path.to_str().unwrap())
+    }
     /// Workers run process actions as the product does by default when root: each as a user id
     /// of its own (`ATTUNE_WORKER_ACTION_UIDS` unset).
     pub fn actions_as_their_own_users(self) -> Self {

@@ -25,7 +25,8 @@ async fn the_api_keeps_its_openapi_promise_under_a_fuzzer() {
         "{} is missing: `make test` installs it (scripts/lib.sh ensure_schemathesis)",
         schemathesis.display()
     );
-    let system = System::builder().start().await;
+    // with a secrets key, so that setting a secret is a success to check, not a refusal
+    let system = System::builder().secrets_key().start().await;
     // something to find: a few executions (ids 1, 2, ...) for the operations that read one
     for n in 0..3 {
         system.submit("core.echo", json!({"message": format!("fuzz {n}")})).await;

@@ -41,13 +41,6 @@ parameters:
   api_key: {type: string, default: {$secret: shop}}
 "#;
 
-fn key_file() -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("attune-secrets-key-{:016x}", rand::random::<u64>()));
-    let key: String = (0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
-    std::fs::write(&path, key).unwrap();
-    path
-}
-
 fn assert_absent(what: &str, text: &str) {
     for planted in [STORED, PARAMETER] {
         assert!(!text.contains(planted), "{what} holds a planted secret ({planted}):\n{text}");
@@ -56,15 +49,9 @@ fn assert_absent(what: &str, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_reach_the_actions_that_need_them_and_nothing_else() {
-    let key = key_file();
     let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH), ("call.yaml", CALL)]);
-    let system = System::builder()
-        .env("ATTUNE_SECRETS_KEY_FILE", key.to_str().unwrap())
-        .allow_http_to_loopback()
-        .pack(pack.path())
-        .worker("w1", &[])
-        .start()
-        .await;
+    let system =
+        System::builder().secrets_key().allow_http_to_loopback().pack(pack.path()).worker("w1", &[]).start().await;
     let server = HttpServer::start().await;
     server.script("/echo", [Reply::status(200).json(&json!({"you_sent": format!("Bearer {STORED}")}))]);
 
@@ -183,7 +170,6 @@ async fn secrets_reach_the_actions_that_need_them_and_nothing_else() {
     }
     assert!(read >= 3, "the api, executor and worker logs were read ({read})");
     system.stop().await;
-    let _ = std::fs::remove_file(key);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,10 +101,17 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
         .await
         .unwrap();
     assert!(claimed.is_empty(), "claimed another login's execution");
-    // moving it onto its own worker is refused
+    // moving it onto its own worker is refused (a worker's login may not write `worker` at all)
     let moved =
         sqlx::query("UPDATE execution SET worker = $1 WHERE id = $2").bind(w1).bind(theirs).execute(&worker).await;
-    assert_eq!(moved.unwrap().rows_affected(), 0);
+    assert_eq!(refused(moved, "moving another login's execution"), "42501");
+    let touched = sqlx::query("UPDATE execution SET status = 'completed' WHERE id = $1")
+        .bind(theirs)
+        .execute(&worker)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(touched, 0, "another login's execution is not even seen to be updated");
     let status: String = sqlx::query_scalar("SELECT status::text FROM execution WHERE id = $1")
         .bind(theirs)
         .fetch_one(&system.db.pool)
@@ -117,6 +124,38 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
         "moving its own execution onto another login's worker",
     );
     assert_eq!(code, "42501");
+    // its own execution: not rewritten (what runs, who asked, the chain), not requeued by hand
+    let own: i64 =
+        sqlx::query_scalar("SELECT id FROM execution WHERE worker = $1").bind(w1).fetch_one(&worker).await.unwrap();
+    for rewrite in [
+        "UPDATE execution SET action_ref = 'core.noop' WHERE id = $1",
+        "UPDATE execution SET parameters = '{\"message\": \"x\"}' WHERE id = $1",
+        "UPDATE execution SET submitted_by = NULL WHERE id = $1",
+        "UPDATE execution SET original_execution = NULL WHERE id = $1",
+        "UPDATE execution SET worker = NULL WHERE id = $1",
+        "UPDATE execution SET status = 'requested' WHERE id = $1",
+    ] {
+        let code = refused(sqlx::query(rewrite).bind(own).execute(&worker).await, rewrite);
+        assert_eq!(code, "42501", "{rewrite}");
+    }
+    // a hand-back goes through execution_hand_back: its own scheduled work only
+    let held = system.submit("core.echo", json!({"message": "held"})).await["id"].as_i64().unwrap();
+    attune_testkit::force_status(&system.db.pool, held, attune_core::ExecutionStatus::Scheduled, Some(w1)).await;
+    let back: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution_hand_back($1, $2)")
+        .bind(theirs)
+        .bind(other)
+        .fetch_all(&worker)
+        .await
+        .unwrap();
+    assert!(back.is_empty(), "handed back another login's execution");
+    let back: Option<i64> = sqlx::query_scalar("SELECT id FROM execution_hand_back($1, $2)")
+        .bind(held)
+        .bind(w1)
+        .fetch_optional(&worker)
+        .await
+        .unwrap();
+    assert_eq!(back, Some(held), "its own scheduled execution is handed back");
+
     // the other login's worker row: not changed, not forged
     let changed = sqlx::query("UPDATE worker SET status = 'inactive' WHERE id = $1")
         .bind(other)
@@ -132,6 +171,31 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
         "registering a worker for another login",
     );
     assert_eq!(code, "42501");
+
+    // a worker of another login cannot take w1's name: it stops, naming the login; a name the
+    // owner registered (before logins were recorded) is taken over
+    let out = tokio::process::Command::new(attune_testkit::workspace_binary("attune-worker"))
+        .env("DATABASE_URL", system.db.url_as("attune_test_worker_b"))
+        .env("AMQP_URL", attune_testkit::amqp_url())
+        .env("ATTUNE_MQ_NAMESPACE", &system.namespace.name)
+        .env("ATTUNE_WORKER_NAME", "w1")
+        .env("ATTUNE_WORKER_ACTION_UIDS", "off")
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), out).await.expect("the worker stops").unwrap();
+    let told = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success() && told.contains("attune_test_worker"), "{told}");
+    sqlx::query("INSERT INTO worker (name, status) VALUES ('legacy', 'inactive')")
+        .execute(&system.db.pool)
+        .await
+        .unwrap();
+    let taken = sqlx::query(
+        "UPDATE worker SET status = 'inactive', updated = now(), login = session_user WHERE name = 'legacy'",
+    )
+    .execute(&log_in(&system.db, "attune_test_worker_b").await)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(taken, 1, "a name the owner registered is taken over by a worker login");
 
     // the executors' login reads no token either; the API's does (it serves them)
     let executor = log_in(&system.db, "attune_test_executor").await;

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read, read_optional};
-use attune_common::db::{self, execution::Transition};
+use attune_common::db;
 use attune_common::mq::{
     ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
     run_consumer,
@@ -283,6 +283,14 @@ async fn claim_name(pool: &PgPool, settings: &Settings) -> Result<i64, Error> {
     let max_age = Duration::from_secs(settings.health.heartbeat_max_age_secs.max(1) as u64);
     match db::worker::claim_name(pool, &settings.name, &this_instance(), max_age, process_alive).await? {
         db::worker::NameClaim::Claimed(id) => Ok(id),
+        db::worker::NameClaim::OtherLogin { login } => Err(Error::Config(ConfigError {
+            name: "ATTUNE_WORKER_NAME".into(),
+            value: settings.name.clone(),
+            reason: format!(
+                "the worker name is registered by the database login '{login}', and a worker's login takes over \
+                 only the names it registered: choose another ATTUNE_WORKER_NAME, or log in as '{login}'"
+            ),
+        })),
         db::worker::NameClaim::Held { holder, heartbeat_age_secs } => {
             let who = holder.map(|h| format!(" (pid {} on host {})", h.pid, h.host)).unwrap_or_default();
             Err(Error::Config(ConfigError {
@@ -818,9 +826,7 @@ impl Worker {
     /// A dispatch this worker will not start goes back to waiting (scheduled → requested, fenced
     /// by this worker): no retry is spent. The executors are told at once.
     async fn hand_back(&self, execution_id: i64) -> Disposition {
-        let hand_back = Transition::hand_back(self.id);
-        let handed_back =
-            db::execution::transition_surely(&self.db, "handing back a dispatch", execution_id, &hand_back).await;
+        let handed_back = db::execution::hand_back_own_surely(&self.db, execution_id, self.id).await;
         match handed_back {
             Ok(Some(_)) => {
                 tracing::info!(execution_id, "stopping: dispatch handed back");
@@ -843,7 +849,7 @@ impl Worker {
     /// requested, fenced by this worker: no retry spent), with one try: if the database cannot be
     /// reached, the message's redelivery or the monitor hands it back.
     async fn give_back_held(&self, execution_id: i64, why: &str) {
-        match db::execution::transition(&self.db, execution_id, &Transition::hand_back(self.id)).await {
+        match db::execution::hand_back_own(&self.db, execution_id, self.id).await {
             Ok(Some(_)) => {
                 tracing::info!(execution_id, why, "dispatch held here and not started handed back");
                 attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "worker")], 1);
@@ -1005,7 +1011,13 @@ impl Worker {
         let timeout_seconds = claimed.timeout_seconds.unwrap_or(self.settings.common.default_timeout_secs);
         // secrets referred to or sealed among the parameters, opened for this run alone; every
         // value opened is redacted from what the run produced before it is recorded
-        let opened = attune_common::secrets::open(&self.db, self.settings.sealer.as_ref(), &claimed.parameters).await;
+        let opened = attune_common::secrets::open(
+            &self.db,
+            self.settings.sealer.as_ref(),
+            &claimed.action_ref,
+            &claimed.parameters,
+        )
+        .await;
         let (parameters, redactor, unopened) = match opened {
             Ok(opened) => (opened.parameters, opened.redactor, None),
             Err(error) => (claimed.parameters.clone(), Default::default(), Some(error)),

@@ -197,36 +197,62 @@ pub struct Runtimes {
 
 /// User ids for actions, one per running action, so that actions cannot read each other's
 /// `/proc/<pid>` entries (environment, memory) nor signal each other or the worker (which runs as
-/// root to use them). The group id is the user id; neither needs a passwd entry.
+/// root to use them). The group id is the user id; neither needs a passwd entry. A user id is
+/// held with a lock file (`/run/attune-action-uids/<uid>`, `flock`) for as long as its run lasts,
+/// so that several workers on one host never share one; ids are taken in turn through the range
+/// (starting at a random one), not the lowest free, so that a process an action left behind
+/// (`setsid`) rarely meets the next action under its id.
 #[derive(Debug)]
 pub struct ActionUsers {
     range: std::ops::RangeInclusive<u32>,
-    in_use: std::sync::Mutex<std::collections::BTreeSet<u32>>,
+    next: std::sync::atomic::AtomicU64,
+    locks: PathBuf,
 }
 
-/// A user id taken for one run, given back when dropped.
-pub struct ActionUser<'a> {
-    users: &'a ActionUsers,
+/// A user id taken for one run, given back (its lock released) when dropped.
+pub struct ActionUser {
     pub uid: u32,
+    _lock: std::fs::File,
 }
 
 impl ActionUsers {
     pub fn new(range: std::ops::RangeInclusive<u32>) -> ActionUsers {
-        ActionUsers { range, in_use: Default::default() }
+        ActionUsers::with_locks(range, PathBuf::from("/run/attune-action-uids"))
     }
 
-    fn take(&self) -> Option<ActionUser<'_>> {
-        let mut in_use = self.in_use.lock().expect("action users poisoned");
-        let uid = self.range.clone().find(|uid| !in_use.contains(uid))?;
-        in_use.insert(uid);
-        Some(ActionUser { users: self, uid })
+    fn with_locks(range: std::ops::RangeInclusive<u32>, locks: PathBuf) -> ActionUsers {
+        let size = u64::from(range.end() - range.start()) + 1;
+        ActionUsers { range, next: std::sync::atomic::AtomicU64::new(rand::random::<u64>() % size), locks }
+    }
+
+    fn take(&self) -> Result<ActionUser, String> {
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.locks);
+        let (first, size) = (*self.range.start(), u64::from(self.range.end() - self.range.start()) + 1);
+        for _ in 0..size.min(4096) {
+            let offset = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % size;
+            let uid = first + offset as u32;
+            let path = self.locks.join(uid.to_string());
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|e| format!("cannot open the user id lock {}: {e}", path.display()))?;
+            if locked(&lock) {
+                return Ok(ActionUser { uid, _lock: lock });
+            }
+        }
+        Err("no user id of ATTUNE_WORKER_ACTION_UIDS is free (each is held by a running action)".into())
     }
 }
 
-impl Drop for ActionUser<'_> {
-    fn drop(&mut self) {
-        self.users.in_use.lock().expect("action users poisoned").remove(&self.uid);
-    }
+/// Takes an exclusive `flock` on `file` without waiting; `false` if another holds it.
+#[allow(unsafe_code)]
+fn locked(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor this function borrows; it has no memory effects
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
 impl Runtimes {
@@ -318,16 +344,9 @@ impl Runtimes {
         let Some(interpreter) = interpreter else {
             return not_started(format!("this worker does not offer runtime '{}'", run.runtime));
         };
-        let user = match &self.users {
-            None => None,
-            Some(users) => match users.take() {
-                Some(user) => Some(user),
-                None => {
-                    return not_started(
-                        "every user id of ATTUNE_WORKER_ACTION_UIDS is taken by a running action".into(),
-                    );
-                }
-            },
+        let user = match self.users.as_ref().map(ActionUsers::take).transpose() {
+            Ok(user) => user,
+            Err(error) => return not_started(error),
         };
         let uid = user.as_ref().map(|user| user.uid);
         run_process(interpreter, self.supervisor.as_deref(), self.packs_root.as_deref(), uid, run, abort).await
@@ -695,6 +714,24 @@ mod tests {
     fn parameter_names_become_env_names() {
         assert_eq!(param_env_name("message"), "ATTUNE_PARAM_MESSAGE");
         assert_eq!(param_env_name("max-count.v2"), "ATTUNE_PARAM_MAX_COUNT_V2");
+    }
+
+    #[test]
+    fn a_user_id_is_held_by_one_run_at_a_time_across_workers() {
+        let locks = std::env::temp_dir().join(format!("attune-uids-{}", rand::random::<u64>()));
+        // two workers of one host, a range of three ids
+        let (a, b) = (ActionUsers::with_locks(70..=72, locks.clone()), ActionUsers::with_locks(70..=72, locks.clone()));
+        let taken = [a.take().unwrap(), b.take().unwrap(), a.take().unwrap()];
+        let mut uids: Vec<u32> = taken.iter().map(|u| u.uid).collect();
+        uids.sort();
+        assert_eq!(uids, [70, 71, 72], "three runs, three ids");
+        assert!(b.take().is_err(), "a fourth waits for one to end");
+        let freed = taken[1].uid;
+        drop(taken);
+        let again = b.take().unwrap();
+        assert!((70..=72).contains(&again.uid));
+        let _ = freed;
+        std::fs::remove_dir_all(locks).unwrap();
     }
 
     #[test]

@@ -116,7 +116,7 @@ async fn plan(state: &crate::AppState, body: CreateExecution) -> Result<NewExecu
     let resolved = params::validate(&specs, &given)
         .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
     within_limits(state, &resolved)?;
-    let resolved = sealed(state, &specs, resolved)?;
+    let resolved = sealed(state, &action.action_ref, &specs, resolved)?;
     Ok(NewExecution {
         action: Some(action.id),
         action_ref: action.action_ref.clone(),
@@ -183,6 +183,7 @@ fn count_manual_retry(execution: &Execution) {
 /// naming the parameter.
 fn sealed(
     state: &crate::AppState,
+    action_ref: &str,
     specs: &params::ParamSpecs,
     mut parameters: Map<String, Value>,
 ) -> Result<Map<String, Value>, ApiError> {
@@ -197,7 +198,7 @@ fn sealed(
                 ),
             )
         })?;
-        let sealed = sealer.seal_parameter(plain);
+        let sealed = sealer.seal_parameter(action_ref, name, plain);
         parameters.insert(name.clone(), sealed);
     }
     Ok(parameters)
@@ -396,7 +397,7 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
             let resolved = params::validate(&specs, &given)
                 .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
             within_limits(state, &resolved)?;
-            Some(Value::Object(sealed(state, &specs, resolved)?))
+            Some(Value::Object(sealed(state, &parent.action_ref, &specs, resolved)?))
         }
         None => None,
     };

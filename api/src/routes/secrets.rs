@@ -12,14 +12,14 @@ use serde::Deserialize;
 use crate::ApiError;
 use crate::auth::Caller;
 
-/// The most bytes a secret's value may hold.
-pub const MAX_SECRET_BYTES: usize = 16 * 1024;
+/// The most characters a secret's value may hold.
+pub const MAX_SECRET_CHARS: usize = 16 * 1024;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetSecret {
-    /// The value (at most 16 KiB); sealed before it is stored, never answered.
-    #[schema(max_length = 16384, pattern = r"^[^\x00]*$")]
+    /// The value (1 to 16384 characters); sealed before it is stored, never answered.
+    #[schema(min_length = 1, max_length = 16384, pattern = r"^[^\x00]*$")]
     pub value: String,
 }
 
@@ -53,8 +53,8 @@ pub async fn set(
 ) -> Result<Json<SecretInfo>, ApiError> {
     let name = checked_name(name)?;
     crate::error::storable("value", &body.value)?;
-    if body.value.is_empty() || body.value.len() > MAX_SECRET_BYTES {
-        return Err(ApiError::invalid("value", format!("'value' must be 1 to {MAX_SECRET_BYTES} bytes")));
+    if body.value.is_empty() || body.value.chars().count() > MAX_SECRET_CHARS {
+        return Err(ApiError::invalid("value", format!("'value' must be 1 to {MAX_SECRET_CHARS} characters")));
     }
     let sealer = state.settings.sealer.as_ref().ok_or_else(|| {
         ApiError::invalid("value", format!("this API has no {} to seal secrets with", attune_common::secrets::KEY_FILE))

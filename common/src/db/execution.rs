@@ -1136,6 +1136,31 @@ pub async fn hand_back(
     transition_brief(db, execution_id, &Transition::hand_back(worker_id)).await
 }
 
+/// `hand_back` as a worker makes it, through `execution_hand_back` (which runs as the schema's
+/// owner and checks that the worker is one the caller's login registered: under row-level
+/// security a worker's login may not write the handed-back row, on no worker, itself).
+pub async fn hand_back_own(db: &PgPool, execution_id: i64, worker_id: i64) -> Result<Option<Changed>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {} FROM execution_hand_back($1, $2)",
+        <Changed as TransitionRow>::COLUMNS
+    )))
+    .bind(execution_id)
+    .bind(worker_id)
+    .fetch_optional(db)
+    .await
+}
+
+/// `hand_back_own`, waiting out a database outage. After an attempt that may have landed
+/// unacknowledged, finding nothing to hand back is the answer (`None`): the row is either
+/// handed back already or has moved on, and either way is no longer this worker's.
+pub async fn hand_back_own_surely(
+    db: &PgPool,
+    execution_id: i64,
+    worker_id: i64,
+) -> Result<Option<Changed>, sqlx::Error> {
+    surely("handing back a dispatch", execution_id, |_| hand_back_own(db, execution_id, worker_id)).await
+}
+
 /// Whether the execution is still dispatched to this worker and not started (a dispatch that is
 /// not is stale: canceled, handed back or taken elsewhere).
 pub async fn still_dispatched(db: &PgPool, execution_id: i64, worker_id: i64) -> Result<bool, sqlx::Error> {

@@ -49,6 +49,8 @@ impl Instance {
 pub enum NameClaim {
     /// The name is this process's: the worker's id.
     Claimed(i64),
+    /// Another worker login registered it (a worker's login takes over only its own names).
+    OtherLogin { login: String },
     /// A live process holds it: who (if it said), and how old its last heartbeat is.
     Held { holder: Option<Instance>, heartbeat_age_secs: f64 },
 }
@@ -70,8 +72,9 @@ pub fn still_held(
     status != "inactive" && fresh && !dead_here
 }
 
-/// A worker name's row as `claim_name` reads it: id, status, holder, heartbeat age (s), updated.
-type NameRow = (i64, String, Option<Value>, Option<f64>, DateTime<Utc>);
+/// A worker name's row as `claim_name` reads it: id, status, holder, heartbeat age (s), updated,
+/// the login that registered it, and whether this session's login may take it over.
+type NameRow = (i64, String, Option<Value>, Option<f64>, DateTime<Utc>, String, bool);
 
 /// Registers the worker called `name` for this process (keeping its id if the name was used
 /// before), unless a live process holds the name (`still_held`). It stays `inactive`, so nothing
@@ -87,14 +90,18 @@ pub async fn claim_name(
 ) -> Result<NameClaim, sqlx::Error> {
     let capabilities = serde_json::json!({ "instance": me });
     loop {
+        // a worker login may take over only a name its own login registered, or one registered
+        // by a login that is not a worker's (the row-level security of the worker table)
         let existing: Option<NameRow> = sqlx::query_as(
-            "SELECT id, status, capabilities->'instance', EXTRACT(EPOCH FROM now() - last_heartbeat)::float8, updated \
+            "SELECT id, status, capabilities->'instance', EXTRACT(EPOCH FROM now() - last_heartbeat)::float8, updated, \
+                    login::text, login = session_user OR NOT worker_login(login) \
+                        OR NOT pg_has_role(session_user, 'attune_worker', 'MEMBER') \
              FROM worker WHERE name = $1",
         )
         .bind(name)
         .fetch_optional(db)
         .await?;
-        let Some((id, status, holder, age, seen)) = existing else {
+        let Some((id, status, holder, age, seen, login, ours)) = existing else {
             let inserted: Option<i64> = sqlx::query_scalar(
                 "INSERT INTO worker (name, status, capabilities) VALUES ($1, 'inactive', $2) \
                  ON CONFLICT (name) DO NOTHING RETURNING id",
@@ -108,13 +115,16 @@ pub async fn claim_name(
                 None => continue,
             }
         };
+        if !ours {
+            return Ok(NameClaim::OtherLogin { login });
+        }
         let holder: Option<Instance> = holder.and_then(|h| serde_json::from_value(h).ok());
         if still_held(&status, age, max_age.as_secs_f64(), holder.as_ref(), me, &alive) {
             return Ok(NameClaim::Held { holder, heartbeat_age_secs: age.unwrap_or_default() });
         }
         // taken only if nobody changed the row since it was read
         let taken: Option<i64> = sqlx::query_scalar(
-            "UPDATE worker SET status = 'inactive', capabilities = $2, updated = now() \
+            "UPDATE worker SET status = 'inactive', capabilities = $2, updated = now(), login = session_user \
              WHERE id = $1 AND updated = $3 RETURNING id",
         )
         .bind(id)
