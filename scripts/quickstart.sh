@@ -39,6 +39,12 @@ export ATTUNE_API_ADDR=${ATTUNE_API_ADDR:-127.0.0.1:8080}
 export ATTUNE_API_URL=${ATTUNE_API_URL:-http://$ATTUNE_API_ADDR}
 export ATTUNE_PACKS_DIR=${ATTUNE_PACKS_DIR:-$PWD/packs}
 export ATTUNE_SECRETS_KEY_FILE=${ATTUNE_SECRETS_KEY_FILE:-$PWD/.attune/secrets.key}
+# as root, workers run each action as a user id of its own, who must be able to read the packs
+if [ "$(id -u)" = 0 ] && [ -z "${ATTUNE_WORKER_ACTION_UIDS:-}" ] \
+    && ! runuser -u nobody -- test -r "$ATTUNE_PACKS_DIR/core/actions/echo.sh" 2>/dev/null; then
+    log "$ATTUNE_PACKS_DIR is closed to other users (a checkout under /root?): actions run as root here (ATTUNE_WORKER_ACTION_UIDS=off); move the checkout, or open it (chmod o+rx), to run each as a user of its own"
+    export ATTUNE_WORKER_ACTION_UIDS=off
+fi
 db_url() { echo "postgres://attune_$1_login:$2@$PGHOST_ADDR:$PGPORT/$ATTUNE_DB_NAME"; }
 mq_url() { echo "amqp://attune-$1:$2@127.0.0.1:$AMQP_PORT/$ATTUNE_VHOST"; }
 start() { # name binary service db-password mq-password [VAR=value ...]

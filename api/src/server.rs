@@ -335,6 +335,10 @@ async fn take_slot(
         }
         accepted = listener.accept() => accepted?.0,
     };
+    // a slot may have come free meanwhile: then nobody is closed
+    if let Ok(permit) = permits.clone().try_acquire_owned() {
+        return Ok((permit, stream));
+    }
     if registry.close_oldest_untrusted() {
         tracing::debug!("every connection slot taken: closed the oldest connection without a token");
     }

@@ -349,7 +349,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone(), settings.http_allow.clone())
         .await
         .packs_under(settings.common.packs_dir.clone())
-        .as_users(settings.action_uids.clone().map(runner::ActionUsers::new));
+        .as_users(settings.action_uids.clone().map(runner::ActionUsers::new))
+        .warn_if_packs_closed();
     let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
     let publisher =
         Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());

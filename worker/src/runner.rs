@@ -306,6 +306,19 @@ impl Runtimes {
         self
     }
 
+    /// Says (a warning) when actions run as other users and the packs directory is closed to
+    /// them: every script would fail to start.
+    pub fn warn_if_packs_closed(self) -> Self {
+        if let (Some(_), Some(root)) = (&self.users, &self.packs_root)
+            && !usable_by_others(root)
+        {
+            tracing::warn!(packs_dir = %root.display(),
+                "actions run as users of their own (ATTUNE_WORKER_ACTION_UIDS), who cannot enter ATTUNE_PACKS_DIR: \
+                 make it and its parents readable by others (0755) or set ATTUNE_WORKER_ACTION_UIDS=off");
+        }
+        self
+    }
+
     pub fn offered(&self) -> Vec<&'static str> {
         let mut offered = Vec::new();
         if self.shell.is_some() {
