@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the README's route table and DESIGN.md name them.
-const ROUTES: [(&str, &str); 24] = [
+const ROUTES: [(&str, &str); 27] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -29,6 +29,9 @@ const ROUTES: [(&str, &str); 24] = [
     ("get", "/api/v1/tokens"),
     ("post", "/api/v1/tokens"),
     ("delete", "/api/v1/tokens/{id}"),
+    ("get", "/api/v1/secrets"),
+    ("put", "/api/v1/secrets/{name}"),
+    ("delete", "/api/v1/secrets/{name}"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -79,9 +82,10 @@ async fn every_route_is_documented_served_and_in_the_readme() {
 
     // Every documented route is served (no "no such route" fallback), and an undocumented one is not.
     for (method, path) in ROUTES {
-        let concrete = path.replace("{id}", "1").replace("{action_ref}", "core.echo");
+        let concrete = path.replace("{id}", "1").replace("{action_ref}", "core.echo").replace("{name}", "nope");
         let method = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-        let body = (method == reqwest::Method::POST).then(|| Value::Object(Default::default()));
+        let body = (method == reqwest::Method::POST || method == reqwest::Method::PUT)
+            .then(|| Value::Object(Default::default()));
         let (_, response) = system.request(method.clone(), &concrete, body.as_ref(), Some(&system.token)).await;
         assert_ne!(response["error"]["message"], "no such route", "{method} {path} is documented but not served");
     }
