@@ -233,6 +233,18 @@ ensure_sqlx_cli() {
         --root target/sqlx-cli --quiet
 }
 
+# Prometheus 2 (promtool for the alert rules' unit tests, the server for the system test that
+# scrapes attune), Debian's package unpacked into target/prometheus: nothing installed, no
+# service started. Kept between runs.
+PROMETHEUS_DIR=target/prometheus
+ensure_prometheus() {
+    [ -x "$PROMETHEUS_DIR/usr/bin/promtool" ] && [ -x "$PROMETHEUS_DIR/usr/bin/prometheus" ] && return 0
+    command -v apt-get >/dev/null || die "prometheus missing and this is not a Debian-like system: put promtool and prometheus in $PROMETHEUS_DIR/usr/bin"
+    log "fetching Debian's prometheus package into $PROMETHEUS_DIR (unpacked, not installed)"
+    mkdir -p "$PROMETHEUS_DIR"
+    (cd "$PROMETHEUS_DIR" && rm -f prometheus_*.deb && { apt-get download prometheus >/dev/null 2>&1 || { as_root apt-get update -qq && apt-get download prometheus >/dev/null; }; } && dpkg-deb -x prometheus_*.deb . && rm -f prometheus_*.deb)
+}
+
 ensure_services() {
     ensure_credentials
     ensure_postgres

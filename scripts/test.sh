@@ -12,6 +12,7 @@ ensure_test_logins
 ensure_chromium
 ensure_schemathesis
 ensure_sqlx_cli
+ensure_prometheus
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"

@@ -28,6 +28,11 @@ pub const EXECUTIONS_FINISHED: Metric = Metric {
     help: "Executions that reached a terminal state, by status and action.",
     kind: Kind::Counter,
 };
+pub const FAILURES: Metric = Metric {
+    name: "attune_failures_total",
+    help: "Failed attempts the executors recorded (retried or not), by failure kind (queue_timeout, timeout, transient_error, ...).",
+    kind: Kind::Counter,
+};
 pub const RETRIES_CREATED: Metric = Metric {
     name: "attune_retries_total",
     help: "Retry executions created, by reason (manual_retry for operators' retries).",
@@ -117,6 +122,15 @@ pub const WORKER_QUEUE_DEPTH: Gauge = Gauge {
     help: "Executions dispatched to an active worker and not finished (or its reported depth, if more).",
 };
 
+pub const OLDEST_WAITING: Gauge = Gauge {
+    name: "attune_oldest_waiting_seconds",
+    help: "Age of the oldest execution waiting to be scheduled (requested), by runtime; absent when none waits.",
+};
+pub const RUNTIME_WORKERS: Gauge = Gauge {
+    name: "attune_runtime_workers",
+    help: "Active workers offering each runtime, for every runtime a worker offers or a registered action needs (0: nobody runs it).",
+};
+
 pub const ACTION_CIRCUIT_STATE: Gauge = Gauge {
     name: "attune_action_circuit_state",
     help: "Each action's circuit breaker, once evaluated: 0 closed, 1 open, 2 half-open.",
@@ -151,8 +165,9 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 15] = [
+const ALL: [&Metric; 16] = [
     &EXECUTIONS_FINISHED,
+    &FAILURES,
     &RETRIES_CREATED,
     &RETRIES_FINISHED,
     &DISPATCH_LATENCY,

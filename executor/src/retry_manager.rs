@@ -169,6 +169,7 @@ impl RetryManager {
             RetryDecision::GiveUp(_) => None,
         };
         tx.commit().await?;
+        metrics::increment(&metrics::FAILURES, &[("failure_kind", failure.as_str())], 1);
         match (&decision, &retry) {
             (RetryDecision::Retry { delay, reason, .. }, Some(retry)) => {
                 metrics::increment(&metrics::RETRIES_CREATED, &[("reason", reason.as_str())], 1);

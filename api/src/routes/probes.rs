@@ -78,6 +78,19 @@ async fn read_gauges(state: &crate::AppState) -> Result<String, ApiError> {
     render_gauge(&mut out, &m::WORKERS_BY_HEALTH, &by_class);
     let depths: Vec<_> = active.iter().map(|w| (vec![("worker", w.name.clone())], w.queue_depth as f64)).collect();
     render_gauge(&mut out, &m::WORKER_QUEUE_DEPTH, &depths);
+    let mut runtimes: std::collections::BTreeMap<String, usize> =
+        attune_common::db::stats::action_runtimes(&state.db).await?.into_iter().map(|r| (r, 0)).collect();
+    for runtime in active.iter().flat_map(|w| w.runtimes.iter()) {
+        *runtimes.entry(runtime.clone()).or_default() += 1;
+    }
+    let offered: Vec<_> = runtimes.into_iter().map(|(r, n)| (vec![("runtime", r)], n as f64)).collect();
+    render_gauge(&mut out, &m::RUNTIME_WORKERS, &offered);
+    let waiting: Vec<_> = attune_common::db::stats::oldest_waiting_by_runtime(&state.db)
+        .await?
+        .into_iter()
+        .map(|(runtime, age)| (vec![("runtime", runtime)], age))
+        .collect();
+    render_gauge(&mut out, &m::OLDEST_WAITING, &waiting);
     let circuits: Vec<_> = attune_common::db::circuit::states(&state.db)
         .await?
         .into_iter()

@@ -175,6 +175,24 @@ pub async fn unfinished_by_status_and_action(db: &PgPool) -> Result<Vec<(Executi
     .await
 }
 
+/// The age in seconds of the oldest execution waiting to be scheduled, by runtime (`unknown` for
+/// one whose action had none), for the `attune_oldest_waiting_seconds` gauge: one index range of
+/// the waiting rows, whatever the history holds.
+pub async fn oldest_waiting_by_runtime(db: &PgPool) -> Result<Vec<(String, f64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT coalesce(runtime, 'unknown'), EXTRACT(EPOCH FROM now() - min(created))::float8 \
+         FROM execution WHERE status = 'requested' GROUP BY 1 ORDER BY 1",
+    )
+    .persistent(false)
+    .fetch_all(db)
+    .await
+}
+
+/// The runtimes registered actions need.
+pub async fn action_runtimes(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT DISTINCT runtime FROM action ORDER BY 1").fetch_all(db).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
