@@ -1,5 +1,5 @@
 # attune: the two commands that matter are `make quickstart` and `make test`.
-.PHONY: quickstart test test-fast test-chaos bench down build fmt lint settings-doc
+.PHONY: quickstart test test-fast test-chaos bench down build fmt lint settings-doc docs
 
 quickstart: ## set everything up, start attune, run an action through the API
 	scripts/quickstart.sh
@@ -26,8 +26,11 @@ down: ## stop the attune started by quickstart
 		fi; rm -f $$pidfile; \
 	done; [ $$stopped = 1 ] || echo "attune is not running"
 
-settings-doc: ## rewrite the README's settings table from common/src/settings.rs
+settings-doc: ## rewrite the book's settings table (book/src/settings.md) from common/src/settings.rs
 	ATTUNE_BLESS=1 cargo test -p attune-common --test settings_doc
+
+docs: ## build the book (book/src) into target/book, with its link check; mdBook is built into target/mdbook once
+	bash -c '. scripts/lib.sh; ensure_mdbook && "$$MDBOOK" build book && cargo test -q -p attune-common --test book'
 
 build:
 	cargo build --workspace --bins

@@ -233,6 +233,15 @@ ensure_sqlx_cli() {
         --root target/sqlx-cli --quiet
 }
 
+# mdBook (the book in book/, `make docs`), built once into target/mdbook and kept.
+MDBOOK=target/mdbook/bin/mdbook
+ensure_mdbook() {
+    [ -x "$MDBOOK" ] && return 0
+    log "installing mdBook 0.4 into target/mdbook (once; a few minutes)"
+    cargo install mdbook --version "~0.4.52" --locked --no-default-features --features search \
+        --root target/mdbook --quiet
+}
+
 # Prometheus 2 (promtool for the alert rules' unit tests, the server for the system test that
 # scrapes attune), Debian's package unpacked into target/prometheus: nothing installed, no
 # service started. Kept between runs.

@@ -1,7 +1,7 @@
 //! Every setting attune reads from the environment, written down once: its name, its default,
 //! the processes that read it and what it does. The services read their settings through
 //! [`get`] (so the default here is the default in force), each binary's `--help` lists its own
-//! ([`help`]), and the README's table is generated from this one ([`markdown_table`];
+//! ([`help`]), and the book's table (`book/src/settings.md`) is generated from this one ([`markdown_table`];
 //! `make settings-doc` rewrites it, and `common/tests/settings_doc.rs` fails when it is stale).
 
 use std::str::FromStr;
@@ -55,7 +55,7 @@ use Process::{Api, Bench, Cli, Executor, Worker};
 
 const SERVICES: &[Process] = &[Api, Executor, Worker];
 
-/// The settings, in the order the README lists them.
+/// The settings, in the order the book's settings table lists them.
 pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "DATABASE_URL",
@@ -705,7 +705,7 @@ pub fn parse_with_settings_help<P: clap::Parser>(process: Process) -> P {
     P::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
-/// The README's settings table (Markdown).
+/// The book's settings table (Markdown).
 pub fn markdown_table() -> String {
     let mut table = String::from("| variable | default | read by | |\n|---|---|---|---|\n");
     for setting in SETTINGS {

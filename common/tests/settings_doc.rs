@@ -1,4 +1,4 @@
-//! The README's settings table is generated from `attune_common::settings::SETTINGS`; this fails
+//! The book's settings table (`book/src/settings.md`) is generated from `attune_common::settings::SETTINGS`; this fails
 //! when it is stale. `make settings-doc` (`ATTUNE_BLESS=1` here) writes it afresh.
 
 use std::path::Path;
@@ -8,10 +8,10 @@ const BEGIN: &str =
 const END: &str = "<!-- end of settings table -->";
 
 #[test]
-fn the_readme_settings_table_is_the_generated_one() {
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+fn the_book_s_settings_table_is_the_generated_one() {
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../book/src/settings.md");
     let text = std::fs::read_to_string(&readme).unwrap();
-    let start = text.find(BEGIN).expect("the README marks its settings table") + BEGIN.len();
+    let start = text.find(BEGIN).expect("book/src/settings.md marks its settings table") + BEGIN.len();
     let end = start + text[start..].find(END).expect("the end marker of the settings table");
     let generated = attune_common::settings::markdown_table();
     if std::env::var_os("ATTUNE_BLESS").is_some() {
@@ -20,7 +20,7 @@ fn the_readme_settings_table_is_the_generated_one() {
     }
     assert!(
         text[start..end] == generated,
-        "README.md's settings table differs from common/src/settings.rs: run `make settings-doc`"
+        "book/src/settings.md's settings table differs from common/src/settings.rs: run `make settings-doc`"
     );
 }
 

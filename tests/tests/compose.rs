@@ -38,7 +38,7 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
     assert_eq!(migrate["command"], serde_yaml_ng::from_str::<Value>("[attune, migrate]").unwrap());
     assert_eq!(
         migrate["environment"]["DATABASE_URL"],
-        "postgres://attune:${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD, see README With Docker}@postgres:5432/attune"
+        "postgres://attune:${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD, see book/src/docker.md}@postgres:5432/attune"
     );
     assert!(volumes.iter().any(|v| v.starts_with("./scripts/compose/postgres-logins.sh:/docker-entrypoint-initdb.d/")));
     for (service, own) in
@@ -53,14 +53,14 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
         assert_eq!(
             s["environment"]["DATABASE_URL"].as_str().unwrap(),
             format!(
-                "postgres://attune_{own}_login:${{POSTGRES_{upper}_PASSWORD:?set POSTGRES_{upper}_PASSWORD, see README With Docker}}@postgres:5432/attune"
+                "postgres://attune_{own}_login:${{POSTGRES_{upper}_PASSWORD:?set POSTGRES_{upper}_PASSWORD, see book/src/docker.md}}@postgres:5432/attune"
             ),
             "{service}"
         );
         assert_eq!(
             s["environment"]["AMQP_URL"].as_str().unwrap(),
             format!(
-                "amqp://attune-{own}:${{RABBITMQ_{upper}_PASSWORD:?set RABBITMQ_{upper}_PASSWORD, see README With Docker}}@rabbitmq:5672/attune"
+                "amqp://attune-{own}:${{RABBITMQ_{upper}_PASSWORD:?set RABBITMQ_{upper}_PASSWORD, see book/src/docker.md}}@rabbitmq:5672/attune"
             ),
             "{service}"
         );

@@ -4,8 +4,8 @@
 //! with its reasons and backoff gaps, a delayed retry's "next attempt at", Retry and Cancel
 //! clicked on the page, and the retry charts with their alert thresholds.
 //!
-//! With `ATTUNE_SCREENSHOTS_DIR` set, it writes a PNG of each page there (the README's pictures
-//! come from `ATTUNE_SCREENSHOTS_DIR=docs/screenshots`).
+//! With `ATTUNE_SCREENSHOTS_DIR` set, it writes a PNG of each page there (the book's pictures
+//! come from `ATTUNE_SCREENSHOTS_DIR=book/src/screenshots`).
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The OpenAPI document at `/api/v1/openapi.json` against what the API serves and what the
-//! README documents: a route missing from any of them fails here.
+//! book's Using it chapter documents: a route missing from any of them fails here.
 
 use std::collections::BTreeSet;
 
@@ -7,7 +7,7 @@ use attune_testkit::System;
 use attune_testkit::system::repo_root;
 use serde_json::Value;
 
-/// Every route of the API, as the README's route table and DESIGN.md name them.
+/// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
 const ROUTES: [(&str, &str); 27] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
@@ -92,11 +92,14 @@ async fn every_route_is_documented_served_and_in_the_readme() {
     let (status, response) = system.get("/api/v1/nothing-here").await;
     assert_eq!((status, response["error"]["message"].as_str()), (404, Some("no such route")));
 
-    // The README's route table names the same routes.
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    // The book's route table (Using it) names the same routes.
+    let readme = std::fs::read_to_string(repo_root().join("book/src/using-it.md")).unwrap();
     for (method, path) in ROUTES {
         let shown = format!("{} {}", method.to_uppercase(), path);
-        assert!(readme.contains(&shown) || readme.contains(&format!("`{shown}`")), "README does not list {shown}");
+        assert!(
+            readme.contains(&shown) || readme.contains(&format!("`{shown}`")),
+            "book/src/using-it.md does not list {shown}"
+        );
     }
     system.stop().await;
 }

@@ -1,5 +1,5 @@
 //! The quick reference's troubleshooting section, one test per problem, each resolution step as
-//! the README's "Troubleshooting" shows it (the seed's own statement where it gives one) checked
+//! the book's "Troubleshooting" chapter shows it (the seed's own statement where it gives one) checked
 //! to tell the truth.
 
 use std::time::Duration;
