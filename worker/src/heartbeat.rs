@@ -1,0 +1,192 @@
+//! Heartbeats (capabilities, health, slots, what it holds), the lease on runs they renew (ADR
+//! 0008), and the look-ahead they report.
+
+use super::*;
+
+/// The worker's lease on its runs (ADR 0008), on the boot clock (`supervise::boot_clock_ns`: it
+/// counts while the machine sleeps, as the database's clock does).
+pub(crate) struct Lease {
+    /// When the last heartbeat that landed was sent.
+    renewed: std::sync::Mutex<u128>,
+    /// How many looks found it run out: a claim during which this changed must not start its run.
+    lapses: std::sync::atomic::AtomicU64,
+    length: Duration,
+}
+
+impl Lease {
+    pub(crate) fn new(sent: u128, length: Duration) -> Lease {
+        Lease { renewed: std::sync::Mutex::new(sent), lapses: Default::default(), length }
+    }
+
+    /// A heartbeat sent at `sent` landed; `true` if that renews the lease.
+    pub(crate) fn renew(&self, sent: u128) -> bool {
+        let mut renewed = self.renewed.lock().expect("lease poisoned");
+        let newer = sent > *renewed;
+        *renewed = (*renewed).max(sent);
+        newer
+    }
+
+    /// How long since the last heartbeat that landed was sent.
+    pub(crate) fn silent_for(&self) -> Duration {
+        let renewed = *self.renewed.lock().expect("lease poisoned");
+        let nanos = supervise::boot_clock_ns().saturating_sub(renewed);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// Whether it has run out: no run may start.
+    pub(crate) fn expired(&self) -> bool {
+        self.silent_for() >= self.length
+    }
+
+    /// A look found it run out.
+    pub(crate) fn lapsed(&self) {
+        self.lapses.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn lapses(&self) -> u64 {
+        self.lapses.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Worker {
+    /// Heartbeats every interval, at once when its consumer goes up or down, and early (at most
+    /// once a second) when its look-ahead, its health class or its last failure changed; after a failed one (the database away) it
+    /// tries again every second, so the worker is not taken for dead once the database is back.
+    /// Each heartbeat also marks the dispatches it holds as held.
+    pub(crate) async fn heartbeat_loop(self: Arc<Self>, stop: CancellationToken) {
+        const EARLIEST: Duration = Duration::from_secs(1);
+        let mut delay = self.settings.heartbeat_interval;
+        let mut consuming = self.consuming.subscribe();
+        let mut reported = self.reported.subscribe();
+        let mut last_beat = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+                changed = consuming.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                changed = reported.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    reported.mark_unchanged();
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep_until(last_beat + EARLIEST) => {}
+                    }
+                }
+            }
+            last_beat = tokio::time::Instant::now();
+            let up = *consuming.borrow_and_update();
+            let draining = self.draining.load(std::sync::atomic::Ordering::SeqCst);
+            let lookahead = self.lookahead_now();
+            let capabilities =
+                capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, lookahead, up, draining);
+            // What it holds is marked with the heartbeat: executors take a dispatch its heartbeat
+            // did not mark for lost (`db::execution::lost_dispatches`). A heartbeat that hangs
+            // (the database unreachable without a reset) is given up in time for the next.
+            let held: Vec<i64> = self.held.lock().expect("held set poisoned").iter().copied().collect();
+            let budget = self.settings.lease() / 2;
+            let sent = supervise::boot_clock_ns();
+            let keep = async {
+                if held.is_empty() {
+                    return Ok(());
+                }
+                tokio::time::timeout(budget, db::execution::keep_held(&self.db, self.id, &held))
+                    .await
+                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            };
+            let beat = async {
+                tokio::time::timeout(budget, db::worker::heartbeat(&self.db, self.id, &capabilities))
+                    .await
+                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            };
+            let (kept, beat) = tokio::join!(keep, beat);
+            if let Err(e) = kept {
+                tracing::warn!(error = %e, "could not mark held dispatches");
+            }
+            delay = match beat {
+                Ok(true) => {
+                    if self.lease.renew(sent)
+                        && let Some(path) = supervise::lease_file()
+                        && let Err(e) = supervise::write_lease(path, sent + self.settings.lease().as_nanos())
+                    {
+                        tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file");
+                    }
+                    self.settings.heartbeat_interval
+                }
+                Ok(false) => {
+                    tracing::error!(
+                        worker_id = self.id,
+                        name = %self.settings.name,
+                        "another process took this worker's name (its heartbeat looked stale): stopping its runs and exiting"
+                    );
+                    self.displaced.store(true, std::sync::atomic::Ordering::SeqCst);
+                    self.abort.cancel();
+                    self.shutdown.cancel();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                    self.settings.heartbeat_interval.min(Duration::from_secs(1))
+                }
+            };
+        }
+    }
+
+    /// The lease on this worker's runs (docs/adr/0008-a-worker-holds-a-lease-on-its-runs.md):
+    /// every `LEASE_CHECK`, if no heartbeat has landed for `Settings::lease`, every run here is
+    /// stopped (its process group killed) before executors may take the worker for dead and run
+    /// its executions elsewhere, and reported as `worker_heartbeat_stale` (retried; a report
+    /// that comes after an executor already recorded the worker's death is stale and dropped).
+    pub(crate) async fn lease_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(LEASE_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let lease = self.settings.lease();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let silent_for = self.lease.silent_for();
+            if silent_for < lease {
+                continue;
+            }
+            self.lease.lapsed();
+            let running = self.running.lock().expect("running map poisoned");
+            let mut lost = self.lease_lost.lock().expect("lease poisoned");
+            for (execution_id, token) in &running.tokens {
+                if lost.insert(*execution_id) {
+                    if let Some(kill) = running.kills.get(execution_id) {
+                        kill.cancel();
+                    }
+                    tracing::error!(
+                        execution_id,
+                        silent_for_ms = silent_for.as_millis() as u64,
+                        lease_ms = lease.as_millis() as u64,
+                        "no heartbeat has landed within the lease: stopping the run before it may be run elsewhere"
+                    );
+                    token.cancel();
+                }
+            }
+        }
+    }
+
+    /// While runs take every slot, the look-ahead shrinks as they age (`lookahead_now`): a change
+    /// is reported with an early heartbeat. Checked every `LOOKAHEAD_CHECK`.
+    pub(crate) async fn lookahead_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(LOOKAHEAD_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let lookahead = self.lookahead_now();
+            self.reported.send_if_modified(|reported| std::mem::replace(&mut reported.0, lookahead) != lookahead);
+        }
+    }
+}

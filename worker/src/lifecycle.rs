@@ -1,0 +1,355 @@
+//! The worker's life: claiming its name, starting its loops and consumers (`run`), recovering what
+//! an earlier run of it left, draining on SIGTERM and leaving.
+
+use super::*;
+
+/// Makes this process non-dumpable, so an action running as the same (non-root) user cannot read
+/// the worker's environment (`DATABASE_URL`, `AMQP_URL`) through `/proc/<pid>/environ` or attach a
+/// debugger. Actions start with a clean environment either way; running them under a separate
+/// user is the stronger separation.
+#[allow(unsafe_code)]
+pub(crate) fn protect_process() {
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes a flag of the calling process.
+    let result = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if result != 0 {
+        tracing::warn!("could not make the worker process non-dumpable");
+    }
+}
+
+/// This process as the holder of its worker name.
+pub(crate) fn this_instance() -> db::worker::Instance {
+    static INSTANCE: std::sync::OnceLock<db::worker::Instance> = std::sync::OnceLock::new();
+    INSTANCE
+        .get_or_init(|| {
+            let read = |path: &str| std::fs::read_to_string(path).map(|t| t.trim().to_string()).unwrap_or_default();
+            db::worker::Instance {
+                host: read("/etc/hostname"),
+                pid: std::process::id(),
+                boot: read("/proc/sys/kernel/random/boot_id"),
+                pid_ns: std::fs::read_link("/proc/self/ns/pid").map(|l| l.display().to_string()).unwrap_or_default(),
+            }
+        })
+        .clone()
+}
+
+/// Whether a process of this host is alive (signal 0 probes without signalling).
+#[allow(unsafe_code)]
+pub(crate) fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    // SAFETY: kill(2) with signal 0 checks for the process's existence and has no effect.
+    let result = unsafe { libc::kill(pid, 0) };
+    result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Takes the worker's name for this process, or refuses to start while a live process holds it.
+pub(crate) async fn claim_name(pool: &PgPool, settings: &Settings) -> Result<i64, Error> {
+    let max_age = Duration::from_secs(settings.health.heartbeat_max_age_secs.max(1) as u64);
+    match db::worker::claim_name(pool, &settings.name, &this_instance(), max_age, process_alive).await? {
+        db::worker::NameClaim::Claimed(id) => Ok(id),
+        db::worker::NameClaim::OtherLogin { login } => Err(Error::Config(ConfigError {
+            name: "ATTUNE_WORKER_NAME".into(),
+            value: settings.name.clone(),
+            reason: format!(
+                "the worker name is registered by the database login '{login}', and a worker's login takes over \
+                 only the names it registered: choose another ATTUNE_WORKER_NAME, or log in as '{login}'"
+            ),
+        })),
+        db::worker::NameClaim::Held { holder, heartbeat_age_secs } => {
+            let who = holder.map(|h| format!(" (pid {} on host {})", h.pid, h.host)).unwrap_or_default();
+            Err(Error::Config(ConfigError {
+                name: "ATTUNE_WORKER_NAME".into(),
+                value: settings.name.clone(),
+                reason: format!(
+                    "worker '{}' is already running{who}, its last heartbeat {heartbeat_age_secs:.1} s ago: stop it \
+                     or choose another ATTUNE_WORKER_NAME (the name is free once that process stops, or once its \
+                     heartbeat is {} s old)",
+                    settings.name, settings.health.heartbeat_max_age_secs
+                ),
+            }))
+        }
+    }
+}
+
+/// Runs a worker until `shutdown` fires.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
+    protect_process();
+    let pool =
+        db::connect_checking(&settings.common.database_url, 4, Duration::from_secs(60), db::Check::AfterIdle).await?;
+    db::check_schema(&pool).await?;
+    let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone(), settings.http_allow.clone())
+        .await
+        .packs_under(settings.common.packs_dir.clone())
+        .as_users(settings.action_uids.clone().map(runner::ActionUsers::new))
+        .warn_if_packs_closed();
+    let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
+    let publisher =
+        Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());
+    let health =
+        HealthState::new(settings.health.clone(), settings.health_override_file.clone(), settings.health_window_secs);
+    let previous_queue = db::worker::queue_of(&pool, &settings.name).await?;
+    let worker_id = claim_name(&pool, &settings).await?;
+    let queue = topology.worker_queue(worker_id);
+    // The queue must exist before any executor can dispatch to this worker.
+    publisher.declare_worker_queue(worker_id).await?;
+    if let Some(previous) = previous_queue.filter(|p| *p != queue) {
+        // a failure here (the old queue already gone, say) must not stop the worker
+        match publisher.retire_worker_queue(&previous, worker_id).await {
+            Ok(deleted) => {
+                tracing::warn!(old_queue = %previous, new_queue = %queue, deleted, "the worker queue TTL changed; the old queue no longer receives work")
+            }
+            Err(e) => {
+                tracing::warn!(old_queue = %previous, error = %e, "the worker queue TTL changed; the old queue could not be retired")
+            }
+        }
+    }
+    // not consuming yet: the heartbeat sent when the consumer is up makes it eligible
+    let registered_boot = supervise::boot_clock_ns();
+    let capabilities = capabilities(&settings, &queue, &runtimes, &health, settings.lookahead(None), false, false);
+    if !db::worker::heartbeat(&pool, worker_id, &capabilities).await? {
+        return Err(Error::Config(ConfigError {
+            name: "ATTUNE_WORKER_NAME".into(),
+            value: settings.name.clone(),
+            reason: "another process took this worker name while it started".into(),
+        }));
+    }
+    tracing::info!(worker_id, name = %settings.name, runtimes = ?runtimes.offered(), "worker registered");
+    attune_common::metrics::serve_from_env(shutdown.clone());
+
+    let worker = Arc::new(Worker {
+        id: worker_id,
+        queue: queue.clone(),
+        running: Default::default(),
+        run_slots: tokio::sync::Semaphore::new(settings.concurrency as usize),
+        held: Default::default(),
+        busy: Default::default(),
+        consuming: tokio::sync::watch::Sender::new(false),
+        draining: Default::default(),
+        reported: tokio::sync::watch::Sender::new((settings.lookahead(None), HealthClass::Healthy, None)),
+        settings: settings.clone(),
+        writes: writes::Writes::start(pool.clone(), worker_id),
+        db: pool,
+        publisher,
+        runtimes,
+        health,
+        abort: CancellationToken::new(),
+        shutdown: shutdown.clone(),
+        displaced: Default::default(),
+        lease: Lease::new(registered_boot, settings.lease()),
+        lease_lost: Default::default(),
+    });
+    if settings.supervisor.is_some() {
+        // the supervisors of its actions kill them once this file's deadline passes (ADR 0008)
+        let path = std::env::temp_dir().join(format!("attune-worker-{worker_id}-{}.lease", std::process::id()));
+        match supervise::write_lease(&path, registered_boot + settings.lease().as_nanos()) {
+            Ok(()) => supervise::set_lease_file(path),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "no lease file: a stalled worker's actions run on")
+            }
+        }
+    }
+    worker.recover_previous_run().await?;
+
+    // Stopping has its own order (see the module's documentation): the consumer runs on until
+    // the worker has handed back or finished everything and its queue is empty.
+    let stop_consuming = CancellationToken::new();
+    let stop_heartbeats = CancellationToken::new();
+    let heartbeat = tokio::spawn(worker.clone().heartbeat_loop(stop_heartbeats.clone()));
+    let cancel_check = tokio::spawn(worker.clone().cancel_check_loop(stop_heartbeats.clone()));
+    let lookahead = tokio::spawn(worker.clone().lookahead_loop(stop_heartbeats.clone()));
+    let lease = tokio::spawn(worker.clone().lease_loop(stop_heartbeats.clone()));
+    let abort_after_drain = {
+        let (abort, drain, shutdown) = (worker.abort.clone(), settings.drain, shutdown.clone());
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(drain).await;
+            abort.cancel();
+        })
+    };
+    let draining = tokio::spawn(worker.clone().drain_when_asked(shutdown.clone(), stop_consuming.clone()));
+    let spec = ConsumerSpec {
+        url: settings.common.amqp_url.clone(),
+        name: format!("attune-worker-{}", settings.name),
+        queue,
+        // a margin over the slots: a dispatch beyond them (several executors filling the same
+        // slot) waits delivered, where it cannot expire, not in the queue
+        prefetch: settings.max_slots().saturating_add(PREFETCH_MARGIN),
+        topology: topology.clone(),
+        worker_queue: Some(worker_id),
+        fanout: None,
+        drain: settings.drain + Duration::from_secs(5),
+        consuming: Some(worker.consuming.clone()),
+    };
+    let control = ConsumerSpec {
+        url: settings.common.amqp_url.clone(),
+        name: format!("attune-worker-{}-control", settings.name),
+        queue: format!("{}.control.{worker_id}.{:x}", topology.namespace, rand::random::<u32>()),
+        prefetch: 16,
+        fanout: Some(topology.control_exchange()),
+        topology,
+        worker_queue: None,
+        drain: Duration::from_secs(1),
+        consuming: None,
+    };
+    let control = tokio::spawn({
+        let worker = worker.clone();
+        run_consumer(control, stop_consuming.clone(), move |incoming| {
+            let worker = worker.clone();
+            async move { worker.handle_control(incoming).await }
+        })
+    });
+    {
+        let worker = worker.clone();
+        let shutdown = shutdown.clone();
+        run_consumer(spec, stop_consuming.clone(), move |incoming| {
+            let (worker, shutdown) = (worker.clone(), shutdown.clone());
+            async move { worker.handle(incoming, shutdown).await }
+        })
+        .await;
+    }
+    let _ = control.await;
+    let _ = draining.await;
+    abort_after_drain.abort();
+    stop_heartbeats.cancel();
+    let _ = heartbeat.await;
+    let _ = cancel_check.await;
+    let _ = lookahead.await;
+    let _ = lease.await;
+    if worker.displaced.load(std::sync::atomic::Ordering::SeqCst) {
+        tracing::warn!(worker_id, "worker stopped: its name belongs to another process now");
+        return Ok(());
+    }
+    if shutdown.is_cancelled() {
+        // whatever is still dispatched here and not started (its message lost with a channel,
+        // say) waits again; a late message for it is stale
+        worker.hand_back_unstarted().await;
+        worker.remove_queue().await;
+    }
+    if let Some(path) = supervise::lease_file() {
+        let _ = std::fs::remove_file(path);
+    }
+    if let Err(e) = db::worker::deactivate(&worker.db, worker_id).await {
+        tracing::warn!(error = %e, "could not mark the worker inactive");
+    }
+    tracing::info!(worker_id, "worker stopped");
+    Ok(())
+}
+
+pub(crate) fn capabilities(
+    settings: &Settings,
+    queue: &str,
+    runtimes: &Runtimes,
+    health: &HealthState,
+    lookahead: u16,
+    consuming: bool,
+    draining: bool,
+) -> serde_json::Value {
+    json!({
+        "instance": this_instance(),
+        "draining": draining,
+        "runtimes": runtimes.offered(),
+        "concurrency": settings.concurrency,
+        "prefetch": lookahead,
+        "slots": settings.concurrency.saturating_add(lookahead),
+        "consuming": consuming,
+        "queue": queue,
+        "health": health.report(),
+    })
+}
+
+impl Worker {
+    /// Hands back every execution dispatched to this worker that has not started.
+    pub(crate) async fn hand_back_unstarted(&self) {
+        match db::retry_while_unavailable("reading unstarted dispatches", || {
+            db::execution::scheduled_on(&self.db, self.id)
+        })
+        .await
+        {
+            Ok(ids) => {
+                for execution_id in ids {
+                    let _ = self.hand_back(execution_id).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read unstarted dispatches; the monitor hands them back"),
+        }
+    }
+
+    /// Executions this worker's previous process left `running` died with it: report them as
+    /// `worker_heartbeat_stale` so the executors record (and retry) them. What it left dispatched
+    /// and unstarted (in a queue this process may no longer read, after an upgrade or a TTL change)
+    /// goes back to waiting.
+    pub(crate) async fn recover_previous_run(&self) -> Result<(), Error> {
+        self.hand_back_unstarted().await;
+        // (each result carries the token the earlier process drew: the executor records only that)
+        let orphans = db::execution::runs_on(&self.db, self.id).await?;
+        for (execution_id, run_token) in orphans {
+            tracing::warn!(execution_id, "execution was running when this worker last stopped");
+            let result = failure_result(
+                execution_id,
+                self.id,
+                run_token,
+                FailureKind::WorkerHeartbeatStale,
+                "the worker restarted while the action was running".into(),
+            );
+            self.publisher.publish(RESULT_KEY, &result).await?;
+        }
+        Ok(())
+    }
+
+    /// On a shutdown request: stop receiving new work, hand back what has not started, let what
+    /// runs finish, then stop the consumers once the queue is empty (see the module's
+    /// documentation).
+    pub(crate) async fn drain_when_asked(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        stop_consuming: CancellationToken,
+    ) {
+        shutdown.cancelled().await;
+        if self.displaced.load(std::sync::atomic::Ordering::SeqCst) {
+            // the row and the queue are the new holder's: only wait for the own runs to end
+            while self.busy.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            stop_consuming.cancel();
+            return;
+        }
+        tracing::info!(worker_id = self.id, "stopping: draining");
+        self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Err(e) =
+            db::retry_while_unavailable("marking the worker draining", || db::worker::drain(&self.db, self.id)).await
+        {
+            tracing::warn!(error = %e, "could not mark the worker draining");
+        }
+        if let Err(e) = self.publisher.unbind_worker_queue(self.id).await {
+            tracing::warn!(error = %e, "could not unbind the worker queue");
+        }
+        // everything delivered is handed back or finished (the abort after the drain deadline
+        // ends the runs), and nothing waits in the queue; checked every 100 ms
+        let mut pause = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            pause.tick().await;
+            if self.busy.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                continue;
+            }
+            match self.publisher.queue_length(&self.queue).await {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the worker queue's length; stopping anyway");
+                    break;
+                }
+            }
+        }
+        stop_consuming.cancel();
+    }
+
+    /// Deletes the worker's queue (empty by now; the delete is refused otherwise).
+    pub(crate) async fn remove_queue(&self) {
+        match self.publisher.retire_worker_queue(&self.queue, self.id).await {
+            Ok(true) => tracing::info!(queue = %self.queue, "worker queue deleted"),
+            Ok(false) => tracing::warn!(queue = %self.queue, "worker queue not empty; left to expire"),
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, "could not delete the worker queue; left to expire")
+            }
+        }
+    }
+}
