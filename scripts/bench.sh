@@ -181,3 +181,27 @@ if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && { [ -n "$attune_rate" ] || [ -n "$open
         target/release/attune-bench --replot "$results" --floor "$floor_json" --plot "$plot"
     fi
 fi
+
+# The spawn floor (floorbench spawn): the most this machine runs of a process-backed action, no
+# database and no broker, measured right after attune in the same sitting: `core.echo` at maximum
+# rate against it, as a ratio (issue 33's yardstick). ATTUNE_BENCH_NO_FLOOR=1 leaves it out.
+echo_rate=$(python3 -c 'import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["workload"] == "core.echo (shell), max rate"]
+print(rows[0]["executions_per_second"] if rows else "")' "$results" 2>/dev/null || true)
+if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && [ -n "$echo_rate" ] && [ -f "$floor_dir/Cargo.toml" ]; then
+    cleanup # attune stops first: the floor gets the machine to itself, as attune had
+    trap - EXIT
+    if [ ! -x "$floor_dir/target/release/floorbench" ]; then
+        log "building the floor ($floor_dir)"
+        (cd "$floor_dir" && cargo build --release --quiet)
+    fi
+    log "the spawn floor: floorbench spawn script=packs/core/actions/echo.sh concurrency=8 secs=10 warm=2"
+    spawn_rate=$("$floor_dir/target/release/floorbench" spawn script=packs/core/actions/echo.sh concurrency=8 secs=10 warm=2 2>&1 |
+        sed -n 's/.*RESULT spawn.* \([0-9.][0-9.]*\) spawns\/s.*/\1/p' | head -n 1)
+    if [ -n "$spawn_rate" ]; then
+        awk -v a="$echo_rate" -v f="$spawn_rate" 'BEGIN {
+            printf "core.echo at maximum rate: attune %.1f/s, the spawn floor %.1f/s: %.2f of the floor\n", a, f, a / f }'
+    else
+        log "the spawn floor did not report a rate"
+    fi
+fi
