@@ -60,32 +60,27 @@ fn slug(heading: &str) -> String {
         .collect()
 }
 
-/// The anchors of `text`'s headings (outside code blocks).
-fn anchors(text: &str) -> BTreeSet<String> {
+/// The lines of `text` outside its code blocks.
+fn prose(text: &str) -> impl Iterator<Item = &str> {
     let mut in_code = false;
-    let mut found = BTreeSet::new();
-    for line in text.lines() {
+    text.lines().filter(move |line| {
         if line.starts_with("```") {
             in_code = !in_code;
-        } else if !in_code && line.starts_with('#') {
-            found.insert(slug(line.trim_start_matches('#')));
+            return false;
         }
-    }
-    found
+        !in_code
+    })
+}
+
+/// The anchors of `text`'s headings (outside code blocks).
+fn anchors(text: &str) -> BTreeSet<String> {
+    prose(text).filter(|line| line.starts_with('#')).map(|line| slug(line.trim_start_matches('#'))).collect()
 }
 
 /// The targets of `text`'s markdown links and images, outside code blocks and code spans.
 fn links(text: &str) -> Vec<String> {
-    let mut in_code = false;
     let mut found = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            continue;
-        }
+    for line in prose(text) {
         let outside_spans: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
         let mut rest = outside_spans.as_str();
         while let Some(at) = rest.find("](") {
