@@ -127,6 +127,12 @@ ensure_password_auth() {
     fi
 }
 
+# Sets a role's password (scram-sha-256), passing it to psql on stdin (printf is the shell's own):
+# never on a command line, where `ps` and sudo's log would show it.
+set_password() { # role password
+    printf "SET password_encryption = 'scram-sha-256'; ALTER ROLE %s PASSWORD '%s';\n" "$1" "$2" | psql_admin >/dev/null
+}
+
 # The attune role owns the schema and runs the migrations (`attune migrate`); the services' group
 # roles (attune_api, attune_executor, attune_worker) are made here, by the superuser, so that the
 # owner needs no CREATEROLE (which on PostgreSQL 15 is nearly a superuser's power).
@@ -141,7 +147,7 @@ ensure_database() {
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$ATTUNE_DB_USER') THEN
             CREATE ROLE $ATTUNE_DB_USER LOGIN CREATEDB;
         END IF; END \$\$;"
-    psql_admin -c "SET password_encryption = 'scram-sha-256'; ALTER ROLE $ATTUNE_DB_USER PASSWORD '$ATTUNE_DB_PASSWORD'"
+    set_password "$ATTUNE_DB_USER" "$ATTUNE_DB_PASSWORD"
     if [ -z "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$ATTUNE_DB_NAME'")" ]; then
         psql_admin -c "CREATE DATABASE $ATTUNE_DB_NAME OWNER $ATTUNE_DB_USER"
     fi
@@ -189,7 +195,7 @@ ensure_service_logins() {
             IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'attune_${service}_login') THEN
                 CREATE ROLE attune_${service}_login LOGIN IN ROLE attune_${service};
             END IF; END \$\$;"
-        psql_admin -c "SET password_encryption = 'scram-sha-256'; ALTER ROLE attune_${service}_login PASSWORD '$password'"
+        set_password "attune_${service}_login" "$password"
     done
 }
 
@@ -197,9 +203,14 @@ ensure_service_logins() {
 # .attune/credentials.
 ATTUNE_VHOST=${ATTUNE_VHOST:-attune}
 ensure_broker_users() {
-    as_root env ATTUNE_VHOST="$ATTUNE_VHOST" ATTUNE_MQ_API_PASSWORD="$ATTUNE_MQ_API_PASSWORD" \
-        ATTUNE_MQ_EXECUTOR_PASSWORD="$ATTUNE_MQ_EXECUTOR_PASSWORD" ATTUNE_MQ_WORKER_PASSWORD="$ATTUNE_MQ_WORKER_PASSWORD" \
+    export ATTUNE_VHOST ATTUNE_MQ_API_PASSWORD ATTUNE_MQ_EXECUTOR_PASSWORD ATTUNE_MQ_WORKER_PASSWORD
+    # the passwords go in the environment, not on sudo's command line (which its log keeps)
+    if [ "$(id -u)" = 0 ]; then
         "$PWD/scripts/broker-users.sh"
+    else
+        sudo --preserve-env=ATTUNE_VHOST,ATTUNE_MQ_API_PASSWORD,ATTUNE_MQ_EXECUTOR_PASSWORD,ATTUNE_MQ_WORKER_PASSWORD \
+            "$PWD/scripts/broker-users.sh"
+    fi
 }
 
 # The dashboard's browser tests drive Debian's chromium through chromedriver (no download at run time).
