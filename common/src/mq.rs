@@ -398,9 +398,46 @@ impl ExecutionResult {
     }
 }
 
-/// Opens a connection named `name` (the broker shows it). An `amqps://` URL is verified against
-/// the system's roots plus the CA file in `ATTUNE_AMQP_CA_CERT`, if set (see `crate::tls`).
+/// Opens a connection named `name` (the broker shows it) to a node of `url` (`nodes`: one URL,
+/// or a cluster's nodes separated by commas, tried in turn). An `amqps://` URL is verified
+/// against the system's roots plus the CA file in `ATTUNE_AMQP_CA_CERT`, if set (see
+/// `crate::tls`).
 pub async fn connect(url: &str, name: &str) -> Result<Connection, MqError> {
+    let nodes = nodes(url);
+    // each connection starts with the node after the one the last started with: a service that
+    // lost its node tries the others first, and a fleet spreads over the cluster
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let first = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for k in 0..nodes.len() {
+        let node = nodes[(first + k) % nodes.len()];
+        match connect_node(node, name).await {
+            Ok(connection) => return Ok(connection),
+            Err(e) if nodes.len() == 1 => return Err(e),
+            Err(e) => failures.push(format!("{}: {e}", shown(node))),
+        }
+    }
+    Err(MqError::Broker(
+        std::io::Error::other(format!("no node of AMQP_URL answered ({})", failures.join("; "))).into(),
+    ))
+}
+
+/// The nodes `url` names: one URL, or several separated by commas (the nodes of a cluster; a
+/// comma in a password is written `%2C`).
+pub fn nodes(url: &str) -> Vec<&str> {
+    let nodes: Vec<&str> = url.split(',').map(str::trim).filter(|node| !node.is_empty()).collect();
+    if nodes.is_empty() { vec![url] } else { nodes }
+}
+
+/// A node's URL without its password, for errors and logs.
+fn shown(node: &str) -> String {
+    match (node.find("://"), node.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}{}", &node[..scheme + 3], &node[at + 1..]),
+        _ => node.to_string(),
+    }
+}
+
+async fn connect_node(url: &str, name: &str) -> Result<Connection, MqError> {
     let amqps = url.trim_start().get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("amqps://"));
     let ca = if amqps {
         crate::tls::ca_from(&crate::settings::Environment, "ATTUNE_AMQP_CA_CERT")

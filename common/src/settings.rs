@@ -85,7 +85,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "AMQP_URL",
         default: Value("amqp://guest:guest@127.0.0.1:5672/%2f"),
         read_by: SERVICES,
-        doc: "the RabbitMQ broker",
+        doc: "the RabbitMQ broker; the nodes of a cluster as several URLs separated by commas (each connection tries them in turn, starting after the node the last one started with)",
     },
     Setting {
         name: "ATTUNE_AMQP_CA_CERT",

@@ -169,3 +169,22 @@ async fn a_dispatch_nobody_consumes_expires_into_the_dead_letter_queue_saying_so
     assert_eq!(data, payload, "the dead letter keeps its content");
     broker.stop(&[worker_queue]).await;
 }
+
+#[tokio::test]
+async fn a_list_of_nodes_connects_to_one_that_answers_and_names_each_that_did_not() {
+    // a cluster of three nodes, two of them down (nothing listens on those ports)
+    let down = |port: u16| format!("amqp://guest:secret@127.0.0.1:{port}/%2f");
+    let live = attune_testkit::amqp_url();
+    let cluster = format!("{}, {live},{}", down(1), down(2));
+    assert_eq!(attune_common::mq::nodes(&cluster).len(), 3);
+    // whichever node each connection starts with, each reaches the live one
+    for _ in 0..4 {
+        let connection = attune_common::mq::connect(&cluster, "test-cluster").await.expect("a node answers");
+        assert!(connection.status().connected());
+        connection.close(200, "done".into()).await.unwrap();
+    }
+    // none answers: the error names every node, never a password
+    let error = attune_common::mq::connect(&format!("{},{}", down(1), down(2)), "test-cluster").await.unwrap_err();
+    let told = error.to_string();
+    assert!(told.contains("127.0.0.1:1/") && told.contains("127.0.0.1:2/") && !told.contains("secret"), "{told}");
+}
