@@ -6,7 +6,7 @@ ATTUNE_DB_NAME=${ATTUNE_DB_NAME:-attune}
 # Passwords: random, made once per checkout into .attune/credentials (mode 0600) and kept there;
 # one set in the environment wins (ensure_credentials).
 CREDENTIALS=.attune/credentials
-CREDENTIAL_NAMES="ATTUNE_DB_PASSWORD ATTUNE_DB_API_PASSWORD ATTUNE_DB_EXECUTOR_PASSWORD ATTUNE_DB_WORKER_PASSWORD ATTUNE_MQ_API_PASSWORD ATTUNE_MQ_EXECUTOR_PASSWORD ATTUNE_MQ_WORKER_PASSWORD"
+CREDENTIAL_NAMES="ATTUNE_TEST_LOGIN_PASSWORD ATTUNE_DB_PASSWORD ATTUNE_DB_API_PASSWORD ATTUNE_DB_EXECUTOR_PASSWORD ATTUNE_DB_WORKER_PASSWORD ATTUNE_MQ_API_PASSWORD ATTUNE_MQ_EXECUTOR_PASSWORD ATTUNE_MQ_WORKER_PASSWORD"
 PGHOST_ADDR=${PGHOST_ADDR:-127.0.0.1}
 PGPORT=${PGPORT:-5432}
 AMQP_PORT=${AMQP_PORT:-5672}
@@ -178,8 +178,11 @@ ensure_test_logins() {
         login=${pair%%:*} group=${pair#*:}
         psql_admin -c "DO \$\$ BEGIN
             IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$login') THEN
-                CREATE ROLE $login LOGIN PASSWORD 'attune-test' IN ROLE $group;
+                CREATE ROLE $login LOGIN IN ROLE $group;
             END IF; END \$\$;"
+        # a password of this checkout's (.attune/credentials), not one anybody knows: these
+        # logins reach every database of the cluster their group roles are granted in
+        set_password "$login" "$ATTUNE_TEST_LOGIN_PASSWORD"
     done
     psql_admin -c "GRANT pg_signal_backend TO $ATTUNE_DB_USER" >/dev/null
 }

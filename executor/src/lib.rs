@@ -157,8 +157,19 @@ pub struct Context {
     pub settings: Settings,
 }
 
+/// The counters alerts watch for a first occurrence, present at 0 from the start: a series
+/// born at 1 would show no `increase()` for that first one.
+fn zero_counters() {
+    use attune_common::metrics::{FAILURES, PARKED_MESSAGES, increment};
+    for kind in attune_core::FailureKind::ALL {
+        increment(&FAILURES, &[("failure_kind", kind.as_str())], 0);
+    }
+    increment(&PARKED_MESSAGES, &[], 0);
+}
+
 /// Runs the executor until `shutdown` fires.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
+    zero_counters();
     let pool =
         db::connect_checking(&settings.common.database_url, 16, Duration::from_secs(60), db::Check::AfterIdle).await?;
     db::check_schema(&pool).await?;

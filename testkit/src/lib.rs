@@ -90,7 +90,7 @@ impl TestDb {
 
 /// The logins the tests' services use, one per service (`attune_test_api`, ...), each a member
 /// of the group role the migrations make for it (`migrations/20261130000100_service_roles.sql`),
-/// with this password. `attune_test_worker_b` is a second worker login, for tests that two
+/// with `service_login_password()`. `attune_test_worker_b` is a second worker login, for tests that two
 /// workers' logins cannot touch each other's executions.
 pub const SERVICE_LOGINS: [(&str, &str); 4] = [
     ("attune_test_api", "attune_api"),
@@ -98,7 +98,32 @@ pub const SERVICE_LOGINS: [(&str, &str); 4] = [
     ("attune_test_worker", "attune_worker"),
     ("attune_test_worker_b", "attune_worker"),
 ];
-pub const SERVICE_LOGIN_PASSWORD: &str = "attune-test";
+/// The service logins' password: `ATTUNE_TEST_LOGIN_PASSWORD`, which `scripts/test.sh` exports
+/// from `.attune/credentials` (random, made once per checkout) and sets on the logins; else that
+/// file's line.
+pub fn service_login_password() -> String {
+    static PASSWORD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PASSWORD
+        .get_or_init(|| {
+            if let Ok(password) = std::env::var("ATTUNE_TEST_LOGIN_PASSWORD") {
+                return password;
+            }
+            let file = crate::system::repo_root().join(".attune/credentials");
+            std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|text| {
+                    text.lines().find_map(|l| l.strip_prefix("ATTUNE_TEST_LOGIN_PASSWORD=").map(String::from))
+                })
+                .unwrap_or_else(|| {
+                    panic!(
+                        "no ATTUNE_TEST_LOGIN_PASSWORD in the environment or in {}: scripts/test.sh makes it and the \
+                         test logins (or run `. scripts/lib.sh; ensure_services; ensure_test_logins`)",
+                        file.display()
+                    )
+                })
+        })
+        .clone()
+}
 
 /// Makes the service logins where they are missing, if the tests' admin may (`scripts/test.sh`
 /// makes them as the superuser: `ensure_test_logins`); once per test process, several processes
@@ -116,7 +141,8 @@ pub async fn ensure_service_logins() {
                 .await
                 .unwrap();
             if !exists {
-                let create = format!("CREATE ROLE {login} LOGIN PASSWORD '{SERVICE_LOGIN_PASSWORD}' IN ROLE {group}");
+                let create =
+                    format!("CREATE ROLE {login} LOGIN PASSWORD '{}' IN ROLE {group}", service_login_password());
                 sqlx::query(sqlx::AssertSqlSafe(create)).execute(&mut *connection).await.unwrap_or_else(|e| {
                     panic!(
                         "the test login {login} is missing and cannot be made here ({e}): scripts/test.sh makes \
@@ -142,7 +168,7 @@ pub fn as_login(url: &str, login: &str) -> String {
     let scheme_end = url.find("://").map(|i| i + 3).unwrap_or(0);
     let rest = &url[scheme_end..];
     let host_start = rest.find('/').map_or(rest.len(), |slash| rest[..slash].rfind('@').map_or(0, |at| at + 1));
-    format!("{}{login}:{SERVICE_LOGIN_PASSWORD}@{}", &url[..scheme_end], &rest[host_start..])
+    format!("{}{login}:{}@{}", &url[..scheme_end], service_login_password(), &rest[host_start..])
 }
 
 /// `postgres://u:p@h:port/db?x` with `db` replaced.

@@ -196,6 +196,19 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
     .unwrap()
     .rows_affected();
     assert_eq!(taken, 1, "a name the owner registered is taken over by a worker login");
+    // nor does a temporary table named pg_roles vouch for taking over another login's worker
+    let mut attacker = worker.acquire().await.unwrap();
+    let shadow =
+        sqlx::query("CREATE TEMP TABLE pg_roles (rolname name, oid oid, rolsuper bool)").execute(&mut *attacker).await;
+    assert_eq!(refused(shadow, "a temporary table"), "42501", "temporary tables are not for the services");
+    sqlx::query("SET search_path = pg_temp, pg_catalog, public").execute(&mut *attacker).await.unwrap();
+    let taken = sqlx::query("UPDATE worker SET login = session_user WHERE id = $1")
+        .bind(other)
+        .execute(&mut *attacker)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(taken, 0, "another login's worker was taken over");
 
     // the executors' login reads no token either; the API's does (it serves them)
     let executor = log_in(&system.db, "attune_test_executor").await;

@@ -94,8 +94,7 @@ pub async fn claim_name(
         // by a login that is not a worker's (the row-level security of the worker table)
         let existing: Option<NameRow> = sqlx::query_as(
             "SELECT id, status, capabilities->'instance', EXTRACT(EPOCH FROM now() - last_heartbeat)::float8, updated, \
-                    login::text, login = session_user OR NOT worker_login(login) \
-                        OR NOT pg_has_role(session_user, 'attune_worker', 'MEMBER') \
+                    login::text, login = session_user OR NOT worker_login(login) OR NOT worker_login(session_user) \
              FROM worker WHERE name = $1",
         )
         .bind(name)
