@@ -411,6 +411,18 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, MqError> {
     let mut failures = Vec::new();
     for k in 0..nodes.len() {
         let node = nodes[(first + k) % nodes.len()];
+        // of several nodes, one that does not answer (a host down: no reset comes) must not hold
+        // the connection for the system's SYN timeout (about two minutes) before the next is tried
+        let bounded;
+        let node = if nodes.len() > 1 && !node.contains("connection_timeout=") {
+            bounded = format!(
+                "{node}{}connection_timeout={NODE_CONNECT_TIMEOUT_MS}",
+                if node.contains('?') { '&' } else { '?' }
+            );
+            bounded.as_str()
+        } else {
+            node
+        };
         match connect_node(node, name).await {
             Ok(connection) => return Ok(connection),
             Err(e) if nodes.len() == 1 => return Err(e),
@@ -421,6 +433,10 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, MqError> {
         std::io::Error::other(format!("no node of AMQP_URL answered ({})", failures.join("; "))).into(),
     ))
 }
+
+/// How long a connection to one of several nodes may take before the next is tried, unless the
+/// node's URL sets its own `connection_timeout` (milliseconds).
+const NODE_CONNECT_TIMEOUT_MS: u64 = 5000;
 
 /// The nodes `url` names: one URL, or several separated by commas (the nodes of a cluster; a
 /// comma in a password is written `%2C`).

@@ -210,8 +210,16 @@ impl Redactor {
         for value in given {
             let escaped = serde_json::to_string(&value).expect("a string serializes");
             let escaped = escaped[1..escaped.len() - 1].to_string();
+            // as JSON writers that keep to ASCII write it (Python's json.dumps by default)
+            let ascii: String = escaped
+                .encode_utf16()
+                .map(|unit| match unit {
+                    0..=0x7f => char::from(unit as u8).to_string(),
+                    _ => format!("\\u{unit:04x}"),
+                })
+                .collect();
             let encoded = attune_core::template::url_encoded(&Value::String(value.clone()));
-            values.extend([value, escaped, encoded]);
+            values.extend([value, escaped, ascii, encoded]);
         }
         values.retain(|v| !v.is_empty());
         values.sort_by_key(|v| std::cmp::Reverse(v.len()));
@@ -303,6 +311,7 @@ mod tests {
     fn the_redactor_finds_a_value_escaped_as_json_and_encoded_in_a_url() {
         let redactor = Redactor::new(vec!["a\"b c/é".into()]);
         assert_eq!(redactor.text(r#"{"v": "a\"b c/é"}"#), format!(r#"{{"v": "{REDACTED}"}}"#));
+        assert_eq!(redactor.text(r#"print: "a\"b c/\u00e9""#), format!(r#"print: "{REDACTED}""#), "ASCII-only JSON");
         let encoded = attune_core::template::url_encoded(&Value::String("a\"b c/é".into()));
         assert_eq!(redactor.text(&format!("GET http://h/{encoded}")), format!("GET http://h/{REDACTED}"));
     }

@@ -8,6 +8,9 @@ as_rabbitmq() {
     if [ "$(id -u)" = 0 ] && command -v gosu >/dev/null; then gosu rabbitmq "$@"; else "$@"; fi
 }
 rm -f /tmp/attune-users-ready
+# a data directory an earlier version (which ran the server as root) left root's: the image's own
+# entrypoint gives it to rabbitmq the same way
+if [ "$(id -u)" = 0 ]; then chown -R rabbitmq:rabbitmq /var/lib/rabbitmq; fi
 as_rabbitmq rabbitmq-server &
 server=$!
 trap 'as_rabbitmq rabbitmqctl -q stop; wait "$server"; exit 0' TERM INT
