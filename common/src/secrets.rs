@@ -145,21 +145,22 @@ pub struct Opened {
 }
 
 /// Opens the references and sealed values among `parameters` (top-level values), reading the
-/// named secrets from the store. `Err`: why the action cannot get its parameters (a secret not
+/// named secrets from the store; `None` when there are none (the parameters run as they are, not
+/// copied). `Err`: why the action cannot get its parameters (a secret not
 /// set, no key, a value that does not open), for `invalid_parameters`.
 pub async fn open(
     db: &sqlx::PgPool,
     sealer: Option<&Sealer>,
     action_ref: &str,
     parameters: &Value,
-) -> Result<Opened, String> {
+) -> Result<Option<Opened>, String> {
     let Some(given) = parameters.as_object() else {
-        return Ok(Opened { parameters: parameters.clone(), redactor: Redactor::default() });
+        return Ok(None);
     };
     let names: Vec<String> = given.values().filter_map(reference).map(str::to_string).collect();
     let has_sealed = given.values().any(|v| sealed(v).is_some());
     if names.is_empty() && !has_sealed {
-        return Ok(Opened { parameters: parameters.clone(), redactor: Redactor::default() });
+        return Ok(None);
     }
     let sealer = sealer
         .ok_or_else(|| format!("this worker has no {KEY_FILE}: it cannot open the secrets among the parameters"))?;
@@ -192,7 +193,7 @@ pub async fn open(
             }
         }
     }
-    Ok(Opened { parameters: Value::Object(opened), redactor: Redactor::new(values) })
+    Ok(Some(Opened { parameters: Value::Object(opened), redactor: Redactor::new(values) }))
 }
 
 /// Replaces secret values wherever they appear in what a run produced.

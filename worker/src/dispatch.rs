@@ -142,17 +142,19 @@ impl Worker {
             &claimed.parameters,
         )
         .await;
-        let (parameters, redactor, unopened) = match opened {
-            Ok(opened) => (opened.parameters, opened.redactor, None),
-            Err(error) => (claimed.parameters.clone(), Default::default(), Some(error)),
+        let (opened, unopened) = match opened {
+            Ok(opened) => (opened, None),
+            Err(error) => (None, Some(error)),
         };
+        let parameters = opened.as_ref().map_or(&claimed.parameters, |opened| &opened.parameters);
+        let redactor = opened.as_ref().map(|opened| &opened.redactor);
         let run = ActionRun {
             execution_id,
             action_ref: &claimed.action_ref,
             runtime,
             pack_path: PathBuf::from(claimed.pack_path.as_deref().unwrap_or_default()),
             entrypoint: claimed.entrypoint.as_deref().unwrap_or_default(),
-            parameters: &parameters,
+            parameters,
             timeout: Duration::from_secs(timeout_seconds.max(1) as u64),
             retry_count: claimed.retry_count,
             output_limit: self.settings.output_limit,
@@ -180,7 +182,7 @@ impl Worker {
             }),
             (false, None) => self.runtimes.execute(&run, &cancel).await,
         };
-        if !redactor.is_empty() {
+        if let Some(redactor) = redactor.filter(|redactor| !redactor.is_empty()) {
             ran.stdout = redactor.text(&ran.stdout);
             ran.stderr = redactor.text(&ran.stderr);
             ran.outcome.error = ran.outcome.error.map(|error| redactor.text(&error));

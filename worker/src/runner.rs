@@ -221,13 +221,14 @@ impl ActionUsers {
     }
 
     fn with_locks(range: std::ops::RangeInclusive<u32>, locks: PathBuf) -> ActionUsers {
+        use std::os::unix::fs::DirBuilderExt;
+        // made once; a run that finds it missing says so (`take`)
+        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&locks);
         let size = u64::from(range.end() - range.start()) + 1;
         ActionUsers { range, next: std::sync::atomic::AtomicU64::new(rand::random::<u64>() % size), locks }
     }
 
     fn take(&self) -> Result<ActionUser, String> {
-        use std::os::unix::fs::DirBuilderExt;
-        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.locks);
         let (first, size) = (*self.range.start(), u64::from(self.range.end() - self.range.start()) + 1);
         for _ in 0..size.min(4096) {
             let offset = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % size;
