@@ -473,3 +473,74 @@ async fn concurrent_submissions_share_inserts_and_announcements_and_each_gets_it
     let api = std::sync::Arc::into_inner(api).unwrap();
     api.stop().await;
 }
+
+/// A chain read while the RetryManager records a failure and its retry in one transaction sees
+/// both or neither: never the failed attempt without the retry it already has. (The dashboard
+/// stops following a chain whose attempts are all finished, so such an answer left a delayed
+/// retry off the page for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_read_while_a_retry_is_recorded_sees_the_failure_and_its_retry_together() {
+    use attune_core::{ExecutionStatus, FailureKind};
+    let api = Api::start().await;
+    let first = api.submit("core.echo", json!({"message": "hi"})).await;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (http, url, token, done) = (api.http.clone(), api.url.clone(), api.token.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut torn = Vec::new();
+            let mut reads = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let response = http
+                    .get(format!("{url}/api/v1/executions/{first}/chain?fields=summary"))
+                    .bearer_auth(&token)
+                    .send()
+                    .await
+                    .unwrap();
+                let (status, chain) = support::answer(response).await;
+                assert_eq!(status, StatusCode::OK, "{chain}");
+                reads += 1;
+                let attempts = chain["attempts"].as_array().unwrap();
+                // every failure here has its retry, recorded with it
+                if chain["truncated"] == false && attempts.last().unwrap()["status"] == "failed" {
+                    torn.push(format!("chain of {}", chain["total"]));
+                }
+                // and an execution's view: failed exactly when it has its retry
+                let last = attempts.last().unwrap()["id"].as_i64().unwrap();
+                let response =
+                    http.get(format!("{url}/api/v1/executions/{last}")).bearer_auth(&token).send().await.unwrap();
+                let (_, view) = support::answer(response).await;
+                if (view["status"] == "failed") != view["retried_by"].is_i64() {
+                    torn.push(format!("#{last} {} retried by {}", view["status"], view["retried_by"]));
+                }
+            }
+            (reads, torn)
+        })
+    };
+    let mut last = db::execution::get(&api.db.pool, first).await.unwrap().unwrap();
+    for _ in 0..300 {
+        let mut tx = api.db.pool.begin().await.unwrap();
+        let failed = db::execution::transition(
+            &mut *tx,
+            last.id,
+            &db::execution::Transition::to(ExecutionStatus::Failed).from(&[ExecutionStatus::Requested]),
+        )
+        .await
+        .unwrap()
+        .expect("the last attempt fails");
+        let retry = db::execution::NewExecution::retry_of(
+            &failed,
+            ExecutionStatus::Requested,
+            FailureKind::Timeout,
+            None,
+            None,
+        );
+        last = db::execution::insert(&mut *tx, &retry).await.unwrap();
+        tx.commit().await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (reads, torn) = reader.await.unwrap();
+    assert!(reads > 20, "the chain was read {reads} times while retries were recorded");
+    assert!(torn.is_empty(), "{} of {reads} chain reads were torn: {torn:?}", torn.len());
+    api.stop().await;
+}

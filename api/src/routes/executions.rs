@@ -287,15 +287,20 @@ pub async fn get(
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<ExecutionView>, ApiError> {
     let Path(id) = id?;
-    let execution = find(&state, id).await?;
-    let retry = db::execution::retry_of(&state.db, id).await?;
+    // the execution and its retry from one snapshot: a failure is never shown without the retry
+    // recorded with it, nor a running execution with a retry
+    let mut snapshot = db::snapshot(&state.db).await?;
+    let execution = db::execution::get(&mut *snapshot, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))?;
+    let retry = db::execution::retry_of(&mut *snapshot, id).await?;
     let next_attempt_at = match (&retry, execution.status) {
         (_, ExecutionStatus::Delayed) => execution.not_before,
         (Some(retry), _) if retry.status == ExecutionStatus::Delayed => retry.not_before,
         _ => None,
     };
     let tokens: Vec<i64> = [execution.submitted_by, execution.ended_by].into_iter().flatten().collect();
-    let names = if tokens.is_empty() { Vec::new() } else { db::token::names(&state.db, &tokens).await? };
+    let names = if tokens.is_empty() { Vec::new() } else { db::token::names(&mut *snapshot, &tokens).await? };
     let name_of = |token: Option<i64>| names.iter().find(|(id, _)| Some(*id) == token).map(|(_, name)| name.clone());
     Ok(Json(ExecutionView {
         retried_by: retry.map(|r| r.id),

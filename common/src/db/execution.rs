@@ -1379,7 +1379,7 @@ pub struct ChainLink {
 
 /// The attempts of the retry chain `execution_id` belongs to, first attempt first, weighed in
 /// the database without sending their fields (empty when there is no such execution).
-pub async fn chain_links(db: &PgPool, execution_id: i64) -> Result<Vec<ChainLink>, sqlx::Error> {
+pub async fn chain_links(db: impl PgExecutor<'_>, execution_id: i64) -> Result<Vec<ChainLink>, sqlx::Error> {
     let select = "id, \
         (octet_length(parameters::text) + octet_length(config::text) \
             + coalesce(octet_length(result::text), 0) + coalesce(octet_length(retry_decision::text), 0) \
@@ -1391,7 +1391,7 @@ pub async fn chain_links(db: &PgPool, execution_id: i64) -> Result<Vec<ChainLink
 }
 
 /// The executions `ids`, whole, in retry order (`retry_count`, then id).
-pub async fn attempts(db: &PgPool, ids: &[i64]) -> Result<Vec<Execution>, sqlx::Error> {
+pub async fn attempts(db: impl PgExecutor<'_>, ids: &[i64]) -> Result<Vec<Execution>, sqlx::Error> {
     let sql = format!("SELECT {COLUMNS} FROM execution WHERE id = ANY($1) ORDER BY retry_count, id");
     sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(ids).fetch_all(db).await
 }
@@ -1406,13 +1406,16 @@ pub struct AttemptSummary {
 }
 
 /// The executions `ids` without their heavy fields but with `retry_decision`, in retry order.
-pub async fn attempt_summaries(db: &PgPool, ids: &[i64]) -> Result<Vec<AttemptSummary>, sqlx::Error> {
+pub async fn attempt_summaries(db: impl PgExecutor<'_>, ids: &[i64]) -> Result<Vec<AttemptSummary>, sqlx::Error> {
     let sql =
         format!("SELECT {SUMMARY_COLUMNS}, retry_decision FROM execution WHERE id = ANY($1) ORDER BY retry_count, id");
     sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(ids).fetch_all(db).await
 }
 
 /// When each of the executions `ids` finished (null while unfinished), in no order.
-pub async fn finished_times(db: &PgPool, ids: &[i64]) -> Result<Vec<(i64, Option<DateTime<Utc>>)>, sqlx::Error> {
+pub async fn finished_times(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+) -> Result<Vec<(i64, Option<DateTime<Utc>>)>, sqlx::Error> {
     sqlx::query_as("SELECT id, finished FROM execution WHERE id = ANY($1)").bind(ids).fetch_all(db).await
 }

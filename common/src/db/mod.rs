@@ -260,6 +260,13 @@ pub async fn ping(db: &PgPool) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT 1").execute(db).await.map(|_| ())
 }
 
+/// A read-only transaction whose reads all see one snapshot of the record (REPEATABLE READ): an
+/// answer made of several statements shows what one moment held, never half of a transaction
+/// that committed between them. Dropped, it rolls back.
+pub async fn snapshot(db: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    db.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await
+}
+
 /// The database's clock (every timestamp in the record is the database's).
 pub async fn now(db: impl sqlx::PgExecutor<'_>) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
     sqlx::query_scalar("SELECT now()").fetch_one(db).await

@@ -125,8 +125,11 @@ pub async fn chain(
     if !(0..=MAX_OFFSET).contains(&offset) {
         return Err(ApiError::invalid("offset", format!("'offset' must be between 0 and {MAX_OFFSET}")));
     }
+    // one snapshot for every read of the answer: a failure and the retry recorded with it (in one
+    // transaction) are both in it or neither
+    let mut snapshot = db::snapshot(&state.db).await?;
     // the chain's attempts weighed first, so that no more of them are read than the budget takes
-    let links = db::execution::chain_links(&state.db, id).await?;
+    let links = db::execution::chain_links(&mut *snapshot, id).await?;
     if links.is_empty() {
         return Err(ApiError::not_found("execution", format!("execution {id} does not exist")));
     }
@@ -141,8 +144,8 @@ pub async fn chain(
     let ids: Vec<i64> = rest[..fit].iter().map(|link| link.id).collect();
     let attempts = match fields {
         ListFields::Full => {
-            let rows = db::execution::attempts(&state.db, &ids).await?;
-            let ends = parent_ends(&state, rows.iter().map(|row| row.original_execution)).await?;
+            let rows = db::execution::attempts(&mut *snapshot, &ids).await?;
+            let ends = parent_ends(&mut snapshot, rows.iter().map(|row| row.original_execution)).await?;
             rows.into_iter()
                 .map(|execution| {
                     let (backoff_secs, gap_secs) =
@@ -152,8 +155,8 @@ pub async fn chain(
                 .collect::<Vec<_>>()
         }
         ListFields::Summary => {
-            let rows = db::execution::attempt_summaries(&state.db, &ids).await?;
-            let ends = parent_ends(&state, rows.iter().map(|row| row.summary.original_execution)).await?;
+            let rows = db::execution::attempt_summaries(&mut *snapshot, &ids).await?;
+            let ends = parent_ends(&mut snapshot, rows.iter().map(|row| row.summary.original_execution)).await?;
             rows.into_iter().map(|row| ChainAttempt::Summary(light(row, &ends))).collect()
         }
     };
@@ -173,14 +176,14 @@ pub async fn chain(
 /// When the attempts that `parents` name ended (each attempt's parent is the one before it; the
 /// first of an answer's may be in the answer before).
 async fn parent_ends(
-    state: &crate::AppState,
+    snapshot: &mut sqlx::PgConnection,
     parents: impl Iterator<Item = Option<i64>>,
 ) -> Result<Vec<(i64, Option<DateTime<Utc>>)>, ApiError> {
     let parents: Vec<i64> = parents.flatten().collect();
     if parents.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(db::execution::finished_times(&state.db, &parents).await?)
+    Ok(db::execution::finished_times(snapshot, &parents).await?)
 }
 
 /// An attempt's `backoff_secs` and `gap_secs`: from its parent's end to its `not_before`, and to
