@@ -28,7 +28,7 @@ pub async fn migrate(out: crate::Output) -> anyhow::Result<()> {
 }
 
 pub async fn run(workers: u16) -> anyhow::Result<()> {
-    attune_common::telemetry::init();
+    let _telemetry = attune_common::telemetry::init("attune");
     let shutdown = attune_common::telemetry::shutdown_on_signal();
     let api = attune_api::Settings::from_env()?;
     let executor = attune_executor::Settings::from_env()?;

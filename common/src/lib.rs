@@ -13,5 +13,6 @@ pub mod secrets;
 pub mod settings;
 pub mod telemetry;
 pub mod tls;
+pub mod trace;
 
 pub use error::ServiceError;

@@ -278,13 +278,23 @@ pub struct Dispatch {
     pub worker_id: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub more: Vec<i64>,
+    /// When traces are on: each execution's `dispatch` span, as a W3C `traceparent`, for the
+    /// worker's `run` span to hang under (`crate::trace`). Nothing else follows from it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub traces: Vec<(i64, String)>,
 }
 
 impl Dispatch {
     /// The dispatch of `executions` (at least one) to `worker_id`.
     pub fn of(worker_id: i64, executions: &[i64]) -> Option<Self> {
         let (&execution_id, more) = executions.split_first()?;
-        Some(Dispatch { execution_id, worker_id, more: more.to_vec() })
+        Some(Dispatch { execution_id, worker_id, more: more.to_vec(), traces: Vec::new() })
+    }
+
+    /// The `traceparent` the message carries for `execution_id`, if it is a valid one.
+    pub fn trace_of(&self, execution_id: i64) -> Option<String> {
+        let (_, traceparent) = self.traces.iter().find(|(id, _)| *id == execution_id)?;
+        crate::trace::valid(traceparent)
     }
 
     /// Every execution it dispatches, the first first, each once; at most `MOST_PER_DISPATCH`
@@ -370,6 +380,10 @@ pub struct ExecutionResult {
     /// workers, which match only runs claimed without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_token: Option<String>,
+    /// When traces are on: the worker's `record` span, as a W3C `traceparent`, for the span of
+    /// the executor that records the result (`crate::trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 impl ExecutionResult {

@@ -599,6 +599,24 @@ pub const SETTINGS: &[Setting] = &[
         doc: "log filter (`tracing` directives)",
     },
     Setting { name: "ATTUNE_LOG_FORMAT", default: Described("text"), read_by: SERVICES, doc: "`json` for JSON lines" },
+    Setting {
+        name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+        default: Described("— (no traces)"),
+        read_by: SERVICES,
+        doc: "an OTLP/HTTP (protobuf) collector, such as `http://127.0.0.1:4318`: each execution's spans go to its `/v1/traces` (book: Operating → Tracing). Unset, no span is made or sent. The SDK's own `OTEL_*` variables apply (`OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_SCHEDULE_DELAY`, ...)",
+    },
+    Setting {
+        name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        default: Described("—"),
+        read_by: SERVICES,
+        doc: "the traces URL itself (wins over `OTEL_EXPORTER_OTLP_ENDPOINT`; set alone, it turns traces on)",
+    },
+    Setting {
+        name: "OTEL_SERVICE_NAME",
+        default: Described("attune-api, attune-executor, attune-worker"),
+        read_by: SERVICES,
+        doc: "the service name on the spans",
+    },
 ];
 
 /// The setting called `name`. Panics for a name not in the table: reading a setting that is not

@@ -19,6 +19,14 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
         Ok(result) => result,
         Err(disposition) => return disposition,
     };
+    // (the span of the worker's `record`, when traces are on)
+    let parent = result.trace.as_deref().and_then(attune_common::trace::valid);
+    let _span = attune_common::trace::span(
+        "record result",
+        attune_common::trace::Kind::Consumer,
+        Some(result.execution_id),
+        parent.as_deref(),
+    );
     match db::retry_while_unavailable("recording a result", || record(context, &result)).await {
         Ok(()) => Disposition::Ack,
         Err(e) => {

@@ -11,7 +11,7 @@ struct Args {}
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _: Args = attune_common::settings::parse_with_settings_help(attune_common::settings::Process::Executor);
-    attune_common::telemetry::init();
+    let _telemetry = attune_common::telemetry::init("attune-executor");
     let settings = attune_executor::Settings::from_env()?;
     let shutdown = attune_common::telemetry::shutdown_on_signal();
     attune_executor::run(settings, shutdown).await?;

@@ -29,6 +29,7 @@ use attune_common::metrics;
 use attune_common::mq::{
     DELIVERY_LIMIT, Dispatch, Disposition, ExecutionRequest, Incoming, MOST_PER_DISPATCH, MqError, Topology,
 };
+use attune_common::trace;
 use attune_core::{ExecutionStatus, FailureKind, selection};
 use tokio_util::sync::CancellationToken;
 
@@ -345,6 +346,7 @@ async fn claim_one_by_one(
                 not_before: row.not_before,
                 created: row.created,
                 idempotency_key: row.idempotency_key,
+                trace_parent: row.trace_parent,
             }),
             Ok(None) => {}
             Err(e) if db::is_transient(&e) => return Err(e.into()),
@@ -387,6 +389,18 @@ async fn fail_unplaceable(context: &Context, runtime: &str) -> Result<usize, cra
 /// the worker's queue is gone); then the executions go back to waiting, with no retry spent.
 async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
     let Some(worker_id) = claimed.first().map(|c| c.worker) else { return };
+    // each execution's `schedule` span (when traces are on): from its claim for this worker to
+    // the end of its dispatch
+    let mut scheduling: HashMap<i64, trace::Span> = HashMap::new();
+    if trace::on() {
+        for execution in &claimed {
+            let parent = execution.trace_parent.as_deref();
+            let mut span = trace::span("schedule", trace::Kind::Internal, Some(execution.id), parent);
+            span.attribute("attune.worker_id", worker_id);
+            span.attribute("attune.retry_count", i64::from(execution.retry_count));
+            scheduling.insert(execution.id, span);
+        }
+    }
     // each with its action's runtime
     let mut sent: Vec<(Claimed, String)> = Vec::with_capacity(claimed.len());
     for execution in claimed {
@@ -411,16 +425,33 @@ async fn dispatch(context: &Context, claimed: Vec<Claimed>) {
         }
     }
     for part in sent.chunks(MOST_PER_DISPATCH) {
-        publish_dispatch(context, worker_id, part).await;
+        publish_dispatch(context, worker_id, part, &scheduling).await;
     }
 }
 
 /// Publishes one dispatch message for `sent` (claimed for `worker_id`, each with its action's
 /// runtime); gives them all back if it cannot.
-async fn publish_dispatch(context: &Context, worker_id: i64, sent: &[(Claimed, String)]) {
+async fn publish_dispatch(
+    context: &Context,
+    worker_id: i64,
+    sent: &[(Claimed, String)],
+    scheduling: &HashMap<i64, trace::Span>,
+) {
     // the ids only: the worker reads what to run from the database when it claims the execution
     let ids: Vec<i64> = sent.iter().map(|(c, _)| c.id).collect();
-    let Some(message) = Dispatch::of(worker_id, &ids) else { return };
+    let Some(mut message) = Dispatch::of(worker_id, &ids) else { return };
+    // each execution's `dispatch` span (a producer's, under its `schedule` span), whose context
+    // the message carries to the worker's `run` span
+    let dispatching: Vec<trace::Span> = ids
+        .iter()
+        .filter_map(|id| {
+            let parent = scheduling.get(id)?.traceparent()?;
+            let mut span = trace::span("dispatch", trace::Kind::Producer, Some(*id), Some(&parent));
+            span.attribute("messaging.destination.name", Topology::worker_key(worker_id));
+            message.traces.push((*id, span.traceparent()?));
+            Some(span)
+        })
+        .collect();
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
     let error = loop {
@@ -434,6 +465,7 @@ async fn publish_dispatch(context: &Context, worker_id: i64, sent: &[(Claimed, S
                 }
                 metrics::increment(&metrics::DISPATCHES, &[], sent.len() as u64);
                 tracing::debug!(executions = ids.len(), worker_id, execution_ids = ?ids, "dispatched");
+                drop(dispatching);
                 return;
             }
             // the worker's queue is gone or unbound (it is stopping): no point in trying again

@@ -47,6 +47,7 @@ fn request(action: i64) -> NewExecution {
         original_execution: None,
         not_before: None,
         idempotency_key: None,
+        trace_parent: None,
     }
 }
 

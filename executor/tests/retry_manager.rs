@@ -47,6 +47,7 @@ fn new(action: i64, retry_count: i32, max_retries: i32) -> NewExecution {
         original_execution: None,
         not_before: None,
         idempotency_key: None,
+        trace_parent: None,
     }
 }
 

@@ -240,6 +240,7 @@ async fn a_recorded_failure_creates_one_retry_that_the_timer_requests() {
         http_status: None,
         retry_after_ms: None,
         run_token: None,
+        trace: None,
     };
     // a result from a worker that does not own the execution changes nothing
     completion::record(&step.context, &ExecutionResult { worker_id: worker + 1, ..result.clone() }).await.unwrap();

@@ -62,6 +62,7 @@ impl Case {
             original_execution: None,
             not_before: None,
             idempotency_key: None,
+            trace_parent: None,
         };
         db::execution::insert(&self.test.pool, &new).await.unwrap().id
     }

@@ -262,6 +262,7 @@ pub fn echo_execution(action: &attune_common::db::action::Action) -> attune_comm
         original_execution: None,
         not_before: None,
         idempotency_key: None,
+        trace_parent: None,
     }
 }
 

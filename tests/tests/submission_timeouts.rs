@@ -140,6 +140,7 @@ fn noop(request: i64) -> NewExecution {
         original_execution: None,
         not_before: None,
         idempotency_key: None,
+        trace_parent: None,
     }
 }
 

@@ -17,7 +17,7 @@ impl Worker {
         let mut each: futures_util::stream::FuturesUnordered<_> = dispatch
             .executions()
             .into_iter()
-            .map(|execution_id| self.handle_one(execution_id, &incoming, &shutdown))
+            .map(|execution_id| self.handle_one(execution_id, dispatch.trace_of(execution_id), &incoming, &shutdown))
             .collect();
         let mut disposition = Disposition::Ack;
         while let Some(done) = futures_util::StreamExt::next(&mut each).await {
@@ -32,6 +32,7 @@ impl Worker {
     pub(crate) async fn handle_one(
         &self,
         execution_id: i64,
+        dispatched: Option<String>,
         incoming: &Incoming,
         shutdown: &CancellationToken,
     ) -> Disposition {
@@ -129,6 +130,18 @@ impl Worker {
             return Disposition::Ack;
         }
         let started = Instant::now();
+        // the `run` span (when traces are on): under the executor's `dispatch` span, or, from an
+        // executor that sent none, under the execution's own trace; the action gets its context
+        let parent = dispatched.or_else(|| claimed.trace_parent.as_deref().and_then(attune_common::trace::valid));
+        let mut span = attune_common::trace::span(
+            "run",
+            attune_common::trace::Kind::Consumer,
+            Some(execution_id),
+            parent.as_deref(),
+        );
+        span.attribute("attune.worker_id", self.id);
+        span.attribute("attune.action", claimed.action_ref.clone());
+        let traceparent = span.traceparent();
         let (cancel, kill) = (self.abort.child_token(), CancellationToken::new());
         let runtime = claimed.runtime.as_deref().unwrap_or_default();
         let transient_exit_codes = transient_exit_codes(claimed.retry_policy.as_ref());
@@ -163,6 +176,7 @@ impl Worker {
             idempotency_key: &claimed.idempotency_key,
             limits: claimed.limits.as_ref(),
             kill: Some(&kill),
+            traceparent: traceparent.as_deref(),
         };
         self.running.lock().expect("running map poisoned").start(execution_id, &cancel, &kill);
         // (an action removed since it was dispatched: nothing to run, and not this worker's fault)
@@ -226,7 +240,15 @@ impl Worker {
             let now = (self.lookahead_now(), after.class, after.last_failure_at);
             std::mem::replace(reported, now) != now
         });
+        // the `record` span: the success written here, or the failure reported to the executors
+        let recording = attune_common::trace::span(
+            "record",
+            attune_common::trace::Kind::Producer,
+            Some(execution_id),
+            traceparent.as_deref(),
+        );
         let result = ExecutionResult {
+            trace: recording.traceparent(),
             execution_id,
             worker_id: self.id,
             status: outcome.status,
@@ -246,11 +268,13 @@ impl Worker {
             &[("runtime", runtime), ("status", result.status.as_str())],
             1,
         );
-        if result.status == ResultStatus::Completed && self.record_success(&result).await {
-            return Disposition::Ack;
+        if result.status != ResultStatus::Completed || !self.record_success(&result).await {
+            // (the row, if the database answers, and the message at once: neither waits for the
+            // other)
+            tokio::join!(self.keep_report(&result), self.report(&result));
         }
-        // (the row, if the database answers, and the message at once: neither waits for the other)
-        tokio::join!(self.keep_report(&result), self.report(&result));
+        drop(recording);
+        drop(span);
         Disposition::Ack
     }
 }

@@ -83,10 +83,15 @@ impl HttpClient {
             }
             None => return failed(FailureKind::ActionFailed, "the dispatch carries no http block".into()),
         };
-        let request = match Request::build(&spec, run.parameters, run.idempotency_key) {
+        let mut request = match Request::build(&spec, run.parameters, run.idempotency_key) {
             Ok(request) => request,
             Err(e) => return failed(FailureKind::InvalidParameters, e),
         };
+        // the run's trace goes on with the service called (W3C Trace Context), unless the action
+        // sets the header itself
+        if let Some(traceparent) = run.traceparent.and_then(|t| reqwest::header::HeaderValue::from_str(t).ok()) {
+            request.headers.entry("traceparent").or_insert(traceparent);
+        }
         let shown = request.shown_url();
         if request.url.scheme() == "https" {
             return failed(
@@ -606,6 +611,7 @@ mod tests {
             idempotency_key: "chain-1",
             limits: None,
             kill: None,
+            traceparent: None,
         }
     }
 

@@ -26,7 +26,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve() -> anyhow::Result<()> {
     let args: Args = attune_common::settings::parse_with_settings_help(attune_common::settings::Process::Worker);
-    attune_common::telemetry::init();
+    let _telemetry = attune_common::telemetry::init("attune-worker");
     let mut settings = attune_worker::Settings::from_env()?;
     if let Some(name) = args.name {
         settings.name = name;

@@ -24,6 +24,7 @@ pub(crate) fn failure_result(
         duration_ms: 0,
         http_status: None,
         retry_after_ms: None,
+        trace: None,
     }
 }
 

@@ -59,6 +59,9 @@ pub struct ActionRun<'a> {
     /// When it fires, a process action's group is SIGKILLed at once, without the grace a cancel
     /// or a timeout gives it (the worker's lease ran out: docs/adr/0008).
     pub kill: Option<&'a CancellationToken>,
+    /// The W3C `traceparent` of the worker's `run` span when traces are on: `TRACEPARENT` to a
+    /// process action, the `traceparent` header of an `http` action's request.
+    pub traceparent: Option<&'a str>,
 }
 
 /// What happened to the process.
@@ -521,6 +524,10 @@ async fn run_process(
         .env("ATTUNE_RETRY_COUNT", run.retry_count.to_string())
         .env("ATTUNE_IDEMPOTENCY_KEY", run.idempotency_key)
         .env("ATTUNE_PARAMETERS", run.parameters.to_string());
+    if let Some(traceparent) = run.traceparent {
+        // (W3C Trace Context's name for the environment: OpenTelemetry SDKs read it)
+        command.env("TRACEPARENT", traceparent);
+    }
     if let Some(parameters) = run.parameters.as_object() {
         for (name, value) in parameters {
             let text = match value {
@@ -787,6 +794,7 @@ mod tests {
             idempotency_key: "key-7",
             limits: None,
             kill: None,
+            traceparent: None,
         }
     }
 
@@ -818,6 +826,21 @@ mod tests {
             .execute(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new())
             .await;
         assert_eq!((ran.outcome.status, ran.stdout.as_str()), (ResultStatus::Completed, "key-7"), "{ran:?}");
+    }
+
+    #[tokio::test]
+    async fn the_runs_traceparent_reaches_the_action_only_when_there_is_one() {
+        let dir = temp_pack("printf '%s' \"${TRACEPARENT-unset}\"\n");
+        let parameters = json!({"traceparent": "not this"});
+        let runtimes = Runtimes::detect(&["shell".into()], None, AllowList::default()).await;
+        let traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let run = ActionRun { traceparent: Some(traced), ..run_of(&dir, &parameters, Duration::from_secs(10), 4096) };
+        let ran = runtimes.execute(&run, &CancellationToken::new()).await;
+        assert_eq!((ran.outcome.status, ran.stdout.as_str()), (ResultStatus::Completed, traced), "{ran:?}");
+        let ran = runtimes
+            .execute(&run_of(&dir, &parameters, Duration::from_secs(10), 4096), &CancellationToken::new())
+            .await;
+        assert_eq!(ran.stdout, "unset", "{ran:?}");
     }
 
     #[tokio::test]

@@ -65,20 +65,45 @@ pub async fn create(
     crate::error::JsonObject(body): crate::error::JsonObject<CreateExecution>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let withdrawal = withdrawal.map(|Extension(withdrawal)| withdrawal).unwrap_or_default();
-    let Some(key) = idempotency::key(&headers)? else {
-        let new = plan(&state, body).await?;
-        if new.original_execution.is_some() {
-            // a manual retry (`config.retry_of`): on its own, for the one-retry-per-parent check
-            let execution = insert_committing(&state, &withdrawal, &new, caller.token_id).await?;
-            count_manual_retry(&execution);
+    let mut span = request_span("POST /executions", &headers);
+    let created = async {
+        let Some(key) = idempotency::key(&headers)? else {
+            let new = traced(plan(&state, body).await?, &mut span);
+            if new.original_execution.is_some() {
+                // a manual retry (`config.retry_of`): on its own, for the one-retry-per-parent check
+                let execution = insert_committing(&state, &withdrawal, &new, caller.token_id).await?;
+                count_manual_retry(&execution);
+                return Ok((StatusCode::CREATED, Json(execution)));
+            }
+            // a first attempt: written with the others that come meanwhile (unless its request
+            // times out while it waits for them)
+            let execution = state.submissions.submit(new, caller.token_id, withdrawal).await?;
             return Ok((StatusCode::CREATED, Json(execution)));
-        }
-        // a first attempt: written with the others that come meanwhile (unless its request times
-        // out while it waits for them)
-        let execution = state.submissions.submit(new, caller.token_id, withdrawal).await?;
-        return Ok((StatusCode::CREATED, Json(execution)));
-    };
-    idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, &withdrawal, body).await
+        };
+        idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, &withdrawal, body, &mut span).await
+    }
+    .await;
+    if let Ok((_, Json(execution))) = &created {
+        span.attribute("attune.execution_id", execution.id);
+    }
+    created
+}
+
+/// The span of a request that submits an execution: the child of the client's W3C `traceparent`
+/// header if it sent a valid one (none when traces are off).
+fn request_span(name: &'static str, headers: &HeaderMap) -> attune_common::trace::Span {
+    let client = headers.get("traceparent").and_then(|value| value.to_str().ok());
+    attune_common::trace::span(name, attune_common::trace::Kind::Server, None, client)
+}
+
+/// `new` with the trace its spans hang under: a retry's chain's (the first submission's), linked
+/// from the request's span; otherwise the request's span itself.
+fn traced(mut new: NewExecution, span: &mut attune_common::trace::Span) -> NewExecution {
+    match new.trace_parent.as_deref() {
+        Some(chain) => span.link(chain),
+        None => new.trace_parent = span.traceparent(),
+    }
+    new
 }
 
 /// Checks a submission and returns what to insert: a first attempt of the action, or (the seed's
@@ -131,6 +156,7 @@ async fn plan(state: &crate::AppState, body: CreateExecution) -> Result<NewExecu
         original_execution: None,
         not_before: None,
         idempotency_key: None,
+        trace_parent: None,
     })
 }
 
@@ -332,6 +358,7 @@ pub async fn retry(
     Extension(caller): Extension<crate::auth::Caller>,
     withdrawal: Option<Extension<Withdrawal>>,
     id: Result<Path<i64>, PathRejection>,
+    headers: HeaderMap,
     body: Result<Option<Json<Value>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Execution>), ApiError> {
     let withdrawal = withdrawal.map(|Extension(withdrawal)| withdrawal).unwrap_or_default();
@@ -351,9 +378,11 @@ pub async fn retry(
         some => Some(object("parameters", some)?),
     };
     let request = ManualRetry { parent, action_ref: None, parameters, config: Map::new() };
-    let new = plan_manual_retry(&state, request).await?;
+    let mut span = request_span("POST /executions/{id}/retry", &headers);
+    let new = traced(plan_manual_retry(&state, request).await?, &mut span);
     let execution = insert_committing(&state, &withdrawal, &new, caller.token_id).await?;
     count_manual_retry(&execution);
+    span.attribute("attune.execution_id", execution.id);
     Ok((StatusCode::CREATED, Json(execution)))
 }
 

@@ -58,12 +58,16 @@ pub struct Execution {
     pub submitted_by: Option<i64>,
     /// The API token that ended it by hand (a cancel, or an operator's fail); null otherwise.
     pub ended_by: Option<i64>,
+    /// The W3C `traceparent` its spans hang under when traces are on (`attune_common::trace`):
+    /// its submission's span, and for a retry the chain's first submission's. Its trace id finds
+    /// the execution's trace in the tracing backend. Null with traces off.
+    pub trace_parent: Option<String>,
 }
 
 const COLUMNS: &str = "id, action, action_ref, runtime, parameters, config, status, worker, result, failure_kind, \
     error, exit_code, stdout, stderr, retry_count, max_retries, retry_reason, original_execution, \
     not_before, timeout_seconds, started, finished, created, updated, retry_decision, http_status, idempotency_key, \
-    submitted_by, ended_by";
+    submitted_by, ended_by, trace_parent";
 
 #[derive(Debug, Clone)]
 pub struct NewExecution {
@@ -82,6 +86,8 @@ pub struct NewExecution {
     pub not_before: Option<DateTime<Utc>>,
     /// The chain's key: a retry's is its parent's; `None` draws a new one.
     pub idempotency_key: Option<String>,
+    /// See `Execution::trace_parent` (a retry keeps its parent's).
+    pub trace_parent: Option<String>,
 }
 
 impl NewExecution {
@@ -112,6 +118,7 @@ impl NewExecution {
             original_execution: Some(parent.id),
             not_before,
             idempotency_key: Some(parent.idempotency_key.clone()),
+            trace_parent: parent.trace_parent.clone(),
         }
     }
 }
@@ -160,9 +167,9 @@ pub async fn insert_submitted(
     let sql = format!(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
          timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime, idempotency_key, \
-         submitted_by) \
+         submitted_by, trace_parent) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text), \
-         COALESCE($14, (SELECT parent.submitted_by FROM execution parent WHERE parent.id = $10))) \
+         COALESCE($14, (SELECT parent.submitted_by FROM execution parent WHERE parent.id = $10)), $15) \
          RETURNING {COLUMNS}"
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -180,6 +187,7 @@ pub async fn insert_submitted(
         .bind(&new.runtime)
         .bind(&new.idempotency_key)
         .bind(submitted_by)
+        .bind(&new.trace_parent)
         .fetch_one(db)
         .await
 }
@@ -256,13 +264,13 @@ async fn insert_many_keyed(
     let column = |field: &dyn Fn(&NewExecution) -> Value| news.iter().map(|(new, _)| field(new)).collect::<Vec<_>>();
     let sql = format!(
         "{SUBMISSIONS_MARK} INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
-            timeout_seconds, retry_count, runtime, submitted_by, idempotency_key) \
+            timeout_seconds, retry_count, runtime, submitted_by, idempotency_key, trace_parent) \
          SELECT action, action_ref, parameters, config, 'requested', max_retries, timeout_seconds, retry_count, \
-            runtime, submitted_by, idempotency_key \
+            runtime, submitted_by, idempotency_key, trace_parent \
          FROM unnest($1::bigint[], $2::text[], $3::jsonb[], $4::jsonb[], $5::int[], $6::int[], $7::int[], \
-            $8::text[], $9::bigint[], $10::text[]) WITH ORDINALITY \
+            $8::text[], $9::bigint[], $10::text[], $11::text[]) WITH ORDINALITY \
             AS n(action, action_ref, parameters, config, max_retries, timeout_seconds, retry_count, runtime, \
-               submitted_by, idempotency_key, ord) \
+               submitted_by, idempotency_key, trace_parent, ord) \
          ORDER BY ord \
          RETURNING {COLUMNS}"
     );
@@ -277,6 +285,7 @@ async fn insert_many_keyed(
         .bind(news.iter().map(|(new, _)| new.runtime.clone()).collect::<Vec<_>>())
         .bind(news.iter().map(|(_, token)| *token).collect::<Vec<_>>())
         .bind(keys)
+        .bind(news.iter().map(|(new, _)| new.trace_parent.clone()).collect::<Vec<_>>())
         .fetch_all(db)
         .await?;
     // the ids come from one sequence in insertion order (`ORDER BY ord`): sorting by id restores it
@@ -814,6 +823,8 @@ pub struct ClaimedRun {
     pub idempotency_key: String,
     /// The token the claim stored (see `claim`).
     pub run_token: Option<String>,
+    /// See `Execution::trace_parent`.
+    pub trace_parent: Option<String>,
     /// The action's runtime (`None`, like the four below, when the action is gone).
     pub runtime: Option<String>,
     pub entrypoint: Option<String>,
@@ -829,7 +840,7 @@ pub struct ClaimedRun {
 
 /// What a claim reads, from the claimed row `c`, its action `a` and the action's pack `p`.
 const RUN_COLUMNS: &str = "c.id, c.status, c.action_ref, c.worker, c.parameters, c.timeout_seconds, c.retry_count, \
-    c.idempotency_key, c.run_token, a.runtime, a.entrypoint, p.path AS pack_path, a.http, a.retry_policy, \
+    c.idempotency_key, c.run_token, c.trace_parent, a.runtime, a.entrypoint, p.path AS pack_path, a.http, a.retry_policy, \
     a.limits FROM c LEFT JOIN action a ON a.id = c.action LEFT JOIN pack p ON p.id = a.pack";
 
 /// scheduled → running for the worker the execution was dispatched to (`Transition::claim`),
@@ -1012,6 +1023,8 @@ pub struct Claimed {
     pub not_before: Option<DateTime<Utc>>,
     pub created: DateTime<Utc>,
     pub idempotency_key: String,
+    /// See `Execution::trace_parent`.
+    pub trace_parent: Option<String>,
 }
 
 /// The batch form of `transition` for the scheduler: requested → scheduled for the oldest
@@ -1032,7 +1045,7 @@ pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<V
     // and each takes no more than the room the worker has when it runs)
     sqlx::query_as(
         "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
-            idempotency_key FROM execution_claim($1, $2)",
+            idempotency_key, trace_parent FROM execution_claim($1, $2)",
     )
     .bind(runtime)
     .bind(plan)
@@ -1070,7 +1083,7 @@ async fn claimed_since(
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
-            idempotency_key \
+            idempotency_key, trace_parent \
          FROM execution WHERE status = 'scheduled' AND runtime = $1 AND worker = ANY($2) AND updated >= $3 \
          ORDER BY id",
     )

@@ -68,6 +68,7 @@ impl Keyed {
         state: &crate::AppState,
         withdrawal: &crate::server::Withdrawal,
         body: CreateExecution,
+        span: &mut attune_common::trace::Span,
     ) -> Result<(StatusCode, Json<Execution>), ApiError> {
         if let Some(first) = self.earlier(state).await? {
             return Ok((StatusCode::OK, Json(first)));
@@ -75,7 +76,7 @@ impl Keyed {
         // A request racing this one with the same key waits in `claim` until this transaction
         // ends, then finds the key taken, rolls back its own execution and answers with this one.
         let created = async {
-            let new = super::plan(state, body).await?;
+            let new = super::traced(super::plan(state, body).await?, span);
             let mut transaction = state.db.begin().await?;
             let execution = super::insert(state, &mut *transaction, &new, self.token).await?;
             let claimed =
