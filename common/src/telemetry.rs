@@ -2,9 +2,7 @@
 //! JSON lines, and, when an OTLP endpoint is configured, OpenTelemetry traces of each execution
 //! (`crate::trace`) exported over OTLP/HTTP.
 
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::EnvFilter;
 
 /// Keeps the trace exporter of a service: dropped at the end of `main`, it sends the spans still
 /// buffered (at most `OTEL_BSP_EXPORT_TIMEOUT`, 30 s by default).
@@ -33,11 +31,14 @@ pub fn init(service: &str) -> Telemetry {
     let given: String = read(&Environment, "RUST_LOG").unwrap_or_else(|_| default.clone());
     let filter = EnvFilter::try_new(&given).unwrap_or_else(|_| EnvFilter::new(&default));
     use std::io::IsTerminal;
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
-    let fmt = if read_optional(&Environment, "ATTUNE_LOG_FORMAT").is_some_and(|f| f.trim() == "json") {
-        fmt.json().with_filter(filter).boxed()
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = if read_optional(&Environment, "ATTUNE_LOG_FORMAT").is_some_and(|f| f.trim() == "json") {
+        builder.json().try_init()
     } else {
-        fmt.with_filter(filter).boxed()
+        builder.try_init()
     };
     let endpoint = read_optional(&Environment, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .or_else(|| read_optional(&Environment, "OTEL_EXPORTER_OTLP_ENDPOINT"));
@@ -50,11 +51,11 @@ pub fn init(service: &str) -> Telemetry {
                 .with_batch_exporter(exporter)
                 .with_resource(resource.build())
                 .build();
-            eprintln!("attune: traces go to {endpoint}");
+            tracing::info!(endpoint = %endpoint, "traces go to the OTLP endpoint");
             Some(provider)
         }
         Err(e) => {
-            eprintln!("attune: no traces: the OTLP exporter for {endpoint} could not be made: {e}");
+            tracing::warn!(endpoint = %endpoint, error = %e, "no traces: the OTLP exporter could not be made");
             None
         }
     });
@@ -62,7 +63,6 @@ pub fn init(service: &str) -> Telemetry {
         use opentelemetry::trace::TracerProvider;
         crate::trace::turn_on(provider.tracer("attune"));
     }
-    let _ = tracing_subscriber::registry().with(fmt).try_init();
     Telemetry { provider }
 }
 
