@@ -15,7 +15,7 @@ use crate::ApiError;
 const SHELL_HTML: &str = include_str!("dashboard/index.html");
 
 /// `/ui/assets/<name>`: the stylesheet and the script modules (`main.js` imports the others).
-const ASSETS: [(&str, &str, &str); 9] = [
+const ASSETS: [(&str, &str, &str); 10] = [
     ("app.css", "text/css; charset=utf-8", include_str!("dashboard/app.css")),
     ("main.js", JAVASCRIPT, include_str!("dashboard/main.js")),
     ("dom.js", JAVASCRIPT, include_str!("dashboard/dom.js")),
@@ -25,6 +25,7 @@ const ASSETS: [(&str, &str, &str); 9] = [
     ("executions.js", JAVASCRIPT, include_str!("dashboard/executions.js")),
     ("retries.js", JAVASCRIPT, include_str!("dashboard/retries.js")),
     ("charts.js", JAVASCRIPT, include_str!("dashboard/charts.js")),
+    ("audit.js", JAVASCRIPT, include_str!("dashboard/audit.js")),
 ];
 const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
@@ -42,6 +43,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/ui/executions", get(shell))
         .route("/ui/executions/{id}", get(shell))
         .route("/ui/retries", get(shell))
+        .route("/ui/audit", get(shell))
         .route("/ui/assets/{name}", get(asset_named))
 }
 

@@ -4,6 +4,7 @@
 //! `/metrics` do not; nor do the dashboard's static pages under `/ui` (`dashboard`), which read
 //! every datum from `/api/v1` with the user's token. Errors are `{"error": {"code", "message", "parameter"?}}`.
 
+pub mod audit;
 pub mod auth;
 pub mod dashboard;
 pub mod error;
@@ -96,6 +97,8 @@ pub struct AppState {
     pub submissions: submissions::Submissions,
     /// The database's part of `/metrics`, read by one scrape at a time (see `routes::probes`).
     pub scraped_gauges: routes::probes::ScrapedGauges,
+    /// The audit trail's writer (see `audit`).
+    pub audit: audit::Trail,
     pub settings: Settings,
 }
 
@@ -105,8 +108,10 @@ pub type State = Arc<AppState>;
 pub fn router_and_openapi(state: State) -> (Router<State>, serde_json::Value) {
     use utoipa::OpenApi;
     // the token is verified first (the outer layer), then its role checked against the route's
+    // (and every request that could change state is audited, a refusal by role too)
     let api = routes::api_routes()
         .layer(axum::middleware::from_fn(roles::enforce))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), audit::record))
         .layer(axum::middleware::from_fn_with_state(state, auth::require_token));
     let (router, mut document) = utoipa_axum::router::OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .nest("/api/v1", api)
@@ -147,7 +152,9 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
     }
     let actions = db::action::ActionCache::new(settings.action_cache_ttl);
     let submissions = submissions::Submissions::start(pool.clone());
+    let audit = audit::Trail::start(pool.clone());
     Ok(Arc::new(AppState {
+        audit,
         db: pool,
         verified_tokens: Default::default(),
         actions,

@@ -97,6 +97,10 @@ pub fn document_rejections(openapi: &mut utoipa::openapi::OpenApi) {
                     "No bearer token, a malformed one, or one that is unknown, revoked or expired (`token expired`)",
                 );
             }
+            if path.starts_with("/api/v1") && method != Method::GET {
+                // every request that could change state is audited, with the reason it gives
+                operation.parameters.get_or_insert_with(Vec::new).push(reason_parameter().into());
+            }
             let has_parameters = operation.parameters.as_ref().is_some_and(|p| !p.is_empty());
             let has_body = operation.request_body.is_some();
             if has_parameters || has_body {
@@ -117,6 +121,27 @@ pub fn document_rejections(openapi: &mut utoipa::openapi::OpenApi) {
             add("503", "`request_timeout`: not answered within ATTUNE_API_REQUEST_TIMEOUT_SECS; try again");
         }
     }
+}
+
+/// `X-Attune-Reason` (`audit::reason`), as every route that could change state takes it.
+fn reason_parameter() -> utoipa::openapi::path::Parameter {
+    use utoipa::openapi::Required;
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    let schema = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(crate::audit::MAX_REASON_BYTES))
+        .pattern(Some(r"^[^\x00-\x1F\x7F]*$"));
+    ParameterBuilder::new()
+        .name(crate::audit::REASON_HEADER)
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(format!(
+            "Why this is asked for, recorded in the audit trail (`GET /api/v1/audit`): printable UTF-8 text of at most {} bytes",
+            crate::audit::MAX_REASON_BYTES
+        )))
+        .schema(Some(schema))
+        .build()
 }
 
 /// Text PostgreSQL can store: no NUL character (the server refuses one with a 422).

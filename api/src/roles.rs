@@ -4,7 +4,7 @@
 //! (`auth::require_token` puts the `Caller` with its role on the request) and before any handler
 //! or extractor, so a refused call is a 403 whatever its body or parameters.
 //!
-//! The policy: `read` may call every GET but the token and secret lists; `operator` also
+//! The policy: `read` may call every GET but the token and secret lists and the audit trail; `operator` also
 //! submits, retries, cancels and fails executions and lists the secrets' names; `admin` also
 //! registers packs and manages tokens and secrets. A route missing
 //! from the table needs `admin` (and the tests fail on it: every route of the OpenAPI document
@@ -46,6 +46,7 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::GET, "/api/v1/secrets", Role::Operator),
     (Method::PUT, "/api/v1/secrets/{name}", Role::Admin),
     (Method::DELETE, "/api/v1/secrets/{name}", Role::Admin),
+    (Method::GET, "/api/v1/audit", Role::Admin),
 ];
 
 /// The role `method` on the route `path` (a template: `/api/v1/executions/{id}`) needs: its entry
@@ -121,7 +122,7 @@ mod tests {
     #[test]
     fn reads_are_for_everyone_and_the_rest_as_the_policy_says() {
         for (method, path, role) in REQUIRED {
-            let expected = if path.starts_with("/api/v1/tokens") {
+            let expected = if path.starts_with("/api/v1/tokens") || path.starts_with("/api/v1/audit") {
                 Role::Admin
             } else if path.starts_with("/api/v1/secrets") {
                 // the names, for operators to refer to; the values are set by admins alone

@@ -13,12 +13,19 @@ pub struct Client {
     http: Result<reqwest::Client, String>,
     base: String,
     token: Option<String>,
+    /// `--reason`: sent with every request that could change state (`X-Attune-Reason`).
+    reason: Option<String>,
 }
 
 impl Client {
     pub fn new(base: &str, token: Option<String>) -> Self {
         let http = http_client(&Environment).map_err(|e| format!("{e:#}"));
-        Client { http, base: base.trim_end_matches('/').to_string(), token }
+        Client { http, base: base.trim_end_matches('/').to_string(), token, reason: None }
+    }
+
+    /// The client, giving `reason` for each change it asks for.
+    pub fn with_reason(self, reason: Option<String>) -> Self {
+        Client { reason, ..self }
     }
 
     pub async fn request(
@@ -42,12 +49,15 @@ impl Client {
     ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let http = self.http.as_ref().map_err(|e| anyhow!("{e}"))?;
-        let mut request = http.request(method, &url).query(query);
+        let mut request = http.request(method.clone(), &url).query(query);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
         for (name, value) in headers {
             request = request.header(*name, value);
+        }
+        if let Some(reason) = self.reason.as_deref().filter(|_| !matches!(method, Method::GET | Method::HEAD)) {
+            request = request.header("X-Attune-Reason", reason);
         }
         if let Some(body) = body {
             request = request.json(body);

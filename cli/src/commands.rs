@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use crate::client::Client;
 use crate::output::{self, text};
-use crate::{Cli, Command, ExecutionCommand, Output, PackCommand, SecretCommand, WorkerCommand};
+use crate::{AuditCommand, Cli, Command, ExecutionCommand, Output, PackCommand, SecretCommand, WorkerCommand};
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
     match output {
@@ -25,12 +25,42 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         None => attune_common::settings::get("ATTUNE_API_URL")?,
     };
     let token = cli.token.clone().or(config.token);
-    let client = Client::new(&api_url, token.clone());
+    let client = Client::new(&api_url, token.clone()).with_reason(cli.reason.clone());
     let out = cli.output;
     match cli.command {
         Command::Migrate => crate::up::migrate(out).await.map(|()| 0),
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
-        Command::Token(command) => crate::tokens::run(command, out).await,
+        Command::Token(command) => crate::tokens::run(command, out, cli.reason.as_deref()).await,
+        Command::Audit(AuditCommand::List { actor, route, target, since, limit }) => {
+            let mut query = vec![("limit", limit.to_string())];
+            for (name, value) in [("actor", actor), ("route", route), ("target", target), ("since", since)] {
+                if let Some(value) = value {
+                    query.push((name, value));
+                }
+            }
+            let page = client.get("/api/v1/audit", &query).await?;
+            print(out, &page, |page| {
+                let rows: Vec<Vec<String>> = page["events"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|e| {
+                        let who = e["token_name"].as_str().or(e["actor"].as_str()).unwrap_or("-").to_string();
+                        vec![
+                            e["id"].to_string(),
+                            text(&e["at"]),
+                            who,
+                            format!("{} {}", text(&e["method"]), text(&e["path"])),
+                            e["status"].to_string(),
+                            text(&e["target"]),
+                            text(&e["reason"]),
+                        ]
+                    })
+                    .collect();
+                output::table(&["ID", "AT", "WHO", "REQUEST", "STATUS", "TARGET", "REASON"], &rows)
+            });
+            Ok(0)
+        }
         Command::Secret(SecretCommand::Set { name }) => {
             let mut value = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut value).context("reading the value from stdin")?;

@@ -52,6 +52,10 @@ pub struct Cli {
     /// Output format
     #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// Why: recorded with each change this command makes in the audit trail (sent as the
+    /// X-Attune-Reason header)
+    #[arg(long, global = true, value_name = "TEXT")]
+    pub reason: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -107,6 +111,9 @@ pub enum Command {
     /// Manage API tokens and their roles (talks to the database directly: DATABASE_URL)
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Read the audit trail (admin): who asked for which change, when, and why
+    #[command(subcommand)]
+    Audit(AuditCommand),
 }
 
 #[derive(Subcommand)]
@@ -153,6 +160,28 @@ pub enum ExecutionCommand {
         limit: i64,
         #[arg(long, default_value_t = 0)]
         offset: i64,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AuditCommand {
+    /// List audit events, newest first
+    List {
+        /// Only this token's (its name) or this actor's (`cli:<user>`)
+        #[arg(long)]
+        actor: Option<String>,
+        /// Only this route (`/api/v1/executions/{id}/cancel`)
+        #[arg(long)]
+        route: Option<String>,
+        /// Only what made or changed this (`execution:42`)
+        #[arg(long)]
+        target: Option<String>,
+        /// Only events at or after this time (RFC 3339)
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
     },
 }
 

@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use crate::output;
 use crate::{Output, TokenCommand};
 
-pub async fn run(command: TokenCommand, out: Output) -> anyhow::Result<i32> {
+pub async fn run(command: TokenCommand, out: Output, reason: Option<&str>) -> anyhow::Result<i32> {
     let pool = database().await?;
     match command {
         TokenCommand::Create { name, role, expires_in } => {
@@ -24,6 +24,7 @@ pub async fn run(command: TokenCommand, out: Output) -> anyhow::Result<i32> {
             };
             let expires = lifetime.map(|lifetime| Utc::now() + lifetime);
             let (info, token) = token::create_with(&pool, &name, role, expires).await?;
+            audit(&pool, "token create", info.id, reason).await?;
             match out {
                 Output::Json => {
                     let mut shown = serde_json::to_value(&info)?;
@@ -44,6 +45,7 @@ pub async fn run(command: TokenCommand, out: Output) -> anyhow::Result<i32> {
         TokenCommand::Revoke { token: which } => {
             let target = find(&pool, &which).await?;
             let revoked = token::revoke(&pool, target.id).await?.context("the token vanished")?;
+            audit(&pool, "token revoke", revoked.id, reason).await?;
             match out {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&revoked)?),
                 Output::Table => println!(
@@ -57,6 +59,24 @@ pub async fn run(command: TokenCommand, out: Output) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// The audit row of a change made here, past the API: by `cli:<the user running the command>`.
+async fn audit(pool: &PgPool, what: &str, token_id: i64, reason: Option<&str>) -> anyhow::Result<()> {
+    let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into());
+    let event = attune_common::db::audit::NewEvent {
+        token_id: None,
+        role: None,
+        actor: Some(format!("cli:{user}")),
+        method: "CLI".into(),
+        route: what.into(),
+        path: format!("attune {what}"),
+        status: 0,
+        target: Some(format!("token:{token_id}")),
+        reason: reason.map(str::to_string),
+    };
+    attune_common::db::audit::insert_many(pool, &[event]).await.context("writing the audit event")?;
+    Ok(())
 }
 
 async fn database() -> anyhow::Result<PgPool> {

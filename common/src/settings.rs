@@ -491,6 +491,12 @@ pub const SETTINGS: &[Setting] = &[
         doc: "how long the row of an `inactive` worker is kept after its last heartbeat; it goes once no unfinished execution names it (finished ones keep its id)",
     },
     Setting {
+        name: "ATTUNE_RETENTION_AUDIT",
+        default: Value("365d"),
+        read_by: &[Executor],
+        doc: "how long an audit event (`GET /api/v1/audit`) is kept (`off`: for ever); with `ATTUNE_RETENTION_ARCHIVE` it is moved into `audit_event_archive`",
+    },
+    Setting {
         name: "ATTUNE_RETENTION_ARCHIVE",
         default: Value("false"),
         read_by: &[Executor],

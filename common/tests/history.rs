@@ -340,3 +340,31 @@ async fn an_action_keeps_its_history_for_its_own_ages_where_its_pack_sets_them()
     let _ = std::fs::remove_dir_all(&dir);
     db.drop_database().await;
 }
+
+#[tokio::test]
+async fn audit_events_past_their_age_go_oldest_first_in_batches_and_into_the_archive_when_asked() {
+    let db = TestDb::new().await;
+    // ten events 400 days old, one 300 days old, one now
+    sqlx::query(
+        "INSERT INTO audit_event (at, actor, method, route, path, status) \
+         SELECT now() - make_interval(days => d), 'cli:test', 'CLI', 'token create', 'attune token create', 0 \
+         FROM unnest(array[400,400,400,400,400,400,400,400,400,400,300,0]) AS d",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let year = 365.0 * 86400.0;
+    assert_eq!(db::audit::prune(&db.pool, year, 4, false).await.unwrap(), 4);
+    assert_eq!(db::audit::prune(&db.pool, year, 4, true).await.unwrap(), 4);
+    assert_eq!(db::audit::prune(&db.pool, year, 4, false).await.unwrap(), 2);
+    assert_eq!(db::audit::prune(&db.pool, year, 4, false).await.unwrap(), 0);
+    let left: Vec<i32> = sqlx::query_scalar("SELECT extract(day FROM now() - at)::int FROM audit_event ORDER BY at")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [300, 0]);
+    let archived: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_event_archive").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(archived, 4);
+    db.drop_database().await;
+}

@@ -34,6 +34,8 @@ const VACUUM_AFTER_ROWS: i64 = 10_000;
 pub struct HistorySettings {
     pub retention: Retention,
     pub workers: Age,
+    /// How long an audit event is kept.
+    pub audit: Age,
     pub archive: bool,
     pub interval: std::time::Duration,
     pub batch: i64,
@@ -44,6 +46,7 @@ pub struct HistorySettings {
 pub struct Pass {
     pub removed: i64,
     pub workers_removed: u64,
+    pub audit_removed: u64,
 }
 
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
@@ -54,8 +57,13 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
             _ = tokio::time::sleep(context.settings.history.interval) => {}
         }
         match tick(&context, &shutdown, &mut progress).await {
-            Ok(Some(pass)) if pass.removed > 0 || pass.workers_removed > 0 => {
-                tracing::info!(removed = pass.removed, workers_removed = pass.workers_removed, "history pass")
+            Ok(Some(pass)) if pass.removed > 0 || pass.workers_removed > 0 || pass.audit_removed > 0 => {
+                tracing::info!(
+                    removed = pass.removed,
+                    workers_removed = pass.workers_removed,
+                    audit_removed = pass.audit_removed,
+                    "history pass"
+                )
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "history pass failed"),
@@ -132,6 +140,15 @@ async fn pass(context: &Context, shutdown: &CancellationToken, progress: &mut Pr
     }
     if let Some(age) = settings.workers.secs() {
         pass.workers_removed = db::history::prune_workers(&context.db, age).await?;
+    }
+    if let Some(age) = settings.audit.secs() {
+        for _ in 0..BATCHES_PER_PASS {
+            let removed = db::audit::prune(&context.db, age, settings.batch, settings.archive).await?;
+            pass.audit_removed += removed;
+            if removed < settings.batch as u64 || shutdown.is_cancelled() {
+                break;
+            }
+        }
     }
     db::history::prune_rollup(&context.db).await?;
     progress.removed_since_vacuum += pass.removed;

@@ -133,6 +133,7 @@ impl FromEnv for Settings {
                     abandoned: read(source, "ATTUNE_RETENTION_ABANDONED")?,
                 },
                 workers: read(source, "ATTUNE_RETENTION_WORKERS")?,
+                audit: read(source, "ATTUNE_RETENTION_AUDIT")?,
                 archive: read(source, "ATTUNE_RETENTION_ARCHIVE")?,
                 interval: Duration::from_secs_f64(read::<f64>(source, "ATTUNE_HISTORY_INTERVAL_SECS")?.max(0.1)),
                 batch: read::<i64>(source, "ATTUNE_RETENTION_BATCH")?.clamp(1, 10_000),

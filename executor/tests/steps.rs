@@ -62,6 +62,7 @@ impl Step {
             history: HistorySettings {
                 retention: Retention::default(),
                 workers: Age::days(7),
+                audit: Age::days(365),
                 archive: false,
                 interval: Duration::from_secs(30),
                 batch: 500,

@@ -33,10 +33,34 @@ async fn scripts_can_rely_on_token_run_and_exit_codes() {
     assert_eq!(status, 200);
 
     // run --wait --output json: only JSON on stdout, exit 0 for completed, 2 for failed.
-    let out = attune(&system, &["run", "core.echo", "message=42", "--wait", "--output", "json"]);
+    let out =
+        attune(&system, &["run", "core.echo", "message=42", "--wait", "--output", "json", "--reason", "nightly check"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let execution: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
     assert_eq!((execution["status"].as_str(), execution["stdout"].as_str()), (Some("completed"), Some("42\n")));
+
+    // the audit trail has who asked and why: the submission through the API, the token made
+    // past it (by the user running the command)
+    let target = format!("execution:{}", execution["id"]);
+    let out = attune(&system, &["audit", "list", "--target", &target, "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let page: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let submitted = &page["events"][0];
+    assert_eq!(
+        (submitted["route"].as_str(), submitted["reason"].as_str()),
+        (Some("/api/v1/executions"), Some("nightly check"))
+    );
+    assert_eq!(submitted["status"], 201);
+    let out = attune(&system, &["token", "revoke", "ci", "--reason", "rotated"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = attune(&system, &["audit", "list", "--route", "token revoke", "--output", "json"]);
+    let page: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let revoked = &page["events"][0];
+    assert!(revoked["actor"].as_str().is_some_and(|actor| actor.starts_with("cli:")), "{revoked}");
+    assert_eq!((revoked["reason"].as_str(), revoked["status"].as_i64()), (Some("rotated"), Some(0)));
+    let out = attune(&system, &["audit", "list", "--route", "token create"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.starts_with("ID") && table.contains("cli:") && table.contains("token:"), "{table}");
 
     let out = attune(&system, &["run", "core.fail", "exit_code=4", "--wait", "--output", "json"]);
     assert_eq!(out.status.code(), Some(2));

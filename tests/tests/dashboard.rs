@@ -341,6 +341,31 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     assert_eq!(status, "canceled");
     assert_eq!(browser.eval("return document.querySelector('#cancel').disabled").await, true);
 
+    // The audit trail (the test's token is an admin's): the cancel and the retry clicked above,
+    // newest first, each with who asked and what it was answered.
+    browser.goto(&format!("{ui}/audit")).await;
+    let cancel_path = format!("POST /api/v1/executions/{}/cancel", id(&sleeper));
+    let request = browser
+        .wait(
+            "the audit trail",
+            "return document.querySelector('#audit-table tbody tr [data-field=request]')?.textContent",
+        )
+        .await;
+    assert_eq!(request, cancel_path);
+    assert_eq!(browser.text("#audit-table tbody tr [data-field=status]").await, "200");
+    assert!(browser.text("#audit-table tbody tr [data-field=who]").await.ends_with("(admin)"));
+    let filtered = format!("{ui}/audit?route=%2Fapi%2Fv1%2Fexecutions%2F%7Bid%7D%2Fretry");
+    browser.goto(&filtered).await;
+    let retried = browser
+        .wait(
+            "the filtered trail",
+            "return document.querySelector('#audit-table tbody tr [data-field=request]')?.textContent",
+        )
+        .await;
+    assert_eq!(retried, format!("POST /api/v1/executions/{failed_id}/retry"));
+    screenshot(&browser, "audit").await;
+    assert_eq!(browser.eval("return document.querySelector('[data-nav=audit]').hidden").await, false);
+
     // The series behind the charts: out-of-range parameters are named; its buckets add up to the
     // window's totals.
     for (query, parameter) in [("buckets=0", "buckets"), ("buckets=241", "buckets"), ("window_secs=0", "window_secs")] {

@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 27] = [
+const ROUTES: [(&str, &str); 28] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -32,6 +32,7 @@ const ROUTES: [(&str, &str); 27] = [
     ("get", "/api/v1/secrets"),
     ("put", "/api/v1/secrets/{name}"),
     ("delete", "/api/v1/secrets/{name}"),
+    ("get", "/api/v1/audit"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

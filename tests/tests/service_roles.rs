@@ -48,7 +48,7 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
 
     let worker = log_in(&system.db, "attune_test_worker").await;
     // no token, no key, no archive
-    for table in ["api_token", "api_idempotency_key", "execution_archive"] {
+    for table in ["api_token", "api_idempotency_key", "execution_archive", "audit_event"] {
         let code = refused(
             sqlx::query(sqlx::AssertSqlSafe(format!("SELECT * FROM {table}"))).fetch_all(&worker).await,
             &format!("reading {table}"),
@@ -215,6 +215,21 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
     assert_eq!(refused(sqlx::query("SELECT * FROM api_token").fetch_all(&executor).await, "executor"), "42501");
     let api = log_in(&system.db, "attune_test_api").await;
     sqlx::query("SELECT id FROM api_token").fetch_all(&api).await.expect("the API reads tokens");
+    // the audit trail: the API writes and reads it and changes nothing of it; the executors remove
+    // what is past its age and write nothing into it
+    sqlx::query("INSERT INTO audit_event (actor, method, route, path, status) VALUES ('x', 'CLI', 'r', 'p', 0)")
+        .execute(&api)
+        .await
+        .expect("the API writes audit events");
+    for change in ["UPDATE audit_event SET reason = 'rewritten'", "DELETE FROM audit_event"] {
+        assert_eq!(refused(sqlx::query(change).execute(&api).await, change), "42501", "{change}");
+    }
+    let forged = "INSERT INTO audit_event (actor, method, route, path, status) VALUES ('x', 'CLI', 'r', 'p', 0)";
+    assert_eq!(refused(sqlx::query(forged).execute(&executor).await, "executor"), "42501");
+    sqlx::query("DELETE FROM audit_event WHERE at < now() - interval '1 year'")
+        .execute(&executor)
+        .await
+        .expect("the executors remove old audit events");
     system.stop().await;
 }
 

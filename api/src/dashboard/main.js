@@ -6,6 +6,7 @@ import { loginPage } from './login.js';
 import { workersPage } from './workers.js';
 import { executionPage, executionsPage } from './executions.js';
 import { retriesPage } from './retries.js';
+import { auditPage } from './audit.js';
 
 function route() {
   const path = location.pathname.replace(/\/+$/, '');
@@ -24,6 +25,8 @@ function route() {
   });
   whoami().then((me) => {
     document.getElementById('whoami').textContent = `${me.name} (${me.role})`;
+    // the audit trail is for admins alone
+    document.querySelector('[data-nav="audit"]').hidden = me.role !== 'admin';
   }).catch((error) => {
     if (!(error instanceof LeftPage)) console.warn('whoami', error);
   });
@@ -36,6 +39,9 @@ function route() {
   } else if (section === 'executions') {
     document.title = 'attune · executions';
     executionsPage();
+  } else if (section === 'audit') {
+    document.title = 'attune · audit trail';
+    auditPage();
   } else if (section === 'retries') {
     document.title = 'attune · retries';
     retriesPage();

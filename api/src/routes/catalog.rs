@@ -64,7 +64,7 @@ pub struct RegisterPack {
 pub async fn register_pack(
     State(state): State<crate::State>,
     crate::error::JsonObject(body): crate::error::JsonObject<RegisterPack>,
-) -> Result<(StatusCode, Json<db::pack::Pack>), ApiError> {
+) -> Result<(StatusCode, axum::Extension<crate::audit::Target>, Json<db::pack::Pack>), ApiError> {
     use attune_common::pack::{PackLocationError, resolve_in_packs_dir};
     crate::error::storable("path", &body.path)?;
     if body.path.is_empty() {
@@ -120,5 +120,6 @@ pub async fn register_pack(
     registered.warnings = pack.actions.iter().flat_map(|a| a.warnings.iter().cloned()).collect();
     state.actions.clear();
     tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
-    Ok((StatusCode::CREATED, Json(registered)))
+    let target = crate::audit::Target(format!("pack:{}", registered.pack_ref));
+    Ok((StatusCode::CREATED, axum::Extension(target), Json(registered)))
 }

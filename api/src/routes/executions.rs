@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use sqlx::PgExecutor;
 
 use crate::ApiError;
+use crate::audit::Target;
 use crate::server::Withdrawal;
 
 pub mod chain;
@@ -63,7 +64,7 @@ pub async fn create(
     withdrawal: Option<Extension<Withdrawal>>,
     headers: HeaderMap,
     crate::error::JsonObject(body): crate::error::JsonObject<CreateExecution>,
-) -> Result<(StatusCode, Json<Execution>), ApiError> {
+) -> Result<(StatusCode, Extension<Target>, Json<Execution>), ApiError> {
     let withdrawal = withdrawal.map(|Extension(withdrawal)| withdrawal).unwrap_or_default();
     let mut span = request_span("POST /executions", &headers);
     let created = async {
@@ -86,7 +87,14 @@ pub async fn create(
     if let Ok((_, Json(execution))) = &created {
         span.attribute("attune.execution_id", execution.id);
     }
-    created
+    created.map(audited)
+}
+
+/// An answer with the execution it made or gave back named for its audit row.
+fn audited(
+    (status, Json(execution)): (StatusCode, Json<Execution>),
+) -> (StatusCode, Extension<Target>, Json<Execution>) {
+    (status, Extension(Target(format!("execution:{}", execution.id))), Json(execution))
 }
 
 /// The span of a request that submits an execution: the child of the client's W3C `traceparent`
@@ -360,7 +368,7 @@ pub async fn retry(
     id: Result<Path<i64>, PathRejection>,
     headers: HeaderMap,
     body: Result<Option<Json<Value>>, JsonRejection>,
-) -> Result<(StatusCode, Json<Execution>), ApiError> {
+) -> Result<(StatusCode, Extension<Target>, Json<Execution>), ApiError> {
     let withdrawal = withdrawal.map(|Extension(withdrawal)| withdrawal).unwrap_or_default();
     let Path(parent) = id?;
     // no body (no Content-Type) or JSON `null` keeps the retried execution's parameters; a body
@@ -383,7 +391,7 @@ pub async fn retry(
     let execution = insert_committing(&state, &withdrawal, &new, caller.token_id).await?;
     count_manual_retry(&execution);
     span.attribute("attune.execution_id", execution.id);
-    Ok((StatusCode::CREATED, Json(execution)))
+    Ok(audited((StatusCode::CREATED, Json(execution))))
 }
 
 struct ManualRetry {

@@ -1,6 +1,7 @@
 //! The routes, grouped by resource. Every route is registered through `utoipa_axum::routes!`, so
 //! the OpenAPI document (`/api/v1/openapi.json`) lists exactly what is served.
 
+pub mod audit;
 pub mod catalog;
 pub mod executions;
 pub mod probes;
@@ -36,6 +37,7 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(tokens::revoke))
         .routes(routes!(secrets::list))
         .routes(routes!(secrets::set, secrets::delete))
+        .routes(routes!(audit::list))
 }
 
 /// Probes and metrics (no token).

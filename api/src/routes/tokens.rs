@@ -80,7 +80,7 @@ pub struct CreatedToken {
 pub async fn create(
     State(state): State<crate::State>,
     crate::error::JsonObject(body): crate::error::JsonObject<CreateToken>,
-) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+) -> Result<(StatusCode, Extension<crate::audit::Target>, Json<CreatedToken>), ApiError> {
     crate::error::storable("name", &body.name)?;
     if body.name.is_empty() || body.name.chars().count() > 200 {
         return Err(ApiError::invalid("name", "'name' must be 1 to 200 characters"));
@@ -100,7 +100,8 @@ pub async fn create(
     };
     let (info, token) = db::token::create_with(&state.db, &body.name, role, expires).await?;
     tracing::info!(token_id = info.id, name = %info.name, role = %info.role, ?expires, "token created");
-    Ok((StatusCode::CREATED, Json(CreatedToken { info, token })))
+    let target = crate::audit::Target(format!("token:{}", info.id));
+    Ok((StatusCode::CREATED, Extension(target), Json(CreatedToken { info, token })))
 }
 
 /// Revokes a token: it is refused from now on (by other API processes within

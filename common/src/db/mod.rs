@@ -3,6 +3,7 @@
 
 pub mod action;
 pub mod announcements;
+pub mod audit;
 pub mod bench;
 pub mod circuit;
 pub mod execution;
