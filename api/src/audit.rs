@@ -20,9 +20,19 @@ use crate::auth::Caller;
 pub const REASON_HEADER: &str = "X-Attune-Reason";
 pub const MAX_REASON_BYTES: usize = 1000;
 
-/// What a request made, for its audit row (`execution:43`): a response extension.
+/// What a request made, for its audit row (`execution:43`): a response extension. `written`: the
+/// handler wrote the row itself, in the transaction of the change (a batched submission).
 #[derive(Debug, Clone)]
-pub struct Target(pub String);
+pub struct Target {
+    pub what: String,
+    pub written: bool,
+}
+
+impl Target {
+    pub fn new(what: String) -> Target {
+        Target { what, written: false }
+    }
+}
 
 /// The audit writer: events written together under load, each request waiting for its own.
 pub struct Trail(Batcher<NewEvent, Result<(), String>>);
@@ -84,6 +94,10 @@ pub async fn record(State(state): State<crate::State>, request: Request, next: N
     let path = uri.unwrap_or(request.uri()).path().to_string();
     let method = request.method().to_string();
     let response = next.run(request).await;
+    let target = response.extensions().get::<Target>();
+    if target.is_some_and(|target| target.written) {
+        return response;
+    }
     let event = NewEvent {
         token_id: caller.map(|caller| caller.token_id),
         role: caller.map(|caller| caller.role.as_str().to_string()),
@@ -93,7 +107,7 @@ pub async fn record(State(state): State<crate::State>, request: Request, next: N
         route: route.unwrap_or_else(|| "(no route)".into()),
         path,
         status: response.status().as_u16() as i16,
-        target: response.extensions().get::<Target>().map(|target| target.0.clone()),
+        target: target.map(|target| target.what.clone()),
         reason,
     };
     match state.audit.0.submit(event).await {

@@ -17,7 +17,7 @@
 //! own transactions (and announced the same way).
 
 use attune_common::batch::{Batcher, together_or_alone};
-use attune_common::db::{self, execution::Execution, execution::NewExecution};
+use attune_common::db::{self, execution::Execution, execution::NewExecution, execution::Submitter};
 use sqlx::PgPool;
 
 use crate::server::Withdrawal;
@@ -31,7 +31,7 @@ type Written = Result<Execution, sqlx::Error>;
 /// before the writer takes it.
 struct Submission {
     new: NewExecution,
-    submitted_by: i64,
+    by: Submitter,
     withdrawal: Withdrawal,
 }
 
@@ -51,16 +51,16 @@ impl Submissions {
         Submissions { writes }
     }
 
-    /// Inserts `new`, a first attempt submitted by the token `submitted_by`, with whatever else is
-    /// being submitted, and returns its committed row; written only if `withdrawal` has not been
-    /// withdrawn by the time the writer takes it.
+    /// Inserts `new`, a first attempt submitted `by` a token (with its audit row when it asks for
+    /// one), with whatever else is being submitted, and returns its committed row; written only
+    /// if `withdrawal` has not been withdrawn by the time the writer takes it.
     pub async fn submit(
         &self,
         new: NewExecution,
-        submitted_by: i64,
+        by: Submitter,
         withdrawal: Withdrawal,
     ) -> Result<Execution, sqlx::Error> {
-        let submission = Submission { new, submitted_by, withdrawal };
+        let submission = Submission { new, by, withdrawal };
         self.writes.submit(submission).await.flatten().ok_or(sqlx::Error::PoolClosed)?
     }
 }
@@ -68,11 +68,11 @@ impl Submissions {
 /// Writes the batch's submissions that were not withdrawn, and answers each in order.
 async fn write(db: &PgPool, batch: Vec<Submission>) -> Vec<Option<Written>> {
     let taken: Vec<bool> = batch.iter().map(|submission| submission.withdrawal.begin_write()).collect();
-    let news: Vec<(&NewExecution, i64)> = batch
+    let news: Vec<(&NewExecution, &Submitter)> = batch
         .iter()
         .zip(&taken)
         .filter(|(_, taken)| **taken)
-        .map(|(submission, _)| (&submission.new, submission.submitted_by))
+        .map(|(submission, _)| (&submission.new, &submission.by))
         .collect();
     if news.len() < batch.len() {
         tracing::debug!(withdrawn = batch.len() - news.len(), "submissions withdrawn by their request timeout");
@@ -84,7 +84,7 @@ async fn write(db: &PgPool, batch: Vec<Submission>) -> Vec<Option<Written>> {
 /// The batch in one statement (one transaction: all or nothing); if the database refuses it, each
 /// submission on its own (`together_or_alone`). Both wait out a lost connection and never write
 /// a row twice (`insert_many_submitted_surely`).
-async fn insert(db: &PgPool, news: &[(&NewExecution, i64)]) -> Vec<Written> {
+async fn insert(db: &PgPool, news: &[(&NewExecution, &Submitter)]) -> Vec<Written> {
     let together = db::execution::insert_many_submitted_surely(db, news);
     together_or_alone("submissions", news, together, |one| async move {
         let mut written = db::execution::insert_many_submitted_surely(db, std::slice::from_ref(one)).await?;

@@ -60,7 +60,8 @@ async fn each_insert_of_requests_is_announced_once_with_its_runtimes_at_its_comm
     // a batch of submissions: one announcement, each runtime once
     let (shell, python) = (fixture.request(Some("shell")), fixture.request(Some("python")));
     let token = db::token::create_with(pool, "submitter", db::token::Role::Operator, None).await.unwrap().0.id;
-    let batch = [(&shell, token), (&python, token), (&shell, token)];
+    let by = db::execution::Submitter::token(token);
+    let batch = [(&shell, &by), (&python, &by), (&shell, &by)];
     assert_eq!(db::execution::insert_many_submitted(pool, &batch).await.unwrap().len(), 3);
     assert_eq!(next(&mut announcements).await, runtimes(&["python", "shell"]));
 

@@ -249,7 +249,8 @@ async fn a_batch_of_submissions_is_one_insert_in_order_with_each_token() {
             new
         })
         .collect();
-    let batch: Vec<(&NewExecution, i64)> = news.iter().map(|new| (new, token)).collect();
+    let by = db::execution::Submitter::token(token);
+    let batch: Vec<(&NewExecution, &db::execution::Submitter)> = news.iter().map(|new| (new, &by)).collect();
     let rows = db::execution::insert_many_submitted(pool, &batch).await.unwrap();
     let messages: Vec<&str> = rows.iter().map(|row| row.parameters["message"].as_str().unwrap()).collect();
     assert_eq!(messages, ["m0", "m1", "m2", "m3", "m4"], "rows come back in the order given");

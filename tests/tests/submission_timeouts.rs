@@ -164,7 +164,11 @@ async fn a_batch_whose_commit_acknowledgement_was_lost_is_answered_with_its_rows
     let submissions = std::sync::Arc::new(Submissions::start(pool));
     let submit = |request: i64| {
         let submissions = submissions.clone();
-        async move { submissions.submit(noop(request), token, Withdrawal::default()).await }
+        async move {
+            submissions
+                .submit(noop(request), attune_common::db::execution::Submitter::token(token), Withdrawal::default())
+                .await
+        }
     };
 
     // A batch of several: while the first submission's insert waits for the table, five more

@@ -120,6 +120,6 @@ pub async fn register_pack(
     registered.warnings = pack.actions.iter().flat_map(|a| a.warnings.iter().cloned()).collect();
     state.actions.clear();
     tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
-    let target = crate::audit::Target(format!("pack:{}", registered.pack_ref));
+    let target = crate::audit::Target::new(format!("pack:{}", registered.pack_ref));
     Ok((StatusCode::CREATED, axum::Extension(target), Json(registered)))
 }

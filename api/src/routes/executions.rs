@@ -67,6 +67,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Extension<Target>, Json<Execution>), ApiError> {
     let withdrawal = withdrawal.map(|Extension(withdrawal)| withdrawal).unwrap_or_default();
     let mut span = request_span("POST /executions", &headers);
+    let mut audited_with_it = false;
     let created = async {
         let Some(key) = idempotency::key(&headers)? else {
             let new = traced(plan(&state, body).await?, &mut span);
@@ -77,8 +78,11 @@ pub async fn create(
                 return Ok((StatusCode::CREATED, Json(execution)));
             }
             // a first attempt: written with the others that come meanwhile (unless its request
-            // times out while it waits for them)
-            let execution = state.submissions.submit(new, caller.token_id, withdrawal).await?;
+            // times out while it waits for them), with its audit row in the same statement
+            let asked = db::audit::Asked { role: caller.role.as_str().into(), reason: crate::audit::reason(&headers)? };
+            let by = db::execution::Submitter { token: caller.token_id, audited: Some(asked) };
+            let execution = state.submissions.submit(new, by, withdrawal).await?;
+            audited_with_it = true;
             return Ok((StatusCode::CREATED, Json(execution)));
         };
         idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, &withdrawal, body, &mut span).await
@@ -87,14 +91,17 @@ pub async fn create(
     if let Ok((_, Json(execution))) = &created {
         span.attribute("attune.execution_id", execution.id);
     }
-    created.map(audited)
+    created.map(|created| {
+        let (status, Extension(target), json) = audited(created);
+        (status, Extension(Target { written: audited_with_it, ..target }), json)
+    })
 }
 
 /// An answer with the execution it made or gave back named for its audit row.
 fn audited(
     (status, Json(execution)): (StatusCode, Json<Execution>),
 ) -> (StatusCode, Extension<Target>, Json<Execution>) {
-    (status, Extension(Target(format!("execution:{}", execution.id))), Json(execution))
+    (status, Extension(Target::new(format!("execution:{}", execution.id))), Json(execution))
 }
 
 /// The span of a request that submits an execution: the child of the client's W3C `traceparent`

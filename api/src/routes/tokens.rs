@@ -100,7 +100,7 @@ pub async fn create(
     };
     let (info, token) = db::token::create_with(&state.db, &body.name, role, expires).await?;
     tracing::info!(token_id = info.id, name = %info.name, role = %info.role, ?expires, "token created");
-    let target = crate::audit::Target(format!("token:{}", info.id));
+    let target = crate::audit::Target::new(format!("token:{}", info.id));
     Ok((StatusCode::CREATED, Extension(target), Json(CreatedToken { info, token })))
 }
 

@@ -20,6 +20,16 @@ pub struct NewEvent {
     pub reason: Option<String>,
 }
 
+/// What the audit row of a submission written with its execution records besides the token
+/// (`db::execution::Submitter`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Asked {
+    /// The token's role.
+    pub role: String,
+    /// The `X-Attune-Reason` given.
+    pub reason: Option<String>,
+}
+
 /// An event as read, with the name of the token that asked.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Event {

@@ -192,9 +192,24 @@ pub async fn insert_submitted(
         .await
 }
 
+/// Who submitted a first attempt: the API token, and, when its request is to be audited in the
+/// insert's own statement (one commit for both), the role and reason that `audit_event` records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submitter {
+    pub token: i64,
+    pub audited: Option<crate::db::audit::Asked>,
+}
+
+impl Submitter {
+    /// A submitter whose request is audited elsewhere (or not at all).
+    pub fn token(token: i64) -> Submitter {
+        Submitter { token, audited: None }
+    }
+}
+
 /// A new chain key for each of `news`, which must all be first submissions (`requested`, no
 /// parent, no chain key of their own).
-fn first_submission_keys(news: &[(&NewExecution, i64)]) -> Vec<String> {
+fn first_submission_keys(news: &[(&NewExecution, &Submitter)]) -> Vec<String> {
     debug_assert!(news.iter().all(|(new, _)| new.status == ExecutionStatus::Requested
         && new.original_execution.is_none()
         && new.idempotency_key.is_none()));
@@ -207,7 +222,7 @@ fn first_submission_keys(news: &[(&NewExecution, i64)]) -> Vec<String> {
 /// one at a time. (The API writes through `insert_many_submitted_surely`.)
 pub async fn insert_many_submitted(
     db: impl PgExecutor<'_>,
-    news: &[(&NewExecution, i64)],
+    news: &[(&NewExecution, &Submitter)],
 ) -> Result<Vec<Execution>, sqlx::Error> {
     let keys = first_submission_keys(news);
     insert_many_keyed(db, news, &keys).await
@@ -225,7 +240,7 @@ pub async fn insert_many_submitted(
 /// the one statement, which wrote nothing.
 pub async fn insert_many_submitted_surely(
     db: &PgPool,
-    news: &[(&NewExecution, i64)],
+    news: &[(&NewExecution, &Submitter)],
 ) -> Result<Vec<Execution>, sqlx::Error> {
     let keys = first_submission_keys(news);
     let started = std::time::Instant::now();
@@ -243,6 +258,9 @@ pub async fn insert_many_submitted_surely(
     .await
 }
 
+/// The route a batched submission's audit row names (`POST` there, answered `201`).
+pub const SUBMISSION_ROUTE: &str = "/api/v1/executions";
+
 /// Starts the text of the batch insert, so that `pg_stat_activity` shows which statements are one.
 const SUBMISSIONS_MARK: &str = "/* attune: insert submissions */";
 
@@ -258,12 +276,14 @@ fn draw_chain_key() -> String {
 /// The batch insert itself: `news` with their chain keys `keys`, in one statement.
 async fn insert_many_keyed(
     db: impl PgExecutor<'_>,
-    news: &[(&NewExecution, i64)],
+    news: &[(&NewExecution, &Submitter)],
     keys: &[String],
 ) -> Result<Vec<Execution>, sqlx::Error> {
     let column = |field: &dyn Fn(&NewExecution) -> Value| news.iter().map(|(new, _)| field(new)).collect::<Vec<_>>();
+    // the audit rows of the submissions that ask for one, in the same statement: one commit for
+    // a submission and the record of who asked for it (`attune_api::audit`)
     let sql = format!(
-        "{SUBMISSIONS_MARK} INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
+        "{SUBMISSIONS_MARK} WITH ins AS (INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
             timeout_seconds, retry_count, runtime, submitted_by, idempotency_key, trace_parent) \
          SELECT action, action_ref, parameters, config, 'requested', max_retries, timeout_seconds, retry_count, \
             runtime, submitted_by, idempotency_key, trace_parent \
@@ -272,7 +292,14 @@ async fn insert_many_keyed(
             AS n(action, action_ref, parameters, config, max_retries, timeout_seconds, retry_count, runtime, \
                submitted_by, idempotency_key, trace_parent, ord) \
          ORDER BY ord \
-         RETURNING {COLUMNS}"
+         RETURNING {COLUMNS}), \
+         audited AS (INSERT INTO audit_event (token_id, role, method, route, path, status, target, reason) \
+            SELECT ins.submitted_by, a.role, 'POST', '{SUBMISSION_ROUTE}', '{SUBMISSION_ROUTE}', 201, \
+                'execution:' || ins.id, a.reason \
+            FROM ins JOIN unnest($12::text[], $13::text[], $14::text[]) AS a(key, role, reason) \
+                ON a.key = ins.idempotency_key \
+            WHERE a.role IS NOT NULL) \
+         SELECT * FROM ins"
     );
     let mut rows: Vec<Execution> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(news.iter().map(|(new, _)| new.action).collect::<Vec<_>>())
@@ -283,9 +310,12 @@ async fn insert_many_keyed(
         .bind(news.iter().map(|(new, _)| new.timeout_seconds).collect::<Vec<_>>())
         .bind(news.iter().map(|(new, _)| new.retry_count).collect::<Vec<_>>())
         .bind(news.iter().map(|(new, _)| new.runtime.clone()).collect::<Vec<_>>())
-        .bind(news.iter().map(|(_, token)| *token).collect::<Vec<_>>())
+        .bind(news.iter().map(|(_, by)| by.token).collect::<Vec<_>>())
         .bind(keys)
         .bind(news.iter().map(|(new, _)| new.trace_parent.clone()).collect::<Vec<_>>())
+        .bind(keys)
+        .bind(news.iter().map(|(_, by)| by.audited.as_ref().map(|asked| asked.role.clone())).collect::<Vec<_>>())
+        .bind(news.iter().map(|(_, by)| by.audited.as_ref().and_then(|asked| asked.reason.clone())).collect::<Vec<_>>())
         .fetch_all(db)
         .await?;
     // the ids come from one sequence in insertion order (`ORDER BY ord`): sorting by id restores it
@@ -300,7 +330,7 @@ async fn insert_many_keyed(
 /// that it reads the recent end of `created`'s index, not the whole table.
 async fn landed_or_insert(
     db: &PgPool,
-    news: &[(&NewExecution, i64)],
+    news: &[(&NewExecution, &Submitter)],
     keys: &[String],
     since_first_attempt: std::time::Duration,
 ) -> Result<Vec<Execution>, sqlx::Error> {
