@@ -51,11 +51,11 @@ pub fn init(service: &str) -> Telemetry {
                 .with_batch_exporter(exporter)
                 .with_resource(resource.build())
                 .build();
-            tracing::info!(endpoint = %endpoint, "traces go to the OTLP endpoint");
+            tracing::info!(endpoint = %shown(&endpoint), "traces go to the OTLP endpoint");
             Some(provider)
         }
         Err(e) => {
-            tracing::warn!(endpoint = %endpoint, error = %e, "no traces: the OTLP exporter could not be made");
+            tracing::warn!(endpoint = %shown(&endpoint), error = %e, "no traces: the OTLP exporter could not be made");
             None
         }
     });
@@ -64,6 +64,25 @@ pub fn init(service: &str) -> Telemetry {
         crate::trace::turn_on(provider.tracer("attune"));
     }
     Telemetry { provider }
+}
+
+/// An endpoint as logs show it: without the user and password a URL may carry.
+fn shown(endpoint: &str) -> String {
+    match endpoint.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@').filter(|(userinfo, _)| !userinfo.contains('/')) {
+            Some((_, host)) => format!("{scheme}://{host}"),
+            None => endpoint.to_string(),
+        },
+        None => endpoint.to_string(),
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn a_logged_endpoint_shows_no_credentials() {
+    assert_eq!(shown("https://user:secret@collector:4318/x"), "https://collector:4318/x");
+    assert_eq!(shown("http://127.0.0.1:4318"), "http://127.0.0.1:4318");
+    assert_eq!(shown("http://collector:4318/a@b"), "http://collector:4318/a@b");
 }
 
 fn exporter() -> Result<opentelemetry_otlp::SpanExporter, opentelemetry_otlp::ExporterBuildError> {

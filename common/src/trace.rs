@@ -68,6 +68,22 @@ pub fn span(name: &'static str, kind: Kind, execution_id: Option<i64>, parent: O
     Span(Some(span))
 }
 
+/// The span of an executor recording a failure no worker reported (a timeout, a dead worker, a
+/// dead-lettered message, no worker for the runtime), in the execution's trace; nothing when
+/// traces are off or the execution has no trace.
+pub fn failure_span(
+    execution_id: i64,
+    trace_parent: Option<&str>,
+    kind: Option<attune_core::failure::FailureKind>,
+) -> Span {
+    let Some(parent) = trace_parent.filter(|_| on()) else { return Span(None) };
+    let mut span = span("record failure", Kind::Internal, Some(execution_id), Some(parent));
+    if let Some(kind) = kind {
+        span.attribute("attune.failure_kind", kind.as_str());
+    }
+    span
+}
+
 impl Span {
     /// Sets an attribute.
     pub fn attribute(&mut self, key: &'static str, value: impl Into<opentelemetry::Value>) {
@@ -111,6 +127,11 @@ pub fn parse(traceparent: &str) -> Option<SpanContext> {
     context.is_valid().then_some(context)
 }
 
+/// Whether two valid `traceparent`s name spans of one trace.
+pub fn same_trace(a: &str, b: &str) -> bool {
+    matches!((parse(a), parse(b)), (Some(a), Some(b)) if a.trace_id() == b.trace_id())
+}
+
 /// `traceparent` if it is one (see `parse`), as it is to be stored and passed on.
 pub fn valid(traceparent: &str) -> Option<String> {
     parse(traceparent).map(|context| format(&context))
@@ -125,6 +146,9 @@ mod tests {
         let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         assert_eq!(valid(good).as_deref(), Some(good));
         assert_eq!(valid(&format!(" {good} ")).as_deref(), Some(good));
+        let other = "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01";
+        assert!(same_trace(good, "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-00"));
+        assert!(!same_trace(good, other) && !same_trace(good, "00-bad"));
         for bad in [
             "",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",

@@ -19,14 +19,17 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
         Ok(result) => result,
         Err(disposition) => return disposition,
     };
-    // (the span of the worker's `record`, when traces are on)
-    let parent = result.trace.as_deref().and_then(attune_common::trace::valid);
-    let _span = attune_common::trace::span(
-        "record result",
-        attune_common::trace::Kind::Consumer,
-        Some(result.execution_id),
-        parent.as_deref(),
-    );
+    // under the span of the worker's `record`, when traces are on and the result names one (a
+    // result that names none starts no trace of its own)
+    let parent = result.trace.as_deref().filter(|_| attune_common::trace::on()).and_then(attune_common::trace::valid);
+    let _span = parent.map(|parent| {
+        attune_common::trace::span(
+            "record result",
+            attune_common::trace::Kind::Consumer,
+            Some(result.execution_id),
+            Some(&parent),
+        )
+    });
     match db::retry_while_unavailable("recording a result", || record(context, &result)).await {
         Ok(()) => Disposition::Ack,
         Err(e) => {

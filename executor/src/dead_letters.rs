@@ -158,6 +158,7 @@ async fn poison(
     };
     tracing::error!(execution_id, queue = %why.queue, reason = %why.reason, "poison message: failing its execution");
     metrics::increment(&metrics::POISON_MESSAGES, &[], 1);
+    let _span = attune_common::trace::failure_span(current.id, current.trace_parent.as_deref(), outcome.failure_kind);
     context.retry_manager.record_failure(&current, ExecutionStatus::Failed, from, worker_id, &outcome).await?;
     Ok(())
 }

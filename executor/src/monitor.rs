@@ -204,6 +204,7 @@ async fn fail(
     }
     let Some(current) = db::execution::get(&context.db, execution_id).await? else { return Ok(()) };
     let reported = kind.reported_status();
+    let _span = attune_common::trace::failure_span(current.id, current.trace_parent.as_deref(), Some(kind));
     let outcome = Outcome { failure_kind: Some(kind), error: Some(reason.to_string()), ..Default::default() };
     if let Some(recorded) = context.retry_manager.record_failure(&current, reported, &[from], None, &outcome).await? {
         attune_common::metrics::increment(&attune_common::metrics::MONITOR_RECOVERIES, &[("kind", kind.as_str())], 1);

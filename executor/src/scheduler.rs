@@ -529,6 +529,7 @@ async fn record(
     reason: String,
 ) -> Result<(), crate::Error> {
     tracing::warn!(execution_id = execution.id, failure_kind = %kind, %reason, "execution cannot be scheduled");
+    let _span = attune_common::trace::failure_span(execution.id, execution.trace_parent.as_deref(), Some(kind));
     let outcome = Outcome { failure_kind: Some(kind), error: Some(reason), ..Default::default() };
     context.retry_manager.record_failure(execution, ExecutionStatus::Failed, &[from], None, &outcome).await?;
     Ok(())

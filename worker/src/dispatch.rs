@@ -17,7 +17,10 @@ impl Worker {
         let mut each: futures_util::stream::FuturesUnordered<_> = dispatch
             .executions()
             .into_iter()
-            .map(|execution_id| self.handle_one(execution_id, dispatch.trace_of(execution_id), &incoming, &shutdown))
+            .map(|execution_id| {
+                let traced = dispatch.trace_of(execution_id).filter(|_| attune_common::trace::on());
+                self.handle_one(execution_id, traced, &incoming, &shutdown)
+            })
             .collect();
         let mut disposition = Disposition::Ack;
         while let Some(done) = futures_util::StreamExt::next(&mut each).await {
@@ -119,28 +122,44 @@ impl Worker {
             // this worker for dead meanwhile and started the execution elsewhere. It does not run
             // here (its failure is reported, and is stale if it was).
             self.running.lock().expect("running map poisoned").release(execution_id);
-            let result = failure_result(
-                execution_id,
-                self.id,
-                Some(run_token),
-                FailureKind::WorkerHeartbeatStale,
-                "the worker's lease on its runs ran out while it claimed the execution: not started".into(),
-            );
+            let result = ExecutionResult {
+                trace: claimed
+                    .trace_parent
+                    .as_deref()
+                    .filter(|_| attune_common::trace::on())
+                    .and_then(attune_common::trace::valid),
+                ..failure_result(
+                    execution_id,
+                    self.id,
+                    Some(run_token),
+                    FailureKind::WorkerHeartbeatStale,
+                    "the worker's lease on its runs ran out while it claimed the execution: not started".into(),
+                )
+            };
             self.report(&result).await;
             return Disposition::Ack;
         }
         let started = Instant::now();
-        // the `run` span (when traces are on): under the executor's `dispatch` span, or, from an
-        // executor that sent none, under the execution's own trace; the action gets its context
-        let parent = dispatched.or_else(|| claimed.trace_parent.as_deref().and_then(attune_common::trace::valid));
-        let mut span = attune_common::trace::span(
-            "run",
-            attune_common::trace::Kind::Consumer,
-            Some(execution_id),
-            parent.as_deref(),
-        );
-        span.attribute("attune.worker_id", self.id);
-        span.attribute("attune.action", claimed.action_ref.clone());
+        // the `run` span (when traces are on): under the executor's `dispatch` span when the
+        // message names one in the execution's own trace (the row's; a message does not choose
+        // it), else under the row's; the action gets its context
+        let mut span = attune_common::trace::Span::default();
+        if attune_common::trace::on() {
+            let row = claimed.trace_parent.as_deref().and_then(attune_common::trace::valid);
+            let parent = match (dispatched, row) {
+                (Some(sent), Some(row)) if attune_common::trace::same_trace(&sent, &row) => Some(sent),
+                (Some(sent), None) => Some(sent),
+                (_, row) => row,
+            };
+            span = attune_common::trace::span(
+                "run",
+                attune_common::trace::Kind::Consumer,
+                Some(execution_id),
+                parent.as_deref(),
+            );
+            span.attribute("attune.worker_id", self.id);
+            span.attribute("attune.action", claimed.action_ref.clone());
+        }
         let traceparent = span.traceparent();
         let (cancel, kill) = (self.abort.child_token(), CancellationToken::new());
         let runtime = claimed.runtime.as_deref().unwrap_or_default();
@@ -209,15 +228,18 @@ impl Worker {
         drop(permit);
         if self.lease_lost.lock().expect("lease poisoned").remove(&execution_id) {
             let lease = self.settings.lease().as_secs_f64();
-            let result = failure_result(
-                execution_id,
-                self.id,
-                Some(run_token),
-                FailureKind::WorkerHeartbeatStale,
-                format!(
-                    "the worker's heartbeats did not land for {lease:.1} s (its lease): the run was stopped so that it can run elsewhere"
-                ),
-            );
+            let result = ExecutionResult {
+                trace: span.traceparent(),
+                ..failure_result(
+                    execution_id,
+                    self.id,
+                    Some(run_token),
+                    FailureKind::WorkerHeartbeatStale,
+                    format!(
+                        "the worker's heartbeats did not land for {lease:.1} s (its lease): the run was stopped so that it can run elsewhere"
+                    ),
+                )
+            };
             self.report(&result).await;
             return Disposition::Ack;
         }

@@ -160,6 +160,8 @@ pub async fn chain(
             rows.into_iter().map(|row| ChainAttempt::Summary(light(row, &ends))).collect()
         }
     };
+    // (the connection back to the pool before the answer is made)
+    drop(snapshot);
     // and as sent: the estimate cannot know how much JSON escaping adds
     let mut items = attempts
         .iter()
