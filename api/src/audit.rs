@@ -22,15 +22,22 @@ pub const MAX_REASON_BYTES: usize = 1000;
 
 /// What a request made, for its audit row (`execution:43`): a response extension. `written`: the
 /// handler wrote the row itself, in the transaction of the change (a batched submission).
+/// `reason`: the reason its body gave (a fail's), recorded when no `X-Attune-Reason` was sent.
 #[derive(Debug, Clone)]
 pub struct Target {
-    pub what: String,
+    pub what: Option<String>,
     pub written: bool,
+    pub reason: Option<String>,
 }
 
 impl Target {
     pub fn new(what: String) -> Target {
-        Target { what, written: false }
+        Target { what: Some(what), written: false, reason: None }
+    }
+
+    /// The reason a request's body gave.
+    pub fn reason(reason: &str) -> Target {
+        Target { what: None, written: false, reason: Some(reason.to_string()) }
     }
 }
 
@@ -107,8 +114,8 @@ pub async fn record(State(state): State<crate::State>, request: Request, next: N
         route: route.unwrap_or_else(|| "(no route)".into()),
         path,
         status: response.status().as_u16() as i16,
-        target: target.map(|target| target.what.clone()),
-        reason,
+        target: target.and_then(|target| target.what.clone()),
+        reason: reason.or_else(|| target.and_then(|target| target.reason.clone())),
     };
     match state.audit.0.submit(event).await {
         Some(Ok(())) => {}

@@ -262,6 +262,65 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             });
             Ok(0)
         }
+        Command::Execution(ExecutionCommand::Bulk {
+            action,
+            status,
+            action_ref,
+            failure_kind,
+            created_after,
+            created_before,
+            chain_root,
+            limit,
+            dry_run,
+        }) => {
+            let filter = json!({
+                "status": status, "action_ref": action_ref, "failure_kind": failure_kind,
+                "created_after": created_after, "created_before": created_before, "chain_root": chain_root,
+            });
+            // (only the conditions given)
+            let filter: Map<String, Value> = filter
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let Some(reason) = cli.reason.clone() else { bail!("a bulk action needs --reason: say why") };
+            let body =
+                json!({"action": action, "filter": filter, "dry_run": dry_run, "limit": limit, "reason": reason});
+            let outcome = client.post("/api/v1/executions/bulk", &body).await?;
+            print(out, &outcome, |o| {
+                let ids = |list: &Value, field: &str| -> String {
+                    let shown: Vec<String> = list.as_array().into_iter().flatten().map(|x| text(&x[field])).collect();
+                    if shown.is_empty() { "-".into() } else { shown.join(" ") }
+                };
+                let selected: Vec<String> = o["selected"].as_array().into_iter().flatten().map(text).collect();
+                let mut lines = vec![
+                    format!(
+                        "{} {} selected{}: {}",
+                        if o["dry_run"] == true { "dry run:" } else { "" },
+                        selected.len(),
+                        if o["more"] == true { " (more match: run again for the rest)" } else { "" },
+                        if selected.is_empty() { "-".into() } else { selected.join(" ") }
+                    )
+                    .trim_start()
+                    .to_string(),
+                ];
+                if o["dry_run"] != true {
+                    lines.push(format!("done: {}", ids(&o["done"], "execution_id")));
+                    let skipped: Vec<String> = o["skipped"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|s| format!("{} ({})", text(&s["id"]), text(&s["code"])))
+                        .collect();
+                    lines
+                        .push(format!("skipped: {}", if skipped.is_empty() { "-".into() } else { skipped.join(", ") }));
+                }
+                lines.join("\n")
+            });
+            Ok(0)
+        }
         Command::Run { action_ref, params, wait, wait_timeout, idempotency_key } => {
             let action = client.get(&format!("/api/v1/actions/{action_ref}"), &[]).await?;
             let parameters = parse_params(&action["parameters"], &params)?;

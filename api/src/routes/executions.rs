@@ -17,6 +17,7 @@ use crate::ApiError;
 use crate::audit::Target;
 use crate::server::Withdrawal;
 
+pub mod bulk;
 pub mod chain;
 mod idempotency;
 
@@ -564,7 +565,7 @@ pub async fn fail(
     Extension(caller): Extension<crate::auth::Caller>,
     id: Result<Path<i64>, PathRejection>,
     crate::error::JsonObject(body): crate::error::JsonObject<FailBody>,
-) -> Result<Json<Execution>, ApiError> {
+) -> Result<(Extension<Target>, Json<Execution>), ApiError> {
     let Path(id) = id?;
     crate::error::storable("reason", &body.reason)?;
     if body.reason.is_empty() {
@@ -584,7 +585,7 @@ pub async fn fail(
     })
     .await?;
     tracing::warn!(execution_id = id, %was, reason = %body.reason, token_id = by, "execution failed by an operator");
-    Ok(Json(failed))
+    Ok((Extension(Target::reason(&body.reason)), Json(failed)))
 }
 
 /// A refused manual retry as the API answers it.

@@ -1462,3 +1462,77 @@ pub async fn finished_times(
 ) -> Result<Vec<(i64, Option<DateTime<Utc>>)>, sqlx::Error> {
     sqlx::query_as("SELECT id, finished FROM execution WHERE id = ANY($1)").bind(ids).fetch_all(db).await
 }
+
+/// What a bulk action does to each execution it selects (`select_for_bulk`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkAction {
+    /// A manual retry of each finished execution that has none yet.
+    Retry,
+    /// A cancel of each unfinished one.
+    Cancel,
+    /// An operator's fail of each unfinished one but a delayed retry.
+    Fail,
+}
+
+/// Which executions a bulk action looks at, besides what the action itself requires.
+#[derive(Debug, Clone, Default)]
+pub struct BulkFilter {
+    pub status: Option<ExecutionStatus>,
+    pub action_ref: Option<String>,
+    pub failure_kind: Option<FailureKind>,
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only the attempts of the retry chain whose first attempt this is.
+    pub chain_root: Option<i64>,
+}
+
+/// The executions `filter` selects that `action` applies to, oldest first, at most `limit`: for
+/// a retry, finished ones not yet retried (so a second identical call selects none); for a cancel
+/// or a fail, unfinished ones (a fail leaves a delayed retry alone).
+pub async fn select_for_bulk(
+    db: &PgPool,
+    action: BulkAction,
+    filter: &BulkFilter,
+    limit: i64,
+) -> Result<Vec<i64>, sqlx::Error> {
+    let mut query = sqlx::QueryBuilder::new("SELECT e.id FROM execution e WHERE true");
+    match action {
+        BulkAction::Retry => query
+            .push(" AND e.status = ANY(")
+            .push_bind(&ExecutionStatus::TERMINAL[..])
+            .push(") AND NOT EXISTS (SELECT 1 FROM execution r WHERE r.original_execution = e.id)"),
+        BulkAction::Cancel => {
+            query.push(" AND NOT e.status = ANY(").push_bind(&ExecutionStatus::TERMINAL[..]).push(")")
+        }
+        BulkAction::Fail => query
+            .push(" AND NOT e.status = ANY(")
+            .push_bind(&ExecutionStatus::TERMINAL[..])
+            .push(") AND e.status <> 'delayed'"),
+    };
+    if let Some(status) = filter.status {
+        query.push(" AND e.status = ").push_bind(status);
+    }
+    if let Some(action_ref) = &filter.action_ref {
+        query.push(" AND e.action_ref = ").push_bind(action_ref.clone());
+    }
+    if let Some(kind) = filter.failure_kind {
+        query.push(" AND e.failure_kind = ").push_bind(kind);
+    }
+    if let Some(after) = filter.created_after {
+        query.push(" AND e.created > ").push_bind(after);
+    }
+    if let Some(before) = filter.created_before {
+        query.push(" AND e.created < ").push_bind(before);
+    }
+    if let Some(root) = filter.chain_root {
+        query
+            .push(" AND e.id IN (WITH RECURSIVE down AS (SELECT id, 0 AS depth FROM execution WHERE id = ")
+            .push_bind(root)
+            .push(
+                " UNION ALL SELECT c.id, down.depth + 1 FROM execution c JOIN down ON c.original_execution = down.id \
+                   WHERE down.depth < 10000) SELECT id FROM down)",
+            );
+    }
+    query.push(" ORDER BY e.id LIMIT ").push_bind(limit);
+    query.build_query_scalar().fetch_all(db).await
+}
