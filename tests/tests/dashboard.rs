@@ -412,6 +412,27 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     assert!(reasons.contains("transient_error") && reasons.contains("manual_retry"), "{reasons}");
     screenshot(&browser, "retries").await;
 
+    // A bulk retry of what the list's filters select: a preview first, then the retries.
+    // (among the executions there now: a retry made here may fail in turn while this runs)
+    let newest: i64 = sqlx::query_scalar("SELECT max(id) FROM execution").fetch_one(&system.db.pool).await.unwrap();
+    let unretried = "SELECT count(*) FROM execution e WHERE e.status = 'failed' AND e.id <= $1 \
+                     AND NOT EXISTS (SELECT 1 FROM execution r WHERE r.original_execution = e.id)";
+    let waiting: i64 = sqlx::query_scalar(unretried).bind(newest).fetch_one(&system.db.pool).await.unwrap();
+    assert!(waiting >= 1, "a failed execution not yet retried");
+    browser.goto(&format!("{ui}/executions?status=failed")).await;
+    browser.wait("the bulk panel", "return document.querySelector('#bulk-preview') !== null").await;
+    browser.type_into("#bulk-reason", "after the fix").await;
+    browser.click("#bulk-preview").await;
+    let preview =
+        browser.wait("the preview", "return document.querySelector('[data-bulk=preview]')?.textContent").await;
+    assert_eq!(preview, format!("retry: {waiting} selected"));
+    browser.click("#bulk-apply").await;
+    let done = browser.wait("the bulk retry", "return document.querySelector('[data-bulk=done]')?.textContent").await;
+    assert_eq!(done, format!("retry: {waiting} done, 0 skipped"));
+    let left: i64 = sqlx::query_scalar(unretried).bind(newest).fetch_one(&system.db.pool).await.unwrap();
+    assert_eq!(left, 0, "every failed execution selected was retried");
+    screenshot(&browser, "bulk").await;
+
     // no script error, CSP violation or failed request on any page
     let errors = browser.console_errors().await;
     assert!(errors.is_empty(), "the browser console shows errors: {errors:#?}");

@@ -34,13 +34,23 @@ export async function executionsPage() {
     el('button', { type: 'submit', id: 'filter-apply' }, 'Apply'),
     el('a', { href: '/ui/executions', class: 'button secondary' }, 'Clear'));
   const results = el('section', { id: 'execution-results' }, el('p', { class: 'muted' }, 'loading…'));
-  render(el('div', { class: 'title' }, el('h1', {}, 'Executions')), form, results);
+  const bulk = el('section', { id: 'bulk-panel' });
+  render(el('div', { class: 'title' }, el('h1', {}, 'Executions')), form, bulk, results);
 
   const query = new URLSearchParams({ limit: String(PAGE_SIZE), offset: String(offset) });
   if (status) query.set('status', status);
   if (action) query.set('action_ref', action);
   if (before) query.set('created_before', before);
   if (after) query.set('created_after', after);
+  // what the filters select, for a bulk action on it (by an operator, once a filter is set)
+  const filter = {};
+  if (status) filter.status = status;
+  if (action) filter.action_ref = action;
+  if (before) filter.created_before = before;
+  if (after) filter.created_after = after;
+  whoami().then((me) => {
+    if (mayOperate(me.role) && Object.keys(filter).length > 0) fill(bulk, bulkForm(filter));
+  }).catch(() => {});
   try {
     const [page, workers, actions] = await Promise.all([api('GET', `/api/v1/executions?${query}`),
       workerNames(), api('GET', '/api/v1/actions')]);
@@ -52,6 +62,45 @@ export async function executionsPage() {
     if (error instanceof LeftPage) return;
     results.replaceChildren(errorBox(error));
   }
+}
+
+// A bulk action on what the filters select: a preview (a dry run) first, which says how many and
+// arms the button that acts on them; a reason is required.
+function bulkForm(filter) {
+  const outcome = el('div', { id: 'bulk-outcome' });
+  const action = select('bulk-action', [['retry', 'retry'], ['cancel', 'cancel'], ['fail', 'fail']], 'retry');
+  action.id = 'bulk-action';
+  const reason = el('input', { id: 'bulk-reason', placeholder: 'why (required)', size: 30 });
+  const apply = el('button', { type: 'button', id: 'bulk-apply', class: 'danger', disabled: true }, 'Apply');
+  const call = (dryRun) => api('POST', '/api/v1/executions/bulk',
+    { action: action.value, filter, reason: reason.value, dry_run: dryRun, limit: 1000 });
+  const disarm = () => { apply.disabled = true; apply.textContent = 'Apply'; };
+  action.addEventListener('change', disarm);
+  reason.addEventListener('input', disarm);
+  const preview = el('button', { type: 'button', id: 'bulk-preview', class: 'secondary' }, 'Preview');
+  preview.addEventListener('click', async () => {
+    try {
+      const dry = await call(true);
+      fill(outcome, el('p', { 'data-bulk': 'preview' }, `${action.value}: ${dry.selected.length} selected`
+        + (dry.more ? ' (more match: apply, then preview again)' : '')));
+      apply.disabled = dry.selected.length === 0;
+      apply.textContent = `Apply to ${dry.selected.length}`;
+    } catch (error) {
+      fill(outcome, errorBox(error));
+    }
+  });
+  apply.addEventListener('click', async () => {
+    disarm();
+    try {
+      const done = await call(false);
+      fill(outcome, el('div', { class: 'ok', 'data-bulk': 'done' },
+        `${action.value}: ${done.done.length} done, ${done.skipped.length} skipped`));
+    } catch (error) {
+      fill(outcome, errorBox(error));
+    }
+  });
+  return el('div', { class: 'filters' }, el('strong', {}, 'Bulk action on what these filters select: '),
+    action, reason, preview, apply, outcome);
 }
 
 async function workerNames() {
