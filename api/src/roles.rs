@@ -5,7 +5,8 @@
 //! or extractor, so a refused call is a 403 whatever its body or parameters.
 //!
 //! The policy: `read` may call every GET but the token and secret lists and the audit trail; `operator` also
-//! submits, retries, cancels and fails executions and lists the secrets' names; `admin` also
+//! submits, retries, cancels and fails executions, pauses and resumes actions and runtimes, and
+//! lists the secrets' names; `admin` also
 //! registers packs and manages tokens and secrets. A route missing
 //! from the table needs `admin` (and the tests fail on it: every route of the OpenAPI document
 //! must be listed here, so none is added without deciding who may call it). A method the path
@@ -48,6 +49,9 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::PUT, "/api/v1/secrets/{name}", Role::Admin),
     (Method::DELETE, "/api/v1/secrets/{name}", Role::Admin),
     (Method::GET, "/api/v1/audit", Role::Admin),
+    (Method::GET, "/api/v1/pauses", Role::Read),
+    (Method::PUT, "/api/v1/pauses/{kind}/{name}", Role::Operator),
+    (Method::DELETE, "/api/v1/pauses/{kind}/{name}", Role::Operator),
 ];
 
 /// The role `method` on the route `path` (a template: `/api/v1/executions/{id}`) needs: its entry
@@ -130,7 +134,7 @@ mod tests {
                 if method == Method::GET { Role::Operator } else { Role::Admin }
             } else if method == Method::GET {
                 Role::Read
-            } else if path.starts_with("/api/v1/executions") {
+            } else if path.starts_with("/api/v1/executions") || path.starts_with("/api/v1/pauses") {
                 Role::Operator
             } else {
                 Role::Admin

@@ -12,7 +12,11 @@ use support::Served;
 
 /// A path of `template` with its parameters filled in.
 fn concrete(template: &str) -> String {
-    template.replace("{id}", "999999").replace("{name}", "audited").replace("{action_ref}", "core.echo")
+    template
+        .replace("{id}", "999999")
+        .replace("{name}", "audited")
+        .replace("{action_ref}", "core.echo")
+        .replace("{kind}", "runtime")
 }
 
 async fn send(

@@ -30,6 +30,46 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Migrate => crate::up::migrate(out).await.map(|()| 0),
         Command::Up { workers } => crate::up::run(workers).await.map(|()| 0),
+        Command::Pause { kind, name } => {
+            let Some(reason) = cli.reason.clone() else { bail!("a pause needs --reason: say why") };
+            let path = format!("/api/v1/pauses/{kind}/{}", encode(&name));
+            let pause = client.request(reqwest::Method::PUT, &path, &[], Some(&json!({"reason": reason}))).await?;
+            print(out, &pause, |p| {
+                format!(
+                    "paused {} {} since {}: {}",
+                    text(&p["kind"]),
+                    text(&p["name"]),
+                    text(&p["paused_at"]),
+                    text(&p["reason"])
+                )
+            });
+            Ok(0)
+        }
+        Command::Resume { kind, name } => {
+            let path = format!("/api/v1/pauses/{kind}/{}", encode(&name));
+            let pause = client.request(reqwest::Method::DELETE, &path, &[], None::<&()>).await?;
+            print(out, &pause, |p| {
+                format!("resumed {} {} (paused since {})", text(&p["kind"]), text(&p["name"]), text(&p["paused_at"]))
+            });
+            Ok(0)
+        }
+        Command::Pauses => {
+            let pauses = client.get("/api/v1/pauses", &[]).await?;
+            print(out, &pauses, |list| {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        let by =
+                            p["paused_by_name"].as_str().map(str::to_string).unwrap_or_else(|| text(&p["paused_by"]));
+                        vec![text(&p["kind"]), text(&p["name"]), text(&p["paused_at"]), by, text(&p["reason"])]
+                    })
+                    .collect();
+                output::table(&["KIND", "NAME", "SINCE", "BY", "REASON"], &rows)
+            });
+            Ok(0)
+        }
         Command::Token(command) => crate::tokens::run(command, out, cli.reason.as_deref()).await,
         Command::Audit(AuditCommand::List { actor, route, target, since, limit }) => {
             let mut query = vec![("limit", limit.to_string())];
@@ -480,6 +520,16 @@ async fn wait_for(client: &Client, id: i64, timeout: Duration) -> anyhow::Result
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `text` as one path segment: every byte but letters, digits and `-._~` percent-encoded.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[cfg(test)]

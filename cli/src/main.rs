@@ -111,6 +111,22 @@ pub enum Command {
     /// Manage API tokens and their roles (talks to the database directly: DATABASE_URL)
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Pause an action or a whole runtime (its requests wait until it is resumed; nothing
+    /// running is touched); needs --reason
+    Pause {
+        #[arg(value_parser = ["action", "runtime"])]
+        kind: String,
+        /// The action's ref (pack.name) or the runtime's name
+        name: String,
+    },
+    /// Resume a paused action or runtime
+    Resume {
+        #[arg(value_parser = ["action", "runtime"])]
+        kind: String,
+        name: String,
+    },
+    /// List what is paused, why, by whom and since when
+    Pauses,
     /// Read the audit trail (admin): who asked for which change, when, and why
     #[command(subcommand)]
     Audit(AuditCommand),

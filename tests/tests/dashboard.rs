@@ -433,6 +433,24 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     assert_eq!(left, 0, "every failed execution selected was retried");
     screenshot(&browser, "bulk").await;
 
+    // Pause a runtime from the workers page, see it listed with its reason, resume it.
+    browser.goto(&format!("{ui}/workers")).await;
+    browser.wait("the pause form", "return document.querySelector('#pause-apply') !== null").await;
+    browser.eval("document.querySelector('#pause-kind').value = 'runtime'; return true").await;
+    browser.type_into("#pause-name", "python").await;
+    browser.type_into("#pause-reason", "interpreter upgrade").await;
+    browser.click("#pause-apply").await;
+    browser
+        .wait("the pause listed", "return document.querySelector('[data-pause=\"runtime/python\"]')?.textContent")
+        .await;
+    let listed = browser.text("[data-pause=\"runtime/python\"]").await;
+    assert!(listed.contains("interpreter upgrade") && listed.contains("test"), "{listed}");
+    screenshot(&browser, "pauses").await;
+    browser.click("[data-resume=\"runtime/python\"]").await;
+    browser.wait("the pause gone", "return document.querySelector('#no-pauses') !== null").await;
+    let (_, pauses) = system.get("/api/v1/pauses").await;
+    assert_eq!(pauses, serde_json::json!([]));
+
     // no script error, CSP violation or failed request on any page
     let errors = browser.console_errors().await;
     assert!(errors.is_empty(), "the browser console shows errors: {errors:#?}");

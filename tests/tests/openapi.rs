@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 29] = [
+const ROUTES: [(&str, &str); 32] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -34,6 +34,9 @@ const ROUTES: [(&str, &str); 29] = [
     ("put", "/api/v1/secrets/{name}"),
     ("delete", "/api/v1/secrets/{name}"),
     ("get", "/api/v1/audit"),
+    ("get", "/api/v1/pauses"),
+    ("put", "/api/v1/pauses/{kind}/{name}"),
+    ("delete", "/api/v1/pauses/{kind}/{name}"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

@@ -2,8 +2,8 @@
 // queue depth, failure rate, consecutive failures, heartbeat age and runtimes, and the counts by
 // class with the quick reference's alerts; polled every few seconds.
 
-import { card, el, fill, formatClock, formatPercent, formatSeconds, healthBadge, render } from './dom.js';
-import { api, poll } from './api.js';
+import { card, el, fill, formatClock, formatPercent, formatSeconds, formatTime, healthBadge, render } from './dom.js';
+import { api, errorBox, mayOperate, poll, whoami } from './api.js';
 
 const WORKERS_POLL_MS = 3000;
 
@@ -11,11 +11,20 @@ export function workersPage() {
   const updated = el('span', { class: 'muted', id: 'updated' });
   const summary = el('section', { id: 'worker-summary' });
   const table = el('section', { id: 'worker-table' });
-  render(el('div', { class: 'title' }, el('h1', {}, 'Workers'), updated), summary, table);
+  const paused = el('section', { id: 'pauses' });
+  const pausing = el('section', { id: 'pause-form' });
+  render(el('div', { class: 'title' }, el('h1', {}, 'Workers'), updated), summary, table, paused, pausing);
+  let operate = false;
+  whoami().then((me) => {
+    operate = mayOperate(me.role);
+    if (operate) fill(pausing, pauseForm());
+  }).catch(() => {});
   poll(WORKERS_POLL_MS, async () => {
-    const [workers, stats] = await Promise.all([api('GET', '/api/v1/workers'), api('GET', '/api/v1/stats/workers')]);
+    const [workers, stats, pauses] = await Promise.all([api('GET', '/api/v1/workers'), api('GET', '/api/v1/stats/workers'),
+      api('GET', '/api/v1/pauses')]);
     fill(summary, workerSummary(stats));
     fill(table, workerTable(workers));
+    fill(paused, pauseTable(pauses, operate));
     updated.textContent = `updated ${formatClock(new Date())} · refreshes every ${WORKERS_POLL_MS / 1000} s`;
   });
 }
@@ -65,4 +74,47 @@ function workerTable(workers) {
     el('thead', {}, el('tr', {}, ['worker', 'status', 'health', 'queue depth', 'failure rate',
       'consecutive failures', 'heartbeat age', 'runtimes'].map((h) => el('th', {}, h)))),
     el('tbody', {}, rows));
+}
+
+// What is paused (its requests wait until it is resumed), with Resume for operators.
+function pauseTable(pauses, operate) {
+  if (pauses.length === 0) return el('p', { class: 'muted', id: 'no-pauses' }, 'Nothing is paused.');
+  const rows = pauses.map((p) => {
+    const resume = el('button', { type: 'button', class: 'secondary', 'data-resume': `${p.kind}/${p.name}` }, 'Resume');
+    resume.addEventListener('click', async () => {
+      resume.disabled = true;
+      try {
+        await api('DELETE', `/api/v1/pauses/${p.kind}/${encodeURIComponent(p.name)}`);
+        resume.closest('tr').remove();
+      } catch (error) {
+        resume.replaceWith(errorBox(error));
+      }
+    });
+    return el('tr', { 'data-pause': `${p.kind}/${p.name}` },
+      el('td', {}, p.kind), el('td', { class: 'name' }, p.name), el('td', {}, p.reason),
+      el('td', {}, p.paused_by_name || (p.paused_by === null ? '—' : `#${p.paused_by}`)), el('td', {}, formatTime(p.paused_at)),
+      el('td', {}, operate ? resume : null));
+  });
+  return [el('h2', {}, 'Paused'), el('table', { class: 'grid' },
+    el('thead', {}, el('tr', {}, ['kind', 'name', 'reason', 'by', 'since', ''].map((h) => el('th', {}, h)))),
+    el('tbody', {}, rows))];
+}
+
+// Pause an action or a runtime (operators): its requests wait until it is resumed.
+function pauseForm() {
+  const kind = el('select', { id: 'pause-kind' }, el('option', { value: 'action' }, 'action'),
+    el('option', { value: 'runtime' }, 'runtime'));
+  const name = el('input', { id: 'pause-name', placeholder: 'pack.action or runtime' });
+  const reason = el('input', { id: 'pause-reason', placeholder: 'why (required)', size: 30 });
+  const outcome = el('span', { id: 'pause-outcome' });
+  const button = el('button', { type: 'button', id: 'pause-apply' }, 'Pause');
+  button.addEventListener('click', async () => {
+    try {
+      const p = await api('PUT', `/api/v1/pauses/${kind.value}/${encodeURIComponent(name.value)}`, { reason: reason.value });
+      fill(outcome, el('span', { class: 'ok', 'data-paused': `${p.kind}/${p.name}` }, `paused ${p.kind} ${p.name}`));
+    } catch (error) {
+      fill(outcome, errorBox(error));
+    }
+  });
+  return el('div', { class: 'filters' }, el('strong', {}, 'Pause: '), kind, name, reason, button, outcome);
 }

@@ -4,6 +4,7 @@
 pub mod audit;
 pub mod catalog;
 pub mod executions;
+pub mod pauses;
 pub mod probes;
 pub mod secrets;
 pub mod stats;
@@ -39,6 +40,8 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(secrets::list))
         .routes(routes!(secrets::set, secrets::delete))
         .routes(routes!(audit::list))
+        .routes(routes!(pauses::list))
+        .routes(routes!(pauses::pause, pauses::resume))
 }
 
 /// Probes and metrics (no token).

@@ -1139,7 +1139,8 @@ pub async fn waiting_runtimes(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
     .await
 }
 
-/// Executions of `runtime` that have waited (`requested`) longer than `secs`, oldest first.
+/// Executions of `runtime` that have waited (`requested`) longer than `secs`, oldest first; paused
+/// ones (`db::pause`) are left out: they wait on purpose.
 pub async fn waiting_longer_than(
     db: &PgPool,
     runtime: &str,
@@ -1147,8 +1148,10 @@ pub async fn waiting_longer_than(
     limit: i64,
 ) -> Result<Vec<Execution>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM execution WHERE status = 'requested' AND runtime = $1 \
+        "SELECT {COLUMNS} FROM execution e WHERE status = 'requested' AND runtime = $1 \
          AND COALESCE(not_before, created) < now() - make_interval(secs => $2) \
+         AND NOT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = $1) \
+                         OR (p.kind = 'action' AND p.name = e.action_ref)) \
          ORDER BY COALESCE(not_before, created), id LIMIT $3"
     )))
     .bind(runtime)

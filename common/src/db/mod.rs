@@ -11,6 +11,7 @@ pub mod history;
 pub mod idempotency;
 pub mod leader;
 pub mod pack;
+pub mod pause;
 pub mod report;
 pub mod secret;
 pub mod stats;

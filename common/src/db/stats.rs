@@ -178,11 +178,15 @@ pub async fn unfinished_by_status_and_action(db: &PgPool) -> Result<Vec<(Executi
 /// How long the execution waiting longest to be scheduled has waited, by runtime (`unknown` for
 /// one whose action had none), for the `attune_oldest_waiting_seconds` gauge: since it became
 /// `requested` (`updated`: its insert, a retry coming due, a hand-back), not since it was created.
-/// One index range of the waiting rows, whatever the history holds.
+/// One index range of the waiting rows, whatever the history holds. Paused work (`db::pause`)
+/// waits on purpose and is left out.
 pub async fn oldest_waiting_by_runtime(db: &PgPool) -> Result<Vec<(String, f64)>, sqlx::Error> {
     sqlx::query_as(
         "SELECT coalesce(runtime, 'unknown'), EXTRACT(EPOCH FROM now() - min(updated))::float8 \
-         FROM execution WHERE status = 'requested' GROUP BY 1 ORDER BY 1",
+         FROM execution e WHERE status = 'requested' \
+           AND NOT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = e.runtime) \
+                           OR (p.kind = 'action' AND p.name = e.action_ref)) \
+         GROUP BY 1 ORDER BY 1",
     )
     .persistent(false)
     .fetch_all(db)

@@ -1,0 +1,86 @@
+//! Pause and resume an action or a whole runtime (`db::pause`): its requests wait, `requested`,
+//! until it is resumed; nothing already running is touched and no retry is spent.
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use serde::Deserialize;
+
+use attune_common::db::{self, pause::Pause, pause::PauseKind};
+
+use crate::ApiError;
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseBody {
+    /// Why: shown with the pause, and in the audit trail.
+    #[schema(min_length = 1, max_length = 1000, pattern = r"^[^\x00]*[^\s\x00][^\x00]*$")]
+    pub reason: String,
+}
+
+#[utoipa::path(get, path = "/pauses", operation_id = "list_pauses", tag = "pauses",
+    responses((status = 200, description = "What is paused, oldest first, with why, by which token and since when", body = Vec<Pause>)))]
+pub async fn list(State(state): State<crate::State>) -> Result<Json<Vec<Pause>>, ApiError> {
+    Ok(Json(db::pause::list(&state.db).await?))
+}
+
+/// The kind and name of a pause's path, checked.
+fn target(kind: &str, name: &str) -> Result<PauseKind, ApiError> {
+    let kind =
+        PauseKind::parse(kind).ok_or_else(|| ApiError::invalid("kind", "'kind' must be 'action' or 'runtime'"))?;
+    crate::error::storable("name", name)?;
+    if name.is_empty() || name.len() > 255 {
+        return Err(ApiError::invalid("name", "'name' must be 1 to 255 bytes"));
+    }
+    Ok(kind)
+}
+
+#[utoipa::path(put, path = "/pauses/{kind}/{name}", operation_id = "pause", tag = "pauses",
+    params(("kind" = String, Path, description = "`action` or `runtime`", pattern = "^(action|runtime)$"),
+        ("name" = String, Path, description = "The action's ref (`pack.name`) or the runtime's name")),
+    request_body = PauseBody,
+    responses((status = 201, description = "Paused: its requests wait from the executors' next claim", body = Pause),
+        (status = 200, description = "Already paused: the reason is replaced, the pause keeps its start", body = Pause),
+        (status = 404, description = "No such action", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`kind`, `name` or `reason` is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
+pub async fn pause(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    crate::error::JsonObject(body): crate::error::JsonObject<PauseBody>,
+) -> Result<(StatusCode, Extension<crate::audit::Target>, Json<Pause>), ApiError> {
+    let Path((kind, name)) = path?;
+    let kind = target(&kind, &name)?;
+    crate::error::storable("reason", &body.reason)?;
+    if body.reason.trim().is_empty() || body.reason.len() > 1000 {
+        return Err(ApiError::invalid("reason", "'reason' must say why, in 1 to 1000 bytes"));
+    }
+    if kind == PauseKind::Action && state.actions.get_by_ref(&state.db, &name).await?.is_none() {
+        return Err(ApiError::not_found("action", format!("action '{name}' does not exist")));
+    }
+    let (pause, new) = db::pause::pause(&state.db, kind, &name, &body.reason, caller.token_id).await?;
+    tracing::info!(kind = kind.as_str(), %name, reason = %body.reason, token_id = caller.token_id, "paused");
+    let status = if new { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Extension(crate::audit::Target::reason(&body.reason)), Json(pause)))
+}
+
+#[utoipa::path(delete, path = "/pauses/{kind}/{name}", operation_id = "resume", tag = "pauses",
+    params(("kind" = String, Path, description = "`action` or `runtime`", pattern = "^(action|runtime)$"),
+        ("name" = String, Path, description = "The action's ref (`pack.name`) or the runtime's name")),
+    responses((status = 200, description = "Resumed: the pause it ended; its requests are claimed again within a second", body = Pause),
+        (status = 404, description = "Not paused", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`kind` or `name` is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
+pub async fn resume(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<Pause>, ApiError> {
+    let Path((kind, name)) = path?;
+    let kind = target(&kind, &name)?;
+    let pause = db::pause::resume(&state.db, kind, &name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("pause", format!("{} '{name}' is not paused", kind.as_str())))?;
+    tracing::info!(kind = kind.as_str(), %name, token_id = caller.token_id, "resumed");
+    Ok(Json(pause))
+}

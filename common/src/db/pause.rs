@@ -1,0 +1,105 @@
+//! Pauses (`pause`): an action or a whole runtime an operator has paused. Its requests wait,
+//! `requested`: the claim (`execution_claim`) skips them, and the wait for a worker does not fail
+//! them (`execution::waiting_longer_than`).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+/// What is paused: one action, or every action of a runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseKind {
+    Action,
+    Runtime,
+}
+
+impl PauseKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseKind::Action => "action",
+            PauseKind::Runtime => "runtime",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<PauseKind> {
+        match text {
+            "action" => Some(PauseKind::Action),
+            "runtime" => Some(PauseKind::Runtime),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Pause {
+    /// `action` or `runtime`.
+    pub kind: String,
+    /// The action's ref, or the runtime's name.
+    pub name: String,
+    /// Why it was paused.
+    pub reason: String,
+    /// The API token that paused it.
+    pub paused_by: Option<i64>,
+    /// That token's name.
+    pub paused_by_name: Option<String>,
+    pub paused_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "p.kind, p.name, p.reason, p.paused_by, t.name AS paused_by_name, p.paused_at";
+
+/// Every pause, oldest first.
+pub async fn list(db: &PgPool) -> Result<Vec<Pause>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM pause p LEFT JOIN api_token t ON t.id = p.paused_by ORDER BY p.paused_at, p.kind, p.name"
+    )))
+    .fetch_all(db)
+    .await
+}
+
+/// Pauses `name` (a pause already there keeps when it began, and takes the new reason).
+/// Returns the pause and whether it is new.
+pub async fn pause(
+    db: &PgPool,
+    kind: PauseKind,
+    name: &str,
+    reason: &str,
+    by: i64,
+) -> Result<(Pause, bool), sqlx::Error> {
+    let new: bool = sqlx::query_scalar(
+        "INSERT INTO pause (kind, name, reason, paused_by) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (kind, name) DO UPDATE SET reason = EXCLUDED.reason, paused_by = EXCLUDED.paused_by \
+         RETURNING (xmax = 0)",
+    )
+    .bind(kind.as_str())
+    .bind(name)
+    .bind(reason)
+    .bind(by)
+    .fetch_one(db)
+    .await?;
+    let pause = get(db, kind, name).await?.ok_or_else(|| sqlx::Error::RowNotFound)?;
+    Ok((pause, new))
+}
+
+pub async fn get(db: &PgPool, kind: PauseKind, name: &str) -> Result<Option<Pause>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM pause p LEFT JOIN api_token t ON t.id = p.paused_by WHERE p.kind = $1 AND p.name = $2"
+    )))
+    .bind(kind.as_str())
+    .bind(name)
+    .fetch_optional(db)
+    .await
+}
+
+/// Resumes `name`: its requests are claimed again from the executors' next look (within a
+/// second). Returns the pause it ended, if there was one.
+pub async fn resume(db: &PgPool, kind: PauseKind, name: &str) -> Result<Option<Pause>, sqlx::Error> {
+    let Some(pause) = get(db, kind, name).await? else { return Ok(None) };
+    let removed = sqlx::query("DELETE FROM pause WHERE kind = $1 AND name = $2")
+        .bind(kind.as_str())
+        .bind(name)
+        .execute(db)
+        .await?
+        .rows_affected();
+    Ok((removed > 0).then_some(pause))
+}
