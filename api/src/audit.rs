@@ -16,9 +16,9 @@ use attune_common::db::{self, audit::NewEvent};
 use crate::ApiError;
 use crate::auth::Caller;
 
-/// The header that carries why a person asks for a change (at most `MAX_REASON_BYTES`).
+/// The header that carries why a person asks for a change (at most `MAX_REASON_CHARS`).
 pub const REASON_HEADER: &str = "X-Attune-Reason";
-pub const MAX_REASON_BYTES: usize = 1000;
+pub const MAX_REASON_CHARS: usize = 1000;
 
 /// What a request made, for its audit row (`execution:43`): a response extension. `written`: the
 /// handler wrote the row itself, in the transaction of the change (a batched submission).
@@ -61,7 +61,7 @@ impl Trail {
 }
 
 /// The reason a request gives: `X-Attune-Reason`, once, printable text of at most
-/// `MAX_REASON_BYTES` bytes (UTF-8); a malformed one is a 400 naming the header.
+/// `MAX_REASON_CHARS` characters (UTF-8); a malformed one is a 400 naming the header.
 pub fn reason(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let mut values = headers.get_all(REASON_HEADER).iter();
     let Some(value) = values.next() else { return Ok(None) };
@@ -72,10 +72,10 @@ pub fn reason(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let text = std::str::from_utf8(value.as_bytes())
         .map_err(|_| malformed(format!("the {REASON_HEADER} header must be UTF-8 text")))?
         .trim();
-    if text.len() > MAX_REASON_BYTES {
+    if text.chars().count() > MAX_REASON_CHARS {
         return Err(malformed(format!(
-            "the {REASON_HEADER} header takes {} bytes, more than the limit of {MAX_REASON_BYTES}",
-            text.len()
+            "the {REASON_HEADER} header takes {} characters, more than the limit of {MAX_REASON_CHARS}",
+            text.chars().count()
         )));
     }
     if text.chars().any(char::is_control) {
@@ -95,12 +95,18 @@ pub async fn record(State(state): State<crate::State>, request: Request, next: N
         Err(error) => return error.into_response(),
     };
     let caller = request.extensions().get::<Caller>().copied();
+    let withdrawal = request.extensions().get::<crate::server::Withdrawal>().cloned();
     let route = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
     // (the path as sent: inside `/api/v1` the router sees it without that prefix)
     let uri = request.extensions().get::<axum::extract::OriginalUri>().map(|original| &original.0);
     let path = uri.unwrap_or(request.uri()).path().to_string();
     let method = request.method().to_string();
     let response = next.run(request).await;
+    // what was done is answered as done: from here the request timeout waits for the audit row
+    // instead of answering that nothing was written
+    if let Some(withdrawal) = withdrawal {
+        withdrawal.begin_write();
+    }
     let target = response.extensions().get::<Target>();
     if target.is_some_and(|target| target.written) {
         return response;

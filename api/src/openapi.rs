@@ -130,15 +130,15 @@ fn reason_parameter() -> utoipa::openapi::path::Parameter {
     use utoipa::openapi::schema::{ObjectBuilder, Type};
     let schema = ObjectBuilder::new()
         .schema_type(Type::String)
-        .max_length(Some(crate::audit::MAX_REASON_BYTES))
+        .max_length(Some(crate::audit::MAX_REASON_CHARS))
         .pattern(Some(r"^[^\x00-\x1F\x7F]*$"));
     ParameterBuilder::new()
         .name(crate::audit::REASON_HEADER)
         .parameter_in(ParameterIn::Header)
         .required(Required::False)
         .description(Some(format!(
-            "Why this is asked for, recorded in the audit trail (`GET /api/v1/audit`): printable UTF-8 text of at most {} bytes",
-            crate::audit::MAX_REASON_BYTES
+            "Why this is asked for, recorded in the audit trail (`GET /api/v1/audit`): printable UTF-8 text of at most {} characters",
+            crate::audit::MAX_REASON_CHARS
         )))
         .schema(Some(schema))
         .build()

@@ -129,8 +129,8 @@ async fn a_malformed_reason_is_refused_before_anything_changes_and_no_row_is_eve
     }
     let executions: i64 = sqlx::query_scalar("SELECT count(*) FROM execution").fetch_one(&api.db.pool).await.unwrap();
     assert_eq!(executions, 0, "a refused request created an execution");
-    // a reason of 1,000 bytes of UTF-8 is taken whole
-    let long = "é".repeat(500);
+    // a reason of 1,000 characters (2,000 bytes of UTF-8) is taken whole
+    let long = "é".repeat(1000);
     assert_eq!(
         send(&api, &admin, Method::POST, "/api/v1/executions", Some(&long), Some(submit)).await,
         StatusCode::CREATED

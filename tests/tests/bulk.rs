@@ -99,7 +99,7 @@ async fn a_bulk_fail_retry_and_cancel_act_on_every_execution_selected_once() {
     let root: i64 = sqlx::query_scalar("SELECT min(id) FROM execution").fetch_one(&system.db.pool).await.unwrap();
     let (_, chain) = bulk(
         &system,
-        json!({"action": "retry", "filter": {"chain_root": root}, "dry_run": true, "reason": "look"}),
+        json!({"action": "retry", "filter": {"chain_root": root, "status": "canceled"}, "dry_run": true, "reason": "look"}),
         None,
     )
     .await;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use attune_testkit::{System, wait_for};
+use attune_testkit::{System, TempPack, wait_for};
 use serde_json::{Value, json};
 
 fn id(v: &Value) -> i64 {
@@ -29,7 +29,16 @@ async fn row(system: &System, id: i64) -> (String, i32, Option<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_work_waits_without_failing_and_runs_after_the_resume() {
+    // a second python action: no worker offers python
+    let pack = TempPack::new(
+        "py",
+        &[
+            ("other.yaml", "name: other\nruntime: python\nentrypoint: actions/other.py\n"),
+            ("other.py", "print('never')\n"),
+        ],
+    );
     let system = System::builder()
+        .pack(pack.path())
         .env("ATTUNE_WORKER_WAIT_SECS", "1")
         .worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "shell,builtin")])
         .start()
@@ -58,6 +67,17 @@ async fn paused_work_waits_without_failing_and_runs_after_the_resume() {
     assert_eq!(row(&system, echo).await, ("requested".into(), 0, None), "paused work neither runs nor fails");
     let (_, pauses) = system.get("/api/v1/pauses").await;
     assert_eq!(pauses.as_array().unwrap().len(), 1, "{pauses}");
+
+    // a paused action's request is not failed for want of a worker: its unpaused neighbour in the
+    // same runtime, submitted with it, is
+    let (status, _) = put(&system, "/api/v1/pauses/action/core.python_echo", json!({"reason": "no interpreter"})).await;
+    assert_eq!(status, 201);
+    let paused_python = id(&system.submit("core.python_echo", json!({"message": "waits"})).await);
+    let other = id(&system.submit("py.other", json!({})).await);
+    let failed = system.wait_terminal(other, Duration::from_secs(30)).await;
+    assert_eq!(failed["failure_kind"], "worker_unavailable", "{failed}");
+    assert_eq!(row(&system, paused_python).await, ("requested".into(), 0, None), "a paused request failed");
+    assert_eq!(delete(&system, "/api/v1/pauses/action/core.python_echo").await.0, 200);
 
     // an action paused alone; the runtime resumed
     let (status, _) = put(&system, "/api/v1/pauses/action/core.noop", json!({"reason": "noisy"})).await;

@@ -194,7 +194,12 @@ async fn tokens_made_with_the_cli_carry_their_role_and_record_what_they_did() {
 /// `path` with its parameters filled in with values that name nothing (so that an allowed call
 /// changes nothing: it is a 404 or a 422).
 fn concrete(path: &str) -> String {
-    let filled = path.replace("{id}", "987654321").replace("{action_ref}", "core.nope").replace("{name}", "nope");
+    // (a `kind` that is none: a pause is refused, 422)
+    let filled = path
+        .replace("{id}", "987654321")
+        .replace("{action_ref}", "core.nope")
+        .replace("{name}", "nope")
+        .replace("{kind}", "nope");
     assert!(!filled.contains('{'), "{path}: give its path parameter a value in roles.rs `concrete`");
     filled
 }

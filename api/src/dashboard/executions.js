@@ -72,15 +72,21 @@ function bulkForm(filter) {
   action.id = 'bulk-action';
   const reason = el('input', { id: 'bulk-reason', placeholder: 'why (required)', size: 30 });
   const apply = el('button', { type: 'button', id: 'bulk-apply', class: 'danger', disabled: true }, 'Apply');
-  const call = (dryRun) => api('POST', '/api/v1/executions/bulk',
-    { action: action.value, filter, reason: reason.value, dry_run: dryRun, limit: 1000 });
+  // Apply acts on no more than the preview showed, and on nothing created since
+  let bound = null;
+  const call = (dryRun) => api('POST', '/api/v1/executions/bulk', dryRun
+    ? { action: action.value, filter, reason: reason.value, dry_run: true, limit: 1000 }
+    : { action: action.value, filter: bound.filter, reason: reason.value, dry_run: false, limit: bound.limit });
   const disarm = () => { apply.disabled = true; apply.textContent = 'Apply'; };
   action.addEventListener('change', disarm);
   reason.addEventListener('input', disarm);
   const preview = el('button', { type: 'button', id: 'bulk-preview', class: 'secondary' }, 'Preview');
   preview.addEventListener('click', async () => {
     try {
+      const pinned = { ...filter };
+      if (!pinned.created_before) pinned.created_before = new Date(Date.now() + 1000).toISOString();
       const dry = await call(true);
+      bound = { filter: pinned, limit: Math.max(1, dry.selected.length) };
       fill(outcome, el('p', { 'data-bulk': 'preview' }, `${action.value}: ${dry.selected.length} selected`
         + (dry.more ? ' (more match: apply, then preview again)' : '')));
       apply.disabled = dry.selected.length === 0;

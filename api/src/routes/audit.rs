@@ -69,8 +69,8 @@ pub async fn list(
         ("target", &query.target, 255),
     ] {
         if let Some(value) = value {
-            if value.is_empty() || value.len() > most {
-                return Err(ApiError::invalid(name, format!("'{name}' must be 1 to {most} bytes")));
+            if value.is_empty() || value.chars().count() > most {
+                return Err(ApiError::invalid(name, format!("'{name}' must be 1 to {most} characters")));
             }
             crate::error::storable(name, value)?;
         }

@@ -30,15 +30,15 @@ fn target(kind: &str, name: &str) -> Result<PauseKind, ApiError> {
     let kind =
         PauseKind::parse(kind).ok_or_else(|| ApiError::invalid("kind", "'kind' must be 'action' or 'runtime'"))?;
     crate::error::storable("name", name)?;
-    if name.is_empty() || name.len() > 255 {
-        return Err(ApiError::invalid("name", "'name' must be 1 to 255 bytes"));
+    if name.is_empty() || name.chars().count() > 255 {
+        return Err(ApiError::invalid("name", "'name' must be 1 to 255 characters"));
     }
     Ok(kind)
 }
 
 #[utoipa::path(put, path = "/pauses/{kind}/{name}", operation_id = "pause", tag = "pauses",
     params(("kind" = String, Path, description = "`action` or `runtime`", pattern = "^(action|runtime)$"),
-        ("name" = String, Path, description = "The action's ref (`pack.name`) or the runtime's name")),
+        ("name" = String, Path, min_length = 1, max_length = 255, description = "The action's ref (`pack.name`) or the runtime's name")),
     request_body = PauseBody,
     responses((status = 201, description = "Paused: its requests wait from the executors' next claim", body = Pause),
         (status = 200, description = "Already paused: the reason is replaced, the pause keeps its start", body = Pause),
@@ -53,8 +53,8 @@ pub async fn pause(
     let Path((kind, name)) = path?;
     let kind = target(&kind, &name)?;
     crate::error::storable("reason", &body.reason)?;
-    if body.reason.trim().is_empty() || body.reason.len() > 1000 {
-        return Err(ApiError::invalid("reason", "'reason' must say why, in 1 to 1000 bytes"));
+    if body.reason.trim().is_empty() || body.reason.chars().count() > 1000 {
+        return Err(ApiError::invalid("reason", "'reason' must say why, in 1 to 1000 characters"));
     }
     if kind == PauseKind::Action && state.actions.get_by_ref(&state.db, &name).await?.is_none() {
         return Err(ApiError::not_found("action", format!("action '{name}' does not exist")));
@@ -67,7 +67,7 @@ pub async fn pause(
 
 #[utoipa::path(delete, path = "/pauses/{kind}/{name}", operation_id = "resume", tag = "pauses",
     params(("kind" = String, Path, description = "`action` or `runtime`", pattern = "^(action|runtime)$"),
-        ("name" = String, Path, description = "The action's ref (`pack.name`) or the runtime's name")),
+        ("name" = String, Path, min_length = 1, max_length = 255, description = "The action's ref (`pack.name`) or the runtime's name")),
     responses((status = 200, description = "Resumed: the pause it ended; its requests are claimed again within a second", body = Pause),
         (status = 404, description = "Not paused", body = crate::openapi::ErrorBody),
         (status = 422, description = "`kind` or `name` is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]

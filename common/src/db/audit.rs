@@ -89,7 +89,8 @@ pub struct Filter {
     pub actor: Option<String>,
     pub method: Option<String>,
     pub route: Option<String>,
-    /// Events whose target is this (`execution:42`) or whose path names it.
+    /// Events whose target is this (`execution:42`: what a request made; a request on an
+    /// execution's own path, a cancel say, is found by `route` and its path).
     pub target: Option<String>,
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,

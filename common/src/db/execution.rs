@@ -1490,8 +1490,9 @@ pub struct BulkFilter {
 }
 
 /// The executions `filter` selects that `action` applies to, oldest first, at most `limit`: for
-/// a retry, finished ones not yet retried (so a second identical call selects none); for a cancel
-/// or a fail, unfinished ones (a fail leaves a delayed retry alone).
+/// a retry, failed ones (`failed`, `timeout`, `abandoned`; `completed` or `canceled` only when
+/// the filter's status names it) not yet retried, so a second identical call selects none; for a
+/// cancel or a fail, unfinished ones (a fail leaves a delayed retry alone).
 pub async fn select_for_bulk(
     db: &PgPool,
     action: BulkAction,
@@ -1500,9 +1501,15 @@ pub async fn select_for_bulk(
 ) -> Result<Vec<i64>, sqlx::Error> {
     let mut query = sqlx::QueryBuilder::new("SELECT e.id FROM execution e WHERE true");
     match action {
+        // (a completed or canceled execution only when the filter names its status: a retry by
+        // filter is for what failed)
         BulkAction::Retry => query
             .push(" AND e.status = ANY(")
-            .push_bind(&ExecutionStatus::TERMINAL[..])
+            .push_bind(match filter.status {
+                Some(status) if status.is_terminal() => vec![status],
+                Some(_) => Vec::new(),
+                None => vec![ExecutionStatus::Failed, ExecutionStatus::Timeout, ExecutionStatus::Abandoned],
+            })
             .push(") AND NOT EXISTS (SELECT 1 FROM execution r WHERE r.original_execution = e.id)"),
         BulkAction::Cancel => {
             query.push(" AND NOT e.status = ANY(").push_bind(&ExecutionStatus::TERMINAL[..]).push(")")
@@ -1522,7 +1529,7 @@ pub async fn select_for_bulk(
         query.push(" AND e.failure_kind = ").push_bind(kind);
     }
     if let Some(after) = filter.created_after {
-        query.push(" AND e.created > ").push_bind(after);
+        query.push(" AND e.created >= ").push_bind(after);
     }
     if let Some(before) = filter.created_before {
         query.push(" AND e.created < ").push_bind(before);

@@ -1,6 +1,7 @@
 //! `POST /executions/bulk`: retry, cancel or fail the executions a filter selects, at most `limit`
-//! (1,000) per call, oldest first, each by its own rules: a retry only of a finished execution not
-//! yet retried (so the same call again retries none), a cancel or a fail only of an unfinished
+//! (1,000) per call, oldest first, each by its own rules: a retry only of a failed execution
+//! (`failed`, `timeout`, `abandoned`; `completed` or `canceled` only when the filter's status
+//! names it) not yet retried (so the same call again retries none), a cancel or a fail only of an unfinished
 //! one (a fail leaves a delayed retry alone). `dry_run` answers which it would act on and changes
 //! nothing. A reason is required; the call is written to the audit trail with it; each retry
 //! names the token as `submitted_by`, each cancel or fail as `ended_by`.
