@@ -23,8 +23,11 @@ pub async fn run(command: TokenCommand, out: Output, reason: Option<&str>) -> an
                 None => token::default_lifetime(&attune_common::config::Environment)?,
             };
             let expires = lifetime.map(|lifetime| Utc::now() + lifetime);
-            let (info, token) = token::create_with(&pool, &name, role, expires).await?;
-            audit(&pool, "token create", info.id, reason).await?;
+            // the token and its audit row in one transaction
+            let mut transaction = pool.begin().await?;
+            let (info, token) = token::create_with(&mut *transaction, &name, role, expires).await?;
+            audit(&mut transaction, "token create", info.id, reason).await?;
+            transaction.commit().await?;
             match out {
                 Output::Json => {
                     let mut shown = serde_json::to_value(&info)?;
@@ -44,8 +47,10 @@ pub async fn run(command: TokenCommand, out: Output, reason: Option<&str>) -> an
         }
         TokenCommand::Revoke { token: which } => {
             let target = find(&pool, &which).await?;
-            let revoked = token::revoke(&pool, target.id).await?.context("the token vanished")?;
-            audit(&pool, "token revoke", revoked.id, reason).await?;
+            let mut transaction = pool.begin().await?;
+            let revoked = token::revoke(&mut *transaction, target.id).await?.context("the token vanished")?;
+            audit(&mut transaction, "token revoke", revoked.id, reason).await?;
+            transaction.commit().await?;
             match out {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&revoked)?),
                 Output::Table => println!(
@@ -62,7 +67,12 @@ pub async fn run(command: TokenCommand, out: Output, reason: Option<&str>) -> an
 }
 
 /// The audit row of a change made here, past the API: by `cli:<the user running the command>`.
-async fn audit(pool: &PgPool, what: &str, token_id: i64, reason: Option<&str>) -> anyhow::Result<()> {
+async fn audit(
+    transaction: &mut sqlx::PgConnection,
+    what: &str,
+    token_id: i64,
+    reason: Option<&str>,
+) -> anyhow::Result<()> {
     let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into());
     let event = attune_common::db::audit::NewEvent {
         token_id: None,
@@ -75,7 +85,7 @@ async fn audit(pool: &PgPool, what: &str, token_id: i64, reason: Option<&str>) -
         target: Some(format!("token:{token_id}")),
         reason: reason.map(str::to_string),
     };
-    attune_common::db::audit::insert_many(pool, &[event]).await.context("writing the audit event")?;
+    attune_common::db::audit::insert_many(transaction, &[event]).await.context("writing the audit event")?;
     Ok(())
 }
 

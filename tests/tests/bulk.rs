@@ -36,6 +36,7 @@ async fn a_bulk_fail_retry_and_cancel_act_on_every_execution_selected_once() {
         (json!({"action": "cancel", "filter": {"status": "sleeping"}, "reason": "r"}), "filter.status"),
         (json!({"action": "cancel", "filter": waiting, "limit": 1001, "reason": "r"}), "limit"),
         (json!({"action": "fail", "filter": waiting, "reason": "  "}), "reason"),
+        (json!({"action": "fail", "filter": waiting, "reason": "x".repeat(1001)}), "reason"),
         (json!({"action": "fail", "filter": waiting}), "reason"),
     ] {
         let (status, answer) = bulk(&system, body.clone(), None).await;
@@ -113,7 +114,8 @@ async fn a_bulk_fail_retry_and_cancel_act_on_every_execution_selected_once() {
     // the audit trail has each call with its reason and how many it selected
     let (_, trail) = system.get("/api/v1/audit?route=/api/v1/executions/bulk&limit=1000").await;
     let events = trail["events"].as_array().unwrap();
-    assert_eq!(events.len(), 12, "{trail}");
+    // (six refusals, two dry runs, fail, retry twice, cancel twice)
+    assert_eq!(events.len(), 13, "{trail}");
     let retry_call = events.iter().find(|e| e["reason"] == "host is back" && e["target"] == "executions:500");
     assert!(retry_call.is_some_and(|e| e["status"] == 200), "{trail}");
     // (a fail's reason, given in its body, is the audit's reason too)

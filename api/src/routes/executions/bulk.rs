@@ -63,7 +63,7 @@ pub struct BulkRequest {
     #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// Why: the audit trail records it with the call, and a fail in each execution's `error`.
-    #[schema(min_length = 1, pattern = r"^[^\x00]*[^\s\x00][^\x00]*$")]
+    #[schema(min_length = 1, max_length = 1000, pattern = r"^[^\x00]*[^\s\x00][^\x00]*$")]
     pub reason: String,
 }
 
@@ -113,8 +113,8 @@ pub async fn bulk(
     }
     let filter = filter(body.filter)?;
     crate::error::storable("reason", &body.reason)?;
-    if body.reason.trim().is_empty() {
-        return Err(ApiError::invalid("reason", "'reason' must say why"));
+    if body.reason.trim().is_empty() || body.reason.chars().count() > 1000 {
+        return Err(ApiError::invalid("reason", "'reason' must say why, in 1 to 1000 characters"));
     }
     let reason = body.reason;
     let action = match body.action {
