@@ -51,6 +51,7 @@ async fn paused_work_waits_without_failing_and_runs_after_the_resume() {
     for (path, body, code, parameter) in [
         ("/api/v1/pauses/action/core.nope", json!({"reason": "x"}), 404, None),
         ("/api/v1/pauses/host/db1", json!({"reason": "x"}), 422, Some("kind")),
+        ("/api/v1/pauses/runtime/shel", json!({"reason": "x"}), 422, Some("name")),
         ("/api/v1/pauses/runtime/shell", json!({"reason": " "}), 422, Some("reason")),
     ] {
         let (status, answer) = put(&system, path, body).await;

@@ -573,19 +573,22 @@ pub async fn fail(
     }
     let error = format!("failed by an operator: {}", body.reason);
     let by = caller.token_id;
-    let (failed, was) = end_by_hand(&state, id, by, FailureKind::OperatorFailed, error, "failed", |current| {
-        if current.status == ExecutionStatus::Delayed {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "not_stuck",
-                format!("execution {id} is a retry waiting out its backoff, not stuck: cancel it to stop it"),
-            ));
-        }
-        Ok(())
-    })
-    .await?;
+    let (failed, was) = end_by_hand(&state, id, by, FailureKind::OperatorFailed, error, "failed", stuck).await?;
     tracing::warn!(execution_id = id, %was, reason = %body.reason, token_id = by, "execution failed by an operator");
     Ok((Extension(Target::reason(&body.reason)), Json(failed)))
+}
+
+/// What an operator's fail checks first: a delayed retry waits out its backoff, it is not stuck
+/// (`409 not_stuck`: cancel it to stop it).
+fn stuck(current: &Execution) -> Result<(), ApiError> {
+    if current.status == ExecutionStatus::Delayed {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_stuck",
+            format!("execution {} is a retry waiting out its backoff, not stuck: cancel it to stop it", current.id),
+        ));
+    }
+    Ok(())
 }
 
 /// A refused manual retry as the API answers it.

@@ -43,7 +43,7 @@ fn target(kind: &str, name: &str) -> Result<PauseKind, ApiError> {
     responses((status = 201, description = "Paused: its requests wait from the executors' next claim", body = Pause),
         (status = 200, description = "Already paused: the reason is replaced, the pause keeps its start", body = Pause),
         (status = 404, description = "No such action", body = crate::openapi::ErrorBody),
-        (status = 422, description = "`kind`, `name` or `reason` is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
+        (status = 422, description = "`kind`, `name` (an unknown runtime) or `reason` is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
 pub async fn pause(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
@@ -58,6 +58,13 @@ pub async fn pause(
     }
     if kind == PauseKind::Action && state.actions.get_by_ref(&state.db, &name).await?.is_none() {
         return Err(ApiError::not_found("action", format!("action '{name}' does not exist")));
+    }
+    let runtimes = attune_core::pack::RUNTIMES;
+    if kind == PauseKind::Runtime && !runtimes.contains(&name.as_str()) {
+        return Err(ApiError::invalid(
+            "name",
+            format!("unknown runtime '{name}' (expected one of: {})", runtimes.join(", ")),
+        ));
     }
     let (pause, new) = db::pause::pause(&state.db, kind, &name, &body.reason, caller.token_id).await?;
     tracing::info!(kind = kind.as_str(), %name, reason = %body.reason, token_id = caller.token_id, "paused");

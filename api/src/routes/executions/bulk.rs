@@ -172,18 +172,9 @@ pub async fn bulk(
             .map(|(ended, _)| ended.id),
             BulkActionName::Fail => {
                 let error = format!("failed by an operator: {reason}");
-                end_by_hand(&state, id, by, FailureKind::OperatorFailed, error, "failed", |current| {
-                    if current.status == ExecutionStatus::Delayed {
-                        return Err(ApiError::new(
-                            axum::http::StatusCode::CONFLICT,
-                            "not_stuck",
-                            format!("execution {id} is a retry waiting out its backoff"),
-                        ));
-                    }
-                    Ok(())
-                })
-                .await
-                .map(|(ended, _)| ended.id)
+                end_by_hand(&state, id, by, FailureKind::OperatorFailed, error, "failed", super::stuck)
+                    .await
+                    .map(|(ended, _)| ended.id)
             }
         };
         match done {
