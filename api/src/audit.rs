@@ -84,6 +84,19 @@ pub fn reason(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok((!text.is_empty()).then(|| text.to_string()))
 }
 
+/// A `reason` field of a request's body (a bulk call's, a pause's): what the header takes, and
+/// required; a 422 naming `reason` otherwise.
+pub fn body_reason(reason: &str) -> Result<(), ApiError> {
+    crate::error::storable("reason", reason)?;
+    if reason.trim().is_empty() || reason.chars().count() > MAX_REASON_CHARS {
+        return Err(ApiError::invalid(
+            "reason",
+            format!("'reason' must say why, in 1 to {MAX_REASON_CHARS} characters"),
+        ));
+    }
+    Ok(())
+}
+
 /// Writes the audit row of each request that could change state (runs inside `auth`, outside
 /// `roles::enforce`, so that a refusal is written too).
 pub async fn record(State(state): State<crate::State>, request: Request, next: Next) -> Response {

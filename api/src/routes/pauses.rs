@@ -52,10 +52,7 @@ pub async fn pause(
 ) -> Result<(StatusCode, Extension<crate::audit::Target>, Json<Pause>), ApiError> {
     let Path((kind, name)) = path?;
     let kind = target(&kind, &name)?;
-    crate::error::storable("reason", &body.reason)?;
-    if body.reason.trim().is_empty() || body.reason.chars().count() > 1000 {
-        return Err(ApiError::invalid("reason", "'reason' must say why, in 1 to 1000 characters"));
-    }
+    crate::audit::body_reason(&body.reason)?;
     if kind == PauseKind::Action && state.actions.get_by_ref(&state.db, &name).await?.is_none() {
         return Err(ApiError::not_found("action", format!("action '{name}' does not exist")));
     }

@@ -66,19 +66,25 @@ pub async fn pause(
     reason: &str,
     by: i64,
 ) -> Result<(Pause, bool), sqlx::Error> {
-    let new: bool = sqlx::query_scalar(
-        "INSERT INTO pause (kind, name, reason, paused_by) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (kind, name) DO UPDATE SET reason = EXCLUDED.reason, paused_by = EXCLUDED.paused_by \
-         RETURNING (xmax = 0)",
-    )
+    #[derive(sqlx::FromRow)]
+    struct Written {
+        #[sqlx(flatten)]
+        pause: Pause,
+        new: bool,
+    }
+    let written: Written = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH p AS (INSERT INTO pause (kind, name, reason, paused_by) VALUES ($1, $2, $3, $4) \
+            ON CONFLICT (kind, name) DO UPDATE SET reason = EXCLUDED.reason, paused_by = EXCLUDED.paused_by \
+            RETURNING *, (xmax = 0) AS new) \
+         SELECT {COLUMNS}, p.new FROM p LEFT JOIN api_token t ON t.id = p.paused_by"
+    )))
     .bind(kind.as_str())
     .bind(name)
     .bind(reason)
     .bind(by)
     .fetch_one(db)
     .await?;
-    let pause = get(db, kind, name).await?.ok_or_else(|| sqlx::Error::RowNotFound)?;
-    Ok((pause, new))
+    Ok((written.pause, written.new))
 }
 
 pub async fn get(db: &PgPool, kind: PauseKind, name: &str) -> Result<Option<Pause>, sqlx::Error> {
@@ -94,12 +100,12 @@ pub async fn get(db: &PgPool, kind: PauseKind, name: &str) -> Result<Option<Paus
 /// Resumes `name`: its requests are claimed again from the executors' next look (within a
 /// second). Returns the pause it ended, if there was one.
 pub async fn resume(db: &PgPool, kind: PauseKind, name: &str) -> Result<Option<Pause>, sqlx::Error> {
-    let Some(pause) = get(db, kind, name).await? else { return Ok(None) };
-    let removed = sqlx::query("DELETE FROM pause WHERE kind = $1 AND name = $2")
-        .bind(kind.as_str())
-        .bind(name)
-        .execute(db)
-        .await?
-        .rows_affected();
-    Ok((removed > 0).then_some(pause))
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH p AS (DELETE FROM pause WHERE kind = $1 AND name = $2 RETURNING *) \
+         SELECT {COLUMNS} FROM p LEFT JOIN api_token t ON t.id = p.paused_by"
+    )))
+    .bind(kind.as_str())
+    .bind(name)
+    .fetch_optional(db)
+    .await
 }

@@ -112,10 +112,7 @@ pub async fn bulk(
         return Err(ApiError::invalid("limit", format!("'limit' must be between 1 and {MAX_LIMIT}")));
     }
     let filter = filter(body.filter)?;
-    crate::error::storable("reason", &body.reason)?;
-    if body.reason.trim().is_empty() || body.reason.chars().count() > 1000 {
-        return Err(ApiError::invalid("reason", "'reason' must say why, in 1 to 1000 characters"));
-    }
+    crate::audit::body_reason(&body.reason)?;
     let reason = body.reason;
     let action = match body.action {
         BulkActionName::Retry => BulkAction::Retry,
