@@ -5,7 +5,8 @@
 //! or extractor, so a refused call is a 403 whatever its body or parameters.
 //!
 //! The policy: `read` may call every GET but the token and secret lists and the audit trail; `operator` also
-//! submits, retries, cancels and fails executions, pauses and resumes actions and runtimes, and
+//! submits, retries, cancels and fails executions, pauses and resumes actions and runtimes, sets
+//! actions' concurrency policies, and
 //! lists the secrets' names; `admin` also
 //! registers packs and manages tokens and secrets. A route missing
 //! from the table needs `admin` (and the tests fail on it: every route of the OpenAPI document
@@ -34,6 +35,8 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::POST, "/api/v1/executions/bulk", Role::Operator),
     (Method::GET, "/api/v1/actions", Role::Read),
     (Method::GET, "/api/v1/actions/{action_ref}", Role::Read),
+    (Method::PUT, "/api/v1/actions/{action_ref}/concurrency", Role::Operator),
+    (Method::DELETE, "/api/v1/actions/{action_ref}/concurrency", Role::Operator),
     (Method::GET, "/api/v1/packs", Role::Read),
     (Method::POST, "/api/v1/packs", Role::Admin),
     (Method::GET, "/api/v1/workers", Role::Read),

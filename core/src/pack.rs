@@ -63,6 +63,50 @@ pub struct ActionSpec {
     /// statuses it names (see `attune_core::retention`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<BTreeMap<String, String>>,
+    /// At most `limit` executions of the action scheduled or running at once, per value of the
+    /// parameter `key` if given (see `ConcurrencySpec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencySpec>,
+}
+
+/// An action's concurrency policy: at most `limit` of its executions scheduled or running at once,
+/// counted per value of the parameter `key` when it names one (`{limit: 1, key: host}`: one at a
+/// time per host). What waits beyond it stays `requested`, in its order; it is never failed for it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySpec {
+    /// At least 1, at most `MOST_CONCURRENT`.
+    pub limit: i64,
+    /// A declared, non-secret parameter: its value (as text; absent counts as one value of its
+    /// own) partitions the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// The largest concurrency limit an action may declare or be given.
+pub const MOST_CONCURRENT: i64 = 100_000;
+
+impl ConcurrencySpec {
+    /// The policy's problem against the action's parameters, as (field, reason).
+    pub fn check(&self, parameters: &ParamSpecs) -> Result<(), (&'static str, String)> {
+        if !(1..=MOST_CONCURRENT).contains(&self.limit) {
+            return Err(("limit", format!("must be between 1 and {MOST_CONCURRENT}, got {}", self.limit)));
+        }
+        if let Some(key) = &self.key {
+            let Some(spec) = parameters.get(key) else {
+                let declared: Vec<&str> = parameters.keys().map(String::as_str).collect();
+                return Err((
+                    "key",
+                    format!("'{key}' is not a parameter of the action (it declares: {})", declared.join(", ")),
+                ));
+            };
+            if spec.secret {
+                return Err(("key", format!("'{key}' is a secret parameter: its stored value cannot be compared")));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl ActionSpec {
@@ -542,6 +586,11 @@ fn validate_action(
     if let Err((field, reason)) = spec.retention_ages() {
         return fail(&field, reason);
     }
+    if let Some(concurrency) = &spec.concurrency
+        && let Err((field, reason)) = concurrency.check(&spec.parameters)
+    {
+        return fail(&format!("concurrency.{field}"), reason);
+    }
     if let Some(limits) = &spec.limits {
         if spec.runtime == "builtin" || spec.runtime == "http" {
             return fail(
@@ -832,6 +881,26 @@ mod tests {
                 "between 0 and 100",
             ),
             ("name: x\nruntime: python\nentrypoint: actions/flaky_api.py\ntimeout: 5\n", "timeout", "unknown field"),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nconcurrency: {limit: 0}\n",
+                "concurrency.limit",
+                "between 1 and 100000",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nconcurrency: {limit: 1, key: host}\n",
+                "concurrency.key",
+                "'host' is not a parameter",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nparameters:\n  host:\n    type: string\n    secret: true\nconcurrency: {limit: 1, key: host}\n",
+                "concurrency.key",
+                "secret parameter",
+            ),
+            (
+                "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nconcurrency: {limit: 1, per: host}\n",
+                "per",
+                "unknown field `per`, expected `limit` or `key`",
+            ),
             (
                 "name: x\nruntime: python\nentrypoint: actions/flaky_api.py\nparameters:\n  n:\n    type: integer\n    default: abc\n",
                 "parameters.n.default",

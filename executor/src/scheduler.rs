@@ -316,9 +316,9 @@ fn free_slots(rooms: &[selection::Room]) -> i64 {
     rooms.iter().fold(0i64, |sum, room| sum.saturating_add(room.free))
 }
 
-/// The claim of `plan.len()` waiting executions one at a time, after the database refused the
-/// batch (a bug or a constraint on one row): the others go on, and an execution whose claim is
-/// refused `DELIVERY_LIMIT` times fails as `poison_message` (not retried), as a message that
+/// The claim of `plan.len()` waiting executions one at a time (but those of actions with a
+/// concurrency policy), after the database refused the batch (a bug or a constraint on one row):
+/// the others go on, and an execution whose claim is refused `DELIVERY_LIMIT` times fails as `poison_message` (not retried), as a message that
 /// keeps failing would be dead-lettered.
 async fn claim_one_by_one(
     context: &Context,
@@ -328,9 +328,12 @@ async fn claim_one_by_one(
 ) -> Result<Vec<Claimed>, crate::Error> {
     use attune_common::db::execution::Transition;
     let waiting = db::execution::waiting_longer_than(&context.db, runtime, 0.0, plan.len() as i64).await?;
+    // one at a time is past the claim's count of what runs: an action with a concurrency policy
+    // waits for the next batch claim
+    let limited = db::action::limited(&context.db, runtime).await?;
     let mut claimed = Vec::new();
     let mut workers = plan.iter();
-    for execution in waiting {
+    for execution in waiting.into_iter().filter(|execution| !limited.contains(&execution.action_ref)) {
         let Some(&worker_id) = workers.next() else { break };
         let assign =
             Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).assign_worker(worker_id);

@@ -376,6 +376,13 @@ impl System {
         }
     }
 
+    /// Starts one more executor, named `name` (it must start with `executor`: `restart` and
+    /// `signal` take it by that name).
+    pub fn spawn_executor(&mut self, name: &str) {
+        assert!(name.starts_with("executor") && !self.processes.0.contains_key(name), "{name}");
+        self.spawn(name, "attune-executor", &BTreeMap::new());
+    }
+
     /// Starts a process again (after `signal`), with the same binary and environment.
     pub fn restart(&mut self, name: &str) {
         self.restart_with(name, &[]);
@@ -385,7 +392,7 @@ impl System {
     pub fn restart_with(&mut self, name: &str, extra: &[(&str, &str)]) {
         let (binary, env) = match name {
             "api" => ("attune-api", BTreeMap::new()),
-            "executor" => ("attune-executor", BTreeMap::new()),
+            executor if executor.starts_with("executor") => ("attune-executor", BTreeMap::new()),
             worker => {
                 let mut env = BTreeMap::new();
                 env.insert("ATTUNE_WORKER_NAME".to_string(), worker.to_string());

@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 32] = [
+const ROUTES: [(&str, &str); 34] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -19,6 +19,8 @@ const ROUTES: [(&str, &str); 32] = [
     ("post", "/api/v1/executions/bulk"),
     ("get", "/api/v1/actions"),
     ("get", "/api/v1/actions/{action_ref}"),
+    ("put", "/api/v1/actions/{action_ref}/concurrency"),
+    ("delete", "/api/v1/actions/{action_ref}/concurrency"),
     ("get", "/api/v1/packs"),
     ("post", "/api/v1/packs"),
     ("get", "/api/v1/workers"),

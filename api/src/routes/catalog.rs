@@ -123,3 +123,98 @@ pub async fn register_pack(
     let target = crate::audit::Target::new(format!("pack:{}", registered.pack_ref));
     Ok((StatusCode::CREATED, axum::Extension(target), Json(registered)))
 }
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetConcurrency {
+    /// At most this many of the action's executions scheduled or running at once (1 to 100000);
+    /// null: no limit, whatever the pack declares.
+    #[schema(minimum = 1, maximum = 100000)]
+    pub limit: Option<i64>,
+    /// Count the limit per value of this parameter (declared by the action, not secret).
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 255, pattern = r"^[^\x00]*$")]
+    pub key: Option<String>,
+    /// Why: shown with the policy, and in the audit trail.
+    #[schema(min_length = 1, max_length = 1000, pattern = r"^[^\x00]*[^\s\x00][^\x00]*$")]
+    pub reason: String,
+}
+
+/// Sets the action's concurrency policy in place of its pack's: what waits beyond the limit stays
+/// `requested`, in its order, and is claimed as room comes free (no failure, no retry spent).
+#[utoipa::path(put, path = "/actions/{action_ref}/concurrency", operation_id = "set_concurrency", tag = "catalog",
+    params(("action_ref" = String, Path, description = "pack.name", pattern = r"^[^\x00]*$")),
+    request_body = SetConcurrency,
+    responses((status = 200, description = "The action with the policy in force from the executors' next claim", body = db::action::Action),
+        (status = 404, description = "No such action", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`limit`, `key` or `reason` is invalid (`key` must be a declared parameter that is not secret); `parameter` names it", body = crate::openapi::ErrorBody),))]
+pub async fn set_concurrency(
+    State(state): State<crate::State>,
+    axum::Extension(caller): axum::Extension<crate::auth::Caller>,
+    action_ref: Result<Path<String>, PathRejection>,
+    crate::error::JsonObject(body): crate::error::JsonObject<SetConcurrency>,
+) -> Result<(axum::Extension<crate::audit::Target>, Json<db::action::Action>), ApiError> {
+    let Path(action_ref) = action_ref?;
+    crate::error::storable("action_ref", &action_ref)?;
+    crate::audit::body_reason(&body.reason)?;
+    if let Some(key) = &body.key {
+        crate::error::storable("key", key)?;
+    }
+    let action = db::action::get_by_ref(&state.db, &action_ref)
+        .await?
+        .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))?;
+    match body.limit {
+        Some(limit) => {
+            let specs: attune_core::params::ParamSpecs = serde_json::from_value(action.parameters.clone())
+                .map_err(|e| ApiError::internal("stored parameter declarations are unreadable", e))?;
+            let policy = attune_core::pack::ConcurrencySpec { limit, key: body.key.clone() };
+            policy.check(&specs).map_err(|(field, reason)| ApiError::invalid(field, reason))?;
+        }
+        None if body.key.is_some() => {
+            return Err(ApiError::invalid("key", "'key' partitions a limit: give 'limit' too, or neither"));
+        }
+        None => {}
+    }
+    let set = db::action::ConcurrencySet {
+        limit: body.limit,
+        key: body.key,
+        set_by: caller.token_id,
+        set_at: chrono::Utc::now(),
+        reason: body.reason.clone(),
+    };
+    let action = db::action::set_concurrency(&state.db, &action_ref, Some(&set))
+        .await?
+        .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))?;
+    tracing::info!(action_ref = %action_ref, limit = ?set.limit, key = ?set.key, token_id = caller.token_id, reason = %set.reason, "concurrency policy set");
+    let target = crate::audit::Target { what: Some(format!("action:{action_ref}")), ..crate::audit::Target::reason(&body.reason) };
+    Ok((axum::Extension(target), Json(action)))
+}
+
+/// Ends the operator's policy: the pack's `concurrency:` block (or none) is in force again.
+#[utoipa::path(delete, path = "/actions/{action_ref}/concurrency", operation_id = "clear_concurrency", tag = "catalog",
+    params(("action_ref" = String, Path, description = "pack.name", pattern = r"^[^\x00]*$")),
+    responses((status = 200, description = "The action with its pack's policy in force again", body = db::action::Action),
+        (status = 404, description = "No such action, or no policy of an operator's on it", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`action_ref` holds a NUL character", body = crate::openapi::ErrorBody),))]
+pub async fn clear_concurrency(
+    State(state): State<crate::State>,
+    axum::Extension(caller): axum::Extension<crate::auth::Caller>,
+    action_ref: Result<Path<String>, PathRejection>,
+) -> Result<(axum::Extension<crate::audit::Target>, Json<db::action::Action>), ApiError> {
+    let Path(action_ref) = action_ref?;
+    crate::error::storable("action_ref", &action_ref)?;
+    let action = db::action::get_by_ref(&state.db, &action_ref)
+        .await?
+        .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))?;
+    if action.concurrency_set.is_none() {
+        return Err(ApiError::not_found(
+            "concurrency",
+            format!("action '{action_ref}' has no concurrency policy set by an operator (its pack's is in force)"),
+        ));
+    }
+    let action = db::action::set_concurrency(&state.db, &action_ref, None)
+        .await?
+        .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))?;
+    tracing::info!(action_ref = %action_ref, token_id = caller.token_id, "concurrency policy cleared");
+    Ok((axum::Extension(crate::audit::Target::new(format!("action:{action_ref}"))), Json(action)))
+}

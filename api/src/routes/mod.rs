@@ -28,6 +28,7 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(executions::bulk::bulk))
         .routes(routes!(catalog::list_actions))
         .routes(routes!(catalog::get_action))
+        .routes(routes!(catalog::set_concurrency, catalog::clear_concurrency))
         .routes(routes!(catalog::list_packs, catalog::register_pack))
         .routes(routes!(workers::list))
         .routes(routes!(workers::config))

@@ -38,6 +38,18 @@ pub struct Action {
     /// `half_open` (one trial runs); null while it never was.
     #[schema(value_type = Option<crate::db::circuit::CircuitView>)]
     pub circuit: Option<Value>,
+    /// The concurrency policy in force (`{limit, key}`: at most `limit` scheduled or running at
+    /// once, per value of the parameter `key` if set); null: no limit. An operator's policy
+    /// (`concurrency_set`) stands in for the pack's (`concurrency_declared`).
+    #[schema(value_type = Option<attune_core::pack::ConcurrencySpec>)]
+    pub concurrency: Option<Value>,
+    /// The action's `concurrency:` block as its pack declares it.
+    #[schema(value_type = Option<attune_core::pack::ConcurrencySpec>)]
+    pub concurrency_declared: Option<Value>,
+    /// An operator's policy, set through the API in place of the pack's (`limit` null: no limit),
+    /// with who set it (`set_by`, a token id), when and why; a pack registration keeps it.
+    #[schema(value_type = Option<ConcurrencySet>)]
+    pub concurrency_set: Option<Value>,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,
 }
@@ -46,7 +58,54 @@ const SELECT: &str = "SELECT a.id, a.ref, a.pack, p.ref AS pack_ref, p.path AS p
     a.description, a.runtime, a.entrypoint, a.parameters, a.timeout_seconds, a.max_retries, \
     a.retry_policy, a.http, a.limits, \
     (SELECT to_jsonb(c) - 'action' FROM action_circuit c WHERE c.action = a.id) AS circuit, \
-    a.created, a.updated FROM action a JOIN pack p ON p.id = a.pack";
+    concurrency_in_force(a.concurrency, a.concurrency_set) AS concurrency, a.concurrency AS concurrency_declared, \
+    a.concurrency_set, a.created, a.updated FROM action a JOIN pack p ON p.id = a.pack";
+
+/// An operator's concurrency policy, as stored in `action.concurrency_set`.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, utoipa::ToSchema)]
+pub struct ConcurrencySet {
+    /// null: no limit, whatever the pack declares.
+    pub limit: Option<i64>,
+    pub key: Option<String>,
+    /// The API token that set it.
+    pub set_by: i64,
+    pub set_at: DateTime<Utc>,
+    pub reason: String,
+}
+
+/// Sets (`Some`) or clears (`None`: the pack's policy again) the operator's concurrency policy of
+/// the action `action_ref`; the action as it is now, `None` if there is no such action. The
+/// executors' next claims follow it.
+pub async fn set_concurrency(
+    db: &PgPool,
+    action_ref: &str,
+    set: Option<&ConcurrencySet>,
+) -> Result<Option<Action>, sqlx::Error> {
+    let set = set.map(|set| serde_json::to_value(set).expect("a concurrency policy serializes"));
+    let mut tx = db.begin().await?;
+    let updated: Option<i64> =
+        sqlx::query_scalar("UPDATE action SET concurrency_set = $2, updated = now() WHERE ref = $1 RETURNING id")
+            .bind(action_ref)
+            .bind(set)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let action = match updated {
+        Some(id) => get(&mut *tx, id).await?,
+        None => None,
+    };
+    tx.commit().await?;
+    Ok(action)
+}
+
+/// The refs of `runtime`'s actions with a concurrency policy in force.
+pub async fn limited(db: impl PgExecutor<'_>, runtime: &str) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT ref FROM action WHERE runtime = $1 AND concurrency_in_force(concurrency, concurrency_set) IS NOT NULL",
+    )
+    .bind(runtime)
+    .fetch_all(db)
+    .await
+}
 
 pub async fn get_by_ref(db: impl PgExecutor<'_>, action_ref: &str) -> Result<Option<Action>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.ref = $1"))).bind(action_ref).fetch_optional(db).await

@@ -83,11 +83,12 @@ async fn register_with(db: &PgPool, pack: &LoadedPack, replace: bool) -> Result<
         let spec = &action.spec;
         sqlx::query(
             "INSERT INTO action (ref, pack, name, description, runtime, entrypoint, parameters, \
-                timeout_seconds, max_retries, retry_policy, http, limits, retention) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                timeout_seconds, max_retries, retry_policy, http, limits, retention, concurrency) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
              ON CONFLICT (ref) DO UPDATE SET pack = $2, name = $3, description = $4, runtime = $5, \
                 entrypoint = $6, parameters = $7, timeout_seconds = $8, max_retries = $9, \
-                retry_policy = $10, http = $11, limits = $12, retention = $13, updated = now()",
+                retry_policy = $10, http = $11, limits = $12, retention = $13, concurrency = $14, \
+                updated = now()",
         )
         .bind(&action.action_ref)
         .bind(pack_id)
@@ -102,6 +103,7 @@ async fn register_with(db: &PgPool, pack: &LoadedPack, replace: bool) -> Result<
         .bind(spec.http.as_ref().map(|h| serde_json::to_value(h).expect("an http block serializes")))
         .bind(spec.limits.as_ref().map(|l| serde_json::to_value(l).expect("a limits block serializes")))
         .bind(retention_secs(spec))
+        .bind(spec.concurrency.as_ref().map(|c| serde_json::to_value(c).expect("a concurrency block serializes")))
         .execute(&mut *tx)
         .await?;
         refs.push(action.action_ref.clone());

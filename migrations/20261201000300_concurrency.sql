@@ -1,0 +1,114 @@
+-- Concurrency policies (issue 34): at most `limit` executions of an action scheduled or running
+-- at once, optionally per value of one of its parameters (`concurrency: {limit: 1, key: host}`).
+-- What waits beyond the limit stays `requested`, in its order: no failure, no retry spent, and
+-- other keys and actions are claimed past it. The claim itself enforces it, so it holds whatever
+-- executor claims.
+
+-- the action's `concurrency:` block as its pack declares it ({"limit": n, "key": "param"})
+ALTER TABLE action ADD COLUMN concurrency JSONB;
+-- an operator's policy in its place, through the API ({"limit": n or null, "key": ..., "set_by":
+-- token id, "set_at": ..., "reason": ...}; a null limit: no limit, whatever the pack says); a
+-- pack registration leaves it as it is
+ALTER TABLE action ADD COLUMN concurrency_set JSONB;
+
+-- what one claim looks at for a limited action: its waiting requests in their order, and (below)
+-- its in-flight executions
+CREATE INDEX execution_waiting_action_idx ON execution (action_ref, (COALESCE(not_before, created)), id)
+    WHERE status = 'requested';
+CREATE INDEX execution_inflight_action_idx ON execution (action_ref)
+    WHERE status IN ('scheduled', 'running');
+
+-- The policy in force for an action: the operator's if set, else its pack's; null: no limit.
+CREATE FUNCTION concurrency_in_force(declared JSONB, set JSONB) RETURNS JSONB
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN set IS NOT NULL THEN
+                CASE WHEN set->'limit' IS NULL OR jsonb_typeof(set->'limit') = 'null' THEN NULL
+                     ELSE jsonb_build_object('limit', set->'limit', 'key', set->'key') END
+           ELSE declared END
+$$;
+
+CREATE OR REPLACE FUNCTION execution_claim(p_runtime TEXT, p_plan BIGINT[]) RETURNS SETOF execution
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- the runtime's actions with a concurrency policy, and which of their waiting requests fit
+    limited TEXT[];
+    fitting BIGINT[];
+BEGIN
+    -- (the two-key form: apart from the services' one-key locks)
+    PERFORM pg_advisory_xact_lock(1635022965, (planned.worker % 2147483647)::int)
+        FROM (SELECT DISTINCT unnest(p_plan) % 2147483647 AS worker ORDER BY 1) AS planned;
+    SELECT array_agg(a.ref ORDER BY a.ref) INTO limited FROM action a
+        WHERE a.runtime = p_runtime AND concurrency_in_force(a.concurrency, a.concurrency_set) IS NOT NULL;
+    IF limited IS NOT NULL THEN
+        -- the claims of a limited action take turns (after the workers' locks, in one order:
+        -- no deadlock); each statement below sees every claim that took its turn before
+        PERFORM pg_advisory_xact_lock(1635022966, k)
+            FROM (SELECT DISTINCT hashtext(r) AS k FROM unnest(limited) AS r ORDER BY 1) AS keyed;
+        WITH policy AS (
+            SELECT a.ref, (p->>'limit')::bigint AS most, p->>'key' AS key
+            FROM action a, concurrency_in_force(a.concurrency, a.concurrency_set) AS p
+            WHERE a.ref = ANY (limited)),
+        busy AS (
+            SELECT x.action_ref, CASE WHEN policy.key IS NULL THEN NULL ELSE x.parameters->>policy.key END AS k,
+                   count(*) AS n
+            FROM execution x JOIN policy ON policy.ref = x.action_ref
+            WHERE x.status IN ('scheduled', 'running') AND x.action_ref = ANY (limited)
+            GROUP BY 1, 2),
+        waiting AS (
+            SELECT w.id, w.action_ref, policy.most,
+                   CASE WHEN policy.key IS NULL THEN NULL ELSE w.parameters->>policy.key END AS k,
+                   COALESCE(w.not_before, w.created) AS since
+            FROM execution w JOIN policy ON policy.ref = w.action_ref
+            WHERE w.status = 'requested' AND w.action_ref = ANY (limited) AND w.runtime = p_runtime
+              AND NOT EXISTS (SELECT 1 FROM action_circuit c WHERE c.action = w.action
+                              AND c.state <> 'closed' AND c.trial IS DISTINCT FROM w.id)
+              AND NOT EXISTS (SELECT 1 FROM pause pz
+                              WHERE (pz.kind = 'runtime' AND pz.name = p_runtime)
+                                 OR (pz.kind = 'action' AND pz.name = w.action_ref))),
+        ranked AS (
+            SELECT waiting.id, waiting.most - COALESCE(busy.n, 0) AS room,
+                   row_number() OVER (PARTITION BY waiting.action_ref, waiting.k ORDER BY waiting.since, waiting.id) AS place
+            FROM waiting LEFT JOIN busy
+              ON busy.action_ref = waiting.action_ref AND busy.k IS NOT DISTINCT FROM waiting.k)
+        SELECT array_agg(ranked.id) INTO fitting FROM ranked WHERE ranked.place <= ranked.room;
+    END IF;
+    -- a statement of a function takes its snapshot when it starts: this one sees every claim
+    -- that took its turn before
+    RETURN QUERY
+    WITH inflight AS (
+        SELECT x.worker, count(*) AS n FROM execution x
+        WHERE x.status IN ('scheduled', 'running') AND x.worker = ANY (p_plan)
+        GROUP BY x.worker),
+    room AS (
+        SELECT w.id AS worker,
+               CASE WHEN jsonb_typeof(w.capabilities->'slots') = 'number'
+                    THEN floor(LEAST((w.capabilities->>'slots')::numeric, 1e18))::bigint
+                    ELSE 9223372036854775807 END - COALESCE(i.n, 0) AS free
+        FROM worker w LEFT JOIN inflight i ON i.worker = w.id
+        WHERE w.id = ANY (p_plan)),
+    kept AS (
+        SELECT p.worker, row_number() OVER (ORDER BY p.n) AS n
+        FROM (SELECT q.worker, q.n, row_number() OVER (PARTITION BY q.worker ORDER BY q.n) AS k
+              FROM unnest(p_plan) WITH ORDINALITY AS q(worker, n)) AS p
+        JOIN room ON room.worker = p.worker
+        WHERE p.k <= room.free),
+    picked AS (
+        SELECT ctid AS tid, id, COALESCE(not_before, created) AS since FROM execution w
+        WHERE status = 'requested' AND runtime = p_runtime
+          AND (limited IS NULL OR w.action_ref <> ALL (limited) OR w.id = ANY (fitting))
+          AND NOT EXISTS (SELECT 1 FROM action_circuit c WHERE c.action = w.action
+                          AND c.state <> 'closed' AND c.trial IS DISTINCT FROM w.id)
+          AND NOT EXISTS (SELECT 1 FROM pause pz
+                          WHERE (pz.kind = 'runtime' AND pz.name = p_runtime)
+                             OR (pz.kind = 'action' AND pz.name = w.action_ref))
+        ORDER BY COALESCE(not_before, created), id
+        LIMIT (SELECT count(*) FROM kept) FOR UPDATE OF w SKIP LOCKED),
+    numbered AS (SELECT tid, row_number() OVER (ORDER BY since, id) AS n FROM picked),
+    claimed AS (
+        UPDATE execution e SET status = 'scheduled', worker = kept.worker, updated = now()
+        FROM numbered JOIN kept USING (n)
+        WHERE e.ctid = numbered.tid AND e.status = 'requested'
+        RETURNING e.*)
+    SELECT * FROM claimed;
+END
+$$;
