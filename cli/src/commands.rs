@@ -70,6 +70,36 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             });
             Ok(0)
         }
+        Command::Concurrency { action_ref, limit, key, no_limit, clear } => {
+            let path = format!("/api/v1/actions/{}/concurrency", encode(&action_ref));
+            let action = if clear {
+                client.request(reqwest::Method::DELETE, &path, &[], None::<&()>).await?
+            } else if limit.is_some() || no_limit {
+                let Some(reason) = cli.reason.clone() else { bail!("a concurrency policy needs --reason: say why") };
+                let body = json!({"limit": limit, "key": key, "reason": reason});
+                client.request(reqwest::Method::PUT, &path, &[], Some(&body)).await?
+            } else {
+                client.get(&format!("/api/v1/actions/{}", encode(&action_ref)), &[]).await?
+            };
+            print(out, &action, |a| {
+                let policy = match (&a["concurrency"]["limit"], a["concurrency"]["key"].as_str()) {
+                    (Value::Null, _) => "no limit".to_string(),
+                    (limit, None) => format!("at most {limit} at once"),
+                    (limit, Some(key)) => format!("at most {limit} at once per value of '{key}'"),
+                };
+                let source = match &a["concurrency_set"] {
+                    Value::Null => "its pack's".to_string(),
+                    set => format!(
+                        "an operator's (token {}, {}: {})",
+                        text(&set["set_by"]),
+                        text(&set["set_at"]),
+                        text(&set["reason"])
+                    ),
+                };
+                format!("{}: {policy}, {source}", text(&a["ref"]))
+            });
+            Ok(0)
+        }
         Command::Token(command) => crate::tokens::run(command, out, cli.reason.as_deref()).await,
         Command::Audit(AuditCommand::List { actor, route, target, since, limit }) => {
             let mut query = vec![("limit", limit.to_string())];

@@ -127,6 +127,24 @@ pub enum Command {
     },
     /// List what is paused, why, by whom and since when
     Pauses,
+    /// Show an action's concurrency policy, or set one in place of its pack's (--limit N
+    /// [--key PARAM], or --no-limit; needs --reason), or --clear it (the pack's is in force again)
+    Concurrency {
+        /// The action, as pack.name
+        action_ref: String,
+        /// At most this many of its executions scheduled or running at once
+        #[arg(long, conflicts_with_all = ["no_limit", "clear"])]
+        limit: Option<i64>,
+        /// Count the limit per value of this parameter (with --limit)
+        #[arg(long, requires = "limit")]
+        key: Option<String>,
+        /// No limit, whatever the pack declares
+        #[arg(long, conflicts_with = "clear")]
+        no_limit: bool,
+        /// End the operator's policy
+        #[arg(long)]
+        clear: bool,
+    },
     /// Read the audit trail (admin): who asked for which change, when, and why
     #[command(subcommand)]
     Audit(AuditCommand),

@@ -232,4 +232,28 @@ async fn an_operator_s_policy_holds_until_cleared() {
     .await
     .unwrap();
     assert_eq!(audited, vec![("PUT".into(), Some("drain the backlog".into())), ("DELETE".into(), None)]);
+
+    // the CLI
+    let attune = |args: &[&str]| {
+        let out = std::process::Command::new(attune_testkit::workspace_binary("attune"))
+            .args(args)
+            .env("ATTUNE_API_URL", &system.api_url)
+            .env("ATTUNE_TOKEN", &system.token)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, shown, _) = attune(&["concurrency", "lim.per_host"]);
+    assert!(ok && shown.contains("at most 1 at once per value of 'host', its pack's"), "{shown}");
+    let (ok, _, error) = attune(&["concurrency", "lim.per_host", "--limit", "3"]);
+    assert!(!ok && error.contains("--reason"), "{error}");
+    let (ok, shown, _) = attune(&["concurrency", "lim.per_host", "--limit", "3", "--key", "host", "--reason", "more"]);
+    assert!(ok && shown.contains("at most 3 at once per value of 'host', an operator's"), "{shown}");
+    let (ok, shown, _) = attune(&["concurrency", "lim.per_host", "--clear"]);
+    assert!(ok && shown.contains("its pack's"), "{shown}");
+    system.stop().await;
 }

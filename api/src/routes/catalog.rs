@@ -186,7 +186,10 @@ pub async fn set_concurrency(
         .await?
         .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))?;
     tracing::info!(action_ref = %action_ref, limit = ?set.limit, key = ?set.key, token_id = caller.token_id, reason = %set.reason, "concurrency policy set");
-    let target = crate::audit::Target { what: Some(format!("action:{action_ref}")), ..crate::audit::Target::reason(&body.reason) };
+    let target = crate::audit::Target {
+        what: Some(format!("action:{action_ref}")),
+        ..crate::audit::Target::reason(&body.reason)
+    };
     Ok((axum::Extension(target), Json(action)))
 }
 
