@@ -6,7 +6,7 @@
 //!
 //! The policy: `read` may call every GET but the token and secret lists and the audit trail; `operator` also
 //! submits, retries, cancels and fails executions, pauses and resumes actions and runtimes, sets
-//! actions' concurrency policies, and
+//! actions' concurrency policies, makes, pauses and deletes schedules, and
 //! lists the secrets' names; `admin` also
 //! registers packs and manages tokens and secrets. A route missing
 //! from the table needs `admin` (and the tests fail on it: every route of the OpenAPI document
@@ -55,6 +55,12 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::GET, "/api/v1/pauses", Role::Read),
     (Method::PUT, "/api/v1/pauses/{kind}/{name}", Role::Operator),
     (Method::DELETE, "/api/v1/pauses/{kind}/{name}", Role::Operator),
+    (Method::GET, "/api/v1/schedules", Role::Read),
+    (Method::POST, "/api/v1/schedules", Role::Operator),
+    (Method::GET, "/api/v1/schedules/{name}", Role::Read),
+    (Method::DELETE, "/api/v1/schedules/{name}", Role::Operator),
+    (Method::POST, "/api/v1/schedules/{name}/pause", Role::Operator),
+    (Method::POST, "/api/v1/schedules/{name}/resume", Role::Operator),
 ];
 
 /// The role `method` on the route `path` (a template: `/api/v1/executions/{id}`) needs: its entry

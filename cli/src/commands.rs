@@ -9,7 +9,9 @@ use serde_json::{Map, Value, json};
 
 use crate::client::Client;
 use crate::output::{self, text};
-use crate::{AuditCommand, Cli, Command, ExecutionCommand, Output, PackCommand, SecretCommand, WorkerCommand};
+use crate::{
+    AuditCommand, Cli, Command, ExecutionCommand, Output, PackCommand, ScheduleCommand, SecretCommand, WorkerCommand,
+};
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
     match output {
@@ -70,6 +72,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             });
             Ok(0)
         }
+        Command::Schedule(command) => schedule(&client, out, command, cli.reason.clone()).await,
         Command::Concurrency { action_ref, limit, key, no_limit, clear } => {
             let path = format!("/api/v1/actions/{}/concurrency", encode(&action_ref));
             let action = if clear {
@@ -402,6 +405,69 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 .await?;
             finish(&client, out, execution, wait, wait_timeout).await
         }
+    }
+}
+
+async fn schedule(
+    client: &Client,
+    out: Output,
+    command: ScheduleCommand,
+    reason: Option<String>,
+) -> anyhow::Result<i32> {
+    let path = |name: &str, what: &str| format!("/api/v1/schedules/{}{what}", encode(name));
+    let schedule = match command {
+        ScheduleCommand::Create { name, action_ref, params, cron, timezone, at, catch_up, paused } => {
+            let action = client.get(&format!("/api/v1/actions/{}", encode(&action_ref)), &[]).await?;
+            let parameters = parse_params(&action["parameters"], &params)?;
+            let body = json!({"name": name, "action_ref": action_ref, "parameters": parameters, "cron": cron,
+                "timezone": timezone, "at": at, "catch_up": catch_up, "paused": paused, "reason": reason});
+            client.request(reqwest::Method::POST, "/api/v1/schedules", &[], Some(&body)).await?
+        }
+        ScheduleCommand::List => {
+            let schedules = client.get("/api/v1/schedules", &[]).await?;
+            print(out, &schedules, |list| {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|s| {
+                        vec![
+                            text(&s["name"]),
+                            text(&s["action_ref"]),
+                            when(s),
+                            if s["paused"] == true { "paused".into() } else { text(&s["next_run"]) },
+                            text(&s["last_run"]),
+                            text(&s["last_execution"]),
+                        ]
+                    })
+                    .collect();
+                output::table(&["NAME", "ACTION", "WHEN", "NEXT", "LAST", "LAST EXECUTION"], &rows)
+            });
+            return Ok(0);
+        }
+        ScheduleCommand::Get { name } => client.get(&path(&name, ""), &[]).await?,
+        ScheduleCommand::Pause { name } => {
+            client.request(reqwest::Method::POST, &path(&name, "/pause"), &[], None::<&()>).await?
+        }
+        ScheduleCommand::Resume { name } => {
+            client.request(reqwest::Method::POST, &path(&name, "/resume"), &[], None::<&()>).await?
+        }
+        ScheduleCommand::Delete { name } => {
+            client.request(reqwest::Method::DELETE, &path(&name, ""), &[], None::<&()>).await?
+        }
+    };
+    print(out, &schedule, |s| {
+        let next = if s["paused"] == true { "paused".to_string() } else { format!("next {}", text(&s["next_run"])) };
+        format!("schedule {} runs {} {}: {next}", text(&s["name"]), text(&s["action_ref"]), when(s))
+    });
+    Ok(0)
+}
+
+/// A schedule's timing, as a person reads it.
+fn when(schedule: &Value) -> String {
+    match schedule["cron"].as_str() {
+        Some(cron) => format!("'{cron}' ({})", text(&schedule["timezone"])),
+        None => format!("at {}", text(&schedule["at"])),
     }
 }
 

@@ -127,6 +127,10 @@ pub enum Command {
     },
     /// List what is paused, why, by whom and since when
     Pauses,
+    /// Run actions on a schedule: create (a cron expression in a time zone, or one instant),
+    /// list, get, pause, resume, delete
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
     /// Show an action's concurrency policy, or set one in place of its pack's (--limit N
     /// [--key PARAM], or --no-limit; needs --reason), or --clear it (the pack's is in force again)
     Concurrency {
@@ -148,6 +152,44 @@ pub enum Command {
     /// Read the audit trail (admin): who asked for which change, when, and why
     #[command(subcommand)]
     Audit(AuditCommand),
+}
+
+#[derive(Subcommand)]
+pub enum ScheduleCommand {
+    /// Make a schedule: attune schedule create nightly core.echo message=hi --cron '0 3 * * *'
+    /// --timezone Europe/Paris (or --at 2026-12-01T03:00:00Z)
+    Create {
+        name: String,
+        /// The action, as pack.name
+        action_ref: String,
+        /// Parameters as key=value (typed by the action's declaration)
+        params: Vec<String>,
+        /// A cron expression: 5 fields, or 6 with seconds first
+        #[arg(long, required_unless_present = "at", conflicts_with = "at")]
+        cron: Option<String>,
+        /// The IANA time zone the cron expression is read in (default UTC)
+        #[arg(long, requires = "cron")]
+        timezone: Option<String>,
+        /// One instant to run at (RFC 3339)
+        #[arg(long)]
+        at: Option<String>,
+        /// What a look after an outage does with occurrences older than 60 s: skip or once
+        #[arg(long, value_parser = ["skip", "once"])]
+        catch_up: Option<String>,
+        /// Make it paused
+        #[arg(long)]
+        paused: bool,
+    },
+    /// List the schedules with their next and last runs
+    List,
+    /// Show one schedule
+    Get { name: String },
+    /// Pause a schedule (no run is created until it is resumed)
+    Pause { name: String },
+    /// Resume a schedule (from its next occurrence after now)
+    Resume { name: String },
+    /// Delete a schedule (its executions keep its id)
+    Delete { name: String },
 }
 
 #[derive(Subcommand)]

@@ -9,6 +9,7 @@ pub mod error;
 pub mod metrics;
 pub mod mq;
 pub mod pack;
+pub mod schedule;
 pub mod secrets;
 pub mod settings;
 pub mod telemetry;

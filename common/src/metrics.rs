@@ -43,6 +43,16 @@ pub const RETRIES_FINISHED: Metric = Metric {
     help: "Retry executions that finished, by result (succeeded or failed).",
     kind: Kind::Counter,
 };
+pub const SCHEDULED_RUNS: Metric = Metric {
+    name: "attune_scheduled_runs_total",
+    help: "Executions the executors created for due schedules.",
+    kind: Kind::Counter,
+};
+pub const SCHEDULED_MISSED: Metric = Metric {
+    name: "attune_scheduled_missed_total",
+    help: "Scheduled occurrences older than the grace (60 s) when looked at: skipped, or run once for all (catch_up).",
+    kind: Kind::Counter,
+};
 pub const DISPATCH_LATENCY: Metric = Metric {
     name: "attune_dispatch_latency_seconds",
     help: "Time from an execution being requested (or its retry coming due) to its dispatch to a worker.",
@@ -165,7 +175,7 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 16] = [
+const ALL: [&Metric; 18] = [
     &EXECUTIONS_FINISHED,
     &FAILURES,
     &RETRIES_CREATED,
@@ -182,6 +192,8 @@ const ALL: [&Metric; 16] = [
     &ACTIONS_RUN,
     &BROKER_PUBLISHES,
     &BROKER_DELIVERIES,
+    &SCHEDULED_RUNS,
+    &SCHEDULED_MISSED,
 ];
 
 fn key(metric: &Metric, labels: &[(&'static str, &str)]) -> Series {

@@ -9,6 +9,7 @@
 //! - `retry_timer`: requests delayed retries when they are due.
 //! - `dead_letters`: the DLQ handler (expired dispatches, poison messages, parking).
 //! - `monitor`: the singleton timeout monitor (stuck states, dead workers, overdue runs).
+//! - `schedules`: creates the runs of due schedules, each once whatever executors look.
 //!
 //! The quick reference's "Configuration" section, as written, is how the executor's two
 //! components are made:
@@ -52,6 +53,7 @@ pub mod monitor;
 pub mod retry_manager;
 pub mod retry_timer;
 pub mod scheduler;
+pub mod schedules;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,7 +234,18 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let monitor = monitor::run(context.clone(), shutdown.clone());
     let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
     let history = history::run(context.clone(), shutdown.clone());
-    tokio::join!(scheduler, dispatcher, announcements, completion, dead_letters, monitor, retry_timer, history);
+    let schedules = schedules::run(context.clone(), shutdown.clone());
+    tokio::join!(
+        scheduler,
+        dispatcher,
+        announcements,
+        completion,
+        dead_letters,
+        monitor,
+        retry_timer,
+        history,
+        schedules
+    );
     context.dispatches.close();
     if tokio::time::timeout(Duration::from_secs(20), context.dispatches.wait()).await.is_err() {
         tracing::warn!("dispatches still being published at shutdown; the monitor hands their executions back");

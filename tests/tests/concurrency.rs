@@ -30,10 +30,13 @@ fn pack() -> TempPack {
     )
 }
 
+/// A row as read: id, key, status, retry count, started, finished.
+type Row = (i64, String, String, i32, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
 /// Each execution's run as the database recorded it: (id, key, started, finished), every one
 /// completed at its first attempt.
 async fn runs(system: &System, ids: &[i64]) -> Vec<(i64, String, DateTime<Utc>, DateTime<Utc>)> {
-    let rows: Vec<(i64, String, String, i32, Option<DateTime<Utc>>, Option<DateTime<Utc>>)> = sqlx::query_as(
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, parameters->>'host', status::text, retry_count, started, finished FROM execution \
          WHERE id = ANY($1) ORDER BY id",
     )

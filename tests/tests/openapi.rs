@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 34] = [
+const ROUTES: [(&str, &str); 40] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -39,6 +39,12 @@ const ROUTES: [(&str, &str); 34] = [
     ("get", "/api/v1/pauses"),
     ("put", "/api/v1/pauses/{kind}/{name}"),
     ("delete", "/api/v1/pauses/{kind}/{name}"),
+    ("get", "/api/v1/schedules"),
+    ("post", "/api/v1/schedules"),
+    ("get", "/api/v1/schedules/{name}"),
+    ("delete", "/api/v1/schedules/{name}"),
+    ("post", "/api/v1/schedules/{name}/pause"),
+    ("post", "/api/v1/schedules/{name}/resume"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

@@ -124,7 +124,7 @@ fn traced(mut new: NewExecution, span: &mut attune_common::trace::Span) -> NewEx
 
 /// Checks a submission and returns what to insert: a first attempt of the action, or (the seed's
 /// Example 4, `config.retry_of`) a manual retry.
-async fn plan(state: &crate::AppState, body: CreateExecution) -> Result<NewExecution, ApiError> {
+pub(crate) async fn plan(state: &crate::AppState, body: CreateExecution) -> Result<NewExecution, ApiError> {
     crate::error::storable("action_ref", &body.action_ref)?;
     for (field, value) in [("parameters", &body.parameters), ("config", &body.config)] {
         if let Some(value) = value {

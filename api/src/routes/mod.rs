@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod executions;
 pub mod pauses;
 pub mod probes;
+pub mod schedules;
 pub mod secrets;
 pub mod stats;
 pub mod tokens;
@@ -43,6 +44,10 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(audit::list))
         .routes(routes!(pauses::list))
         .routes(routes!(pauses::pause, pauses::resume))
+        .routes(routes!(schedules::list, schedules::create))
+        .routes(routes!(schedules::get, schedules::delete))
+        .routes(routes!(schedules::pause))
+        .routes(routes!(schedules::resume))
 }
 
 /// Probes and metrics (no token).

@@ -62,12 +62,16 @@ pub struct Execution {
     /// its submission's span, and for a retry the chain's first submission's. Its trace id finds
     /// the execution's trace in the tracing backend. Null with traces off.
     pub trace_parent: Option<String>,
+    /// The schedule (`schedule.id`) whose run it is, and the occurrence it ran for; a retry keeps
+    /// its parent's. Null when it was submitted.
+    pub schedule: Option<i64>,
+    pub scheduled_for: Option<DateTime<Utc>>,
 }
 
 const COLUMNS: &str = "id, action, action_ref, runtime, parameters, config, status, worker, result, failure_kind, \
     error, exit_code, stdout, stderr, retry_count, max_retries, retry_reason, original_execution, \
     not_before, timeout_seconds, started, finished, created, updated, retry_decision, http_status, idempotency_key, \
-    submitted_by, ended_by, trace_parent";
+    submitted_by, ended_by, trace_parent, schedule, scheduled_for";
 
 #[derive(Debug, Clone)]
 pub struct NewExecution {
@@ -167,9 +171,11 @@ pub async fn insert_submitted(
     let sql = format!(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
          timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime, idempotency_key, \
-         submitted_by, trace_parent) \
+         submitted_by, trace_parent, schedule, scheduled_for) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text), \
-         COALESCE($14, (SELECT parent.submitted_by FROM execution parent WHERE parent.id = $10)), $15) \
+         COALESCE($14, (SELECT parent.submitted_by FROM execution parent WHERE parent.id = $10)), $15, \
+         (SELECT parent.schedule FROM execution parent WHERE parent.id = $10), \
+         (SELECT parent.scheduled_for FROM execution parent WHERE parent.id = $10)) \
          RETURNING {COLUMNS}"
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))

@@ -13,6 +13,7 @@ pub mod leader;
 pub mod pack;
 pub mod pause;
 pub mod report;
+pub mod schedule;
 pub mod secret;
 pub mod stats;
 pub mod token;

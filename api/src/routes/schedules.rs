@@ -1,0 +1,212 @@
+//! Schedules (`db::schedule`): an action with its parameters, run at the occurrences of a cron
+//! expression in a time zone, or once at an instant; each run created once by the executors,
+//! recorded on its execution (`schedule`, `scheduled_for`).
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::Value;
+
+use attune_common::db::{self, schedule::NewSchedule, schedule::Schedule};
+use attune_common::schedule::{CatchUp, GRACE, Timing};
+
+use crate::ApiError;
+use crate::audit::Target;
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSchedule {
+    /// Unique; how the schedule is named in its routes and on its executions' `config.schedule`.
+    #[schema(min_length = 1, max_length = 255, pattern = r"^[^\x00/]*$")]
+    pub name: String,
+    /// The action, as `pack.name`.
+    #[schema(pattern = r"^[^\x00]*$")]
+    pub action_ref: String,
+    /// Checked against the action's declared parameters now (defaults filled in, secret ones
+    /// sealed), as a submission's are.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<Value>,
+    /// A cron expression: 5 fields (minute hour day-of-month month day-of-week), or 6 with
+    /// seconds first; `L`, `W`, `#`, names and `@daily`-style macros. Give `cron` or `at`.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 255, pattern = r"^[^\x00]*$")]
+    pub cron: Option<String>,
+    /// The IANA time zone `cron` is read in (default `UTC`).
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[^\x00]*$")]
+    pub timezone: Option<String>,
+    /// One instant to run at (RFC 3339), instead of `cron`; at most 60 s past.
+    #[serde(default)]
+    pub at: Option<DateTime<Utc>>,
+    /// What a look after an outage does with occurrences older than 60 s: `skip` them (the
+    /// default) or run `once` for them all.
+    #[serde(default)]
+    pub catch_up: Option<CatchUp>,
+    /// Made paused (nothing runs until it is resumed).
+    #[serde(default)]
+    pub paused: bool,
+    /// Why: shown with the schedule, and in the audit trail.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 1000, pattern = r"^[^\x00]*[^\s\x00][^\x00]*$")]
+    pub reason: Option<String>,
+}
+
+#[utoipa::path(get, path = "/schedules", operation_id = "list_schedules", tag = "schedules",
+    responses((status = 200, description = "Every schedule, by name, with its next and last run", body = Vec<Schedule>)))]
+pub async fn list(State(state): State<crate::State>) -> Result<Json<Vec<Schedule>>, ApiError> {
+    Ok(Json(db::schedule::list(&state.db).await?))
+}
+
+#[utoipa::path(post, path = "/schedules", operation_id = "create_schedule", tag = "schedules",
+    request_body = CreateSchedule,
+    responses((status = 201, description = "The schedule, with its first `next_run`", body = Schedule),
+        (status = 404, description = "No such action", body = crate::openapi::ErrorBody),
+        (status = 409, description = "A schedule of that name exists", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The parameters are too large; `parameter` names the one", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`name`, `cron`, `timezone`, `at`, `reason` or a parameter is invalid (both or neither of `cron` and `at`; an instant past); `parameter` names it", body = crate::openapi::ErrorBody),))]
+pub async fn create(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    crate::error::JsonObject(body): crate::error::JsonObject<CreateSchedule>,
+) -> Result<(StatusCode, Extension<Target>, Json<Schedule>), ApiError> {
+    check_name(&body.name)?;
+    if let Some(reason) = &body.reason {
+        crate::audit::body_reason(reason)?;
+    }
+    let timezone = body.timezone.clone().unwrap_or_else(|| "UTC".into());
+    crate::error::storable("timezone", &timezone)?;
+    let now = Utc::now();
+    let (timing, next_run) = match (&body.cron, body.at) {
+        (Some(cron), None) => {
+            crate::error::storable("cron", cron)?;
+            let timing = Timing::cron(cron, &timezone).map_err(|(field, reason)| ApiError::invalid(field, reason))?;
+            let next = timing.first_after(now);
+            (timing, next)
+        }
+        (None, Some(at)) => {
+            if body.timezone.is_some() {
+                return Err(ApiError::invalid(
+                    "timezone",
+                    "'timezone' reads a cron expression; 'at' carries its own offset",
+                ));
+            }
+            if at < now - GRACE {
+                return Err(ApiError::invalid("at", format!("'at' ({at}) has passed")));
+            }
+            (Timing::At(at), Some(at))
+        }
+        _ => return Err(ApiError::invalid("cron", "give either 'cron' (with 'timezone') or 'at', not both")),
+    };
+    let planned = crate::routes::executions::plan(
+        &state,
+        crate::routes::executions::CreateExecution {
+            action_ref: body.action_ref.clone(),
+            parameters: body.parameters,
+            config: None,
+        },
+    )
+    .await?;
+    let new = NewSchedule {
+        name: body.name.clone(),
+        action_ref: planned.action_ref,
+        parameters: planned.parameters,
+        cron: body.cron.clone(),
+        timezone,
+        at: body.at,
+        catch_up: body.catch_up.unwrap_or(CatchUp::Skip),
+        paused: body.paused,
+        next_run,
+        reason: body.reason.clone(),
+        created_by: caller.token_id,
+    };
+    let schedule = db::schedule::create(&state.db, &new).await?.ok_or_else(|| {
+        ApiError::new(StatusCode::CONFLICT, "schedule_exists", format!("a schedule named '{}' exists", body.name))
+    })?;
+    tracing::info!(schedule = %schedule.name, action_ref = %schedule.action_ref, next_run = ?schedule.next_run, token_id = caller.token_id, timing = ?matches!(timing, Timing::At(_)), "schedule made");
+    let target = Target { what: Some(format!("schedule:{}", schedule.name)), written: false, reason: body.reason };
+    Ok((StatusCode::CREATED, Extension(target), Json(schedule)))
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    crate::error::storable("name", name)?;
+    if name.is_empty() || name.chars().count() > 255 || name.contains('/') {
+        return Err(ApiError::invalid("name", "'name' must be 1 to 255 characters, without '/'"));
+    }
+    Ok(())
+}
+
+fn named(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(name) = path?;
+    check_name(&name)?;
+    Ok(name)
+}
+
+fn no_such(name: &str) -> ApiError {
+    ApiError::not_found("schedule", format!("no schedule named '{name}'"))
+}
+
+#[utoipa::path(get, path = "/schedules/{name}", operation_id = "get_schedule", tag = "schedules",
+    params(("name" = String, Path, min_length = 1, max_length = 255, pattern = r"^[^\x00/]*$")),
+    responses((status = 200, body = Schedule),
+        (status = 404, description = "No such schedule", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
+pub async fn get(
+    State(state): State<crate::State>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Schedule>, ApiError> {
+    let name = named(name)?;
+    db::schedule::get(&state.db, &name).await?.map(Json).ok_or_else(|| no_such(&name))
+}
+
+#[utoipa::path(delete, path = "/schedules/{name}", operation_id = "delete_schedule", tag = "schedules",
+    params(("name" = String, Path, min_length = 1, max_length = 255, pattern = r"^[^\x00/]*$")),
+    responses((status = 200, description = "Deleted: the schedule as it was (its executions keep its id)", body = Schedule),
+        (status = 404, description = "No such schedule", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
+pub async fn delete(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Schedule>, ApiError> {
+    let name = named(name)?;
+    let schedule = db::schedule::delete(&state.db, &name).await?.ok_or_else(|| no_such(&name))?;
+    tracing::info!(schedule = %name, token_id = caller.token_id, "schedule deleted");
+    Ok(Json(schedule))
+}
+
+#[utoipa::path(post, path = "/schedules/{name}/pause", operation_id = "pause_schedule", tag = "schedules",
+    params(("name" = String, Path, min_length = 1, max_length = 255, pattern = r"^[^\x00/]*$")),
+    responses((status = 200, description = "Paused: no run is created until it is resumed", body = Schedule),
+        (status = 404, description = "No such schedule", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
+pub async fn pause(
+    State(state): State<crate::State>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Schedule>, ApiError> {
+    let name = named(name)?;
+    let schedule =
+        db::schedule::set_paused(&state.db, &name, true, |s| s.next_run).await?.ok_or_else(|| no_such(&name))?;
+    Ok(Json(schedule))
+}
+
+#[utoipa::path(post, path = "/schedules/{name}/resume", operation_id = "resume_schedule", tag = "schedules",
+    params(("name" = String, Path, min_length = 1, max_length = 255, pattern = r"^[^\x00/]*$")),
+    responses((status = 200, description = "Resumed: a cron schedule runs from its next occurrence after now (what came while it was paused is not run); an instant that passed meanwhile follows its catch_up", body = Schedule),
+        (status = 404, description = "No such schedule", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
+pub async fn resume(
+    State(state): State<crate::State>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Schedule>, ApiError> {
+    let name = named(name)?;
+    let resumed = db::schedule::set_paused(&state.db, &name, false, |s| match s.timing() {
+        Ok(Timing::At(at)) => s.next_run.map(|_| at),
+        Ok(timing) => timing.first_after(Utc::now()),
+        Err(_) => None,
+    });
+    Ok(Json(resumed.await?.ok_or_else(|| no_such(&name))?))
+}

@@ -1,0 +1,251 @@
+//! Schedules (`crate::schedule` says when they run): made, changed and deleted by the API; moved
+//! on by the executors, which create each due run in the transaction that moves the schedule's
+//! `next_run` past it, under the schedule row's lock (`run_due`). A run is created once however
+//! many executors look; an executor killed in the middle leaves the schedule due for the next
+//! look; and the unique index `execution_one_per_occurrence` refuses a second first attempt for
+//! one occurrence whatever happens.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::schedule::{CatchUp, Timing};
+
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Schedule {
+    pub id: i64,
+    pub name: String,
+    pub action_ref: String,
+    /// As checked against the action's declarations when it was made (a secret one shown
+    /// `[redacted]`).
+    #[schema(value_type = Object)]
+    #[serde(serialize_with = "crate::secrets::serialize_shown")]
+    pub parameters: Value,
+    /// A cron expression (5 fields, or 6 with seconds first) read in `timezone`; null for an
+    /// instant (`at`).
+    pub cron: Option<String>,
+    pub timezone: String,
+    pub at: Option<DateTime<Utc>>,
+    /// `skip` or `once`: what a look after an outage does with occurrences older than 60 s.
+    pub catch_up: String,
+    pub paused: bool,
+    /// The next occurrence to run; null: nothing more (an instant that came).
+    pub next_run: Option<DateTime<Utc>>,
+    pub last_run: Option<DateTime<Utc>>,
+    /// The execution the last run made.
+    pub last_execution: Option<i64>,
+    pub reason: Option<String>,
+    pub created_by: Option<i64>,
+    pub created: DateTime<Utc>,
+    pub updated: DateTime<Utc>,
+}
+
+impl Schedule {
+    /// Its timing, as stored (checked when it was made).
+    pub fn timing(&self) -> Result<Timing, (&'static str, String)> {
+        match (&self.cron, self.at) {
+            (Some(cron), _) => Timing::cron(cron, &self.timezone),
+            (None, Some(at)) => Ok(Timing::At(at)),
+            (None, None) => Err(("cron", "neither a cron expression nor an instant".into())),
+        }
+    }
+}
+
+const COLUMNS: &str = "id, name, action_ref, parameters, cron, timezone, at, catch_up, paused, next_run, \
+    last_run, last_execution, reason, created_by, created, updated";
+
+/// A schedule to make: its timing checked, its parameters checked (and sealed) by the API.
+#[derive(Debug, Clone)]
+pub struct NewSchedule {
+    pub name: String,
+    pub action_ref: String,
+    pub parameters: Value,
+    pub cron: Option<String>,
+    pub timezone: String,
+    pub at: Option<DateTime<Utc>>,
+    pub catch_up: CatchUp,
+    pub paused: bool,
+    pub next_run: Option<DateTime<Utc>>,
+    pub reason: Option<String>,
+    pub created_by: i64,
+}
+
+/// Makes `new`; `None` when a schedule of that name exists.
+pub async fn create(db: &PgPool, new: &NewSchedule) -> Result<Option<Schedule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO schedule (name, action_ref, parameters, cron, timezone, at, catch_up, paused, next_run, \
+         reason, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+         ON CONFLICT (name) DO NOTHING RETURNING {COLUMNS}"
+    )))
+    .bind(&new.name)
+    .bind(&new.action_ref)
+    .bind(&new.parameters)
+    .bind(&new.cron)
+    .bind(&new.timezone)
+    .bind(new.at)
+    .bind(new.catch_up.as_str())
+    .bind(new.paused)
+    .bind(new.next_run)
+    .bind(&new.reason)
+    .bind(new.created_by)
+    .fetch_optional(db)
+    .await
+}
+
+pub async fn get(db: &PgPool, name: &str) -> Result<Option<Schedule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM schedule WHERE name = $1")))
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+/// Every schedule, by name.
+pub async fn list(db: &PgPool) -> Result<Vec<Schedule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM schedule ORDER BY name LIMIT 10000")))
+        .fetch_all(db)
+        .await
+}
+
+/// Pauses or resumes the schedule `name`. A resumed cron schedule waits for its next occurrence
+/// from now (what came while it was paused is not run); a resumed instant that has passed runs
+/// by its catch-up policy.
+pub async fn set_paused(
+    db: &PgPool,
+    name: &str,
+    paused: bool,
+    next_run: impl FnOnce(&Schedule) -> Option<DateTime<Utc>>,
+) -> Result<Option<Schedule>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let current: Option<Schedule> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM schedule WHERE name = $1 FOR UPDATE")))
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(current) = current else { return Ok(None) };
+    let next = if !paused && current.paused { next_run(&current) } else { current.next_run };
+    let schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE schedule SET paused = $2, next_run = $3, updated = now() WHERE id = $1 RETURNING {COLUMNS}"
+    )))
+    .bind(current.id)
+    .bind(paused)
+    .bind(next)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Some(schedule))
+}
+
+/// Deletes the schedule `name` (the executions it made keep its id); the schedule as it was.
+pub async fn delete(db: &PgPool, name: &str) -> Result<Option<Schedule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("DELETE FROM schedule WHERE name = $1 RETURNING {COLUMNS}")))
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+/// One run a look created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ran {
+    pub schedule: i64,
+    pub name: String,
+    pub scheduled_for: DateTime<Utc>,
+    pub execution: i64,
+}
+
+/// What one look did.
+#[derive(Debug, Default)]
+pub struct Look {
+    pub ran: Vec<Ran>,
+    /// Occurrences older than the grace that were skipped or stood behind one catch-up run.
+    pub missed: u64,
+    /// Schedules whose stored timing no longer parses (left, with their next run cleared).
+    pub broken: Vec<(String, String)>,
+}
+
+/// Creates the runs of up to `batch` due schedules (the oldest due first), each in the
+/// transaction that moves its `next_run` on, with the database's clock; schedules another
+/// executor is moving on are left to it (`SKIP LOCKED`). A run is a first attempt of the action
+/// as it is now (its retry budget and timeout), with the schedule's parameters, submitted by the
+/// schedule's maker; an action that no longer exists makes a run that fails as
+/// `action_not_found`, as a submission would.
+pub async fn run_due(db: &PgPool, batch: i64, default_timeout_secs: i32) -> Result<Look, sqlx::Error> {
+    // (one statement, outside a transaction, while nothing is due)
+    let any: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM schedule WHERE NOT paused AND next_run IS NOT NULL AND next_run <= now())",
+    )
+    .fetch_one(db)
+    .await?;
+    if !any {
+        return Ok(Look::default());
+    }
+    let mut tx = db.begin().await?;
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+    let due: Vec<Schedule> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM schedule WHERE NOT paused AND next_run <= $1 ORDER BY next_run LIMIT $2 \
+         FOR UPDATE SKIP LOCKED"
+    )))
+    .bind(now)
+    .bind(batch)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut look = Look::default();
+    for schedule in due {
+        let Some(next_run) = schedule.next_run else { continue };
+        let timing = match schedule.timing() {
+            Ok(timing) => timing,
+            Err((_, reason)) => {
+                sqlx::query("UPDATE schedule SET next_run = NULL, updated = now() WHERE id = $1")
+                    .bind(schedule.id)
+                    .execute(&mut *tx)
+                    .await?;
+                look.broken.push((schedule.name.clone(), reason));
+                continue;
+            }
+        };
+        let catch_up = CatchUp::parse(&schedule.catch_up).unwrap_or(CatchUp::Skip);
+        let due = timing.due(next_run, now, catch_up);
+        look.missed += due.missed;
+        let mut last: Option<(DateTime<Utc>, i64)> = None;
+        for occurrence in due.run {
+            let made: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO execution (action, action_ref, runtime, parameters, config, status, max_retries, \
+                    timeout_seconds, retry_count, idempotency_key, submitted_by, schedule, scheduled_for) \
+                 SELECT a.id, s.action_ref, a.runtime, s.parameters, \
+                    jsonb_build_object('max_retries', COALESCE(a.max_retries, 0), 'retry_count', 0, \
+                        'schedule', s.name, 'scheduled_for', $2::timestamptz), \
+                    'requested', COALESCE(a.max_retries, 0), COALESCE(a.timeout_seconds, $3), 0, \
+                    gen_random_uuid()::text, s.created_by, s.id, $2 \
+                 FROM schedule s LEFT JOIN action a ON a.ref = s.action_ref WHERE s.id = $1 \
+                 ON CONFLICT (schedule, scheduled_for) WHERE schedule IS NOT NULL AND original_execution IS NULL \
+                 DO NOTHING RETURNING id",
+            )
+            .bind(schedule.id)
+            .bind(occurrence)
+            .bind(default_timeout_secs)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(execution) = made {
+                look.ran.push(Ran {
+                    schedule: schedule.id,
+                    name: schedule.name.clone(),
+                    scheduled_for: occurrence,
+                    execution,
+                });
+                last = Some((occurrence, execution));
+            }
+        }
+        sqlx::query(
+            "UPDATE schedule SET next_run = $2, last_run = COALESCE($3, last_run), \
+             last_execution = COALESCE($4, last_execution), updated = now() WHERE id = $1",
+        )
+        .bind(schedule.id)
+        .bind(due.next)
+        .bind(last.map(|(at, _)| at))
+        .bind(last.map(|(_, id)| id))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(look)
+}

@@ -1,0 +1,238 @@
+//! Schedules against the real binaries: due runs are created once with two executors and one of
+//! them SIGKILLed around the due moment; a missed window follows the catch-up policy; the routes
+//! refuse what is wrong by name, record the schedule on its executions, and the CLI drives them.
+
+use std::time::Duration;
+
+use attune_testkit::{System, wait_for};
+use chrono::{DateTime, Timelike, Utc};
+use serde_json::{Value, json};
+
+async fn post(system: &System, path: &str, body: Option<Value>) -> (u16, Value) {
+    system.request(reqwest::Method::POST, path, body.as_ref(), Some(&system.token)).await
+}
+
+/// (execution id, scheduled_for, status) of every execution a schedule made, first attempts only.
+async fn runs_of(system: &System, schedule: i64) -> Vec<(i64, DateTime<Utc>, String)> {
+    sqlx::query_as(
+        "SELECT id, scheduled_for, status::text FROM execution WHERE schedule = $1 AND original_execution IS NULL \
+         ORDER BY scheduled_for",
+    )
+    .bind(schedule)
+    .fetch_all(&system.db.pool)
+    .await
+    .unwrap()
+}
+
+async fn sleep_until(at: DateTime<Utc>) {
+    // the fault's moment (the scenario), not a synchronisation
+    if let Ok(wait) = (at - Utc::now()).to_std() {
+        tokio::time::sleep(wait).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_runs_are_created_once_whatever_executor_is_killed_at_the_due_moment() {
+    let mut system = System::builder().worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "builtin")]).start().await;
+    system.spawn_executor("executor-2");
+
+    // five instants a tenth of a second apart, both executors SIGKILLed among them
+    let due = (Utc::now() + chrono::Duration::seconds(3)).with_nanosecond(0).unwrap();
+    let mut instants = Vec::new();
+    for n in 0..5 {
+        let at = due + chrono::Duration::milliseconds(100 * n);
+        let (status, made) = post(
+            &system,
+            "/api/v1/schedules",
+            Some(json!({"name": format!("at-{n}"), "action_ref": "core.noop", "at": at.to_rfc3339()})),
+        )
+        .await;
+        assert_eq!(status, 201, "{made}");
+        assert_eq!(made["next_run"].as_str().map(|t| t.parse::<DateTime<Utc>>().unwrap()), Some(at), "{made}");
+        instants.push(made["id"].as_i64().unwrap());
+    }
+    // and one every second, from before the kills to after the restart
+    let (status, every) = post(
+        &system,
+        "/api/v1/schedules",
+        Some(json!({"name": "every-second", "action_ref": "core.noop", "cron": "* * * * * *", "reason": "heartbeat"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{every}");
+    let every = every["id"].as_i64().unwrap();
+    sleep_until(due + chrono::Duration::milliseconds(150)).await;
+    system.signal("executor", 9);
+    system.signal("executor-2", 9);
+    // nobody looks for three seconds, then one executor comes back
+    sleep_until(due + chrono::Duration::seconds(3)).await;
+    system.restart("executor");
+    let pool = system.db.pool.clone();
+    wait_for("every instant's run to complete", Duration::from_secs(60), || {
+        let pool = pool.clone();
+        let instants = instants.clone();
+        async move {
+            let done: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM execution WHERE schedule = ANY($1) AND status = 'completed'")
+                    .bind(&instants)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            (done >= 5).then_some(())
+        }
+    })
+    .await;
+    sleep_until(Utc::now() + chrono::Duration::seconds(2)).await;
+    let (status, paused) = post(&system, "/api/v1/schedules/every-second/pause", None).await;
+    assert_eq!((status, &paused["paused"]), (200, &json!(true)), "{paused}");
+
+    for (n, schedule) in instants.iter().enumerate() {
+        let runs = runs_of(&system, *schedule).await;
+        assert_eq!(runs.len(), 1, "instant {n} ran {} times: {runs:?}", runs.len());
+        assert_eq!(runs[0].1, due + chrono::Duration::milliseconds(100 * n as i64));
+        let (_, made) = system.get(&format!("/api/v1/schedules/at-{n}")).await;
+        assert_eq!((&made["next_run"], made["last_execution"].as_i64()), (&Value::Null, Some(runs[0].0)), "{made}");
+    }
+    // every second from the first run to the last has its one run, the seconds no executor
+    // looked at included (they were within the grace when one came back)
+    let runs = runs_of(&system, every).await;
+    assert!(runs.len() >= 6, "{runs:?}");
+    for pair in runs.windows(2) {
+        assert_eq!(pair[1].1 - pair[0].1, chrono::Duration::seconds(1), "a second missed or run twice: {runs:?}");
+    }
+    let first = runs[0].0;
+    let (_, execution) = system.get(&format!("/api/v1/executions/{first}")).await;
+    assert_eq!(
+        (execution["schedule"].as_i64(), &execution["config"]["schedule"]),
+        (Some(every), &json!("every-second"))
+    );
+    assert_eq!(execution["submitted_by"], system.get("/api/v1/whoami").await.1["token_id"], "{execution}");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missed_window_is_skipped_or_run_once_and_the_routes_name_what_is_wrong() {
+    let system = System::builder().worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "builtin,shell")]).start().await;
+    let far = (Utc::now().hour() + 12) % 24;
+    let cron = format!("0 {far} * * *");
+    for (name, catch_up) in [("skipping", "skip"), ("catching-up", "once")] {
+        let body = json!({"name": name, "action_ref": "core.echo", "parameters": {"message": name},
+            "cron": cron, "timezone": "UTC", "catch_up": catch_up, "paused": true});
+        let (status, made) = post(&system, "/api/v1/schedules", Some(body)).await;
+        assert_eq!(status, 201, "{made}");
+    }
+    // an outage: the occurrences of the last two days were missed
+    let missed_from: DateTime<Utc> = sqlx::query_scalar(
+        "UPDATE schedule SET paused = false, next_run = next_run - interval '2 days' WHERE name IN ('skipping', 'catching-up') \
+         RETURNING next_run",
+    )
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    let pool = system.db.pool.clone();
+    wait_for("both schedules moved on", Duration::from_secs(30), || {
+        let pool = pool.clone();
+        async move {
+            let moved: i64 = sqlx::query_scalar("SELECT count(*) FROM schedule WHERE next_run > now()")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (moved == 2).then_some(())
+        }
+    })
+    .await;
+    let (_, skipping) = system.get("/api/v1/schedules/skipping").await;
+    let (_, catching) = system.get("/api/v1/schedules/catching-up").await;
+    assert_eq!(runs_of(&system, skipping["id"].as_i64().unwrap()).await, vec![], "skip ran a missed occurrence");
+    let once = runs_of(&system, catching["id"].as_i64().unwrap()).await;
+    assert_eq!(once.len(), 1, "once: {once:?}");
+    assert_eq!(once[0].1, missed_from, "the catch-up run is recorded for the first missed occurrence");
+    let ran = system.wait_terminal(once[0].0, Duration::from_secs(30)).await;
+    assert_eq!((ran["status"].as_str(), ran["stdout"].as_str()), (Some("completed"), Some("catching-up\n")), "{ran}");
+
+    // what is wrong is named
+    for (body, code, parameter) in [
+        (
+            json!({"name": "x", "action_ref": "core.echo", "parameters": {"message": "m"}, "cron": "61 * * * *"}),
+            422,
+            Some("cron"),
+        ),
+        (
+            json!({"name": "x", "action_ref": "core.echo", "parameters": {"message": "m"}, "cron": "* * * * *", "timezone": "Mars/Olympus"}),
+            422,
+            Some("timezone"),
+        ),
+        (json!({"name": "x", "action_ref": "core.echo", "parameters": {"message": "m"}}), 422, Some("cron")),
+        (
+            json!({"name": "x", "action_ref": "core.echo", "parameters": {"message": "m"}, "cron": "* * * * *", "at": "2030-01-01T00:00:00Z"}),
+            422,
+            Some("cron"),
+        ),
+        (
+            json!({"name": "x", "action_ref": "core.echo", "parameters": {"message": "m"}, "at": "2020-01-01T00:00:00Z"}),
+            422,
+            Some("at"),
+        ),
+        (
+            json!({"name": "x", "action_ref": "core.echo", "parameters": {}, "cron": "* * * * *"}),
+            422,
+            Some("parameters.message"),
+        ),
+        (json!({"name": "a/b", "action_ref": "core.echo", "cron": "* * * * *"}), 422, Some("name")),
+        (json!({"name": "x", "action_ref": "core.nope", "cron": "* * * * *"}), 404, None),
+        (
+            json!({"name": "skipping", "action_ref": "core.echo", "parameters": {"message": "m"}, "cron": "* * * * *"}),
+            409,
+            None,
+        ),
+    ] {
+        let (status, answer) = post(&system, "/api/v1/schedules", Some(body.clone())).await;
+        assert_eq!((status, answer["error"]["parameter"].as_str()), (code, parameter), "{body}: {answer}");
+    }
+    let (status, _) = post(&system, "/api/v1/schedules/nope/pause", None).await;
+    assert_eq!(status, 404);
+
+    // the CLI: create, list, pause, resume, delete
+    let attune = |args: &[&str]| {
+        let out = std::process::Command::new(attune_testkit::workspace_binary("attune"))
+            .args(args)
+            .env("ATTUNE_API_URL", &system.api_url)
+            .env("ATTUNE_TOKEN", &system.token)
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), shown)
+    };
+    let (ok, shown) = attune(&[
+        "--reason",
+        "nightly report",
+        "schedule",
+        "create",
+        "nightly",
+        "core.echo",
+        "message=report",
+        "--cron",
+        "0 3 * * *",
+        "--timezone",
+        "Europe/Paris",
+    ]);
+    assert!(ok && shown.contains("schedule nightly runs core.echo '0 3 * * *' (Europe/Paris): next"), "{shown}");
+    let (ok, listed) = attune(&["schedule", "list"]);
+    assert!(ok && listed.starts_with("NAME") && listed.contains("nightly") && listed.contains("skipping"), "{listed}");
+    assert!(attune(&["schedule", "pause", "nightly"]).1.contains("paused"));
+    assert!(attune(&["schedule", "resume", "nightly"]).1.contains("next"));
+    assert!(attune(&["schedule", "delete", "nightly"]).0);
+    let (ok, gone) = attune(&["schedule", "get", "nightly"]);
+    assert!(!ok && gone.contains("no schedule named 'nightly'"), "{gone}");
+    // each change is in the audit trail; the made one with its reason
+    let audited: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT method, path, reason FROM audit_event WHERE path LIKE '/api/v1/schedules%' AND status < 300 \
+         AND (target = 'schedule:nightly' OR path LIKE '%/nightly%') ORDER BY id",
+    )
+    .fetch_all(&system.db.pool)
+    .await
+    .unwrap();
+    let methods: Vec<&str> = audited.iter().map(|(m, _, _)| m.as_str()).collect();
+    assert_eq!(methods, ["POST", "POST", "POST", "DELETE"], "{audited:?}");
+    assert_eq!(audited[0].2.as_deref(), Some("nightly report"));
+    system.stop().await;
+}
