@@ -15,7 +15,7 @@ use crate::ApiError;
 const SHELL_HTML: &str = include_str!("dashboard/index.html");
 
 /// `/ui/assets/<name>`: the stylesheet and the script modules (`main.js` imports the others).
-const ASSETS: [(&str, &str, &str); 10] = [
+const ASSETS: [(&str, &str, &str); 11] = [
     ("app.css", "text/css; charset=utf-8", include_str!("dashboard/app.css")),
     ("main.js", JAVASCRIPT, include_str!("dashboard/main.js")),
     ("dom.js", JAVASCRIPT, include_str!("dashboard/dom.js")),
@@ -26,6 +26,7 @@ const ASSETS: [(&str, &str, &str); 10] = [
     ("retries.js", JAVASCRIPT, include_str!("dashboard/retries.js")),
     ("charts.js", JAVASCRIPT, include_str!("dashboard/charts.js")),
     ("audit.js", JAVASCRIPT, include_str!("dashboard/audit.js")),
+    ("schedules.js", JAVASCRIPT, include_str!("dashboard/schedules.js")),
 ];
 const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
@@ -44,6 +45,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/ui/executions/{id}", get(shell))
         .route("/ui/retries", get(shell))
         .route("/ui/audit", get(shell))
+        .route("/ui/schedules", get(shell))
         .route("/ui/assets/{name}", get(asset_named))
 }
 

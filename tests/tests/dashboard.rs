@@ -451,6 +451,54 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let (_, pauses) = system.get("/api/v1/pauses").await;
     assert_eq!(pauses, serde_json::json!([]));
 
+    // an operator's concurrency limit, set and cleared on the Workers page
+    browser.wait("the concurrency form", "return document.querySelector('#concurrency-apply') !== null").await;
+    browser.type_into("#concurrency-action", "core.echo").await;
+    browser.type_into("#concurrency-limit", "2").await;
+    browser.type_into("#concurrency-reason", "the backend takes two").await;
+    browser.click("#concurrency-apply").await;
+    browser
+        .wait(
+            "the limit listed",
+            "return document.querySelector('[data-concurrency=\"core.echo\"] [data-field=limit]')?.textContent",
+        )
+        .await;
+    let listed = browser.text("[data-concurrency=\"core.echo\"]").await;
+    assert!(listed.contains('2') && listed.contains("the backend takes two"), "{listed}");
+    let (_, action) = system.get("/api/v1/actions/core.echo").await;
+    assert_eq!(action["concurrency"], serde_json::json!({"limit": 2, "key": null}), "{action}");
+    browser.click("[data-clear-concurrency=\"core.echo\"]").await;
+    browser.wait("the limit gone", "return document.querySelector('#no-concurrency') !== null").await;
+
+    // a schedule made, paused and deleted on the Schedules page
+    browser.goto(&format!("{ui}/schedules")).await;
+    browser.wait("the schedule form", "return document.querySelector('#schedule-apply') !== null").await;
+    browser.type_into("#schedule-name", "nightly").await;
+    browser.type_into("#schedule-action", "core.echo").await;
+    browser.type_into("#schedule-parameters", "{\"message\": \"report\"}").await;
+    browser.type_into("#schedule-cron", "0 3 * * *").await;
+    browser.type_into("#schedule-timezone", "Europe/Paris").await;
+    browser.click("#schedule-apply").await;
+    browser
+        .wait(
+            "the schedule listed",
+            "return document.querySelector('[data-schedule=\"nightly\"] [data-field=timing]')?.textContent",
+        )
+        .await;
+    assert_eq!(browser.text("[data-schedule=\"nightly\"] [data-field=timing]").await, "0 3 * * * (Europe/Paris)");
+    screenshot(&browser, "schedules").await;
+    browser.click("[data-pause-schedule=\"nightly\"]").await;
+    browser
+        .wait(
+            "the schedule paused",
+            "return document.querySelector('[data-schedule=\"nightly\"] [data-field=next]')?.textContent === 'paused' || null",
+        )
+        .await;
+    browser.click("[data-delete-schedule=\"nightly\"]").await;
+    browser.wait("the schedule gone", "return document.querySelector('#no-schedules') !== null").await;
+    let (_, schedules) = system.get("/api/v1/schedules").await;
+    assert_eq!(schedules, serde_json::json!([]));
+
     // no script error, CSP violation or failed request on any page
     let errors = browser.console_errors().await;
     assert!(errors.is_empty(), "the browser console shows errors: {errors:#?}");

@@ -7,6 +7,7 @@ import { workersPage } from './workers.js';
 import { executionPage, executionsPage } from './executions.js';
 import { retriesPage } from './retries.js';
 import { auditPage } from './audit.js';
+import { schedulesPage } from './schedules.js';
 
 function route() {
   const path = location.pathname.replace(/\/+$/, '');
@@ -39,6 +40,9 @@ function route() {
   } else if (section === 'executions') {
     document.title = 'attune · executions';
     executionsPage();
+  } else if (section === 'schedules') {
+    document.title = 'attune · schedules';
+    schedulesPage();
   } else if (section === 'audit') {
     document.title = 'attune · audit trail';
     auditPage();

@@ -13,18 +13,25 @@ export function workersPage() {
   const table = el('section', { id: 'worker-table' });
   const paused = el('section', { id: 'pauses' });
   const pausing = el('section', { id: 'pause-form' });
-  render(el('div', { class: 'title' }, el('h1', {}, 'Workers'), updated), summary, table, paused, pausing);
+  const limited = el('section', { id: 'concurrency' });
+  const limiting = el('section', { id: 'concurrency-form' });
+  render(el('div', { class: 'title' }, el('h1', {}, 'Workers'), updated), summary, table, paused, pausing, limited,
+    limiting);
   let operate = false;
   whoami().then((me) => {
     operate = mayOperate(me.role);
-    if (operate) fill(pausing, pauseForm());
+    if (operate) {
+      fill(pausing, pauseForm());
+      fill(limiting, concurrencyForm());
+    }
   }).catch(() => {});
   poll(WORKERS_POLL_MS, async () => {
-    const [workers, stats, pauses] = await Promise.all([api('GET', '/api/v1/workers'), api('GET', '/api/v1/stats/workers'),
-      api('GET', '/api/v1/pauses')]);
+    const [workers, stats, pauses, actions] = await Promise.all([api('GET', '/api/v1/workers'),
+      api('GET', '/api/v1/stats/workers'), api('GET', '/api/v1/pauses'), api('GET', '/api/v1/actions')]);
     fill(summary, workerSummary(stats));
     fill(table, workerTable(workers));
     fill(paused, pauseTable(pauses, operate));
+    fill(limited, concurrencyTable(actions, operate));
     updated.textContent = `updated ${formatClock(new Date())} · refreshes every ${WORKERS_POLL_MS / 1000} s`;
   });
 }
@@ -117,4 +124,54 @@ function pauseForm() {
     }
   });
   return el('div', { class: 'filters' }, el('strong', {}, 'Pause: '), kind, name, reason, button, outcome);
+}
+
+// Actions with a concurrency policy in force (at most `limit` scheduled or running at once, per
+// value of `key`), and whose it is; operators clear an operator's policy.
+function concurrencyTable(actions, operate) {
+  const held = actions.filter((a) => a.concurrency !== null || a.concurrency_set !== null);
+  if (held.length === 0) return el('p', { class: 'muted', id: 'no-concurrency' }, 'No action has a concurrency limit.');
+  const rows = held.map((a) => {
+    const set = a.concurrency_set;
+    const clear = el('button', { type: 'button', class: 'secondary', 'data-clear-concurrency': a.ref }, 'Clear');
+    clear.addEventListener('click', async () => {
+      clear.disabled = true;
+      try {
+        await api('DELETE', `/api/v1/actions/${encodeURIComponent(a.ref)}/concurrency`);
+      } catch (error) {
+        clear.replaceWith(errorBox(error));
+      }
+    });
+    const limit = a.concurrency === null ? 'no limit' : String(a.concurrency.limit);
+    return el('tr', { 'data-concurrency': a.ref },
+      el('td', { class: 'name' }, a.ref), el('td', { class: 'num', 'data-field': 'limit' }, limit),
+      el('td', {}, (a.concurrency && a.concurrency.key) || '—'),
+      el('td', { 'data-field': 'source' }, set === null ? 'pack' : `operator #${set.set_by}, ${formatTime(set.set_at)}: ${set.reason}`),
+      el('td', {}, operate && set !== null ? clear : null));
+  });
+  return [el('h2', {}, 'Concurrency limits'), el('table', { class: 'grid' },
+    el('thead', {}, el('tr', {}, ['action', 'at most at once', 'per value of', 'set by', ''].map((h) => el('th', {}, h)))),
+    el('tbody', {}, rows))];
+}
+
+// Set an action's concurrency policy (operators), in place of its pack's.
+function concurrencyForm() {
+  const action = el('input', { id: 'concurrency-action', placeholder: 'pack.action' });
+  const limit = el('input', { id: 'concurrency-limit', placeholder: 'limit (empty: none)', size: 10 });
+  const key = el('input', { id: 'concurrency-key', placeholder: 'per parameter (optional)', size: 16 });
+  const reason = el('input', { id: 'concurrency-reason', placeholder: 'why (required)', size: 30 });
+  const outcome = el('span', { id: 'concurrency-outcome' });
+  const button = el('button', { type: 'button', id: 'concurrency-apply' }, 'Set limit');
+  button.addEventListener('click', async () => {
+    try {
+      const body = { limit: limit.value.trim() === '' ? null : Number(limit.value), reason: reason.value };
+      if (key.value.trim() !== '') body.key = key.value;
+      const a = await api('PUT', `/api/v1/actions/${encodeURIComponent(action.value)}/concurrency`, body);
+      const shown = a.concurrency === null ? 'no limit' : `at most ${a.concurrency.limit}`;
+      fill(outcome, el('span', { class: 'ok', 'data-limited': a.ref }, `${a.ref}: ${shown}`));
+    } catch (error) {
+      fill(outcome, errorBox(error));
+    }
+  });
+  return el('div', { class: 'filters' }, el('strong', {}, 'Concurrency: '), action, limit, key, reason, button, outcome);
 }

@@ -1,0 +1,100 @@
+// attune dashboard: the schedules page. Every schedule with its action, timing, catch-up policy,
+// next and last run; operators pause, resume and delete them, and make new ones. Polled every
+// few seconds. Each run is an execution like any other (its page names the schedule).
+
+import { el, fill, formatClock, formatTime, render } from './dom.js';
+import { api, errorBox, mayOperate, poll, whoami } from './api.js';
+
+const SCHEDULES_POLL_MS = 3000;
+
+export function schedulesPage() {
+  const updated = el('span', { class: 'muted', id: 'updated' });
+  const table = el('section', { id: 'schedule-table' });
+  const making = el('section', { id: 'schedule-form' });
+  render(el('div', { class: 'title' }, el('h1', {}, 'Schedules'), updated), table, making);
+  let operate = false;
+  whoami().then((me) => {
+    operate = mayOperate(me.role);
+    if (operate) fill(making, scheduleForm());
+  }).catch(() => {});
+  poll(SCHEDULES_POLL_MS, async () => {
+    fill(table, scheduleTable(await api('GET', '/api/v1/schedules'), operate));
+    updated.textContent = `updated ${formatClock(new Date())} · refreshes every ${SCHEDULES_POLL_MS / 1000} s`;
+  });
+}
+
+function timing(s) {
+  return s.cron === null ? `at ${formatTime(s.at)}` : `${s.cron} (${s.timezone})`;
+}
+
+function act(label, method, path, attrs) {
+  const button = el('button', { type: 'button', class: 'secondary', ...attrs }, label);
+  button.addEventListener('click', async () => {
+    button.disabled = true;
+    try {
+      await api(method, path);
+    } catch (error) {
+      button.replaceWith(errorBox(error));
+    }
+  });
+  return button;
+}
+
+function scheduleTable(schedules, operate) {
+  if (schedules.length === 0) return el('p', { class: 'muted', id: 'no-schedules' }, 'No schedule.');
+  const rows = schedules.map((s) => {
+    const path = `/api/v1/schedules/${encodeURIComponent(s.name)}`;
+    const last = s.last_execution === null ? '—'
+      : el('a', { href: `/ui/executions/${s.last_execution}` }, `#${s.last_execution} (${formatTime(s.last_run)})`);
+    const actions = operate ? [
+      s.paused ? act('Resume', 'POST', `${path}/resume`, { 'data-resume-schedule': s.name })
+        : act('Pause', 'POST', `${path}/pause`, { 'data-pause-schedule': s.name }),
+      act('Delete', 'DELETE', path, { 'data-delete-schedule': s.name }),
+    ] : null;
+    return el('tr', { 'data-schedule': s.name },
+      el('td', { class: 'name' }, s.name), el('td', {}, s.action_ref), el('td', { 'data-field': 'timing' }, timing(s)),
+      el('td', {}, s.catch_up),
+      el('td', { 'data-field': 'next' }, s.paused ? 'paused' : (s.next_run === null ? 'done' : formatTime(s.next_run))),
+      el('td', { 'data-field': 'last' }, last), el('td', {}, s.reason || ''), el('td', {}, actions));
+  });
+  return el('table', { class: 'grid' },
+    el('thead', {}, el('tr', {}, ['name', 'action', 'when', 'catch-up', 'next run', 'last run', 'reason', '']
+      .map((h) => el('th', {}, h)))),
+    el('tbody', {}, rows));
+}
+
+// Make a schedule (operators): parameters as a JSON object, a cron expression in a time zone or
+// one instant.
+function scheduleForm() {
+  const field = (id, placeholder, size) => el('input', { id, placeholder, size: size || 16 });
+  const name = field('schedule-name', 'name');
+  const action = field('schedule-action', 'pack.action');
+  const parameters = field('schedule-parameters', '{"message": "hi"}', 24);
+  const cron = field('schedule-cron', 'cron: 0 3 * * *');
+  const timezone = field('schedule-timezone', 'UTC');
+  const at = field('schedule-at', 'or at: 2026-12-01T03:00:00Z', 24);
+  const catchUp = el('select', { id: 'schedule-catch-up' }, el('option', { value: 'skip' }, 'skip missed'),
+    el('option', { value: 'once' }, 'run missed once'));
+  const reason = field('schedule-reason', 'why', 20);
+  const outcome = el('span', { id: 'schedule-outcome' });
+  const button = el('button', { type: 'button', id: 'schedule-apply' }, 'Make');
+  button.addEventListener('click', async () => {
+    try {
+      const body = { name: name.value, action_ref: action.value, catch_up: catchUp.value };
+      if (parameters.value.trim() !== '') body.parameters = JSON.parse(parameters.value);
+      if (cron.value.trim() !== '') {
+        body.cron = cron.value;
+        if (timezone.value.trim() !== '') body.timezone = timezone.value;
+      } else {
+        body.at = at.value;
+      }
+      if (reason.value.trim() !== '') body.reason = reason.value;
+      const s = await api('POST', '/api/v1/schedules', body);
+      fill(outcome, el('span', { class: 'ok', 'data-made': s.name }, `made ${s.name}: next ${formatTime(s.next_run)}`));
+    } catch (error) {
+      fill(outcome, errorBox(error));
+    }
+  });
+  return el('div', { class: 'filters' }, el('strong', {}, 'New schedule: '), name, action, parameters, cron, timezone, at,
+    catchUp, reason, button, outcome);
+}
