@@ -144,13 +144,14 @@ pub struct Opened {
     pub redactor: Redactor,
 }
 
-/// Opens the references and sealed values among `parameters` (top-level values), reading the
-/// named secrets from the store; `None` when there are none (the parameters run as they are, not
+/// Opens the references and sealed values among `parameters` (top-level values) of the execution
+/// `execution_id`, reading the named secrets from the store (those its parameters refer to); `None` when there are none (the parameters run as they are, not
 /// copied). `Err`: why the action cannot get its parameters (a secret not
 /// set, no key, a value that does not open), for `invalid_parameters`.
 pub async fn open(
     db: &sqlx::PgPool,
     sealer: Option<&Sealer>,
+    execution_id: i64,
     action_ref: &str,
     parameters: &Value,
 ) -> Result<Option<Opened>, String> {
@@ -164,7 +165,9 @@ pub async fn open(
     }
     let sealer = sealer
         .ok_or_else(|| format!("this worker has no {KEY_FILE}: it cannot open the secrets among the parameters"))?;
-    let stored = crate::db::secret::sealed_values(db, &names).await.map_err(|e| format!("reading secrets: {e}"))?;
+    let stored = crate::db::secret::sealed_values(db, execution_id, &names)
+        .await
+        .map_err(|e| format!("reading secrets: {e}"))?;
     let mut opened = Map::new();
     let mut values = Vec::new();
     for (name, value) in given {

@@ -230,6 +230,40 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
         .execute(&executor)
         .await
         .expect("the executors remove old audit events");
+    // the executors never read the secret store
+    assert_eq!(refused(sqlx::query("SELECT * FROM secret").fetch_all(&executor).await, "executor secrets"), "42501");
+
+    // the secret store: not read, but for the secrets its own runs refer to
+    sqlx::query("INSERT INTO secret (name, sealed) VALUES ('mine', '\\x01'), ('theirs', '\\x02'), ('unused', '\\x03')")
+        .execute(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(refused(sqlx::query("SELECT * FROM secret").fetch_all(&worker).await, "reading secret"), "42501");
+    let uses = system.submit("core.echo", json!({"message": "mine"})).await["id"].as_i64().unwrap();
+    attune_testkit::force_status(&system.db.pool, uses, attune_core::ExecutionStatus::Scheduled, Some(w1)).await;
+    for (id, name) in [(uses, "mine"), (theirs, "theirs")] {
+        sqlx::query("UPDATE execution SET parameters = jsonb_build_object('message', jsonb_build_object('$secret', $2::text)) WHERE id = $1")
+            .bind(id)
+            .bind(name)
+            .execute(&system.db.pool)
+            .await
+            .unwrap();
+    }
+    let opened = |id: i64| {
+        let worker = worker.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT name FROM run_secrets($1, ARRAY['mine', 'theirs', 'unused'])")
+                .bind(id)
+                .fetch_all(&worker)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(opened(uses).await, ["mine"], "a run's secrets: those its parameters refer to");
+    assert_eq!(opened(theirs).await, Vec::<String>::new(), "another login's run's secrets");
+    attune_testkit::force_status(&system.db.pool, uses, attune_core::ExecutionStatus::Completed, Some(w1)).await;
+    assert_eq!(opened(uses).await, Vec::<String>::new(), "a finished run's secrets");
+
     system.stop().await;
 }
 

@@ -170,6 +170,7 @@ impl Worker {
         let opened = attune_common::secrets::open(
             &self.db,
             self.settings.sealer.as_ref(),
+            execution_id,
             &claimed.action_ref,
             &claimed.parameters,
         )

@@ -38,10 +38,16 @@ pub async fn delete(db: &PgPool, name: &str) -> Result<bool, sqlx::Error> {
     Ok(sqlx::query("DELETE FROM secret WHERE name = $1").bind(name).execute(db).await?.rows_affected() > 0)
 }
 
-/// The sealed values of the secrets `names` that are set.
-pub async fn sealed_values(db: &PgPool, names: &[String]) -> Result<Vec<(String, Vec<u8>)>, sqlx::Error> {
+/// The sealed values of the secrets `names` that are set and that the parameters of the
+/// execution `execution_id` refer to, while it is scheduled or running (for a worker's login: on
+/// one of its workers). The one way a worker reads the store (`run_secrets`).
+pub async fn sealed_values(
+    db: &PgPool,
+    execution_id: i64,
+    names: &[String],
+) -> Result<Vec<(String, Vec<u8>)>, sqlx::Error> {
     if names.is_empty() {
         return Ok(Vec::new());
     }
-    sqlx::query_as("SELECT name, sealed FROM secret WHERE name = ANY($1)").bind(names).fetch_all(db).await
+    sqlx::query_as("SELECT name, sealed FROM run_secrets($1, $2)").bind(execution_id).bind(names).fetch_all(db).await
 }
