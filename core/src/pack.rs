@@ -84,6 +84,29 @@ pub struct ConcurrencySpec {
     pub key: Option<String>,
 }
 
+/// Whether an HTTP header of this name carries credentials (case-insensitive): `Authorization`,
+/// cookies, and any name that speaks of a token, an API, access or private key, a secret, a
+/// password, a session or authentication. Their values are never answered: a response's are stored `[redacted]`, and an
+/// action's shown so.
+pub fn is_sensitive_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    const WORDS: [&str; 12] = [
+        "auth",
+        "cookie",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "session",
+        "apikey",
+        "api-key",
+        "api_key",
+        "access-key",
+        "private-key",
+    ];
+    WORDS.iter().any(|word| name.contains(word))
+}
+
 /// The largest concurrency limit an action may declare or be given.
 pub const MOST_CONCURRENT: i64 = 100_000;
 
@@ -147,6 +170,15 @@ impl ActionSpec {
     /// What is allowed but most likely not meant, in words naming the field.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
+        for (name, value) in self.http.iter().flat_map(|http| &http.headers) {
+            let literal = value.split("{{").next().unwrap_or_default();
+            if is_sensitive_header(name) && !value.contains("{{") && !literal.trim().is_empty() {
+                warnings.push(format!(
+                    "field 'http.headers.{name}': a credential written in the pack is readable by whoever reads \
+                     the pack; take it from a secret parameter ({{{{ param }}}} with 'secret: true', or a stored secret)"
+                ));
+            }
+        }
         let retry = self.retry.as_ref();
         if retry.and_then(|r| r.max_attempts) == Some(0) {
             warnings.push(
@@ -841,6 +873,25 @@ mod tests {
             let yaml = format!("name: x\nruntime: http\n{params}http:\n  url: \"{url}\"\n");
             assert!(parse(&yaml).is_ok(), "{url}: {:?}", parse(&yaml).err());
         }
+    }
+
+    #[test]
+    fn credential_headers_are_known_and_a_literal_one_is_warned_of() {
+        for name in
+            ["Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie", "X-Api-Key", "X-Auth-Token", "Session-Id"]
+        {
+            assert!(is_sensitive_header(name), "{name}");
+        }
+        for name in ["Content-Type", "Accept", "User-Agent", "Idempotency-Key", "traceparent"] {
+            assert!(!is_sensitive_header(name), "{name}");
+        }
+        let spec = parse(
+            "name: x\nruntime: http\nparameters:\n  t: {type: string, secret: true}\nhttp:\n  url: \"http://h/\"\n  headers:\n    X-Api-Key: abc\n    Authorization: \"Bearer {{ t }}\"\n    Accept: text/plain\n",
+        )
+        .unwrap();
+        let warnings = spec.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("'http.headers.X-Api-Key'"), "{warnings:?}");
     }
 
     #[test]

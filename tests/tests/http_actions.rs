@@ -30,6 +30,7 @@ impl HttpPack {
             "name: call\nruntime: http\ntimeout_seconds: 10\nmax_retries: 3\n\
              retry: {{base_delay_secs: 0.2, jitter: 0}}\n\
              http:\n  url: \"http://127.0.0.1:{port}/{{{{ case }}}}\"\n\
+             \x20 headers:\n    X-Api-Key: literal-key-123\n\
              parameters:\n  case:\n    type: string\n    required: true\n"
         );
         let echo_json = format!(
@@ -61,7 +62,8 @@ async fn system_with(pack: &HttpPack) -> System {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_are_retried_as_a_chain_with_one_idempotency_key() {
     let server = HttpServer::start().await;
-    server.script("/chain", [Reply::status(503), Reply::status(503), Reply::status(200).json(&json!({"done": true}))]);
+    let last = Reply::status(200).header("Set-Cookie", "session=abc123").header("X-Auth-Token", "t0k3n");
+    server.script("/chain", [Reply::status(503), Reply::status(503), last.json(&json!({"done": true}))]);
     server.script("/single", [Reply::status(200)]);
     let pack = HttpPack::write(&server);
     let system = system_with(&pack).await;
@@ -89,6 +91,19 @@ async fn server_errors_are_retried_as_a_chain_with_one_idempotency_key() {
         json!({"status": 200, "headers": chain[2]["result"]["headers"], "body": {"done": true}})
     );
     assert_eq!(chain[2]["result"]["headers"]["content-type"], "application/json");
+    // credentials in a response are not stored; one written in the pack is sent, never shown
+    let headers = &chain[2]["result"]["headers"];
+    assert_eq!((&headers["set-cookie"], &headers["x-auth-token"]), (&json!("[redacted]"), &json!("[redacted]")));
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM execution WHERE result::text LIKE '%abc123%' OR result::text LIKE '%t0k3n%'",
+    )
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, 0, "a response's credential was stored");
+    let (_, action) = system.get("/api/v1/actions/httptest.call").await;
+    assert_eq!(action["http"]["headers"]["X-Api-Key"], "[redacted]", "{action}");
+    assert!(server.requests_to("/chain").iter().all(|r| r.header("x-api-key") == Some("literal-key-123")));
 
     let key = chain[0]["idempotency_key"].as_str().unwrap();
     assert!(chain.iter().all(|a| a["idempotency_key"] == key), "one key per chain: {chain:#?}");

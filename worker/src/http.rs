@@ -355,8 +355,13 @@ fn result_of(status: u16, headers: &HeaderMap, body: &Bounded) -> Value {
     for name in headers.keys() {
         let values: Vec<String> =
             headers.get_all(name).iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).collect();
-        // HeaderName is lower case already
-        shown.insert(name.as_str().to_string(), Value::String(values.join(", ")));
+        // HeaderName is lower case already; a credential (a cookie, a token) is never stored
+        let value = if attune_core::pack::is_sensitive_header(name.as_str()) {
+            attune_common::secrets::REDACTED.to_string()
+        } else {
+            values.join(", ")
+        };
+        shown.insert(name.as_str().to_string(), Value::String(value));
     }
     let text = String::from_utf8_lossy(&body.bytes);
     let says_json = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(is_json);

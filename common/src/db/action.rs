@@ -25,8 +25,10 @@ pub struct Action {
     pub max_retries: Option<i32>,
     #[schema(value_type = Option<Object>)]
     pub retry_policy: Option<Value>,
-    /// The request of an `http` action.
+    /// The request of an `http` action; the value of a header that carries credentials
+    /// (`attune_core::pack::is_sensitive_header`) is shown `[redacted]`.
     #[schema(value_type = Option<Object>)]
+    #[serde(serialize_with = "shown_http")]
     pub http: Option<Value>,
     /// The action's `limits:` block as written (`memory_mb`, `cpu_secs`, `open_files`,
     /// `output_kb`); what is unset takes the worker's defaults, and the worker caps each at its
@@ -52,6 +54,19 @@ pub struct Action {
     pub concurrency_set: Option<Value>,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,
+}
+
+/// Serializes an action's `http` block with its credential headers' values `[redacted]`.
+fn shown_http<S: serde::Serializer>(http: &Option<Value>, serializer: S) -> Result<S::Ok, S::Error> {
+    let mut shown = http.clone();
+    if let Some(headers) = shown.as_mut().and_then(|http| http.get_mut("headers")).and_then(Value::as_object_mut) {
+        for (name, value) in headers.iter_mut() {
+            if attune_core::pack::is_sensitive_header(name) {
+                *value = Value::String(crate::secrets::REDACTED.into());
+            }
+        }
+    }
+    serde::Serialize::serialize(&shown, serializer)
 }
 
 const SELECT: &str = "SELECT a.id, a.ref, a.pack, p.ref AS pack_ref, p.path AS pack_path, a.name, \
