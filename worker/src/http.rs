@@ -612,6 +612,7 @@ mod tests {
             limits: None,
             kill: None,
             traceparent: None,
+            capture: None,
         }
     }
 
