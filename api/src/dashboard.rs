@@ -23,6 +23,7 @@ const ASSETS: [(&str, &str, &str); 10] = [
     ("login.js", JAVASCRIPT, include_str!("dashboard/login.js")),
     ("workers.js", JAVASCRIPT, include_str!("dashboard/workers.js")),
     ("executions.js", JAVASCRIPT, include_str!("dashboard/executions.js")),
+    ("live.js", JAVASCRIPT, include_str!("dashboard/live.js")),
     ("retries.js", JAVASCRIPT, include_str!("dashboard/retries.js")),
     ("charts.js", JAVASCRIPT, include_str!("dashboard/charts.js")),
     ("audit.js", JAVASCRIPT, include_str!("dashboard/audit.js")),
