@@ -15,7 +15,7 @@ use crate::ApiError;
 const SHELL_HTML: &str = include_str!("dashboard/index.html");
 
 /// `/ui/assets/<name>`: the stylesheet and the script modules (`main.js` imports the others).
-const ASSETS: [(&str, &str, &str); 10] = [
+const ASSETS: [(&str, &str, &str); 11] = [
     ("app.css", "text/css; charset=utf-8", include_str!("dashboard/app.css")),
     ("main.js", JAVASCRIPT, include_str!("dashboard/main.js")),
     ("dom.js", JAVASCRIPT, include_str!("dashboard/dom.js")),
