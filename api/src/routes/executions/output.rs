@@ -42,10 +42,22 @@ const FIRST_FOLLOW_RETRY: Duration = Duration::from_secs(1);
 /// The most messages a follower's queue holds (the oldest go first; the gap is said).
 const FOLLOWER_QUEUE_LENGTH: i64 = 256;
 
+/// One event of a live output stream (`text/event-stream`: each is `event: <event>` and
+/// `data: <data>` lines).
+#[derive(utoipa::ToSchema)]
+pub struct OutputEvent {
+    #[schema(pattern = "^(stdout|stderr|skipped|capped|end|closed)$")]
+    pub event: String,
+    /// A JSON object: `{"offset", "text"}` (stdout, stderr), `{"stream", "bytes"}` (skipped),
+    /// `{"stream", "limit_bytes"}` (capped), `{"status", "exit_code", "failure_kind"}` (end),
+    /// `{"reason"}` (closed).
+    pub data: String,
+}
+
 #[utoipa::path(get, path = "/executions/{id}/output", operation_id = "follow_execution_output", tag = "executions",
     params(("id" = i64, Path, description = "Execution id")),
     responses(
-        (status = 200, content_type = "text/event-stream", body = String,
+        (status = 200, content_type = "text/event-stream", body = OutputEvent,
             description = "Server-Sent Events: `stdout` and `stderr` (`{\"offset\", \"text\"}`: the bytes from `offset` of that stream, redacted as the stored output is), `skipped` (`{\"stream\", \"bytes\"}` not shown), `capped` (`{\"stream\", \"limit_bytes\"}`: no more of that stream live), then `end` (`{\"status\", \"exit_code\", \"failure_kind\"}`) when the execution has ended, or `closed` (`{\"reason\"}`) when the stream ends first (`ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, or the API stopping). A finished execution: its stored output and `end` at once"),
         (status = 400, description = "The id is not an integer; `parameter` names it", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
