@@ -4,7 +4,8 @@
 //! A finished execution is answered at once with its stored output and `end`. An unfinished one
 //! gets an exclusive, auto-deleted queue of its own (`ns.output.<hex>`, bound to `ns.output`
 //! under its name; `Followers`), and, once the execution runs, a follow request on the control
-//! exchange, repeated every `FOLLOW_RENEW` (every second until the worker's first message): the
+//! exchange, repeated every `FOLLOW_RENEW` (every second until the worker's first message, for
+//! the run's first seconds): the
 //! worker streams only while a request is fresher than `FOLLOW_LEASE`, so a client that left costs
 //! nothing soon after. Chunks carry their byte offset: what was already forwarded is dropped, a
 //! gap (a follower that came late to a long output, or a full queue) is said (`skipped`). The row
@@ -37,8 +38,11 @@ use crate::ApiError;
 
 /// How often the row is read while the stream is open.
 const POLL: Duration = Duration::from_secs(1);
-/// How often a follow request is repeated until the worker's first message.
+/// How often a follow request is repeated until the worker's first message, for the first
+/// `FIRST_FOLLOW_WINDOW` of the run (a request that came before the worker had the run
+/// registered is lost; a quiet action sends nothing, and is then asked every `FOLLOW_RENEW`).
 const FIRST_FOLLOW_RETRY: Duration = Duration::from_secs(1);
+const FIRST_FOLLOW_WINDOW: Duration = Duration::from_secs(5);
 /// The most messages a follower's queue holds (the oldest go first; the gap is said).
 const FOLLOWER_QUEUE_LENGTH: i64 = 256;
 
@@ -218,6 +222,7 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
     let mut forwarded = Forwarded::default();
     let mut heard_from_worker = false;
     let mut last_follow: Option<Instant> = None;
+    let mut first_follow: Option<Instant> = None;
     let mut poll = tokio::time::interval(POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stop = state.streams_stop.clone();
@@ -279,7 +284,12 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
                     }
                     Some(status) if status.is_terminal() => break,
                     Some(ExecutionStatus::Running) => {
-                        let every = if heard_from_worker { FOLLOW_RENEW } else { FIRST_FOLLOW_RETRY };
+                        let first = *first_follow.get_or_insert_with(Instant::now);
+                        let every = if heard_from_worker || first.elapsed() >= FIRST_FOLLOW_WINDOW {
+                            FOLLOW_RENEW
+                        } else {
+                            FIRST_FOLLOW_RETRY
+                        };
                         if let Some(follower) = &follower
                             && last_follow.is_none_or(|last| last.elapsed() >= every)
                         {
