@@ -1,6 +1,7 @@
 //! Live output against the real binaries: `attune execution tail` shows the lines of a
 //! 10-second action while it runs, and ends when the execution ends; the route answers a
-//! finished execution with its stored output at once, and an unknown one with a 404.
+//! finished execution with its stored output at once, and an unknown one with a 404; the
+//! request timeout does not cut a stream.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -36,7 +37,13 @@ async fn events_of(system: &System, path: &str) -> (u16, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_shows_lines_of_a_10_second_action_while_it_runs() {
-    let system = System::builder().pack(repo_root().join("testkit/packs/e2e")).worker("w1", &[]).start().await;
+    // a request timeout shorter than the run: it bounds a handler, not a stream it answers with
+    let system = System::builder()
+        .pack(repo_root().join("testkit/packs/e2e"))
+        .env("ATTUNE_API_REQUEST_TIMEOUT_SECS", "3")
+        .worker("w1", &[])
+        .start()
+        .await;
     let execution = system.submit("e2e.ticks", json!({"seconds": 10})).await;
     let execution_id = id(&execution);
 
