@@ -25,15 +25,18 @@ for service in api executor worker; do
 done
 
 # configure, write, read. Every service declares the shared topology (so each may configure and
-# bind every shared name); the API writes only cancel notices (<ns>.control), never to <ns>.
-shared='dlx|control|dlq|parked|execution\.requests|execution\.results'
+# bind every shared name); the API writes only cancel notices and follow requests (<ns>.control),
+# never to <ns>, and declares, binds and reads its live output queues (<ns>.output.<hex>); a
+# worker writes live output to <ns>.output, which it cannot read.
+shared='dlx|control|output|dlq|parked|execution\.requests|execution\.results'
 own='worker\.[0-9]+\.ttl[0-9]+\.q2|control\.[0-9]+\.[0-9a-f]+'
-ctl set_permissions -p "$vhost" "$prefix-api" "^$ns(\.($shared))?\$" \
-    "^$ns\.(control|dlx|dlq|parked|execution\.requests|execution\.results)\$" \
-    "^$ns(\.(dlx|execution\.requests|execution\.results))?\$" >/dev/null
+follower='output\.[0-9a-f]{32}'
+ctl set_permissions -p "$vhost" "$prefix-api" "^$ns(\.($shared|$follower))?\$" \
+    "^$ns\.(control|dlx|dlq|parked|execution\.requests|execution\.results|$follower)\$" \
+    "^$ns(\.(dlx|output|execution\.requests|execution\.results|$follower))?\$" >/dev/null
 ctl set_permissions -p "$vhost" "$prefix-executor" "^$ns(\.($shared))?\$" \
     "^$ns(\.(dlx|dlq|parked|execution\.requests|execution\.results))?\$" \
     "^$ns(\.(dlx|dlq|execution\.requests|execution\.results))?\$" >/dev/null
 ctl set_permissions -p "$vhost" "$prefix-worker" "^$ns(\.($shared|$own))?\$" \
-    "^$ns(\.(dlx|dlq|parked|execution\.requests|execution\.results|$own))?\$" \
+    "^$ns(\.(dlx|dlq|parked|output|execution\.requests|execution\.results|$own))?\$" \
     "^$ns(\.(dlx|control|execution\.requests|execution\.results|$own))?\$" >/dev/null

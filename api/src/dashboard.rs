@@ -15,7 +15,7 @@ use crate::ApiError;
 const SHELL_HTML: &str = include_str!("dashboard/index.html");
 
 /// `/ui/assets/<name>`: the stylesheet and the script modules (`main.js` imports the others).
-const ASSETS: [(&str, &str, &str); 11] = [
+const ASSETS: [(&str, &str, &str); 12] = [
     ("app.css", "text/css; charset=utf-8", include_str!("dashboard/app.css")),
     ("main.js", JAVASCRIPT, include_str!("dashboard/main.js")),
     ("dom.js", JAVASCRIPT, include_str!("dashboard/dom.js")),
@@ -23,6 +23,7 @@ const ASSETS: [(&str, &str, &str); 11] = [
     ("login.js", JAVASCRIPT, include_str!("dashboard/login.js")),
     ("workers.js", JAVASCRIPT, include_str!("dashboard/workers.js")),
     ("executions.js", JAVASCRIPT, include_str!("dashboard/executions.js")),
+    ("live.js", JAVASCRIPT, include_str!("dashboard/live.js")),
     ("retries.js", JAVASCRIPT, include_str!("dashboard/retries.js")),
     ("charts.js", JAVASCRIPT, include_str!("dashboard/charts.js")),
     ("audit.js", JAVASCRIPT, include_str!("dashboard/audit.js")),

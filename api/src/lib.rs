@@ -54,6 +54,9 @@ pub struct Settings {
     /// `ATTUNE_API_MAX_CONFIG_BYTES` (16384): how large a submission's `config` may be as JSON
     /// (each retry copies it).
     pub max_config_bytes: usize,
+    /// `ATTUNE_API_OUTPUT_STREAM_MAX_SECS` (3600): how long a live output stream
+    /// (`GET /executions/{id}/output`) lasts at most.
+    pub output_stream_max: Duration,
     /// The HTTP server's bounds and TLS (`server`): header and request timeouts, connections,
     /// body size, the list pages' byte budget, the certificate.
     pub http: server::HttpSettings,
@@ -81,6 +84,7 @@ impl FromEnv for Settings {
                 value_bytes: read(source, "ATTUNE_API_MAX_PARAMETER_VALUE_BYTES")?,
             },
             max_config_bytes: read(source, "ATTUNE_API_MAX_CONFIG_BYTES")?,
+            output_stream_max: Duration::from_secs(read(source, "ATTUNE_API_OUTPUT_STREAM_MAX_SECS")?),
             http: server::HttpSettings::from_source(source)?,
         })
     }
@@ -99,6 +103,10 @@ pub struct AppState {
     pub scraped_gauges: routes::probes::ScrapedGauges,
     /// The audit trail's writer (see `audit`).
     pub audit: audit::Trail,
+    /// The broker connection live output streams follow on (`routes::executions::output`).
+    pub followers: routes::executions::output::Followers,
+    /// Fires when the API stops: live output streams end (they would hold the shutdown).
+    pub streams_stop: CancellationToken,
     pub settings: Settings,
 }
 
@@ -146,6 +154,7 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
         tracing::error!(error = %e, "packs in ATTUNE_PACKS_DIR were not all registered");
     }
     let topology = Topology::new(&settings.common.mq_namespace, settings.worker_queue_ttl);
+    let followers = routes::executions::output::Followers::new(&settings.common.amqp_url, topology.clone());
     let publisher = Publisher::new(&settings.common.amqp_url, "attune-api", topology);
     if let Err(e) = publisher.ping().await {
         tracing::warn!(error = %e, "broker not reachable yet: cancel notices wait for it (submissions do not need it)");
@@ -161,6 +170,8 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
         publisher,
         submissions,
         scraped_gauges: Default::default(),
+        followers,
+        streams_stop: CancellationToken::new(),
         settings,
     }))
 }
@@ -224,6 +235,12 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
     let settings = state.settings.http.clone();
     let scheme = if settings.tls.is_some() { "https" } else { "http" };
     tracing::info!(addr = %listener.local_addr()?, scheme, "api listening");
+    let streams_stop = state.streams_stop.clone();
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        streams_stop.cancel();
+    });
     let app = server::with_limits(router(state), &settings);
     server::serve(listener, app, &settings, shutdown).await?;
     Ok(())

@@ -32,6 +32,7 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::POST, "/api/v1/executions/{id}/cancel", Role::Operator),
     (Method::POST, "/api/v1/executions/{id}/fail", Role::Operator),
     (Method::GET, "/api/v1/executions/{id}/chain", Role::Read),
+    (Method::GET, "/api/v1/executions/{id}/output", Role::Read),
     (Method::POST, "/api/v1/executions/bulk", Role::Operator),
     (Method::GET, "/api/v1/actions", Role::Read),
     (Method::GET, "/api/v1/actions/{action_ref}", Role::Read),

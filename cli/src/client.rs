@@ -80,6 +80,25 @@ impl Client {
         Err(anyhow!("{} {}: {message}{hint}", status.as_u16(), status.canonical_reason().unwrap_or("")))
     }
 
+    /// A GET whose answer is read as it comes (a stream of events): the response once its status
+    /// is a success, else the API's error.
+    pub async fn open_stream(&self, path: &str) -> anyhow::Result<reqwest::Response> {
+        let url = format!("{}{path}", self.base);
+        let http = self.http.as_ref().map_err(|e| anyhow!("{e}"))?;
+        let mut request = http.get(&url).header("Accept", "text/event-stream");
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(|e| unreachable(&self.base, e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let message = body["error"]["message"].as_str().unwrap_or("no error message");
+        Err(anyhow!("{} {}: {message}", status.as_u16(), status.canonical_reason().unwrap_or("")))
+    }
+
     pub async fn get(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
         self.request(Method::GET, path, query, None::<&()>).await
     }

@@ -223,6 +223,9 @@ pub enum ExecutionCommand {
     },
     /// Show every attempt of the retry chain an execution belongs to
     Chain { id: i64 },
+    /// Print an execution's stdout (on stdout) and stderr (on stderr) as they come, until it
+    /// ends; exits 0 if it completed, 2 if it ended otherwise, 1 if the stream ended first
+    Tail { id: i64 },
     /// Say why an execution was or was not retried: its failure kind, its retry count, the
     /// policy in force and the rule that decided
     Explain { id: i64 },

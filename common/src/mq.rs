@@ -9,7 +9,11 @@
 //! - `ns.dlx` (topic) bound with `#` to `ns.dlq`: dead letters keep their original routing key,
 //!   which a direct exchange could not match with `#`. The executors' DLQ handler consumes it;
 //!   what it cannot act on goes to `ns.parked` (routing key `parked`) for an operator to read.
-//! - `ns.control` (fanout): cancel notices, to an exclusive queue of every worker.
+//! - `ns.control` (fanout): cancel notices and follow requests (`ControlMessage`), to an
+//!   exclusive queue of every worker.
+//! - `ns.output` (direct): live output (`LiveOutput`), from the worker running an execution to
+//!   the exclusive, auto-deleted queue `ns.output.<hex>` of each API stream that follows it
+//!   (bound with its own name as the routing key). Messages are transient: nothing is stored.
 //!
 //! Every queue is a durable quorum queue with `x-delivery-limit`, so a message that keeps failing
 //! is dead-lettered instead of redelivered forever. Worker queues also carry a message TTL: work
@@ -104,6 +108,21 @@ impl Topology {
     pub fn control_exchange(&self) -> String {
         format!("{}.control", self.namespace)
     }
+    /// The exchange live output goes through (see the module's documentation).
+    pub fn output_exchange(&self) -> String {
+        format!("{}.output", self.namespace)
+    }
+    /// A new follower's queue name (`ns.output.<32 hex digits>`), also its routing key.
+    pub fn follower_queue(&self) -> String {
+        format!("{}.output.{:032x}", self.namespace, rand::random::<u128>())
+    }
+    /// Whether `name` is a follower queue of this namespace (a follow request naming anything
+    /// else is ignored).
+    pub fn is_follower_queue(&self, name: &str) -> bool {
+        name.strip_prefix(&self.output_exchange())
+            .and_then(|rest| rest.strip_prefix('.'))
+            .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    }
     /// The worker id of a `worker.<id>` routing key.
     pub fn worker_of_key(routing_key: &str) -> Option<i64> {
         routing_key.strip_prefix("worker.")?.parse().ok()
@@ -176,6 +195,14 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
+        channel
+            .exchange_declare(
+                self.output_exchange().as_str().into(),
+                ExchangeKind::Direct,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
         let mut parked_args = FieldTable::default();
         parked_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
         self.declare_queue(channel, &self.parked_queue(), PARKED_KEY, parked_args).await?;
@@ -221,6 +248,84 @@ impl Topology {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CancelNotice {
     pub execution_id: i64,
+}
+
+/// API → every worker (fanout): stream this execution's output to `follower` (a queue bound to
+/// `ns.output` under its own name) for the next `FOLLOW_LEASE`, if you run it. Its JSON is
+/// `{"follow": {"execution_id", "follower"}}`: it has no top-level `execution_id`, so a worker
+/// of an earlier version fails to parse it as a `CancelNotice` and ignores it, and a cancel
+/// notice is never read as a follow request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FollowRequest {
+    pub execution_id: i64,
+    pub follower: String,
+}
+
+/// How long a worker streams an execution to a follower after its last follow request; the API
+/// repeats the request every `FOLLOW_RENEW` while its client is connected, so a follower that
+/// vanished costs nothing after this.
+pub const FOLLOW_LEASE: Duration = Duration::from_secs(15);
+/// How often the API repeats a follow request while its client is connected.
+pub const FOLLOW_RENEW: Duration = Duration::from_secs(5);
+
+/// What comes on the control exchange.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlMessage {
+    Cancel(CancelNotice),
+    Follow(FollowRequest),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FollowEnvelope {
+    follow: FollowRequest,
+}
+
+impl ControlMessage {
+    pub fn parse(data: &[u8]) -> Result<ControlMessage, serde_json::Error> {
+        match serde_json::from_slice::<FollowEnvelope>(data) {
+            Ok(envelope) => Ok(ControlMessage::Follow(envelope.follow)),
+            Err(_) => serde_json::from_slice::<CancelNotice>(data).map(ControlMessage::Cancel),
+        }
+    }
+
+    pub fn to_vec(&self) -> Vec<u8> {
+        match self {
+            ControlMessage::Cancel(notice) => serde_json::to_vec(notice),
+            ControlMessage::Follow(request) => serde_json::to_vec(&serde_json::json!({ "follow": request })),
+        }
+        .expect("control messages serialize")
+    }
+}
+
+/// Which of an action's output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+impl OutputStream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Worker → one follower (`ns.output`, routing key the follower's queue): an execution's live
+/// output. Not believed beyond showing it: nothing is stored from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LiveOutput {
+    /// Bytes `offset..offset + length` of a stream, as text (redacted as the stored output is).
+    Chunk { execution_id: i64, stream: OutputStream, offset: u64, length: u64, text: String },
+    /// The worker streams no more of this stream to this follower: `limit` bytes were streamed.
+    Capped { execution_id: i64, stream: OutputStream, limit: u64 },
+    /// The run ended (its result follows in the database).
+    End { execution_id: i64 },
 }
 
 /// Why and from where a message was dead-lettered (the first `x-death` entry).
@@ -595,6 +700,36 @@ impl Publisher {
         }
     }
 
+    /// Publishes `payload` to `exchange` as a transient message (live output: lost with the
+    /// broker, never written to disk) and waits for the confirm; unroutable (nobody follows any
+    /// more) is `MqError::Unroutable`.
+    pub async fn publish_transient(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
+        let publish = async {
+            let channel = self.channel().await?;
+            let properties =
+                BasicProperties::default().with_delivery_mode(1).with_content_type("application/json".into());
+            let confirm = channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
+                    payload,
+                    properties,
+                )
+                .await?
+                .await?;
+            match confirm {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(_)) => Err(MqError::Unroutable(routing_key.to_string())),
+                _ => Err(MqError::Nacked(routing_key.to_string())),
+            }
+        };
+        match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
+            Ok(result) => result,
+            Err(_) => Err(MqError::Timeout(PUBLISH_TIMEOUT)),
+        }
+    }
+
     /// Retires a worker's old queue (see `Topology`), on a channel of its own: a refused
     /// operation closes the channel it ran on.
     pub async fn retire_worker_queue(&self, queue: &str, worker_id: i64) -> Result<bool, MqError> {
@@ -839,6 +974,33 @@ mod tests {
             serde_json::from_str(r#"{"execution_id": 7, "worker_id": 3, "more": [7, 8, 8]}"#).unwrap();
         assert_eq!(repeated.executions(), vec![7, 8]);
         assert_eq!(Dispatch::of(3, &[]), None);
+    }
+
+    #[test]
+    fn a_follow_request_is_never_read_as_a_cancel_notice_nor_the_other_way() {
+        let follow = ControlMessage::Follow(FollowRequest { execution_id: 7, follower: "attune.output.ab".into() });
+        let sent = follow.to_vec();
+        assert_eq!(ControlMessage::parse(&sent).unwrap(), follow);
+        // a worker of an earlier version reads only cancel notices: it cannot parse this one
+        assert!(serde_json::from_slice::<CancelNotice>(&sent).is_err());
+        let cancel = ControlMessage::Cancel(CancelNotice { execution_id: 7 });
+        assert_eq!(ControlMessage::parse(&cancel.to_vec()).unwrap(), cancel);
+        assert!(ControlMessage::parse(br#"{"follow": {"execution_id": 7}}"#).is_err());
+    }
+
+    #[test]
+    fn follower_queues_are_the_namespaces_own() {
+        let topology = Topology::new("attune", Duration::from_secs(300));
+        let queue = topology.follower_queue();
+        assert!(topology.is_follower_queue(&queue), "{queue}");
+        for other in [
+            "attune.output",
+            "attune.output.",
+            "attune.execution.results",
+            "other.output.0123456789abcdef0123456789abcdef",
+        ] {
+            assert!(!topology.is_follower_queue(other), "{other}");
+        }
     }
 
     #[test]

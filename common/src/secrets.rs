@@ -235,6 +235,12 @@ impl Redactor {
         self.values.is_empty()
     }
 
+    /// The length of the longest form of a value it redacts: text cut anywhere but within this
+    /// many bytes of its end has no value split across the cut.
+    pub fn longest(&self) -> usize {
+        self.values.iter().map(String::len).max().unwrap_or(0)
+    }
+
     pub fn text(&self, text: &str) -> String {
         let mut text = text.to_string();
         for value in &self.values {

@@ -137,6 +137,12 @@ pub const SETTINGS: &[Setting] = &[
         doc: "a request not answered this long (its body read and its handler run) is answered 503 `request_timeout`",
     },
     Setting {
+        name: "ATTUNE_API_OUTPUT_STREAM_MAX_SECS",
+        default: Value("3600"),
+        read_by: &[Api],
+        doc: "a live output stream (`GET /api/v1/executions/{id}/output`, `attune execution tail`) lasts at most this long, then ends with a `closed` event (the request timeout does not cut it)",
+    },
+    Setting {
         name: "ATTUNE_API_WRITE_TIMEOUT_SECS",
         default: Value("10"),
         read_by: &[Api],

@@ -324,6 +324,8 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
             "return document.querySelector('.title [data-badge]')?.textContent === 'running'",
         )
         .await;
+    // while it runs, the page follows its output (fetch with the token in a header, not a URL)
+    browser.wait("the live output section", "return document.querySelector('#live-state') !== null").await;
     browser.click("#cancel").await;
     assert_eq!(browser.text("#cancel").await, "Confirm cancel");
     browser.click("#cancel").await;
@@ -340,6 +342,12 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
         .unwrap();
     assert_eq!(status, "canceled");
     assert_eq!(browser.eval("return document.querySelector('#cancel').disabled").await, true);
+    browser
+        .wait(
+            "the live output to end with the execution",
+            "return document.querySelector('#live-state')?.dataset.ended === 'canceled'",
+        )
+        .await;
 
     // The audit trail (the test's token is an admin's): the cancel and the retry clicked above,
     // newest first, each with who asked and what it was answered.

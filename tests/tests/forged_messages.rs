@@ -433,6 +433,25 @@ async fn each_service_works_with_the_broker_permissions_the_docs_give_it() {
     })
     .await;
 
+    // live output, from the worker's user to the API's (a follow request on the control exchange,
+    // the API's own queue bound to ns.output): more than one chunk, so not the stored output
+    let (status, ticks) =
+        post("/api/v1/executions".into(), json!({"action_ref": "e2e.ticks", "parameters": {"seconds": 3}})).await;
+    assert_eq!(status, 201, "{ticks}");
+    let response = http
+        .get(format!("{api}/api/v1/executions/{}/output", id(&ticks)))
+        .bearer_auth(&system.token)
+        .send()
+        .await
+        .unwrap();
+    let body = tokio::time::timeout(DEADLINE, response.text()).await.expect("the stream ends").unwrap();
+    assert!(
+        body.matches("event: stdout").count() >= 2 && body.contains("tick 3"),
+        "live output, in chunks:\n{body}\n{}",
+        logs_of("api")
+    );
+    assert!(body.contains(r#""status":"completed""#), "{body}");
+
     // and not more than the docs say: the API's user cannot take dead letters, nor a worker queue
     let connection = attune_common::mq::connect(&users.url("api"), "attune-test-limited").await.unwrap();
     let channel = connection.create_channel().await.unwrap();

@@ -26,7 +26,9 @@ async fn the_api_keeps_its_openapi_promise_under_a_fuzzer() {
         schemathesis.display()
     );
     // with a secrets key, so that setting a secret is a success to check, not a refusal
-    let system = System::builder().secrets_key().start().await;
+    // and live output streams of at most 1 s: the executions below wait for a worker there is
+    // not, and a stream of one lasts as long as it waits (a finished or unknown one answers at once)
+    let system = System::builder().secrets_key().env("ATTUNE_API_OUTPUT_STREAM_MAX_SECS", "1").start().await;
     // something to find: a few executions (ids 1, 2, ...) for the operations that read one
     for n in 0..3 {
         system.submit("core.echo", json!({"message": format!("fuzz {n}")})).await;

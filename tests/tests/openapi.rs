@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 40] = [
+const ROUTES: [(&str, &str); 41] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -16,6 +16,7 @@ const ROUTES: [(&str, &str); 40] = [
     ("post", "/api/v1/executions/{id}/cancel"),
     ("post", "/api/v1/executions/{id}/fail"),
     ("get", "/api/v1/executions/{id}/chain"),
+    ("get", "/api/v1/executions/{id}/output"),
     ("post", "/api/v1/executions/bulk"),
     ("get", "/api/v1/actions"),
     ("get", "/api/v1/actions/{action_ref}"),

@@ -1,4 +1,5 @@
-//! Cancel notices, and the check that stops runs the database no longer has here.
+//! Cancel notices, the check that stops runs the database no longer has here, and follow
+//! requests (`live`).
 
 use super::*;
 
@@ -40,9 +41,13 @@ impl Worker {
     /// broker can send one); the API changes the row before it sends its own, so a genuine notice
     /// always finds the row changed. A notice for an execution not here needs no read: a claim of
     /// it after the change misses.
-    pub(crate) async fn handle_control(&self, incoming: Incoming) -> Disposition {
-        let notice = match serde_json::from_slice::<attune_common::mq::CancelNotice>(&incoming.data) {
-            Ok(notice) => notice,
+    pub(crate) async fn handle_control(self: &Arc<Self>, incoming: Incoming) -> Disposition {
+        let notice = match attune_common::mq::ControlMessage::parse(&incoming.data) {
+            Ok(attune_common::mq::ControlMessage::Cancel(notice)) => notice,
+            Ok(attune_common::mq::ControlMessage::Follow(request)) => {
+                self.follow(request);
+                return Disposition::Ack;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "unparseable control message ignored");
                 return Disposition::Ack;
@@ -67,5 +72,27 @@ impl Worker {
             Err(e) => tracing::warn!(execution_id, error = %e, "could not check a cancel notice in the database"),
         }
         Disposition::Ack
+    }
+
+    /// A follow request: stream the execution's output to the follower for the lease, if it runs
+    /// here (no database read: a forged request makes this worker publish an execution's output
+    /// to a queue of `ns.output`, which only the API's broker user can bind; see
+    /// `docs/security-broker.md`).
+    fn follow(self: &Arc<Self>, request: attune_common::mq::FollowRequest) {
+        if !self.publisher.topology().is_follower_queue(&request.follower) {
+            tracing::debug!(
+                execution_id = request.execution_id,
+                "follow request for a queue not a follower's: ignored"
+            );
+            return;
+        }
+        let Some(run) = self.live.lock().expect("live map poisoned").get(&request.execution_id).cloned() else {
+            return;
+        };
+        if run.follow(&request.follower, std::time::Instant::now()) {
+            tracing::debug!(execution_id = request.execution_id, "followed: streaming its output");
+            let worker = self.clone();
+            tokio::spawn(async move { crate::live::stream(run, &worker.publisher).await });
+        }
     }
 }

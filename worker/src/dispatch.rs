@@ -197,7 +197,15 @@ impl Worker {
             limits: claimed.limits.as_ref(),
             kill: Some(&kill),
             traceparent: traceparent.as_deref(),
+            capture: None,
         };
+        // followable while it runs (`live`): its output readers keep what they read where a
+        // follow request finds it
+        let output_limit = crate::supervise::limits_for(claimed.limits.as_ref(), self.settings.output_limit)
+            .map_or(self.settings.output_limit, |limits| usize::try_from(limits.output_bytes).unwrap_or(usize::MAX));
+        let live = live::LiveRun::new(execution_id, redactor.cloned(), output_limit);
+        let run = ActionRun { capture: Some(&live.capture), ..run };
+        self.live.lock().expect("live map poisoned").insert(execution_id, live.clone());
         self.running.lock().expect("running map poisoned").start(execution_id, &cancel, &kill);
         // (an action removed since it was dispatched: nothing to run, and not this worker's fault)
         let action_gone = claimed.runtime.is_none();
@@ -225,6 +233,8 @@ impl Worker {
             }
         }
         self.running.lock().expect("running map poisoned").end(execution_id);
+        self.live.lock().expect("live map poisoned").remove(&execution_id);
+        live.ended.cancel();
         // the slot is for running an action: the next one may start while this one is recorded
         drop(permit);
         if self.lease_lost.lock().expect("lease poisoned").remove(&execution_id) {

@@ -617,6 +617,7 @@ mod tests {
             limits: None,
             kill: None,
             traceparent: None,
+            capture: None,
         }
     }
 

@@ -28,7 +28,7 @@
 //!
 //! The rooms: `settings`, `lifecycle` (start, drain, stop), `heartbeat` (and the lease),
 //! `slots` (what runs and what is held), `dispatch` (a dispatch's claim and run), `record` (its
-//! outcome), `control` (cancels); `runner`, `supervise` and `http` run actions, `destination`
+//! outcome), `control` (cancels and follow requests), `live` (live output to followers); `runner`, `supervise` and `http` run actions, `destination`
 //! bounds where HTTP actions go.
 
 mod control;
@@ -38,6 +38,7 @@ pub mod health;
 mod heartbeat;
 pub mod http;
 mod lifecycle;
+pub mod live;
 mod record;
 pub mod runner;
 mod settings;
@@ -124,6 +125,8 @@ struct Worker {
     lease: Lease,
     /// Runs stopped because the lease ran out (reported as `worker_heartbeat_stale`).
     lease_lost: std::sync::Mutex<std::collections::HashSet<i64>>,
+    /// The runs a follow request may stream (`live`), while they run.
+    live: std::sync::Mutex<std::collections::HashMap<i64, Arc<live::LiveRun>>>,
 }
 
 /// What a heartbeat reports that executors schedule by: the look-ahead, the health class and the

@@ -136,6 +136,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         displaced: Default::default(),
         lease: Lease::new(registered_boot, settings.lease()),
         lease_lost: Default::default(),
+        live: Default::default(),
     });
     if settings.supervisor.is_some() {
         // the supervisors of its actions kill them once this file's deadline passes (ADR 0008)

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use attune_common::mq::ResultStatus;
+use attune_common::mq::{OutputStream, ResultStatus};
 use attune_core::FailureKind;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -62,6 +62,9 @@ pub struct ActionRun<'a> {
     /// The W3C `traceparent` of the worker's `run` span when traces are on: `TRACEPARENT` to a
     /// process action, the `traceparent` header of an `http` action's request.
     pub traceparent: Option<&'a str>,
+    /// Where a process action's readers keep its output, shared with its followers
+    /// (`crate::live`); none: a capture of the run's own.
+    pub capture: Option<&'a std::sync::Arc<crate::live::Capture>>,
 }
 
 /// What happened to the process.
@@ -559,8 +562,12 @@ async fn run_process(
         let _ = stdin.write_all(stdin_body.as_bytes()).await;
     });
     let output_limit = usize::try_from(limits.output_bytes).unwrap_or(usize::MAX);
-    let stdout = tokio::spawn(read_bounded(child.stdout.take().expect("stdout is piped"), output_limit));
-    let stderr = tokio::spawn(read_bounded(child.stderr.take().expect("stderr is piped"), output_limit));
+    let capture = run.capture.cloned().unwrap_or_default();
+    let (out, err) = (OutputStream::Stdout, OutputStream::Stderr);
+    let stdout =
+        tokio::spawn(read_bounded(child.stdout.take().expect("stdout is piped"), output_limit, capture.clone(), out));
+    let stderr =
+        tokio::spawn(read_bounded(child.stderr.take().expect("stderr is piped"), output_limit, capture.clone(), err));
 
     let mut finished = Finished::default();
     let status = tokio::select! {
@@ -637,31 +644,22 @@ fn signal_group(pgid: i32, signal: i32) {
     }
 }
 
-/// Reads a stream to its end, keeping only the last `limit` bytes.
-async fn read_bounded(mut reader: impl AsyncRead + Unpin, limit: usize) -> String {
-    let mut kept: Vec<u8> = Vec::new();
-    let mut dropped = 0usize;
+/// Reads a stream to its end into `capture`, which keeps about the last `limit` bytes (twice
+/// that at most) where a follower can read them; the stored output is the last `limit`.
+async fn read_bounded(
+    mut reader: impl AsyncRead + Unpin,
+    limit: usize,
+    capture: std::sync::Arc<crate::live::Capture>,
+    stream: OutputStream,
+) -> String {
     let mut chunk = vec![0u8; 8192];
     loop {
         match reader.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                kept.extend_from_slice(&chunk[..n]);
-                if kept.len() > limit.saturating_mul(2).max(8192) {
-                    let excess = kept.len() - limit;
-                    kept.drain(..excess);
-                    dropped += excess;
-                }
-            }
+            Ok(n) => capture.append(stream, &chunk[..n], limit),
         }
     }
-    if kept.len() > limit {
-        let excess = kept.len() - limit;
-        kept.drain(..excess);
-        dropped += excess;
-    }
-    let text = String::from_utf8_lossy(&kept).into_owned();
-    if dropped > 0 { format!("[... {dropped} bytes truncated]\n{text}") } else { text }
+    capture.text(stream, limit)
 }
 
 #[cfg(test)]
@@ -795,6 +793,7 @@ mod tests {
             limits: None,
             kill: None,
             traceparent: None,
+            capture: None,
         }
     }
 

@@ -1,10 +1,11 @@
 // attune dashboard: the executions list (status, action and time filters, pagination) and one
 // execution's page: its details, parameters, result and output, its retry chain as a
-// timeline, and the Retry and Cancel buttons, which call the API and show what it answers (shown
+// timeline, its live output while it runs, and the Retry and Cancel buttons, which call the API and show what it answers (shown
 // only to a token whose role may use them: operator or admin).
 
 import { STATUSES, between, circuitBadge, el, fill, formatSeconds, formatTime, isTerminal, render, select, statusBadge } from './dom.js';
 import { LeftPage, api, errorBox, mayOperate, poll, whoami } from './api.js';
+import { liveOutput } from './live.js';
 
 const EXECUTION_POLL_MS = 2000;
 
@@ -163,7 +164,9 @@ function pager(page, params, bounds) {
 export function executionPage(id) {
   const notice = el('div', { id: 'notice' });
   const body = el('div', { id: 'execution' }, el('p', { class: 'muted' }, 'loading…'));
-  render(notice, body);
+  // while it runs, its output as it comes (`live.js`), outside what each refresh re-renders
+  const live = el('div', { id: 'live-holder' });
+  render(notice, body, live);
   // one refresh loop at a time: an action starts a new one, and a load of an older loop (whose
   // answers may be older than the action) stops its loop without rendering
   let generation = 0;
@@ -176,6 +179,7 @@ export function executionPage(id) {
     // the action's circuit breaker (gone with a removed action: no badge then)
     const action = await api('GET', `/api/v1/actions/${encodeURIComponent(execution.action_ref)}`).catch(() => null);
     if (gen !== generation) throw new LeftPage();
+    if (!isTerminal(execution.status) && !live.firstChild) live.append(liveOutput(id));
     // re-render only what changed, so a button is not replaced under the user's pointer
     const key = JSON.stringify([execution, chain, [...names], action && action.circuit, me.role]);
     if (key !== shown) {

@@ -1,5 +1,5 @@
 //! Executions: submit (with an optional `Idempotency-Key`, see `idempotency`), read, list, retry,
-//! cancel, fail; a retry chain in `chain`.
+//! cancel, fail; a retry chain in `chain`; live output in `output`.
 
 use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
 use attune_common::mq::{CancelNotice, MqError};
@@ -20,6 +20,7 @@ use crate::server::Withdrawal;
 pub mod bulk;
 pub mod chain;
 mod idempotency;
+pub mod output;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -26,6 +26,7 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(executions::cancel))
         .routes(routes!(executions::fail))
         .routes(routes!(executions::chain::chain))
+        .routes(routes!(executions::output::output))
         .routes(routes!(executions::bulk::bulk))
         .routes(routes!(catalog::list_actions))
         .routes(routes!(catalog::get_action))

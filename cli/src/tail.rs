@@ -1,0 +1,154 @@
+//! `attune execution tail ID`: follows `GET /api/v1/executions/{id}/output` (Server-Sent Events)
+//! and prints each `stdout` chunk on stdout and each `stderr` chunk on stderr as it comes.
+//!
+//! Exit status: 0 when the execution completed, 2 when it ended otherwise (failed, timeout,
+//! canceled, abandoned), 1 for an API error or a stream that ended before the execution did
+//! (`closed`: `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, or the API stopping; run it again).
+
+use std::io::Write;
+
+use anyhow::anyhow;
+use serde_json::Value;
+
+use crate::client::Client;
+
+/// One Server-Sent Event: its name (`message` when it has none) and its data lines joined.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SseEvent {
+    pub event: String,
+    pub data: String,
+}
+
+/// Splits a byte stream into events as they complete (the format of the SSE specification:
+/// lines of `field: value`, an empty line ends an event, `:` starts a comment).
+#[derive(Debug, Default)]
+pub struct SseParser {
+    buffer: Vec<u8>,
+    event: Option<String>,
+    data: Vec<String>,
+}
+
+impl SseParser {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        self.buffer.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(newline) = self.buffer.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.buffer.drain(..=newline).collect();
+            let line = String::from_utf8_lossy(&line[..line.len() - 1]);
+            let line = line.strip_suffix('\r').unwrap_or(&line);
+            if line.is_empty() {
+                if !self.data.is_empty() || self.event.is_some() {
+                    events.push(SseEvent {
+                        event: self.event.take().unwrap_or_else(|| "message".into()),
+                        data: std::mem::take(&mut self.data).join("\n"),
+                    });
+                }
+                continue;
+            }
+            if line.starts_with(':') {
+                continue;
+            }
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => self.event = Some(value.to_string()),
+                "data" => self.data.push(value.to_string()),
+                _ => {}
+            }
+        }
+        events
+    }
+}
+
+/// What an `end` event says about the exit status.
+pub fn exit_status(end: &Value) -> i32 {
+    if end["status"] == "completed" { 0 } else { 2 }
+}
+
+/// Follows execution `id` until its stream ends; `json`: each event as one JSON line on stdout.
+pub async fn tail(client: &Client, id: i64, json: bool) -> anyhow::Result<i32> {
+    let mut response = client.open_stream(&format!("/api/v1/executions/{id}/output")).await?;
+    let mut parser = SseParser::default();
+    while let Some(bytes) = response.chunk().await? {
+        for event in parser.push(&bytes) {
+            let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
+            if json {
+                println!("{}", serde_json::json!({"event": event.event, "data": data}));
+            }
+            match event.event.as_str() {
+                "stdout" if !json => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(data["text"].as_str().unwrap_or_default().as_bytes())?;
+                    out.flush()?;
+                }
+                "stderr" if !json => {
+                    let mut err = std::io::stderr().lock();
+                    err.write_all(data["text"].as_str().unwrap_or_default().as_bytes())?;
+                    err.flush()?;
+                }
+                "skipped" if !json => {
+                    eprintln!("[attune: {} bytes of {} not shown]", data["bytes"], text(&data["stream"]))
+                }
+                "capped" if !json => eprintln!(
+                    "[attune: no more {} live past {} bytes; the stored tail: attune execution get {id}]",
+                    text(&data["stream"]),
+                    data["limit_bytes"]
+                ),
+                "end" => {
+                    if !json {
+                        eprintln!(
+                            "[attune: execution {id} {}{}]",
+                            text(&data["status"]),
+                            data["exit_code"].as_i64().map(|code| format!(", exit code {code}")).unwrap_or_default()
+                        );
+                    }
+                    return Ok(exit_status(&data));
+                }
+                "closed" => {
+                    if !json {
+                        eprintln!("[attune: the stream ended before the execution: {}]", text(&data["reason"]));
+                    }
+                    return Ok(1);
+                }
+                _ => {}
+            }
+        }
+    }
+    Err(anyhow!("the stream of execution {id} ended without its end (the connection was lost)"))
+}
+
+fn text(value: &Value) -> String {
+    value.as_str().map_or_else(|| value.to_string(), str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_read_as_they_complete_whatever_the_chunks() {
+        let mut parser = SseParser::default();
+        let stream = ": keep-alive\n\nevent: stdout\ndata: {\"offset\":0,\ndata: \"text\":\"a\\n\"}\n\nevent: end\r\ndata: {}\r\n\r\n";
+        let mut events = Vec::new();
+        for piece in stream.as_bytes().chunks(5) {
+            events.extend(parser.push(piece));
+        }
+        assert_eq!(
+            events,
+            vec![
+                SseEvent { event: "stdout".into(), data: "{\"offset\":0,\n\"text\":\"a\\n\"}".into() },
+                SseEvent { event: "end".into(), data: "{}".into() },
+            ]
+        );
+        let chunk: Value = serde_json::from_str(&events[0].data).unwrap();
+        assert_eq!(chunk["text"], "a\n");
+    }
+
+    #[test]
+    fn the_exit_status_says_whether_it_completed() {
+        assert_eq!(exit_status(&serde_json::json!({"status": "completed", "exit_code": 0})), 0);
+        for status in ["failed", "timeout", "canceled", "abandoned"] {
+            assert_eq!(exit_status(&serde_json::json!({"status": status})), 2, "{status}");
+        }
+    }
+}

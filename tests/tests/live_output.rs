@@ -1,0 +1,123 @@
+//! Live output against the real binaries: `attune execution tail` shows the lines of a
+//! 10-second action while it runs, and ends when the execution ends; the route answers a
+//! finished execution with its stored output at once, and an unknown one with a 404; the
+//! request timeout does not cut a stream.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use attune_testkit::system::{repo_root, workspace_binary};
+use attune_testkit::{System, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+async fn status(system: &System, id: i64) -> String {
+    sqlx::query_scalar("SELECT status::text FROM execution WHERE id = $1")
+        .bind(id)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap()
+}
+
+/// Reads an SSE body to its end (a finished execution's stream ends by itself).
+async fn events_of(system: &System, path: &str) -> (u16, String, String) {
+    let response =
+        system.http.get(format!("{}{path}", system.api_url)).bearer_auth(&system.token).send().await.unwrap();
+    let status = response.status().as_u16();
+    let kind = response.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let body = tokio::time::timeout(DEADLINE, response.text()).await.expect("the stream ends").unwrap();
+    (status, kind, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_shows_lines_of_a_10_second_action_while_it_runs() {
+    // a request timeout shorter than the run: it bounds a handler, not a stream it answers with
+    let system = System::builder()
+        .pack(repo_root().join("testkit/packs/e2e"))
+        .env("ATTUNE_API_REQUEST_TIMEOUT_SECS", "3")
+        .worker("w1", &[])
+        .start()
+        .await;
+    let execution = system.submit("e2e.ticks", json!({"seconds": 10})).await;
+    let execution_id = id(&execution);
+
+    // `attune execution tail`, read line by line as it prints, each line with when it came
+    let mut tail = Command::new(workspace_binary("attune"))
+        .args(["execution", "tail", &execution_id.to_string()])
+        .env("ATTUNE_API_URL", &system.api_url)
+        .env("ATTUNE_TOKEN", &system.token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_sender, mut lines) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
+    let stdout = tail.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_sender.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    let stderr = tail.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+
+    // each line as it comes: the first ones while the execution is still running
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + DEADLINE;
+    while let Ok(Some((at, line))) = tokio::time::timeout_at(deadline.into(), lines.recv()).await {
+        let status_then = status(&system, execution_id).await;
+        seen.push((at, line, status_then));
+    }
+    let exit = wait_for("attune execution tail to exit", DEADLINE, || {
+        let exited = tail.try_wait().unwrap();
+        async move { exited }
+    })
+    .await;
+    let stderr = stderr.join().unwrap();
+    let texts: Vec<&str> = seen.iter().map(|(_, line, _)| line.as_str()).collect();
+    let expected: Vec<String> = (1..=10).map(|n| format!("tick {n}")).collect();
+    assert_eq!(texts, expected, "every line once, in order\nstderr: {stderr}");
+    let running: Vec<&str> = seen.iter().filter(|(_, _, s)| s == "running").map(|(_, l, _)| l.as_str()).collect();
+    assert!(running.len() >= 5, "lines arrive while the execution runs, not at its end: {seen:?}");
+    assert_eq!(running[0], "tick 1", "the first line came while it ran: {seen:?}");
+    let spread = seen.last().unwrap().0 - seen[0].0;
+    assert!(spread >= Duration::from_secs(6), "the lines came spread over the run, not at once: {spread:?} {seen:?}");
+    assert!(stderr.contains("halfway"), "stderr lines go to stderr: {stderr}");
+    assert!(stderr.contains("completed"), "{stderr}");
+    // the stream ended with the execution, and the exit status says how it ended
+    assert_eq!(status(&system, execution_id).await, "completed");
+    assert_eq!(exit.code(), Some(0), "stderr: {stderr}");
+
+    // a finished execution: its stored output and `end`, at once
+    let (code, kind, body) = events_of(&system, &format!("/api/v1/executions/{execution_id}/output")).await;
+    assert_eq!((code, kind.as_str()), (200, "text/event-stream"), "{body}");
+    assert!(body.contains("event: stdout") && body.contains("tick 10") && body.contains("event: end"), "{body}");
+    assert!(body.contains(r#""status":"completed""#), "{body}");
+    // an unknown one, or no id: a 404 or 400 in the API's error shape, at once
+    let (code, body) = system.get("/api/v1/executions/999999/output").await;
+    assert_eq!((code, body["error"]["code"].as_str()), (404, Some("execution_not_found")), "{body}");
+    let (code, body) = system.get("/api/v1/executions/x/output").await;
+    assert_eq!(code, 400, "{body}");
+    // nothing left to follow: the worker streams to no one
+    let out = system.cli_output(&["execution", "tail", "999999"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_action_tails_to_its_end_with_exit_status_2() {
+    let system = System::builder().worker("w1", &[]).start().await;
+    let execution = system.submit("core.fail", json!({"exit_code": 4})).await;
+    let out = system.cli_output(&["execution", "tail", &id(&execution).to_string()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("failed"), "{stderr}");
+    system.stop().await;
+}
