@@ -67,6 +67,21 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
         let mounts: Vec<&str> = s["volumes"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
         assert!(mounts.iter().any(|m| m.starts_with("./packs:/packs")), "{service} mounts ./packs");
     }
+    // the secret store is on: every service reads the key the one-shot `keys` makes in its volume
+    let keys = &compose["services"]["keys"];
+    assert_eq!(keys["restart"], "no");
+    assert!(keys["command"][2].as_str().unwrap().contains("chmod 0400 /keys/secrets.key"), "{:?}", keys["command"]);
+    for service in ["api", "executor", "worker-shell", "worker-python"] {
+        let s = &compose["services"][service];
+        assert_eq!(s["environment"]["ATTUNE_SECRETS_KEY_FILE"], "/keys/secrets.key", "{service}");
+        assert_eq!(s["depends_on"]["keys"]["condition"], "service_completed_successfully", "{service}");
+        let mounts: Vec<&str> = s["volumes"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
+        assert!(mounts.contains(&"attune-keys:/keys:ro"), "{service}: {mounts:?}");
+    }
+    // the workers run as root, so that each action runs as a user id of its own
+    for worker in ["worker-shell", "worker-python"] {
+        assert_eq!(compose["services"][worker]["user"], "0:0", "{worker}");
+    }
     assert_eq!(compose["services"]["worker-python"]["environment"]["ATTUNE_WORKER_RUNTIMES"], "python");
     assert_eq!(compose["services"]["worker-shell"]["environment"]["ATTUNE_WORKER_RUNTIMES"], "shell,builtin,http");
     // the Dockerfile builds every binary the services run
