@@ -38,6 +38,8 @@ use crate::ApiError;
 
 /// How often the row is read while the stream is open.
 const POLL: Duration = Duration::from_secs(1);
+/// How long a stream the worker was sending waits for its `End` once the row says finished.
+const END_GRACE: Duration = Duration::from_secs(2);
 /// How often a follow request is repeated until the worker's first message, for the first
 /// `FIRST_FOLLOW_WINDOW` of the run (a request that came before the worker had the run
 /// registered is lost; a quiet action sends nothing, and is then asked every `FOLLOW_RENEW`).
@@ -221,6 +223,10 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
     };
     let mut forwarded = Forwarded::default();
     let mut heard_from_worker = false;
+    // the worker's `End` (after its last chunk), and when the row was first seen finished: a
+    // stream the worker was sending ends after its `End`, or `END_GRACE` after the row finished
+    let mut worker_ended = false;
+    let mut finished_at: Option<Instant> = None;
     let mut last_follow: Option<Instant> = None;
     let mut first_follow: Option<Instant> = None;
     let mut poll = tokio::time::interval(POLL);
@@ -254,6 +260,13 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
                         Ok(LiveOutput::Capped { execution_id, stream, limit }) if execution_id == id => {
                             vec![("capped".to_string(), json!({"stream": stream.as_str(), "limit_bytes": limit}))]
                         }
+                        Ok(LiveOutput::End { execution_id }) if execution_id == id => {
+                            worker_ended = true;
+                            if finished_at.is_some() {
+                                break;
+                            }
+                            Vec::new()
+                        }
                         // the run ended: the row says how, within a poll or two
                         _ => Vec::new(),
                     };
@@ -282,7 +295,13 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
                         let _ = sender.send(data("closed", json!({"reason": "the execution was deleted"}))).await;
                         return;
                     }
-                    Some(status) if status.is_terminal() => break,
+                    Some(status) if status.is_terminal() => {
+                        // the row can say finished before the last chunks the worker sent arrive
+                        let since = *finished_at.get_or_insert_with(Instant::now);
+                        if follower.is_none() || !heard_from_worker || worker_ended || since.elapsed() >= END_GRACE {
+                            break;
+                        }
+                    }
                     Some(ExecutionStatus::Running) => {
                         let first = *first_follow.get_or_insert_with(Instant::now);
                         let every = if heard_from_worker || first.elapsed() >= FIRST_FOLLOW_WINDOW {
