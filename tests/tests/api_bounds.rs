@@ -162,3 +162,38 @@ async fn a_long_retry_chain_of_large_attempts_is_answered_within_the_byte_budget
     assert!(after < before + 128, "the API's peak memory grew from {before} to {after} MiB for six chain reads");
     api.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_page_stays_within_the_byte_budget_and_says_where_the_rest_start() {
+    const BUDGET: usize = 1024 * 1024;
+    let api = Api::start(&[("ATTUNE_API_LIST_BUDGET_BYTES", &BUDGET.to_string())], None).await;
+    // a thousand requests with 8 KB paths and long reasons: 9 MB of events
+    sqlx::query(
+        "INSERT INTO audit_event (actor, method, route, path, status, reason) \
+         SELECT 'cli:test', 'POST', '/api/v1/executions', '/api/v1/executions?' || repeat('p', 8000), 201, repeat('r', 1000) \
+         FROM generate_series(1, 1000)",
+    )
+    .execute(&api.db.pool)
+    .await
+    .unwrap();
+    let mut seen = 0;
+    let mut path = "/api/v1/audit?limit=1000&actor=cli:test".to_string();
+    let mut pages = 0;
+    loop {
+        let (status, body) = api.get(&path).await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body[..body.len().min(300)]));
+        assert!(body.len() <= BUDGET, "an audit page took {} bytes, more than its budget of {BUDGET}", body.len());
+        let page: Value = serde_json::from_slice(&body).unwrap();
+        let events = page["events"].as_array().unwrap();
+        assert!(!events.is_empty());
+        seen += events.len();
+        pages += 1;
+        match page["next_before"].as_i64() {
+            Some(before) => path = format!("/api/v1/audit?limit=1000&actor=cli:test&before={before}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, 1000, "every event, once, over the pages");
+    assert!(pages >= 9, "{pages} pages");
+    api.stop().await;
+}

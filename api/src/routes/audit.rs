@@ -37,7 +37,8 @@ pub struct AuditQuery {
     pub until: Option<DateTime<Utc>>,
     /// Events with ids below this one (the `next_before` of the page before)
     pub before: Option<i64>,
-    /// At most this many events (1 to 1000; 100 by default)
+    /// At most this many events (1 to 1000; 100 by default), and no more than
+    /// `ATTUNE_API_LIST_BUDGET_BYTES` of them (then `next_before` says where the rest start)
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
 }
@@ -86,7 +87,16 @@ pub async fn list(
         before: query.before,
         limit,
     };
-    let events = db::audit::list(&state.db, &filter).await?;
-    let next_before = (events.len() as i64 == limit).then(|| events.last().map(|e| e.id)).flatten();
+    let mut events = db::audit::list(&state.db, &filter).await?;
+    let mut full = events.len() as i64 == limit;
+    // within the list pages' byte budget (a path and a reason may be long): the rest on the next
+    let budget = state.settings.http.list_budget_bytes.saturating_sub(1024);
+    let sizes = events.iter().map(|e| serde_json::to_vec(e).map_or(0, |bytes| bytes.len()) + 1);
+    let fit = crate::routes::executions::within_budget(sizes, budget);
+    if fit < events.len() {
+        events.truncate(fit);
+        full = true;
+    }
+    let next_before = full.then(|| events.last().map(|e| e.id)).flatten();
     Ok(Json(AuditPage { events, next_before }))
 }
