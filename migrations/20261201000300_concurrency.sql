@@ -37,8 +37,12 @@ BEGIN
     -- (the two-key form: apart from the services' one-key locks)
     PERFORM pg_advisory_xact_lock(1635022965, (planned.worker % 2147483647)::int)
         FROM (SELECT DISTINCT unnest(p_plan) % 2147483647 AS worker ORDER BY 1) AS planned;
+    -- (the actions of the waiting rows, not of the runtime: a pack may have moved an action to
+    -- another runtime while requests of it wait)
     SELECT array_agg(a.ref ORDER BY a.ref) INTO limited FROM action a
-        WHERE a.runtime = p_runtime AND concurrency_in_force(a.concurrency, a.concurrency_set) IS NOT NULL;
+        WHERE concurrency_in_force(a.concurrency, a.concurrency_set) IS NOT NULL
+          AND EXISTS (SELECT 1 FROM execution w WHERE w.status = 'requested' AND w.action_ref = a.ref
+                      AND w.runtime = p_runtime);
     IF limited IS NOT NULL THEN
         -- the claims of a limited action take turns (after the workers' locks, in one order:
         -- no deadlock); each statement below sees every claim that took its turn before
@@ -54,17 +58,23 @@ BEGIN
             FROM execution x JOIN policy ON policy.ref = x.action_ref
             WHERE x.status IN ('scheduled', 'running') AND x.action_ref = ANY (limited)
             GROUP BY 1, 2),
+        -- each limited action's oldest 10,000 waiting requests (a key whose first request lies
+        -- deeper waits until the ones before it are claimed)
         waiting AS (
             SELECT w.id, w.action_ref, policy.most,
                    CASE WHEN policy.key IS NULL THEN NULL ELSE w.parameters->>policy.key END AS k,
-                   COALESCE(w.not_before, w.created) AS since
-            FROM execution w JOIN policy ON policy.ref = w.action_ref
-            WHERE w.status = 'requested' AND w.action_ref = ANY (limited) AND w.runtime = p_runtime
-              AND NOT EXISTS (SELECT 1 FROM action_circuit c WHERE c.action = w.action
-                              AND c.state <> 'closed' AND c.trial IS DISTINCT FROM w.id)
-              AND NOT EXISTS (SELECT 1 FROM pause pz
-                              WHERE (pz.kind = 'runtime' AND pz.name = p_runtime)
-                                 OR (pz.kind = 'action' AND pz.name = w.action_ref))),
+                   w.since
+            FROM policy, LATERAL (
+                SELECT x.id, x.action_ref, x.parameters, COALESCE(x.not_before, x.created) AS since
+                FROM execution x
+                WHERE x.status = 'requested' AND x.action_ref = policy.ref AND x.runtime = p_runtime
+                  AND NOT EXISTS (SELECT 1 FROM action_circuit c WHERE c.action = x.action
+                                  AND c.state <> 'closed' AND c.trial IS DISTINCT FROM x.id)
+                  AND NOT EXISTS (SELECT 1 FROM pause pz
+                                  WHERE (pz.kind = 'runtime' AND pz.name = p_runtime)
+                                     OR (pz.kind = 'action' AND pz.name = x.action_ref))
+                ORDER BY COALESCE(x.not_before, x.created), x.id
+                LIMIT 10000) AS w),
         ranked AS (
             SELECT waiting.id, waiting.most - COALESCE(busy.n, 0) AS room,
                    row_number() OVER (PARTITION BY waiting.action_ref, waiting.k ORDER BY waiting.since, waiting.id) AS place

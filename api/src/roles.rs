@@ -144,7 +144,11 @@ mod tests {
                 if method == Method::GET { Role::Operator } else { Role::Admin }
             } else if method == Method::GET {
                 Role::Read
-            } else if path.starts_with("/api/v1/executions") || path.starts_with("/api/v1/pauses") {
+            } else if path.starts_with("/api/v1/executions")
+                || path.starts_with("/api/v1/pauses")
+                || path.starts_with("/api/v1/schedules")
+                || path.ends_with("/concurrency")
+            {
                 Role::Operator
             } else {
                 Role::Admin

@@ -427,7 +427,22 @@ async fn schedule(
             client.request(reqwest::Method::POST, "/api/v1/schedules", &[], Some(&body)).await?
         }
         ScheduleCommand::List => {
-            let schedules = client.get("/api/v1/schedules", &[]).await?;
+            // every page: the API answers at most 1,000 a call
+            let mut all = Vec::new();
+            loop {
+                let mut query = vec![("limit", "1000".to_string())];
+                if let Some(last) = all.last().and_then(|s: &Value| s["name"].as_str()) {
+                    query.push(("after", last.to_string()));
+                }
+                let page = client.get("/api/v1/schedules", &query).await?;
+                let page = page.as_array().cloned().unwrap_or_default();
+                let done = page.is_empty();
+                all.extend(page);
+                if done {
+                    break;
+                }
+            }
+            let schedules = Value::Array(all);
             print(out, &schedules, |list| {
                 let rows: Vec<Vec<String>> = list
                     .as_array()

@@ -88,8 +88,23 @@ impl Timing {
         match self {
             Timing::At(at) => (*at > t).then_some(*at),
             Timing::Cron { cron, zone } => {
-                let local = zone.from_utc_datetime(&t.trunc_subsecs(0).naive_utc());
-                cron.find_next_occurrence(&local, false).ok().map(|next| next.with_timezone(&Utc))
+                // croner reads an ambiguous local time (the hour a change back from daylight
+                // saving repeats) as its earlier instant, which may lie before `t`: its later
+                // instant then, or the next local time after it
+                let mut from = zone.from_utc_datetime(&t.trunc_subsecs(0).naive_utc());
+                for _ in 0..10_000 {
+                    let next = cron.find_next_occurrence(&from, false).ok()?;
+                    if next.with_timezone(&Utc) > t {
+                        return Some(next.with_timezone(&Utc));
+                    }
+                    if let Some(later) = zone.from_local_datetime(&next.naive_local()).latest()
+                        && later.with_timezone(&Utc) > t
+                    {
+                        return Some(later.with_timezone(&Utc));
+                    }
+                    from = next;
+                }
+                None
             }
         }
     }
@@ -162,6 +177,24 @@ mod tests {
         assert_eq!(spring, t("2026-03-29T01:00:00Z"));
         let seconds = Timing::cron("*/10 * * * * *", "UTC").unwrap();
         assert_eq!(seconds.first_after(t("2026-01-10T12:00:00.5Z")), Some(t("2026-01-10T12:00:10Z")));
+    }
+
+    #[test]
+    fn the_hour_a_change_back_from_daylight_saving_repeats_never_goes_back_in_time() {
+        // 25 October 2026, Paris: 03:00 CEST (01:00 UTC) becomes 02:00 CET; 02:00-02:59 comes twice
+        let minutely = Timing::cron("* * * * *", "Europe/Paris").unwrap();
+        // in the second pass (02:30 CET is 01:30 UTC): the next minute is after it, not an hour back
+        assert_eq!(minutely.first_after(t("2026-10-25T01:30:20Z")), Some(t("2026-10-25T01:31:00Z")));
+        let seconds = Timing::cron("* * * * * *", "Europe/Paris").unwrap();
+        assert_eq!(seconds.first_after(t("2026-10-25T01:30:20Z")), Some(t("2026-10-25T01:30:21Z")));
+        // a daily time in the repeated hour runs once, at its first instant
+        let daily = Timing::cron("30 2 * * *", "Europe/Paris").unwrap();
+        let first = daily.first_after(t("2026-10-24T12:00:00Z")).unwrap();
+        assert_eq!(first, t("2026-10-25T00:30:00Z"));
+        assert_eq!(daily.first_after(first), Some(t("2026-10-26T01:30:00Z")));
+        // a look within the repeated hour finds nothing due before it
+        let due = seconds.due(t("2026-10-25T01:30:20Z"), t("2026-10-25T01:30:20Z"), CatchUp::Skip);
+        assert_eq!((due.run.len(), due.next), (1, Some(t("2026-10-25T01:30:21Z"))));
     }
 
     #[test]

@@ -237,6 +237,30 @@ impl Redactor {
 
     /// The length of the longest form of a value it redacts: text cut anywhere but within this
     /// many bytes of its end has no value split across the cut.
+    /// The largest cut at or before `end` in `bytes` that no value straddles: neither a whole
+    /// occurrence of one, nor (when `more_may_come`) the start of one at the end of `bytes`. 0
+    /// when every cut would split one (the caller then sends what it must).
+    pub fn cut_before(&self, bytes: &[u8], end: usize, more_may_come: bool) -> usize {
+        let mut end = end.min(bytes.len());
+        loop {
+            let mut moved = false;
+            for value in self.values.iter().map(String::as_bytes).filter(|v| !v.is_empty()) {
+                // an occurrence that begins before the cut and ends after it
+                let first = end.saturating_sub(value.len() - 1);
+                let straddling = (first..end).find(|&start| {
+                    bytes[start..].starts_with(value) || (more_may_come && value.starts_with(&bytes[start..]))
+                });
+                if let Some(start) = straddling {
+                    end = start;
+                    moved = true;
+                }
+            }
+            if !moved || end == 0 {
+                return end;
+            }
+        }
+    }
+
     pub fn longest(&self) -> usize {
         self.values.iter().map(String::len).max().unwrap_or(0)
     }

@@ -90,7 +90,7 @@ pub struct ConcurrencySpec {
 /// action's shown so.
 pub fn is_sensitive_header(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    const WORDS: [&str; 12] = [
+    const WORDS: [&str; 16] = [
         "auth",
         "cookie",
         "token",
@@ -103,6 +103,10 @@ pub fn is_sensitive_header(name: &str) -> bool {
         "api_key",
         "access-key",
         "private-key",
+        "subscription-key",
+        "functions-key",
+        "signature",
+        "credential",
     ];
     WORDS.iter().any(|word| name.contains(word))
 }
@@ -877,9 +881,15 @@ mod tests {
 
     #[test]
     fn credential_headers_are_known_and_a_literal_one_is_warned_of() {
-        for name in
-            ["Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie", "X-Api-Key", "X-Auth-Token", "Session-Id"]
-        {
+        for name in [
+            "Authorization",
+            "Cookie",
+            "Set-Cookie",
+            "X-Api-Key",
+            "X-Auth-Token",
+            "Ocp-Apim-Subscription-Key",
+            "X-Functions-Key",
+        ] {
             assert!(is_sensitive_header(name), "{name}");
         }
         for name in ["Content-Type", "Accept", "User-Agent", "Idempotency-Key", "traceparent"] {

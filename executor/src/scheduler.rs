@@ -327,13 +327,10 @@ async fn claim_one_by_one(
     plan: &[i64],
 ) -> Result<Vec<Claimed>, crate::Error> {
     use attune_common::db::execution::Transition;
-    let waiting = db::execution::waiting_longer_than(&context.db, runtime, 0.0, plan.len() as i64).await?;
-    // one at a time is past the claim's count of what runs: an action with a concurrency policy
-    // waits for the next batch claim
-    let limited = db::action::limited(&context.db, runtime).await?;
+    let waiting = db::execution::waiting_unlimited(&context.db, runtime, plan.len() as i64).await?;
     let mut claimed = Vec::new();
     let mut workers = plan.iter();
-    for execution in waiting.into_iter().filter(|execution| !limited.contains(&execution.action_ref)) {
+    for execution in waiting {
         let Some(&worker_id) = workers.next() else { break };
         let assign =
             Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).assign_worker(worker_id);

@@ -20,7 +20,7 @@ const BATCH: i64 = 100;
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     loop {
         let more = match tick(&context).await {
-            Ok(moved) => moved as i64 == BATCH,
+            Ok(moved) => moved as i64 >= BATCH,
             Err(e) => {
                 tracing::warn!(error = %e, "schedule pass failed; the due runs are created at the next");
                 false
@@ -36,7 +36,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
-/// One pass; how many runs it created.
+/// One pass; how many due schedules it moved on.
 pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
     let look = db::schedule::run_due(&context.db, BATCH, context.settings.common.default_timeout_secs).await?;
     for ran in &look.ran {
@@ -55,5 +55,5 @@ pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
     for (name, reason) in &look.broken {
         tracing::error!(schedule = %name, %reason, "a schedule's timing no longer reads: it will not run until it is made again");
     }
-    Ok(look.ran.len())
+    Ok(look.moved)
 }

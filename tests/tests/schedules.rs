@@ -236,3 +236,41 @@ async fn a_missed_window_is_skipped_or_run_once_and_the_routes_name_what_is_wron
     assert_eq!(audited[0].2.as_deref(), Some("nightly report"));
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_cut_off_while_it_creates_a_run_leaves_it_to_be_created_once() {
+    let mut system = System::builder().worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "builtin")]).start().await;
+    // the executor reaches PostgreSQL through a proxy that cuts its connection right after the
+    // statement that creates a scheduled run: its transaction (run and schedule moved on) is lost
+    let cut = attune_testkit::pgcut::PgCut::start("127.0.0.1:5432").await;
+    system.restart_with("executor", &[("DATABASE_URL", &cut.url(&system.db.url))]);
+    cut.arm("s.created_by, s.id, $2");
+    let at = Utc::now() + chrono::Duration::seconds(2);
+    let (status, made) = post(
+        &system,
+        "/api/v1/schedules",
+        Some(json!({"name": "cut", "action_ref": "core.noop", "at": at.to_rfc3339()})),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let schedule = made["id"].as_i64().unwrap();
+    let pool = system.db.pool.clone();
+    wait_for("the run, made again after the cut", Duration::from_secs(60), || {
+        let pool = pool.clone();
+        async move {
+            let done: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM execution WHERE schedule = $1 AND status = 'completed'")
+                    .bind(schedule)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            (done > 0).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(cut.sprung(), 1, "the connection was cut as the run was created");
+    let runs = runs_of(&system, schedule).await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(Some(runs[0].1), made["next_run"].as_str().map(|t| t.parse::<DateTime<Utc>>().unwrap()));
+    system.stop().await;
+}

@@ -69,41 +69,45 @@ impl Capture {
 
     /// The next piece to send from `offset` on (moved up to what is still kept): its offset and
     /// bytes, at most `most` of them, cut after the last newline unless `all` (the run ended) or
-    /// the line is longer than a message; `keep_back` bytes of a line cut short wait (a secret is
-    /// never split between two messages, where redaction would miss it).
+    /// the line is longer than a message; never through a value `redactor` hides (a secret split
+    /// between two messages would be missed by redaction, and joined again by the follower).
     pub fn next_piece(
         &self,
         stream: OutputStream,
         offset: u64,
         most: usize,
         all: bool,
-        keep_back: usize,
+        redactor: Option<&Redactor>,
     ) -> Option<(u64, Vec<u8>)> {
         let captured = self.streams[index(stream)].lock().expect("capture poisoned");
         let from = offset.max(captured.dropped);
         let start = usize::try_from(from - captured.dropped).ok()?;
         let available = captured.kept.get(start..)?;
-        let length = cut(available, most, all, keep_back);
+        let length = cut(available, most, all, redactor);
         (length > 0).then(|| (from, available[..length].to_vec()))
     }
 }
 
 /// How much of `available` to send now (see `Capture::next_piece`): never within a UTF-8
-/// character.
-pub fn cut(available: &[u8], most: usize, all: bool, keep_back: usize) -> usize {
-    if all && available.len() <= most {
-        return available.len();
-    }
+/// character, nor through a secret.
+pub fn cut(available: &[u8], most: usize, all: bool, redactor: Option<&Redactor>) -> usize {
+    let whole = all && available.len() <= most;
     let window = &available[..available.len().min(most)];
-    if let Some(newline) = window.iter().rposition(|&b| b == b'\n') {
-        return newline + 1;
-    }
-    if window.len() < most {
+    let mut end = if whole {
+        available.len()
+    } else if let Some(newline) = window.iter().rposition(|&b| b == b'\n') {
+        newline + 1
+    } else if window.len() < most {
         return 0; // a line still being written
-    }
-    let mut end = window.len().saturating_sub(keep_back.saturating_sub(1));
-    if end == 0 {
-        end = window.len(); // a secret longer than a message cannot be kept whole
+    } else {
+        window.len()
+    };
+    if let Some(redactor) = redactor {
+        let safe = redactor.cut_before(available, end, !all);
+        // a secret longer than a message cannot be kept whole (it is redacted in the stored output)
+        if safe > 0 || whole {
+            end = safe;
+        }
     }
     while end > 0 && end < available.len() && (available[end] & 0b1100_0000) == 0b1000_0000 {
         end -= 1;
@@ -185,7 +189,6 @@ impl LiveRun {
         let Some(state) = followers.0.get(follower) else { return Vec::new() };
         let (sent, streamed, capped) = (state.sent, state.streamed, state.capped);
         drop(followers);
-        let keep_back = self.redactor.as_ref().map_or(0, Redactor::longest);
         let mut due = Vec::new();
         for stream in [OutputStream::Stdout, OutputStream::Stderr] {
             let i = index(stream);
@@ -201,7 +204,10 @@ impl LiveRun {
                     due.push((capped, stream, offset, u64::MAX));
                     break;
                 }
-                let Some((from, bytes)) = self.capture.next_piece(stream, offset, most, all, keep_back) else { break };
+                let Some((from, bytes)) = self.capture.next_piece(stream, offset, most, all, self.redactor.as_ref())
+                else {
+                    break;
+                };
                 let length = bytes.len() as u64;
                 let text = String::from_utf8_lossy(&bytes);
                 let text = match &self.redactor {
@@ -282,13 +288,21 @@ mod tests {
 
     #[test]
     fn a_cut_sends_whole_lines_and_a_long_line_in_pieces() {
-        assert_eq!(cut(b"one\ntwo\nthr", 100, false, 0), 8, "up to the last newline");
-        assert_eq!(cut(b"partial", 100, false, 0), 0, "a line still being written waits");
-        assert_eq!(cut(b"partial", 100, true, 0), 7, "the run ended: all of it");
-        assert_eq!(cut(b"abcdefgh", 4, false, 0), 4, "a line longer than a message");
-        assert_eq!(cut(b"abcdefgh", 4, false, 3), 2, "a secret's length less one waits");
-        assert_eq!(cut("aé".as_bytes(), 2, false, 0), 1, "never within a character");
-        assert_eq!(cut(b"ab\ncdefgh", 4, true, 0), 3, "the run ended, more than a message: lines first");
+        assert_eq!(cut(b"one\ntwo\nthr", 100, false, None), 8, "up to the last newline");
+        assert_eq!(cut(b"partial", 100, false, None), 0, "a line still being written waits");
+        assert_eq!(cut(b"partial", 100, true, None), 7, "the run ended: all of it");
+        assert_eq!(cut(b"abcdefgh", 4, false, None), 4, "a line longer than a message");
+        assert_eq!(cut("aé".as_bytes(), 2, false, None), 1, "never within a character");
+        assert_eq!(cut(b"ab\ncdefgh", 4, true, None), 3, "the run ended, more than a message: lines first");
+        let secret = Redactor::new(vec!["s3cr3t".into()]);
+        let secret = Some(&secret);
+        // a secret across the cut of a long line waits whole for the next message
+        assert_eq!(cut(b"xxxxxxxs3cr3tyyyy", 10, false, secret), 7, "a secret the cut would split");
+        assert_eq!(cut(b"xxxxxxxxxxs3c", 10, false, secret), 10, "a secret after the cut");
+        assert_eq!(cut(b"xxxxxxxxs3", 20, false, None), 0, "a line being written");
+        assert_eq!(cut(b"xxxxxxxxxxxxxs3", 15, false, secret), 13, "the start of a secret at the end waits");
+        assert_eq!(cut(b"xxxxxxxxxxxxxs3", 15, true, secret), 15, "the run ended: nothing more comes");
+        assert_eq!(cut(b"xxs3cr3t\nyy", 20, false, secret), 9, "a whole line with its secret");
     }
 
     #[test]
@@ -300,9 +314,9 @@ mod tests {
         let text = capture.text(OutputStream::Stdout, 1024);
         assert!(text.starts_with("[... ") && text.ends_with("line-4999\n"), "{}", &text[..40]);
         // a follower that starts late starts from what is kept
-        let (from, bytes) = capture.next_piece(OutputStream::Stdout, 0, 1 << 20, false, 0).unwrap();
+        let (from, bytes) = capture.next_piece(OutputStream::Stdout, 0, 1 << 20, false, None).unwrap();
         assert!(from > 0 && bytes.ends_with(b"line-4999\n"));
-        assert!(capture.next_piece(OutputStream::Stderr, 0, 100, true, 0).is_none());
+        assert!(capture.next_piece(OutputStream::Stderr, 0, 100, true, None).is_none());
     }
 
     #[test]

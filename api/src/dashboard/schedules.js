@@ -18,7 +18,7 @@ export function schedulesPage() {
     if (operate) fill(making, scheduleForm());
   }).catch(() => {});
   poll(SCHEDULES_POLL_MS, async () => {
-    fill(table, scheduleTable(await api('GET', '/api/v1/schedules'), operate));
+    fill(table, scheduleTable(await api('GET', '/api/v1/schedules?limit=1000'), operate));
     updated.textContent = `updated ${formatClock(new Date())} · refreshes every ${SCHEDULES_POLL_MS / 1000} s`;
   });
 }

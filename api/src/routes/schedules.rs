@@ -55,10 +55,42 @@ pub struct CreateSchedule {
     pub reason: Option<String>,
 }
 
-#[utoipa::path(get, path = "/schedules", operation_id = "list_schedules", tag = "schedules",
-    responses((status = 200, description = "Every schedule, by name, with its next and last run", body = Vec<Schedule>)))]
-pub async fn list(State(state): State<crate::State>) -> Result<Json<Vec<Schedule>>, ApiError> {
-    Ok(Json(db::schedule::list(&state.db).await?))
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Schedules whose name comes after this one (the last name of the page before)
+    #[param(max_length = 255, pattern = r"^[^\x00]*$")]
+    pub after: Option<String>,
+    /// At most this many (1 to 1000; 100 by default), and no more than
+    /// `ATTUNE_API_LIST_BUDGET_BYTES` of them: ask again after the last name for the rest
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+}
+
+#[utoipa::path(get, path = "/schedules", operation_id = "list_schedules", tag = "schedules", params(ListQuery),
+    responses((status = 200, description = "Schedules by name, with their next and last run (a page: `after` the last name for the next)", body = Vec<Schedule>),
+        (status = 422, description = "`limit` or `after` is invalid", body = crate::openapi::ErrorBody),))]
+pub async fn list(
+    State(state): State<crate::State>,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<Schedule>>, ApiError> {
+    let axum::extract::Query(query) = query?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit", "'limit' must be between 1 and 1000"));
+    }
+    if let Some(after) = &query.after {
+        crate::error::storable("after", after)?;
+        if after.chars().count() > 255 {
+            return Err(ApiError::invalid("after", "'after' is a schedule's name: at most 255 characters"));
+        }
+    }
+    let mut schedules = db::schedule::list(&state.db, query.after.as_deref(), limit).await?;
+    let budget = state.settings.http.list_budget_bytes.saturating_sub(1024);
+    let sizes = schedules.iter().map(|s| serde_json::to_vec(s).map_or(0, |bytes| bytes.len()) + 1);
+    schedules.truncate(crate::routes::executions::within_budget(sizes, budget));
+    Ok(Json(schedules))
 }
 
 #[utoipa::path(post, path = "/schedules", operation_id = "create_schedule", tag = "schedules",

@@ -112,16 +112,6 @@ pub async fn set_concurrency(
     Ok(action)
 }
 
-/// The refs of `runtime`'s actions with a concurrency policy in force.
-pub async fn limited(db: impl PgExecutor<'_>, runtime: &str) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT ref FROM action WHERE runtime = $1 AND concurrency_in_force(concurrency, concurrency_set) IS NOT NULL",
-    )
-    .bind(runtime)
-    .fetch_all(db)
-    .await
-}
-
 pub async fn get_by_ref(db: impl PgExecutor<'_>, action_ref: &str) -> Result<Option<Action>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.ref = $1"))).bind(action_ref).fetch_optional(db).await
 }

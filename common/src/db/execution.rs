@@ -157,6 +157,11 @@ impl NewExecution {
     }
 }
 
+/// The status of execution `id`; `None` when there is no such execution.
+pub async fn status_of(db: impl PgExecutor<'_>, id: i64) -> Result<Option<ExecutionStatus>, sqlx::Error> {
+    sqlx::query_scalar("SELECT status FROM execution WHERE id = $1").bind(id).fetch_optional(db).await
+}
+
 /// Inserts `new` on no token's behalf (an automatic retry keeps its parent's `submitted_by`).
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
     insert_submitted(db, new, None).await
@@ -1162,6 +1167,24 @@ pub async fn waiting_longer_than(
     )))
     .bind(runtime)
     .bind(secs)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// The oldest waiting executions of `runtime` whose action has no concurrency policy in force,
+/// not paused (for the scheduler's claim one at a time, which is past the claim's count of what
+/// runs: an action with a policy waits for the next batch claim).
+pub async fn waiting_unlimited(db: &PgPool, runtime: &str, limit: i64) -> Result<Vec<Execution>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM execution e WHERE status = 'requested' AND runtime = $1 \
+         AND NOT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = $1) \
+                         OR (p.kind = 'action' AND p.name = e.action_ref)) \
+         AND NOT EXISTS (SELECT 1 FROM action a WHERE a.ref = e.action_ref \
+                         AND concurrency_in_force(a.concurrency, a.concurrency_set) IS NOT NULL) \
+         ORDER BY COALESCE(not_before, created), id LIMIT $2"
+    )))
+    .bind(runtime)
     .bind(limit)
     .fetch_all(db)
     .await

@@ -100,11 +100,15 @@ pub async fn get(db: &PgPool, name: &str) -> Result<Option<Schedule>, sqlx::Erro
         .await
 }
 
-/// Every schedule, by name.
-pub async fn list(db: &PgPool) -> Result<Vec<Schedule>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM schedule ORDER BY name LIMIT 10000")))
-        .fetch_all(db)
-        .await
+/// Schedules by name, after `after` (a page), at most `limit`.
+pub async fn list(db: &PgPool, after: Option<&str>, limit: i64) -> Result<Vec<Schedule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM schedule WHERE ($1::text IS NULL OR name > $1) ORDER BY name LIMIT $2"
+    )))
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await
 }
 
 /// Pauses or resumes the schedule `name`. A resumed cron schedule waits for its next occurrence
@@ -156,6 +160,8 @@ pub struct Ran {
 /// What one look did.
 #[derive(Debug, Default)]
 pub struct Look {
+    /// How many due schedules it moved on (the batch: more may be due).
+    pub moved: usize,
     pub ran: Vec<Ran>,
     /// Occurrences older than the grace that were skipped or stood behind one catch-up run.
     pub missed: u64,
@@ -189,7 +195,7 @@ pub async fn run_due(db: &PgPool, batch: i64, default_timeout_secs: i32) -> Resu
     .bind(batch)
     .fetch_all(&mut *tx)
     .await?;
-    let mut look = Look::default();
+    let mut look = Look { moved: due.len(), ..Look::default() };
     for schedule in due {
         let Some(next_run) = schedule.next_run else { continue };
         let timing = match schedule.timing() {

@@ -283,7 +283,7 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
             },
             _ = poll.tick() => {
                 let status: Option<ExecutionStatus> =
-                    match sqlx::query_scalar("SELECT status FROM execution WHERE id = $1").bind(id).fetch_optional(&state.db).await {
+                    match db::execution::status_of(&state.db, id).await {
                         Ok(status) => status,
                         Err(e) => {
                             tracing::debug!(execution_id = id, error = %e, "could not read a followed execution");
