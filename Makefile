@@ -1,5 +1,5 @@
 # attune: the two commands that matter are `make quickstart` and `make test`.
-.PHONY: quickstart test test-fast test-chaos bench down build fmt lint settings-doc docs
+.PHONY: quickstart test test-fast test-chaos test-cluster bench down build fmt lint settings-doc docs
 
 quickstart: ## set everything up, start attune, run an action through the API
 	scripts/quickstart.sh
@@ -14,6 +14,11 @@ test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, datab
 	cargo build --workspace --bins
 	cargo test -p attune-system-tests --test defense
 	cargo test -p attune-system-tests --test chaos_broker -- --ignored --test-threads=1
+
+test-cluster: ## attune on a three-node RabbitMQ cluster of this machine (scripts/test-cluster.sh; root): nodes stopped under a stream of executions
+	cargo build --workspace --bins
+	scripts/test-cluster.sh start
+	cargo test -p attune-system-tests --test broker_cluster -- --ignored --test-threads=1; status=$$?; scripts/test-cluster.sh stop; exit $$status
 
 bench: ## the full benchmark on a fresh database (a few minutes); writes docs/bench/ (ARGS=... passes options)
 	scripts/bench.sh $(ARGS)

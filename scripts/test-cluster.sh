@@ -6,7 +6,7 @@
 # cookie. Needs root and Debian's rabbitmq-server.
 #
 #   scripts/test-cluster.sh start         start the three nodes and join them (idempotent)
-#   scripts/test-cluster.sh stop          stop them
+#   scripts/test-cluster.sh stop          stop them, and remove their data
 #   scripts/test-cluster.sh stop-node b   stop one node's broker (its Erlang node stays up)
 #   scripts/test-cluster.sh start-node b  start it again
 #   scripts/test-cluster.sh urls          the AMQP_URL of the cluster (the three nodes)
@@ -18,7 +18,7 @@ RABBIT=/usr/lib/rabbitmq/bin
 
 port() { case $1 in a) echo 5691 ;; b) echo 5692 ;; c) echo 5693 ;; *) echo "no node $1" >&2; exit 2 ;; esac; }
 name() { echo "attune-$1@localhost"; }
-ctl() { local n=$1; shift; "$RABBIT/rabbitmqctl" -q -n "$(name "$n")" "$@"; }
+ctl() { local n=$1; shift; HOME=/var/lib/rabbitmq "$RABBIT/rabbitmqctl" -q -n "$(name "$n")" "$@"; }
 
 [ "$(id -u)" = 0 ] || { echo "test-cluster.sh needs root (it runs the nodes as the rabbitmq user)" >&2; exit 1; }
 [ -x "$RABBIT/rabbitmq-server" ] || { echo "rabbitmq-server is not installed (apt-get install rabbitmq-server)" >&2; exit 1; }
@@ -60,16 +60,17 @@ start)
     for n in $NODES; do start_node "$n"; done
     for n in b c; do
         if ! ctl a cluster_status 2>/dev/null | grep -q "$(name "$n")"; then
-            ctl "$n" stop_app
-            ctl "$n" reset
-            ctl "$n" join_cluster "$(name a)"
-            ctl "$n" start_app
+            # (a joining node's CLI warns of tables it makes before it runs: kept in its log dir)
+            { ctl "$n" stop_app && ctl "$n" reset && ctl "$n" join_cluster "$(name a)" && ctl "$n" start_app; } \
+                >>"$BASE/$n/log/join.log" 2>&1 || { cat "$BASE/$n/log/join.log" >&2; exit 1; }
         fi
     done
     echo "cluster up: $(name a) $(name b) $(name c)" >&2
     ;;
 stop)
+    # the nodes and their data (the next start makes a fresh cluster)
     for n in $NODES; do running "$n" && ctl "$n" stop >/dev/null 2>&1 || true; done
+    rm -rf "$BASE"
     ;;
 stop-node)
     ctl "${2:?which node}" stop_app

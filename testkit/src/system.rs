@@ -73,7 +73,8 @@ impl SystemBuilder {
             namespace,
         };
         system.env.insert("DATABASE_URL".into(), system.db.url.clone());
-        system.env.insert("AMQP_URL".into(), amqp_url());
+        // (a test may give the services another broker: a cluster's nodes)
+        system.env.entry("AMQP_URL".into()).or_insert_with(amqp_url);
         system.env.insert("ATTUNE_MQ_NAMESPACE".into(), system.namespace.name.clone());
         system.env.insert("ATTUNE_API_ADDR".into(), format!("127.0.0.1:{port}"));
         // the tests run as root, and their actions write pidfiles and marks into directories of
