@@ -11,12 +11,13 @@ ALTER TABLE action ADD COLUMN concurrency JSONB;
 -- pack registration leaves it as it is
 ALTER TABLE action ADD COLUMN concurrency_set JSONB;
 
--- what one claim looks at for a limited action: its waiting requests in their order, and (below)
--- its in-flight executions
+-- what one claim looks at for a limited action: its waiting requests in their order (its
+-- in-flight executions are found through the workers' in-flight index, a few hundred rows)
 CREATE INDEX execution_waiting_action_idx ON execution (action_ref, (COALESCE(not_before, created)), id)
     WHERE status = 'requested';
-CREATE INDEX execution_inflight_action_idx ON execution (action_ref)
-    WHERE status IN ('scheduled', 'running');
+-- set by the claim on an execution of an action with a policy: only its end announces room
+-- (migration concurrency_room_announced), the others' cost nothing
+ALTER TABLE execution ADD COLUMN concurrency_limited BOOLEAN NOT NULL DEFAULT false;
 
 -- The policy in force for an action: the operator's if set, else its pack's; null: no limit.
 CREATE FUNCTION concurrency_in_force(declared JSONB, set JSONB) RETURNS JSONB
@@ -55,8 +56,10 @@ BEGIN
         busy AS (
             SELECT x.action_ref, CASE WHEN policy.key IS NULL THEN NULL ELSE x.parameters->>policy.key END AS k,
                    count(*) AS n
-            FROM execution x JOIN policy ON policy.ref = x.action_ref
-            WHERE x.status IN ('scheduled', 'running') AND x.action_ref = ANY (limited)
+            FROM worker wk
+            JOIN LATERAL (SELECT i.action_ref, i.parameters FROM execution i
+                          WHERE i.worker = wk.id AND i.status IN ('scheduled', 'running')) AS x ON true
+            JOIN policy ON policy.ref = x.action_ref
             GROUP BY 1, 2),
         -- each limited action's oldest 10,000 waiting requests (a key whose first request lies
         -- deeper waits until the ones before it are claimed)
@@ -115,7 +118,8 @@ BEGIN
         LIMIT (SELECT count(*) FROM kept) FOR UPDATE OF w SKIP LOCKED),
     numbered AS (SELECT tid, row_number() OVER (ORDER BY since, id) AS n FROM picked),
     claimed AS (
-        UPDATE execution e SET status = 'scheduled', worker = kept.worker, updated = now()
+        UPDATE execution e SET status = 'scheduled', worker = kept.worker, updated = now(),
+            concurrency_limited = COALESCE(e.action_ref = ANY (limited), false)
         FROM numbered JOIN kept USING (n)
         WHERE e.ctid = numbered.tid AND e.status = 'requested'
         RETURNING e.*)

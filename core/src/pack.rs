@@ -1053,6 +1053,26 @@ mod tests {
                 "host must be written",
             ),
             (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http://[{{ host }}]:80/x\"\n",
+                "http.url",
+                "host must be written",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http://[::1{{ rest }}]/x\"\n",
+                "http.url",
+                "host must be written",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http://%7B%7B{{ host }}/x\"\n",
+                "http.url",
+                "host must be written",
+            ),
+            (
+                "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http://u:{{ rest }}@example.com/x\"\n",
+                "http.url",
+                "host must be written",
+            ),
+            (
                 "name: x\nruntime: http\nparameters:\n  host:\n    type: string\n  port:\n    type: string\n  user:\n    type: string\n  rest:\n    type: string\nhttp:\n  url: \"http:///{{ rest }}\"\n",
                 "http.url",
                 "must name its host",
