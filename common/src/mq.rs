@@ -675,8 +675,23 @@ impl Publisher {
     }
 
     async fn publish_unbounded(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
+        self.publish_confirmed(exchange, routing_key, payload, 2).await?;
+        crate::metrics::increment(&crate::metrics::BROKER_PUBLISHES, &[], 1);
+        Ok(())
+    }
+
+    /// Publishes `payload` (JSON, `mandatory`, with `delivery_mode` 2: persistent, 1: transient)
+    /// and waits for its confirm; unroutable is `MqError::Unroutable`.
+    async fn publish_confirmed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: &[u8],
+        delivery_mode: u8,
+    ) -> Result<(), MqError> {
         let channel = self.channel().await?;
-        let properties = BasicProperties::default().with_delivery_mode(2).with_content_type("application/json".into());
+        let properties =
+            BasicProperties::default().with_delivery_mode(delivery_mode).with_content_type("application/json".into());
         let confirm = channel
             .basic_publish(
                 exchange.into(),
@@ -688,10 +703,7 @@ impl Publisher {
             .await?
             .await?;
         match confirm {
-            Confirmation::Ack(None) => {
-                crate::metrics::increment(&crate::metrics::BROKER_PUBLISHES, &[], 1);
-                Ok(())
-            }
+            Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) => Err(MqError::Unroutable(routing_key.to_string())),
             Confirmation::Nack(_) => Err(MqError::Nacked(routing_key.to_string())),
             Confirmation::NotRequested => {
@@ -704,27 +716,7 @@ impl Publisher {
     /// broker, never written to disk) and waits for the confirm; unroutable (nobody follows any
     /// more) is `MqError::Unroutable`.
     pub async fn publish_transient(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
-        let publish = async {
-            let channel = self.channel().await?;
-            let properties =
-                BasicProperties::default().with_delivery_mode(1).with_content_type("application/json".into());
-            let confirm = channel
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    BasicPublishOptions { mandatory: true, ..Default::default() },
-                    payload,
-                    properties,
-                )
-                .await?
-                .await?;
-            match confirm {
-                Confirmation::Ack(None) => Ok(()),
-                Confirmation::Ack(Some(_)) => Err(MqError::Unroutable(routing_key.to_string())),
-                _ => Err(MqError::Nacked(routing_key.to_string())),
-            }
-        };
-        match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
+        match tokio::time::timeout(PUBLISH_TIMEOUT, self.publish_confirmed(exchange, routing_key, payload, 1)).await {
             Ok(result) => result,
             Err(_) => Err(MqError::Timeout(PUBLISH_TIMEOUT)),
         }

@@ -494,6 +494,16 @@ impl System {
         .await
     }
 
+    /// Runs the command line (`attune ARGS`) against this system's API with its token.
+    pub fn attune(&self, args: &[&str]) -> std::process::Output {
+        Command::new(workspace_binary("attune"))
+            .args(args)
+            .env("ATTUNE_API_URL", &self.api_url)
+            .env("ATTUNE_TOKEN", &self.token)
+            .output()
+            .unwrap()
+    }
+
     /// The log file of a process (for assertions and for reading after a failure).
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default()

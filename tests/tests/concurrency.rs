@@ -238,12 +238,7 @@ async fn an_operator_s_policy_holds_until_cleared() {
 
     // the CLI
     let attune = |args: &[&str]| {
-        let out = std::process::Command::new(attune_testkit::workspace_binary("attune"))
-            .args(args)
-            .env("ATTUNE_API_URL", &system.api_url)
-            .env("ATTUNE_TOKEN", &system.token)
-            .output()
-            .unwrap();
+        let out = system.attune(args);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),

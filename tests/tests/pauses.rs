@@ -102,14 +102,7 @@ async fn paused_work_waits_without_failing_and_runs_after_the_resume() {
     assert!(reasons.contains(&"disk swap") && reasons.contains(&"noisy"), "{trail}");
 
     // the CLI
-    let attune = |args: &[&str]| {
-        std::process::Command::new(attune_testkit::workspace_binary("attune"))
-            .args(args)
-            .env("ATTUNE_API_URL", &system.api_url)
-            .env("ATTUNE_TOKEN", &system.token)
-            .output()
-            .unwrap()
-    };
+    let attune = |args: &[&str]| system.attune(args);
     let out = attune(&["pause", "runtime", "builtin"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--reason"), "{out:?}");
     assert!(attune(&["pause", "runtime", "builtin", "--reason", "upgrade"]).status.success());

@@ -193,12 +193,7 @@ async fn a_missed_window_is_skipped_or_run_once_and_the_routes_name_what_is_wron
 
     // the CLI: create, list, pause, resume, delete
     let attune = |args: &[&str]| {
-        let out = std::process::Command::new(attune_testkit::workspace_binary("attune"))
-            .args(args)
-            .env("ATTUNE_API_URL", &system.api_url)
-            .env("ATTUNE_TOKEN", &system.token)
-            .output()
-            .unwrap();
+        let out = system.attune(args);
         let shown = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
         (out.status.success(), shown)
     };

@@ -199,13 +199,18 @@ impl Worker {
             traceparent: traceparent.as_deref(),
             capture: None,
         };
-        // followable while it runs (`live`): its output readers keep what they read where a
-        // follow request finds it
-        let output_limit = crate::supervise::limits_for(claimed.limits.as_ref(), self.settings.output_limit)
-            .map_or(self.settings.output_limit, |limits| usize::try_from(limits.output_bytes).unwrap_or(usize::MAX));
-        let live = live::LiveRun::new(execution_id, redactor.cloned(), output_limit);
-        let run = ActionRun { capture: Some(&live.capture), ..run };
-        self.live.lock().expect("live map poisoned").insert(execution_id, live.clone());
+        // a process run is followable while it runs (`live`): its output readers keep what they
+        // read where a follow request finds it (a builtin or http action has no output meanwhile)
+        let live = (!matches!(runtime, "builtin" | "http")).then(|| {
+            let output_limit = crate::supervise::limits_for(claimed.limits.as_ref(), self.settings.output_limit)
+                .map_or(self.settings.output_limit, |limits| {
+                    usize::try_from(limits.output_bytes).unwrap_or(usize::MAX)
+                });
+            let live = live::LiveRun::new(execution_id, redactor.cloned(), output_limit);
+            self.live.lock().expect("live map poisoned").insert(execution_id, live.clone());
+            live
+        });
+        let run = ActionRun { capture: live.as_ref().map(|live| &live.capture), ..run };
         self.running.lock().expect("running map poisoned").start(execution_id, &cancel, &kill);
         // (an action removed since it was dispatched: nothing to run, and not this worker's fault)
         let action_gone = claimed.runtime.is_none();
@@ -233,8 +238,10 @@ impl Worker {
             }
         }
         self.running.lock().expect("running map poisoned").end(execution_id);
-        self.live.lock().expect("live map poisoned").remove(&execution_id);
-        live.ended.cancel();
+        if let Some(live) = live {
+            self.live.lock().expect("live map poisoned").remove(&execution_id);
+            live.ended.cancel();
+        }
         // the slot is for running an action: the next one may start while this one is recorded
         drop(permit);
         if self.lease_lost.lock().expect("lease poisoned").remove(&execution_id) {
