@@ -133,14 +133,17 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
         "UPDATE execution SET submitted_by = NULL WHERE id = $1",
         "UPDATE execution SET original_execution = NULL WHERE id = $1",
         "UPDATE execution SET worker = NULL WHERE id = $1",
-        "UPDATE execution SET status = 'requested' WHERE id = $1",
     ] {
         let code = refused(sqlx::query(rewrite).bind(own).execute(&worker).await, rewrite);
         assert_eq!(code, "42501", "{rewrite}");
     }
+    // a finished one stays finished (not even seen to be updated)
+    let requeue = "UPDATE execution SET status = 'requested' WHERE id = $1";
+    assert_eq!(sqlx::query(requeue).bind(own).execute(&worker).await.unwrap().rows_affected(), 0, "requeued");
     // a hand-back goes through execution_hand_back: its own scheduled work only
     let held = system.submit("core.echo", json!({"message": "held"})).await["id"].as_i64().unwrap();
     attune_testkit::force_status(&system.db.pool, held, attune_core::ExecutionStatus::Scheduled, Some(w1)).await;
+    assert_eq!(refused(sqlx::query(requeue).bind(held).execute(&worker).await, "requeue by hand"), "42501");
     let back: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution_hand_back($1, $2)")
         .bind(theirs)
         .bind(other)
@@ -263,6 +266,15 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
     assert_eq!(opened(theirs).await, Vec::<String>::new(), "another login's run's secrets");
     attune_testkit::force_status(&system.db.pool, uses, attune_core::ExecutionStatus::Completed, Some(w1)).await;
     assert_eq!(opened(uses).await, Vec::<String>::new(), "a finished run's secrets");
+    // nor may it set its finished run back to running, to open them again
+    let reopened = sqlx::query("UPDATE execution SET status = 'running', finished = NULL WHERE id = $1")
+        .bind(uses)
+        .execute(&worker)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(reopened, 0, "a worker's login set its finished execution back to running");
+    assert_eq!(opened(uses).await, Vec::<String>::new(), "a reopened run's secrets");
 
     system.stop().await;
 }
