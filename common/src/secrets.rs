@@ -261,10 +261,6 @@ impl Redactor {
         }
     }
 
-    pub fn longest(&self) -> usize {
-        self.values.iter().map(String::len).max().unwrap_or(0)
-    }
-
     pub fn text(&self, text: &str) -> String {
         let mut text = text.to_string();
         for value in &self.values {

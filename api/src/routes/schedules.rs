@@ -112,12 +112,11 @@ pub async fn create(
     let timezone = body.timezone.clone().unwrap_or_else(|| "UTC".into());
     crate::error::storable("timezone", &timezone)?;
     let now = Utc::now();
-    let (timing, next_run) = match (&body.cron, body.at) {
+    let next_run = match (&body.cron, body.at) {
         (Some(cron), None) => {
             crate::error::storable("cron", cron)?;
             let timing = Timing::cron(cron, &timezone).map_err(|(field, reason)| ApiError::invalid(field, reason))?;
-            let next = timing.first_after(now);
-            (timing, next)
+            timing.first_after(now)
         }
         (None, Some(at)) => {
             if body.timezone.is_some() {
@@ -129,7 +128,7 @@ pub async fn create(
             if at < now - GRACE {
                 return Err(ApiError::invalid("at", format!("'at' ({at}) has passed")));
             }
-            (Timing::At(at), Some(at))
+            Some(at)
         }
         _ => return Err(ApiError::invalid("cron", "give either 'cron' (with 'timezone') or 'at', not both")),
     };
@@ -158,7 +157,7 @@ pub async fn create(
     let schedule = db::schedule::create(&state.db, &new).await?.ok_or_else(|| {
         ApiError::new(StatusCode::CONFLICT, "schedule_exists", format!("a schedule named '{}' exists", body.name))
     })?;
-    tracing::info!(schedule = %schedule.name, action_ref = %schedule.action_ref, next_run = ?schedule.next_run, token_id = caller.token_id, timing = ?matches!(timing, Timing::At(_)), "schedule made");
+    tracing::info!(schedule = %schedule.name, action_ref = %schedule.action_ref, next_run = ?schedule.next_run, token_id = caller.token_id, "schedule made");
     let target = Target { what: Some(format!("schedule:{}", schedule.name)), written: false, reason: body.reason };
     Ok((StatusCode::CREATED, Extension(target), Json(schedule)))
 }
@@ -220,8 +219,7 @@ pub async fn pause(
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Schedule>, ApiError> {
     let name = named(name)?;
-    let schedule =
-        db::schedule::set_paused(&state.db, &name, true, |s| s.next_run).await?.ok_or_else(|| no_such(&name))?;
+    let schedule = db::schedule::set_paused(&state.db, &name, true, |_| None).await?.ok_or_else(|| no_such(&name))?;
     Ok(Json(schedule))
 }
 

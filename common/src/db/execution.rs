@@ -177,10 +177,9 @@ pub async fn insert_submitted(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
          timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime, idempotency_key, \
          submitted_by, trace_parent, schedule, scheduled_for) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text), \
-         COALESCE($14, (SELECT parent.submitted_by FROM execution parent WHERE parent.id = $10)), $15, \
-         (SELECT parent.schedule FROM execution parent WHERE parent.id = $10), \
-         (SELECT parent.scheduled_for FROM execution parent WHERE parent.id = $10)) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text), \
+         COALESCE($14, parent.submitted_by), $15, parent.schedule, parent.scheduled_for \
+         FROM (SELECT) AS one LEFT JOIN execution parent ON parent.id = $10 \
          RETURNING {COLUMNS}"
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))

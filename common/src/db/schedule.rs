@@ -111,14 +111,14 @@ pub async fn list(db: &PgPool, after: Option<&str>, limit: i64) -> Result<Vec<Sc
     .await
 }
 
-/// Pauses or resumes the schedule `name`. A resumed cron schedule waits for its next occurrence
-/// from now (what came while it was paused is not run); a resumed instant that has passed runs
-/// by its catch-up policy.
+/// Pauses or resumes the schedule `name`. A paused schedule that is resumed waits for
+/// `next_on_resume` of it (a cron schedule: its next occurrence from now, what came while it was
+/// paused is not run; an instant that has passed: its catch-up policy).
 pub async fn set_paused(
     db: &PgPool,
     name: &str,
     paused: bool,
-    next_run: impl FnOnce(&Schedule) -> Option<DateTime<Utc>>,
+    next_on_resume: impl FnOnce(&Schedule) -> Option<DateTime<Utc>>,
 ) -> Result<Option<Schedule>, sqlx::Error> {
     let mut tx = db.begin().await?;
     let current: Option<Schedule> =
@@ -127,7 +127,7 @@ pub async fn set_paused(
             .fetch_optional(&mut *tx)
             .await?;
     let Some(current) = current else { return Ok(None) };
-    let next = if !paused && current.paused { next_run(&current) } else { current.next_run };
+    let next = if !paused && current.paused { next_on_resume(&current) } else { current.next_run };
     let schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE schedule SET paused = $2, next_run = $3, updated = now() WHERE id = $1 RETURNING {COLUMNS}"
     )))
