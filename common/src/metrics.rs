@@ -110,6 +110,11 @@ pub const BROKER_PUBLISHES: Metric = Metric {
     help: "Messages published and confirmed by the broker (one round trip each).",
     kind: Kind::Counter,
 };
+pub const DATABASE_HOST_MOVES: Metric = Metric {
+    name: "attune_database_host_moves_total",
+    help: "Times a pool moved to another host of a multi-host DATABASE_URL (its host lost or no longer taking writes: a switchover or failover), by the host moved to.",
+    kind: Kind::Counter,
+};
 pub const BROKER_DELIVERIES: Metric = Metric {
     name: "attune_broker_deliveries_total",
     help: "Messages received from the broker and settled (ack, requeue or dead-letter), by queue kind.",
@@ -175,7 +180,7 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 18] = [
+const ALL: [&Metric; 19] = [
     &EXECUTIONS_FINISHED,
     &FAILURES,
     &RETRIES_CREATED,
@@ -192,6 +197,7 @@ const ALL: [&Metric; 18] = [
     &ACTIONS_RUN,
     &BROKER_PUBLISHES,
     &BROKER_DELIVERIES,
+    &DATABASE_HOST_MOVES,
     &SCHEDULED_RUNS,
     &SCHEDULED_MISSED,
 ];

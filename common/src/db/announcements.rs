@@ -7,10 +7,17 @@
 //! Notifications are not stored: those sent while the connection is down are lost. A listener
 //! that loses its connection says so ([`Announced::Missed`]) so that its owner looks at every
 //! runtime, and the schedulers' sweep of waiting rows covers whatever is left.
+//!
+//! With a `DATABASE_URL` of several hosts (or with `target_session_attrs`: `db::failover`), each
+//! subscription is made on the host that is what the URL asks for, found afresh each time; the
+//! check after a silence also asks whether it still is, so a listener left on a host that no
+//! longer takes writes (where nothing is inserted any more) notices within that silence.
 
 use std::time::Duration;
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
+
+use super::failover::{self, TargetSessionAttrs};
 
 /// The channel the trigger notifies.
 pub const CHANNEL: &str = "attune_requests";
@@ -40,6 +47,9 @@ pub struct Announcements {
     listener: PgListener,
     check_after_silence: Duration,
     patience: Duration,
+    /// What the host must still be at each check (`None`: a URL of one host without
+    /// `target_session_attrs`, whose check is a round trip and nothing more).
+    target: Option<TargetSessionAttrs>,
 }
 
 impl Announcements {
@@ -55,20 +65,31 @@ impl Announcements {
         check_after_silence: Duration,
         patience: Duration,
     ) -> Result<Self, sqlx::Error> {
-        let subscribing = Self::subscribe(database_url);
+        crate::tls::install_default_provider();
+        let hosts = super::database_hosts(database_url)?;
+        let target = hosts.followed().then(|| hosts.target());
+        let options = match target {
+            None => hosts.first().clone(),
+            // (the host's own patience, then the subscription's)
+            Some(_) => {
+                let (index, checked) = hosts.pick(0, patience).await?;
+                let _ = sqlx::Connection::close(checked).await;
+                hosts.options(index).clone()
+            }
+        };
+        let subscribing = Self::subscribe(options);
         let listener = tokio::time::timeout(patience, subscribing).await.map_err(|_| unanswered("LISTEN"))??;
-        Ok(Announcements { listener, check_after_silence, patience })
+        Ok(Announcements { listener, check_after_silence, patience, target })
     }
 
-    async fn subscribe(database_url: &str) -> Result<PgListener, sqlx::Error> {
-        crate::tls::install_default_provider();
+    async fn subscribe(options: sqlx::postgres::PgConnectOptions) -> Result<PgListener, sqlx::Error> {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .min_connections(0)
             .max_lifetime(None)
             .idle_timeout(None)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(super::connect_options(database_url)?)
+            .connect_with(options)
             .await?;
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.ignore_pool_close_event(true);
@@ -94,10 +115,19 @@ impl Announcements {
     }
 
     /// One round trip on the listening connection (notifications that arrive meanwhile are kept
-    /// for `next`).
+    /// for `next`); where the URL asks for a kind of host, an error if this one no longer is.
     async fn check(&mut self) -> Result<(), sqlx::Error> {
-        let checking = sqlx::query("SELECT 1").execute(&mut self.listener);
-        tokio::time::timeout(self.patience, checking).await.map_err(|_| unanswered("a check"))?.map(|_| ())
+        let Some(target) = self.target else {
+            let checking = sqlx::query("SELECT 1").execute(&mut self.listener);
+            return tokio::time::timeout(self.patience, checking).await.map_err(|_| unanswered("a check"))?.map(|_| ());
+        };
+        let checking = failover::check(&mut self.listener, target);
+        let server = tokio::time::timeout(self.patience, checking).await.map_err(|_| unanswered("a check"))??;
+        if target.accepts(server) {
+            return Ok(());
+        }
+        let message = format!("the listening connection's host is {server} now: listening on another");
+        Err(sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::NotConnected, message)))
     }
 }
 

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod bench;
 pub mod circuit;
 pub mod execution;
+pub mod failover;
 pub mod history;
 pub mod idempotency;
 pub mod leader;
@@ -19,6 +20,7 @@ pub mod stats;
 pub mod token;
 pub mod worker;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -30,7 +32,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// its database waits for it) and returns a pool. TLS follows the URL's `sslmode` and
 /// `sslrootcert` ([`connect_options`], `crate::tls`); a URL that does not parse, a refused
 /// certificate or an unreadable `sslrootcert` is not waited out but returned at once, saying
-/// what to check.
+/// what to check. A URL of several hosts (libpq's form, `host1:5432,host2:5432`) or with
+/// `target_session_attrs` gives a pool that follows the host that takes writes ([`failover`]).
 pub async fn connect(database_url: &str, max_connections: u32, deadline: Duration) -> Result<PgPool, sqlx::Error> {
     connect_checking(database_url, max_connections, deadline, Check::EveryUse).await
 }
@@ -58,24 +61,14 @@ pub async fn connect_checking(
     check: Check,
 ) -> Result<PgPool, sqlx::Error> {
     crate::tls::install_default_provider();
-    let options = connect_options(database_url)?;
+    let hosts = database_hosts(database_url)?;
     let started = std::time::Instant::now();
     let mut delay = Duration::from_millis(100);
     loop {
-        let attempt = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .test_before_acquire(check == Check::EveryUse)
-            .before_acquire(move |connection, meta| {
-                Box::pin(async move {
-                    if check == Check::AfterIdle && meta.idle_for >= CHECK_IF_IDLE_FOR {
-                        sqlx::Connection::ping(connection).await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_with(options.clone())
-            .await;
+        let attempt = match hosts.followed() {
+            false => pool_options(max_connections, check, None).connect_with(hosts.first().clone()).await,
+            true => failover::open(&hosts, |follower| pool_options(max_connections, check, Some(follower))).await,
+        };
         let attempt = attempt.map_err(|e| tls_refusal(database_url, e));
         match attempt {
             Ok(pool) => {
@@ -93,18 +86,66 @@ pub async fn connect_checking(
     }
 }
 
+/// A pool's options: `check` before handing a connection out and, for a pool that follows the
+/// hosts, the follower's check of every new connection and the closing of those opened before
+/// the pool last moved (no round trip: their age tells).
+fn pool_options(max_connections: u32, check: Check, follower: Option<Arc<failover::Follower>>) -> PgPoolOptions {
+    let options = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .test_before_acquire(check == Check::EveryUse);
+    let Some(follower) = follower else {
+        return options.before_acquire(move |connection, meta| {
+            Box::pin(async move {
+                if check == Check::AfterIdle && meta.idle_for >= CHECK_IF_IDLE_FOR {
+                    sqlx::Connection::ping(connection).await?;
+                }
+                Ok(true)
+            })
+        });
+    };
+    let admitting = follower.clone();
+    options
+        .after_connect(move |connection, _| {
+            let follower = admitting.clone();
+            Box::pin(async move { follower.admit(connection).await })
+        })
+        .before_acquire(move |connection, meta| {
+            let follower = follower.clone();
+            Box::pin(async move {
+                if follower.predates_move(meta.age) {
+                    return Ok(false);
+                }
+                if check == Check::AfterIdle && meta.idle_for >= CHECK_IF_IDLE_FOR {
+                    sqlx::Connection::ping(connection).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 /// `database_url` as connect options. TLS is used when the URL's `sslmode` (or `PGSSLMODE`) asks
 /// for it, and only then: libpq's default, `prefer`, is not followed. It would encrypt without
 /// checking who answers, fail (where libpq falls back to plain text) against a server whose TLS
 /// rustls does not speak, and cost ~90 ms per connection (sqlx does not set `TCP_NODELAY`, so its
-/// handshake waits twice on a delayed ACK).
+/// handshake waits twice on a delayed ACK). Of a URL of several hosts, the first host's
+/// ([`database_hosts`] has them all).
 pub fn connect_options(database_url: &str) -> Result<PgConnectOptions, sqlx::Error> {
-    let options: PgConnectOptions = database_url.parse()?;
-    let options = options.options(session_limits(&crate::settings::Environment)?);
+    Ok(database_hosts(database_url)?.first().clone())
+}
+
+/// `database_url`'s hosts (one, or several in libpq's multi-host form), each as connect options
+/// made as [`connect_options`] says, and the `target_session_attrs` it names.
+pub fn database_hosts(database_url: &str) -> Result<failover::Hosts, sqlx::Error> {
     let query = database_url.split_once('?').map_or("", |(_, query)| query);
     let in_url = query.split('&').any(|pair| pair.starts_with("sslmode=") || pair.starts_with("ssl-mode="));
     let in_environment = std::env::var("PGSSLMODE").is_ok_and(|mode| !mode.trim().is_empty());
-    Ok(if in_url || in_environment { options } else { options.ssl_mode(PgSslMode::Disable) })
+    let limits = session_limits(&crate::settings::Environment)?;
+    failover::Hosts::parse(database_url, |url| {
+        let options: PgConnectOptions = url.parse()?;
+        let options = options.options(limits.clone());
+        Ok(if in_url || in_environment { options } else { options.ssl_mode(PgSslMode::Disable) })
+    })
 }
 
 /// The limits every attune session starts with (`ATTUNE_DB_*_TIMEOUT_SECS`,
@@ -185,9 +226,11 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
         // too many connections, serialization failure and deadlock; lock_not_available: a lock
         // held past `ATTUNE_DB_LOCK_TIMEOUT_SECS` (by a stalled session, which the server ends
-        // after `ATTUNE_DB_IDLE_IN_TRANSACTION_SECS`)
+        // after `ATTUNE_DB_IDLE_IN_TRANSACTION_SECS`); read_only_sql_transaction: a write sent to
+        // a server that became read-only (a primary being demoted in a switchover) before the
+        // pool moved to the one that takes writes (`failover`): refused, so nothing committed
         sqlx::Error::Database(e) => {
-            matches!(e.code().unwrap_or_default().as_ref(), "53300" | "40001" | "40P01" | "55P03")
+            matches!(e.code().unwrap_or_default().as_ref(), "53300" | "40001" | "40P01" | "55P03" | "25006")
         }
         _ => false,
     }
