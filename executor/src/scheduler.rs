@@ -114,6 +114,7 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 pub async fn listen(database_url: &str, waiting: &Waiting, shutdown: CancellationToken) {
     use db::announcements::{Announced, Announcements};
     let mut backoff = Duration::from_millis(100);
+    let mut lost = false;
     loop {
         let listening = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -124,6 +125,9 @@ pub async fn listen(database_url: &str, waiting: &Waiting, shutdown: Cancellatio
                 // rows committed before the subscription were not announced to it
                 waiting.mark_all();
                 backoff = Duration::from_millis(100);
+                if std::mem::take(&mut lost) {
+                    tracing::info!("listening for new requests again");
+                }
                 loop {
                     let next = tokio::select! {
                         _ = shutdown.cancelled() => return,
@@ -142,6 +146,7 @@ pub async fn listen(database_url: &str, waiting: &Waiting, shutdown: Cancellatio
             }
             Err(e) => e,
         };
+        lost = true;
         tracing::warn!(error = %error, retry_in_ms = backoff.as_millis() as u64, "not listening for new requests; the once-a-second sweep finds them meanwhile");
         waiting.mark_all();
         tokio::select! {

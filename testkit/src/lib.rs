@@ -32,6 +32,16 @@ pub fn admin_database_url() -> String {
         .unwrap_or_else(|_| read(&Environment, "DATABASE_URL").expect("DATABASE_URL"))
 }
 
+/// A pool on a tests' admin URL: sqlx's own for a URL of one host, as always; for one of several
+/// hosts (a standby pair's, `scripts/test-pg-standby.sh`), one that follows the host that takes
+/// writes, as the services' pools do (`attune_common::db::failover`).
+pub async fn admin_pool(url: &str) -> Result<PgPool, sqlx::Error> {
+    match attune_common::db::database_hosts(url)?.followed() {
+        false => PgPool::connect(url).await,
+        true => attune_common::db::connect(url, 2, Duration::from_secs(30)).await,
+    }
+}
+
 pub fn amqp_url() -> String {
     read(&Environment, "AMQP_URL").expect("AMQP_URL")
 }
@@ -46,13 +56,21 @@ pub struct TestDb {
     pub name: String,
     pub url: String,
     pub pool: PgPool,
+    /// The admin URL it was made with (and is dropped with).
+    pub admin_url: String,
 }
 
 impl TestDb {
     pub async fn new() -> TestDb {
-        let db = Self::empty().await;
+        Self::new_on(&admin_database_url()).await
+    }
+
+    /// A database of its own, migrated, made through `admin_url` (a login that may create
+    /// databases) rather than the tests' usual admin.
+    pub async fn new_on(admin_url: &str) -> TestDb {
+        let db = Self::empty_on(admin_url).await;
         attune_common::db::migrate(&db.pool).await.expect("migrate test database");
-        ensure_service_logins().await;
+        ensure_service_logins_on(admin_url).await;
         db
     }
 
@@ -63,8 +81,12 @@ impl TestDb {
 
     /// A database of its own with no schema at all (for tests of the migrations themselves).
     pub async fn empty() -> TestDb {
-        let admin_url = admin_database_url();
-        let admin = PgPool::connect(&admin_url)
+        Self::empty_on(&admin_database_url()).await
+    }
+
+    async fn empty_on(admin_url: &str) -> TestDb {
+        let admin_url = admin_url.to_string();
+        let admin = admin_pool(&admin_url)
             .await
             .unwrap_or_else(|e| panic!("cannot connect to {admin_url} to create a test database: {e}"));
         let name = unique("attune_test");
@@ -76,15 +98,16 @@ impl TestDb {
         let url = replace_database(&admin_url, &name);
         let pool =
             attune_common::db::connect(&url, 8, Duration::from_secs(10)).await.expect("connect to test database");
-        TestDb { name, url, pool }
+        TestDb { name, url, pool, admin_url }
     }
 
     pub async fn drop_database(self) {
         self.pool.close().await;
-        let admin = PgPool::connect(&admin_database_url()).await.expect("admin connection");
+        let admin = admin_pool(&self.admin_url).await.expect("admin connection");
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name)))
             .execute(&admin)
             .await;
+        admin.close().await;
     }
 }
 
@@ -129,9 +152,18 @@ pub fn service_login_password() -> String {
 /// makes them as the superuser: `ensure_test_logins`); once per test process, several processes
 /// taking turns on an advisory lock.
 pub async fn ensure_service_logins() {
-    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    DONE.get_or_init(|| async {
-        let admin = PgPool::connect(&admin_database_url()).await.expect("admin connection");
+    ensure_service_logins_on(&admin_database_url()).await
+}
+
+/// `ensure_service_logins` on the server of `admin_url` (once per test process and URL).
+pub async fn ensure_service_logins_on(admin_url: &str) {
+    static DONE: tokio::sync::Mutex<Vec<String>> = tokio::sync::Mutex::const_new(Vec::new());
+    let mut done = DONE.lock().await;
+    if done.iter().any(|url| url == admin_url) {
+        return;
+    }
+    {
+        let admin = admin_pool(admin_url).await.expect("admin connection");
         let mut connection = admin.acquire().await.unwrap();
         sqlx::query("SELECT pg_advisory_lock(7300432)").execute(&mut *connection).await.unwrap();
         for (login, group) in SERVICE_LOGINS {
@@ -152,8 +184,10 @@ pub async fn ensure_service_logins() {
             }
         }
         sqlx::query("SELECT pg_advisory_unlock(7300432)").execute(&mut *connection).await.unwrap();
-    })
-    .await;
+        drop(connection);
+        admin.close().await;
+    }
+    done.push(admin_url.to_string());
 }
 
 /// The login (user) `url` names.

@@ -13,6 +13,7 @@ pub struct SystemBuilder {
     workers: Vec<(String, BTreeMap<String, String>)>,
     env: BTreeMap<String, String>,
     packs: Vec<PathBuf>,
+    admin_url: Option<String>,
 }
 
 impl SystemBuilder {
@@ -44,6 +45,12 @@ impl SystemBuilder {
     pub fn actions_as_their_own_users(self) -> Self {
         self.env("ATTUNE_WORKER_ACTION_UIDS", "")
     }
+    /// Makes the system's database through `admin_url` rather than the tests' usual admin (e.g. a
+    /// standby pair's multi-host URL): the services are given that database on that server.
+    pub fn database(mut self, admin_url: &str) -> Self {
+        self.admin_url = Some(admin_url.to_string());
+        self
+    }
     /// A pack to register once the API is up (`packs/core` is always registered).
     pub fn pack(mut self, path: impl Into<PathBuf>) -> Self {
         self.packs.push(path.into());
@@ -51,7 +58,10 @@ impl SystemBuilder {
     }
 
     pub async fn start(self) -> System {
-        let db = TestDb::new().await;
+        let db = match &self.admin_url {
+            Some(admin_url) => TestDb::new_on(admin_url).await,
+            None => TestDb::new().await,
+        };
         let namespace = Namespace::new();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let logs = repo_root().join("target/test-logs").join(&namespace.name);
@@ -64,6 +74,7 @@ impl SystemBuilder {
             env: self.env.clone(),
             cleanup: Cleanup {
                 armed: true,
+                admin_url: db.admin_url.clone(),
                 database: db.name.clone(),
                 namespace: namespace.name.clone(),
                 logs: logs.clone(),
@@ -157,6 +168,7 @@ pub struct System {
 /// assertion): the processes' logs stay in `target/test-logs/<namespace>/` for reading.
 struct Cleanup {
     armed: bool,
+    admin_url: String,
     database: String,
     namespace: String,
     logs: PathBuf,
@@ -167,16 +179,14 @@ impl Drop for Cleanup {
         if !self.armed {
             return;
         }
-        let (database, namespace) = (self.database.clone(), self.namespace.clone());
+        let (database, namespace, admin_url) = (self.database.clone(), self.namespace.clone(), self.admin_url.clone());
         eprintln!("test system left logs in {}", self.logs.display());
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async move {
-                if let Ok(admin) = sqlx::PgPool::connect(&crate::admin_database_url()).await {
+                if let Ok(admin) = crate::admin_pool(&admin_url).await {
                     let queues: Vec<String> =
-                        match sqlx::PgPool::connect(&crate::replace_database(&crate::admin_database_url(), &database))
-                            .await
-                        {
+                        match crate::admin_pool(&crate::replace_database(&admin_url, &database)).await {
                             Ok(pool) => {
                                 let queues = sqlx::query_scalar(
                                     "SELECT capabilities->>'queue' FROM worker WHERE capabilities ? 'queue'",
@@ -239,7 +249,7 @@ pub fn workspace_binary(binary: &str) -> PathBuf {
 
 impl System {
     pub fn builder() -> SystemBuilder {
-        SystemBuilder { workers: Vec::new(), env: BTreeMap::new(), packs: Vec::new() }
+        SystemBuilder { workers: Vec::new(), env: BTreeMap::new(), packs: Vec::new(), admin_url: None }
     }
 
     /// Starts `binary` as `name`. A service logs into the database as its own test login
@@ -375,6 +385,17 @@ impl System {
         if signal == 9 || signal == 15 {
             let _ = child.wait();
         }
+    }
+
+    /// The process id of `name` (a service this system started).
+    pub fn pid(&self, name: &str) -> u32 {
+        self.processes.0.get(name).unwrap_or_else(|| panic!("no process {name}")).id()
+    }
+
+    /// Whether `name` still runs (it has not exited since it was started).
+    pub fn is_running(&mut self, name: &str) -> bool {
+        let child = self.processes.0.get_mut(name).unwrap_or_else(|| panic!("no process {name}"));
+        child.try_wait().expect("the process's status").is_none()
     }
 
     /// Starts one more executor, named `name` (it must start with `executor`: `restart` and

@@ -9,9 +9,12 @@
 //! runtime, and the schedulers' sweep of waiting rows covers whatever is left.
 //!
 //! With a `DATABASE_URL` of several hosts (or with `target_session_attrs`: `db::failover`), each
-//! subscription is made on the host that is what the URL asks for, found afresh each time; the
-//! check after a silence also asks whether it still is, so a listener left on a host that no
-//! longer takes writes (where nothing is inserted any more) notices within that silence.
+//! subscription is made on the host that is what the URL asks for, found afresh each time: a
+//! lost connection is an error (the owner subscribes again, on whichever host that is then),
+//! where with one host the listener opens its connection again to the same server itself. The
+//! check after a silence also asks whether the host still is what is asked for, so a listener
+//! left on one that no longer takes writes (where nothing is inserted any more) notices within
+//! that silence.
 
 use std::time::Duration;
 
@@ -77,12 +80,14 @@ impl Announcements {
                 hosts.options(index).clone()
             }
         };
-        let subscribing = Self::subscribe(options);
+        let subscribing = Self::subscribe(options, target.is_none());
         let listener = tokio::time::timeout(patience, subscribing).await.map_err(|_| unanswered("LISTEN"))??;
         Ok(Announcements { listener, check_after_silence, patience, target })
     }
 
-    async fn subscribe(options: sqlx::postgres::PgConnectOptions) -> Result<PgListener, sqlx::Error> {
+    /// Subscribes on a connection to `options`; `reconnect`: the listener opens a lost connection
+    /// again by itself, to the same server.
+    async fn subscribe(options: sqlx::postgres::PgConnectOptions, reconnect: bool) -> Result<PgListener, sqlx::Error> {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .min_connections(0)
@@ -93,6 +98,7 @@ impl Announcements {
             .await?;
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.ignore_pool_close_event(true);
+        listener.eager_reconnect(reconnect);
         listener.listen(CHANNEL).await?;
         Ok(listener)
     }
@@ -104,10 +110,15 @@ impl Announcements {
             // (`try_recv` is cancel-safe: a message half read stays in the connection's buffer)
             match tokio::time::timeout(self.check_after_silence, self.listener.try_recv()).await {
                 Ok(received) => {
-                    return Ok(match received? {
-                        Some(notification) => parse(notification.payload()),
-                        None => Announced::Missed,
-                    });
+                    return match received? {
+                        Some(notification) => Ok(parse(notification.payload())),
+                        None if self.target.is_none() => Ok(Announced::Missed),
+                        // (not opened again here: to the server it was on)
+                        None => Err(sqlx::Error::Io(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            "the listening connection was lost",
+                        ))),
+                    };
                 }
                 Err(_) => self.check().await?,
             }
