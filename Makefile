@@ -15,10 +15,12 @@ test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, datab
 	cargo test -p attune-system-tests --test defense
 	cargo test -p attune-system-tests --test chaos_broker -- --ignored --test-threads=1
 
-test-cluster: ## attune on a three-node RabbitMQ cluster of this machine (scripts/test-cluster.sh; root): nodes stopped under a stream of executions
+test-cluster: ## attune on a three-node RabbitMQ cluster and on a PostgreSQL primary with its synchronous standby, of this machine (scripts/test-cluster.sh, scripts/test-pg-standby.sh; root): nodes stopped and a switchover under streams of executions
 	cargo build --workspace --bins
 	scripts/test-cluster.sh start
-	cargo test -p attune-system-tests --test broker_cluster -- --ignored --test-threads=1; status=$$?; scripts/test-cluster.sh stop; exit $$status
+	cargo test -p attune-system-tests --test broker_cluster -- --ignored --test-threads=1; status=$$?; scripts/test-cluster.sh stop; [ $$status = 0 ] || exit $$status
+	scripts/test-pg-standby.sh start
+	cargo test -p attune-system-tests --test pg_switchover -- --ignored --test-threads=1; status=$$?; scripts/test-pg-standby.sh stop; exit $$status
 
 bench: ## the full benchmark on a fresh database (a few minutes); writes docs/bench/ (ARGS=... passes options)
 	scripts/bench.sh $(ARGS)

@@ -58,8 +58,9 @@ healthy() {
 
 stop_all() {
     local node
+    # (immediate: no shutdown checkpoint, the data goes anyway)
     for node in primary standby; do
-        if running "$node"; then ctl "$node" stop -m fast -w >/dev/null; fi
+        if running "$node"; then ctl "$node" stop -m immediate -w >/dev/null; fi
     done
     rm -rf "$BASE"
 }
@@ -75,7 +76,7 @@ start_pair() {
     chown postgres:postgres "$BASE"
     chmod 700 "$BASE"
     as_postgres "$BIN/initdb" -D "$BASE/primary" -U postgres --auth-local=peer --auth-host=scram-sha-256 \
-        -E UTF8 --locale=C.UTF-8 >"$BASE/initdb.log"
+        -E UTF8 --locale=C.UTF-8 --no-sync >"$BASE/initdb.log"
     # the superuser over the socket (as the postgres user); the services and the tests with
     # passwords over TCP; the standby streams as the replicator role (loopback only, a test pair)
     cat >"$BASE/primary/pg_hba.conf" <<EOF
@@ -109,7 +110,7 @@ EOF
     )
     psql_on $PRIMARY_PORT -c "CREATE ROLE replicator LOGIN REPLICATION" >/dev/null
     as_postgres "$BIN/pg_basebackup" -w -h 127.0.0.1 -p $PRIMARY_PORT -U replicator -D "$BASE/standby" \
-        --wal-method=stream --checkpoint=fast >/dev/null
+        --wal-method=stream --checkpoint=fast --no-sync >/dev/null
     cat >>"$BASE/standby/postgresql.conf" <<EOF
 port = $STANDBY_PORT
 primary_conninfo = 'host=127.0.0.1 port=$PRIMARY_PORT user=replicator application_name=$STANDBY_NAME'

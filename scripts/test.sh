@@ -47,6 +47,19 @@ if [ "$status" = 0 ] && [ -z "${ATTUNE_SKIP_CLUSTER:-}" ] && [ "$(id -u)" = 0 ] 
     fi
     scripts/test-cluster.sh stop || true
 fi
+# The PostgreSQL switchover test (issue 36) starts a primary and its synchronous standby (ports
+# 5695 and 5696) beside the machine's own server: likewise last, where this machine can run them
+# (root, Debian's PostgreSQL 15), and they are stopped (their data removed) after it.
+if [ "$status" = 0 ] && [ -z "${ATTUNE_SKIP_CLUSTER:-}" ] && [ "$(id -u)" = 0 ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; then
+    log "PostgreSQL switchover test (scripts/test-pg-standby.sh)"
+    echo "attune: second pass" >> target/test-output.log
+    if scripts/test-pg-standby.sh start; then
+        cargo test -p attune-system-tests --test pg_switchover -- --ignored --test-threads=1 2>&1 | tee -a target/test-output.log || status=$?
+    else
+        status=1
+    fi
+    scripts/test-pg-standby.sh stop || true
+fi
 # One closing line for the whole run, summed over every test binary: what ran in the second pass
 # was counted as ignored in the first, and is counted once, as what it did.
 awk '/^attune: second pass$/ { second = 1 }
