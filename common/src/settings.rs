@@ -61,7 +61,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "DATABASE_URL",
         default: Value("postgres://attune:attune@127.0.0.1:5432/attune"),
         read_by: &[Api, Executor, Worker, Cli, Bench],
-        doc: "the PostgreSQL database (the CLI's `token create` writes to it; `attune-bench` reads the record)",
+        doc: "the PostgreSQL database (the CLI's `token create` writes to it; `attune-bench` reads the record); a primary and its standbys in libpq's multi-host form, `postgres://u:p@db1:5432,db2:5432/attune?target_session_attrs=read-write`, and each pool follows the host that takes writes (Operating: PostgreSQL with a standby)",
     },
     Setting {
         name: "ATTUNE_DB_STATEMENT_TIMEOUT_SECS",
