@@ -1,8 +1,8 @@
 //! Pools of a multi-host `DATABASE_URL` (`db::failover`) on the real PostgreSQL, without a
 //! standby: the "hosts" are proxies in front of the one server (`attune_testkit::pgcut`) or a
 //! port nobody listens on. A pool whose host stops answering (partitioned, no reset) moves to the
-//! next host and its statements succeed there; a host that refuses connections is passed over; a
-//! server whose sessions start read-only is refused for `read-write`, naming what it is, and
+//! next host and its statements succeed there; a host that refuses connections is passed over (a
+//! refused certificate is not: it is reported at once); a server whose sessions start read-only is refused for `read-write`, naming what it is, and
 //! taken for `primary`. (`tests/tests/pg_switchover.rs` promotes a real standby.)
 
 use std::time::{Duration, Instant};
@@ -69,6 +69,16 @@ async fn a_host_that_refuses_connections_is_passed_over() {
     let url = on_hosts(&test.url, "127.0.0.1:1,127.0.0.1:2", "target_session_attrs=read-write");
     let error = db::connect(&url, 2, Duration::from_millis(200)).await.unwrap_err().to_string();
     assert!(error.contains("no host of DATABASE_URL takes writes") && error.contains("127.0.0.1:2: "), "{error}");
+    // a certificate refused (the server's names `localhost`, not the address) is said at once,
+    // as with one host, not waited out
+    let started = Instant::now();
+    let url = on_hosts(&test.url, "127.0.0.1:1,127.0.0.1:5432", "sslmode=verify-full&target_session_attrs=read-write");
+    let refused = db::connect(&url, 2, Duration::from_secs(30)).await.unwrap_err();
+    assert!(
+        matches!(refused, sqlx::Error::Tls(_)) && refused.to_string().contains("certificate was refused"),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "waited out: {:?}", started.elapsed());
     test.drop_database().await;
 }
 

@@ -249,9 +249,11 @@ impl Hosts {
     /// Tries the hosts in turn from `from` on (wrapping round), each given `patience` to connect
     /// and answer, and returns the first that is what is asked for, with the connection it was
     /// checked on. None is: an I/O error (transient, as a lost database is) naming what each
-    /// host was.
+    /// host was, or, where a host refused TLS (its certificate, an unreadable `sslrootcert`),
+    /// that refusal, which waiting does not mend (`db::connect` reports it at once).
     pub async fn pick(&self, from: usize, patience: Duration) -> Result<(usize, PgConnection), sqlx::Error> {
         let mut answers = Vec::with_capacity(self.options.len());
+        let mut tls_refused = None;
         for step in 0..self.options.len() {
             let index = (from + step) % self.options.len();
             let trying = async {
@@ -265,9 +267,19 @@ impl Hosts {
                     let _ = connection.close().await;
                     answers.push(format!("{}: {server}", self.name(index)));
                 }
-                Ok(Err(e)) => answers.push(format!("{}: {e}", self.name(index))),
+                Ok(Err(e)) => {
+                    answers.push(format!("{}: {e}", self.name(index)));
+                    let unreadable_root =
+                        matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound);
+                    if matches!(e, sqlx::Error::Tls(_)) || crate::tls::tls_error(&e).is_some() || unreadable_root {
+                        tls_refused.get_or_insert(e);
+                    }
+                }
                 Err(_) => answers.push(format!("{}: no answer within {patience:?}", self.name(index))),
             }
+        }
+        if let Some(refused) = tls_refused {
+            return Err(refused);
         }
         let wanted = match self.target {
             TargetSessionAttrs::Any => "answers",
