@@ -92,6 +92,14 @@ async fn read_only_sessions_are_refused_for_read_write_and_taken_for_primary() {
     let error = db::connect(&read_write, 2, Duration::from_millis(200)).await.unwrap_err().to_string();
     assert!(error.contains("127.0.0.1:5432: read-only (default_transaction_read_only)"), "{error}");
 
+    // a connection a pool opens to it later is refused likewise (a pool's `after_connect`)
+    let hosts = db::database_hosts(&read_write).unwrap();
+    let follower = failover::Follower::new(hosts.clone(), 0);
+    let mut connection = sqlx::ConnectOptions::connect(hosts.first()).await.unwrap();
+    let refused = follower.admit(&mut connection).await.unwrap_err().to_string();
+    assert!(refused.contains("database host 127.0.0.1:5432: it is read-only"), "{refused}");
+    assert!(refused.contains("target_session_attrs=read-write"), "{refused}");
+
     let primary = on_hosts(&test.url, "127.0.0.1:5432", "target_session_attrs=primary");
     let pool = db::connect(&primary, 2, Duration::from_secs(10)).await.unwrap();
     // a write there is refused, and waited out as the database being away rather than failed

@@ -76,6 +76,17 @@ impl TargetSessionAttrs {
     }
 }
 
+impl std::fmt::Display for TargetSessionAttrs {
+    /// As written in the URL.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Any => "any",
+            Self::ReadWrite => "read-write",
+            Self::Primary => "primary",
+        })
+    }
+}
+
 /// What a server said of itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Server {
@@ -209,10 +220,9 @@ impl Hosts {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Hosts { followed: count > 1 || split.target.is_some(), options, target: split.target.unwrap_or(Self::ANY) })
+        let target = split.target.unwrap_or(TargetSessionAttrs::Any);
+        Ok(Hosts { followed: count > 1 || split.target.is_some(), options, target })
     }
-
-    const ANY: TargetSessionAttrs = TargetSessionAttrs::Any;
 
     /// The first host's options (the only host's, for a URL of one).
     pub fn first(&self) -> &PgConnectOptions {
@@ -360,7 +370,8 @@ impl Follower {
         let host = self.hosts.name(self.current.load(Ordering::Relaxed));
         Err(sqlx::Error::Configuration(
             format!(
-                "refused a connection to the database host {host}: it is {server}, and DATABASE_URL asks for {:?}",
+                "refused a connection to the database host {host}: it is {server}, and DATABASE_URL asks for \
+                 target_session_attrs={}",
                 self.hosts.target
             )
             .into(),
@@ -382,7 +393,7 @@ pub async fn open(
     let (index, watching) = hosts.pick(0, PATIENCE).await?;
     let follower = Arc::new(Follower::new(hosts.clone(), index));
     let pool = options(follower.clone()).connect_with(hosts.options[index].clone()).await?;
-    tracing::info!(host = %hosts.name(index), target_session_attrs = ?hosts.target, "connected to the database");
+    tracing::info!(host = %hosts.name(index), target_session_attrs = %hosts.target, "connected to the database");
     tokio::spawn(watch(pool.clone(), follower, watching));
     Ok(pool)
 }
