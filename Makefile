@@ -15,10 +15,11 @@ test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, datab
 	cargo test -p attune-system-tests --test defense
 	cargo test -p attune-system-tests --test chaos_broker -- --ignored --test-threads=1
 
-test-cluster: ## attune on a three-node RabbitMQ cluster of this machine (scripts/test-cluster.sh; root): nodes stopped under a stream of executions
+test-cluster: ## attune across hosts (root): a three-node RabbitMQ cluster of this machine (scripts/test-cluster.sh) with nodes stopped under a stream of executions; workers in network namespaces cut off and healed
 	cargo build --workspace --bins
 	scripts/test-cluster.sh start
 	cargo test -p attune-system-tests --test broker_cluster -- --ignored --test-threads=1; status=$$?; scripts/test-cluster.sh stop; exit $$status
+	cargo test -p attune-system-tests --test hosts -- --ignored
 
 bench: ## the full benchmark on a fresh database (a few minutes); writes docs/bench/ (ARGS=... passes options)
 	scripts/bench.sh $(ARGS)
