@@ -15,10 +15,11 @@ test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, datab
 	cargo test -p attune-system-tests --test defense
 	cargo test -p attune-system-tests --test chaos_broker -- --ignored --test-threads=1
 
-test-cluster: ## attune on a three-node RabbitMQ cluster and on a PostgreSQL primary with its synchronous standby, of this machine (scripts/test-cluster.sh, scripts/test-pg-standby.sh; root): nodes stopped and a switchover under streams of executions
+test-cluster: ## attune across hosts (root): a three-node RabbitMQ cluster of this machine (scripts/test-cluster.sh) with nodes stopped under a stream of executions; workers in network namespaces cut off and healed; a PostgreSQL primary and its synchronous standby (scripts/test-pg-standby.sh) switched over under streams of executions
 	cargo build --workspace --bins
 	scripts/test-cluster.sh start
-	cargo test -p attune-system-tests --test broker_cluster -- --ignored --test-threads=1; status=$$?; scripts/test-cluster.sh stop; [ $$status = 0 ] || exit $$status
+	cargo test -p attune-system-tests --test broker_cluster -- --ignored --test-threads=1; status=$$?; scripts/test-cluster.sh stop; exit $$status
+	cargo test -p attune-system-tests --test hosts -- --ignored
 	scripts/test-pg-standby.sh start
 	cargo test -p attune-system-tests --test pg_switchover -- --ignored --test-threads=1; status=$$?; scripts/test-pg-standby.sh stop; exit $$status
 

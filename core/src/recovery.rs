@@ -62,6 +62,14 @@ pub fn orphaned(status: ExecutionStatus) -> Option<Recovery> {
     }
 }
 
+/// How long a worker that did not receive a dispatch, though it heartbeats, is passed over: a
+/// heartbeat limit (`heartbeat_max_age_secs`), the time a silent worker is given before it is
+/// taken for dead, and at least 1 s. Its next dispatch after that tests whether it receives
+/// again; a worker the broker still cannot reach loses that one too, after the monitor's slack.
+pub fn not_receiving_for(heartbeat_max_age_secs: i64) -> Duration {
+    Duration::from_secs(heartbeat_max_age_secs.max(1) as u64)
+}
+
 /// The statuses a worker holds (an execution in one of them has `worker` set).
 pub const HELD_BY_WORKER: [ExecutionStatus; 2] = ExecutionStatus::IN_FLIGHT;
 

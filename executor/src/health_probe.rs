@@ -64,11 +64,20 @@ impl Picture {
     /// Workers these reads already make unhealthy are left out: more work and a later clock
     /// never make a class better, so a plan could never choose them (and the cost of planning
     /// follows the workers that can take work, not the size of the fleet). The exception is a
-    /// worker on probation (`health::on_probation`): one slot, for one probe.
+    /// worker on probation (`health::on_probation`): one slot, for one probe. A worker that
+    /// lately did not receive a dispatch (`Candidate::receiving`) has room only when no other
+    /// has: the execution it lost goes elsewhere, not straight back to it.
     pub fn rooms(&self, config: &HealthThresholds, runtime: &str) -> Vec<Room> {
+        let rooms = self.rooms_of(config, runtime, true);
+        if rooms.is_empty() { self.rooms_of(config, runtime, false) } else { rooms }
+    }
+
+    /// `rooms`, of the workers dispatches reach only (`receiving`) or of all.
+    fn rooms_of(&self, config: &HealthThresholds, runtime: &str, receiving: bool) -> Vec<Room> {
         let now = self.now();
         self.fleet
             .iter()
+            .filter(|c| c.receiving || !receiving)
             .filter(|c| c.offers(runtime) && c.consuming)
             .filter_map(|c| {
                 let signals = db::worker::with_inflight(c, &self.inflight);
@@ -160,5 +169,52 @@ impl WorkerHealthProbe {
             class: classify(&self.config, &room.signals, now),
             queue_depth: room.signals.queue_depth,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attune_core::health::HealthSignals;
+
+    fn worker(id: i64, receiving: bool, now: DateTime<Utc>) -> Candidate {
+        Candidate {
+            worker_id: id,
+            name: format!("w{id}"),
+            runtimes: vec!["shell".into()],
+            signals: HealthSignals {
+                last_heartbeat: Some(now),
+                consecutive_failures: 0,
+                total_executions: 0,
+                failed_executions: 0,
+                queue_depth: 0,
+                last_failure_at: None,
+            },
+            slots: Some(4),
+            consuming: true,
+            receiving,
+        }
+    }
+
+    fn picture(fleet: Vec<Candidate>, now: DateTime<Utc>) -> Picture {
+        Picture {
+            fleet: Arc::new(fleet),
+            inflight: HashMap::new(),
+            read_at: Instant::now(),
+            db_now: now,
+            probation: chrono::Duration::seconds(30),
+        }
+    }
+
+    #[test]
+    fn a_worker_that_lost_a_dispatch_has_room_only_when_no_other_has() {
+        let now = Utc::now();
+        let config = HealthThresholds::default();
+        let both = picture(vec![worker(1, false, now), worker(2, true, now)], now);
+        let rooms: Vec<i64> = both.rooms(&config, "shell").iter().map(|r| r.worker_id).collect();
+        assert_eq!(rooms, [2]);
+        let alone = picture(vec![worker(1, false, now)], now);
+        let rooms: Vec<i64> = alone.rooms(&config, "shell").iter().map(|r| r.worker_id).collect();
+        assert_eq!(rooms, [1], "the only worker of its runtime keeps its room");
     }
 }

@@ -7,7 +7,8 @@
 //! - hands back to waiting the executions `scheduled` on an active worker that its heartbeats
 //!   since did not mark as held (workers mark what they hold before each heartbeat): their
 //!   dispatch was lost (an executor died between its claim and the publish), they never started,
-//!   so no retry is spent; and, whatever the worker, those left `scheduled` past the queue TTL
+//!   so no retry is spent. Such a worker, alive but not receiving (cut off from the broker
+//!   alone), is passed over for a while (`recovery::not_receiving_for`). And, whatever the worker, those left `scheduled` past the queue TTL
 //!   plus a grace period. Waiting `requested` executions need nothing from the monitor: every scheduler sweeps
 //!   them (see `scheduler`), so nothing is re-published;
 //! - finds active workers whose heartbeat is stale: marks them inactive, hands their `scheduled`
@@ -106,9 +107,22 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
         }
     }
 
-    // dispatches never sent (an executor died between its claim and its publish): found by the
-    // heartbeats of their workers, in seconds
-    for id in db::execution::lost_dispatches(&context.db, LOST_DISPATCH_SLACK, BATCH).await? {
+    // dispatches lost on their way (an executor died between its claim and its publish, or the
+    // worker does not receive: cut off from the broker alone, its heartbeats go on): found by
+    // the heartbeats of their workers, in seconds. The worker is passed over for a heartbeat
+    // limit, or the scheduler would send the execution straight back to it.
+    let lost = db::execution::lost_dispatches(&context.db, LOST_DISPATCH_SLACK, BATCH).await?;
+    let mut doubted = std::collections::BTreeSet::new();
+    for &(id, worker_id) in &lost {
+        if doubted.insert(worker_id) {
+            let passed_over = recovery::not_receiving_for(context.settings.health.heartbeat_max_age_secs);
+            db::worker::not_receiving(&context.db, worker_id, passed_over).await?;
+            tracing::warn!(
+                worker_id,
+                passed_over_secs = passed_over.as_secs_f64(),
+                "a dispatch to this worker was lost though it heartbeats: nothing is sent to it for a while"
+            );
+        }
         hand_back(context, id).await?;
     }
 

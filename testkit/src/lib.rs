@@ -5,6 +5,8 @@
 //!   at the end.
 //! - [`System`]: the real `attune-api`, `attune-executor` and `attune-worker` binaries started
 //!   against both, with an HTTP client and waits on conditions with deadlines (never sleeps).
+//! - [`hosts::TestHost`]: a network namespace of this machine, for a worker on a host of its own
+//!   that a test can cut off from the broker, the database or both.
 //! - [`browser::Browser`]: a headless chromium driven over WebDriver, for the dashboard's tests.
 //!
 //! Settings: `ATTUNE_TEST_DATABASE_URL` (else `DATABASE_URL`, else the attune default) must be
@@ -12,6 +14,7 @@
 
 pub mod api;
 pub mod browser;
+pub mod hosts;
 pub mod http_server;
 pub mod pgcut;
 pub mod system;

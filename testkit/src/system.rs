@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::hosts::{Placement, TestHost};
+use crate::tcpcut::with_authority;
 use crate::{Namespace, TestDb, amqp_url, wait_for};
 
 pub struct SystemBuilder {
     workers: Vec<(String, BTreeMap<String, String>)>,
+    hosts: BTreeMap<String, Placement>,
     env: BTreeMap<String, String>,
     packs: Vec<PathBuf>,
     admin_url: Option<String>,
@@ -21,6 +24,12 @@ impl SystemBuilder {
     pub fn worker(mut self, name: &str, env: &[(&str, &str)]) -> Self {
         self.workers.push((name.to_string(), env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()));
         self
+    }
+    /// Adds a worker that runs on a test host of its own (`crate::hosts`): in its network
+    /// namespace, reaching PostgreSQL and RabbitMQ over its own link.
+    pub fn worker_on(mut self, host: &TestHost, name: &str, env: &[(&str, &str)]) -> Self {
+        self.hosts.insert(name.to_string(), host.placement());
+        self.worker(name, env)
     }
     /// Environment for every process.
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -72,6 +81,7 @@ impl SystemBuilder {
             http: reqwest::Client::new(),
             processes: Processes::default(),
             env: self.env.clone(),
+            hosts: self.hosts.clone(),
             cleanup: Cleanup {
                 armed: true,
                 admin_url: db.admin_url.clone(),
@@ -160,6 +170,8 @@ pub struct System {
     pub namespace: Namespace,
     processes: Processes,
     env: BTreeMap<String, String>,
+    /// The processes that run on a test host of their own, by name.
+    hosts: BTreeMap<String, Placement>,
     logs: PathBuf,
     cleanup: Cleanup,
 }
@@ -249,7 +261,13 @@ pub fn workspace_binary(binary: &str) -> PathBuf {
 
 impl System {
     pub fn builder() -> SystemBuilder {
-        SystemBuilder { workers: Vec::new(), env: BTreeMap::new(), packs: Vec::new(), admin_url: None }
+        SystemBuilder {
+            workers: Vec::new(),
+            hosts: BTreeMap::new(),
+            env: BTreeMap::new(),
+            packs: Vec::new(),
+            admin_url: None,
+        }
     }
 
     /// Starts `binary` as `name`. A service logs into the database as its own test login
@@ -272,7 +290,23 @@ impl System {
                 env.insert("DATABASE_URL".into(), crate::as_login(&url, login));
             }
         }
-        let child = Command::new(&path)
+        // a process on a test host runs in its namespace and reaches the services over its link
+        let mut command = match self.hosts.get(name) {
+            Some(host) => {
+                let database = env.get("DATABASE_URL").or_else(|| self.env.get("DATABASE_URL")).cloned();
+                if let Some(url) = database {
+                    env.insert("DATABASE_URL".into(), with_authority(&url, &host.database));
+                }
+                if let Some(url) = env.get("AMQP_URL").or_else(|| self.env.get("AMQP_URL")).cloned() {
+                    env.insert("AMQP_URL".into(), with_authority(&url, &host.broker));
+                }
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", &host.netns]).arg(&path);
+                command
+            }
+            None => Command::new(&path),
+        };
+        let child = command
             .envs(&self.env)
             .envs(&env)
             .stdin(Stdio::null())

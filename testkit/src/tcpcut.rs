@@ -10,14 +10,22 @@ use tokio::net::{TcpListener, TcpStream};
 
 pub struct TcpCut {
     pub port: u16,
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
     open: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl TcpCut {
     /// Listens on a free local port, forwarding to `upstream` (`host:port`).
     pub async fn start(upstream: &str) -> TcpCut {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+        TcpCut::start_on("127.0.0.1:0", upstream).await
+    }
+
+    /// Listens on `listen` (`address:port`), forwarding to `upstream`.
+    pub async fn start_on(listen: &str, upstream: &str) -> TcpCut {
+        let listener = TcpListener::bind(listen).await.unwrap_or_else(|e| panic!("cannot listen on {listen}: {e}"));
+        let addr = listener.local_addr().unwrap();
+        let port = addr.port();
         let open = Arc::new(tokio::sync::watch::Sender::new(true));
         let (upstream, gate) = (upstream.to_string(), open.clone());
         tokio::spawn(async move {
@@ -35,15 +43,12 @@ impl TcpCut {
                 });
             }
         });
-        TcpCut { port, open }
+        TcpCut { port, addr, open }
     }
 
     /// `url` with its host and port replaced by this proxy's.
     pub fn url(&self, url: &str) -> String {
-        let (scheme, rest) = url.split_once("://").unwrap();
-        let (authority, path) = rest.split_once('/').map_or((rest, String::new()), |(a, p)| (a, format!("/{p}")));
-        let credentials = authority.rsplit_once('@').map(|(c, _)| format!("{c}@")).unwrap_or_default();
-        format!("{scheme}://{credentials}127.0.0.1:{}{path}", self.port)
+        with_authority(url, &self.addr.to_string())
     }
 
     /// From now on nothing passes either way.
@@ -55,6 +60,14 @@ impl TcpCut {
     pub fn heal(&self) {
         self.open.send_replace(true);
     }
+}
+
+/// `url` with its host and port replaced by `host_port`.
+pub fn with_authority(url: &str, host_port: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (authority, path) = rest.split_once('/').map_or((rest, String::new()), |(a, p)| (a, format!("/{p}")));
+    let credentials = authority.rsplit_once('@').map(|(c, _)| format!("{c}@")).unwrap_or_default();
+    format!("{scheme}://{credentials}{host_port}{path}")
 }
 
 /// Copies `from` to `to`, each chunk once the gate is open.

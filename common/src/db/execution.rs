@@ -1308,9 +1308,13 @@ pub async fn keep_held(db: &PgPool, worker_id: i64, execution_ids: &[i64]) -> Re
 /// were scheduled or last marked. A dispatch reaches a consuming worker in milliseconds, so the
 /// message was never sent (its executor died between its claim and its publish) or went to a
 /// queue nobody takes from; oldest id first.
-pub async fn lost_dispatches(db: &PgPool, slack: std::time::Duration, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT e.id FROM execution e JOIN worker w ON w.id = e.worker \
+pub async fn lost_dispatches(
+    db: &PgPool,
+    slack: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT e.id, w.id FROM execution e JOIN worker w ON w.id = e.worker \
          WHERE e.status = $1 AND w.status = 'active' AND e.updated < w.last_heartbeat - make_interval(secs => $2) \
          ORDER BY e.id LIMIT $3",
     )

@@ -209,6 +209,17 @@ pub async fn deactivate_silent(
     .await
 }
 
+/// Records that a dispatch to the worker was lost though it heartbeats: no executor dispatches
+/// to it for `for_` (its heartbeats do not end that; see `not_receiving_until`).
+pub async fn not_receiving(db: &PgPool, worker_id: i64, for_: std::time::Duration) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE worker SET not_receiving_until = now() + make_interval(secs => $2) WHERE id = $1")
+        .bind(worker_id)
+        .bind(for_.as_secs_f64())
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
 /// Records that the worker is not consuming (a dispatch expired in its queue): no executor
 /// dispatches to it until its next heartbeat says otherwise. Its status is left alone.
 pub async fn mark_not_consuming(db: &PgPool, worker_id: i64) -> Result<(), sqlx::Error> {
@@ -231,11 +242,15 @@ struct WorkerRow {
     last_heartbeat: Option<DateTime<Utc>>,
     /// Dispatched and not yet finished.
     inflight: i64,
+    /// Whether a dispatch lost on its way to this worker has it passed over now
+    /// (`not_receiving_until`).
+    not_receiving: bool,
     now: DateTime<Utc>,
 }
 
 const WORKER_ROWS: &str = "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, \
-        COALESCE(q.inflight, 0) AS inflight, now() AS now \
+        COALESCE(q.inflight, 0) AS inflight, COALESCE(w.not_receiving_until > now(), false) AS not_receiving, \
+        now() AS now \
     FROM worker w \
     LEFT JOIN worker_inflight_counts() q ON q.worker = w.id";
 
@@ -303,7 +318,8 @@ pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), 
 /// cached briefly. Draining and inactive workers are not candidates.
 pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
     let rows: Vec<WorkerRow> = sqlx::query_as(
-        "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, 0::bigint AS inflight, now() AS now \
+        "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, 0::bigint AS inflight, \
+            COALESCE(w.not_receiving_until > now(), false) AS not_receiving, now() AS now \
          FROM worker w WHERE w.status = 'active'",
     )
     .fetch_all(db)
@@ -317,6 +333,7 @@ pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
             signals: row.signals(),
             slots: row.slots(),
             consuming: row.consuming(),
+            receiving: !row.not_receiving,
         })
         .collect())
 }

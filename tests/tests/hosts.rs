@@ -1,0 +1,215 @@
+//! Workers on hosts of their own (issue 36): each worker runs in a network namespace of this
+//! machine (`attune_testkit::hosts`) and reaches PostgreSQL and RabbitMQ over its own link. A
+//! stream of executions goes on while one host is cut off from the broker, from the database or
+//! from both, for longer than the heartbeat limit; then the link heals. In each case every
+//! execution's chain ends in success, no two attempts of one chain ran at the same time (each run
+//! is marked by the action itself), and the host rejoins and is given work again. Needs root:
+//! `make test-cluster` runs these, and `scripts/test.sh` in its last pass.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use attune_testkit::hosts::{Cut, TestHost};
+use attune_testkit::{System, TempPack, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(120);
+/// How long the cut lasts: well past the heartbeat limit the system below is given (5 s).
+const CUT_FOR: Duration = Duration::from_secs(25);
+/// The longest any execution may wait from its submission to the start of the run that
+/// completes it: the failover, not the cut. A run cut off from the database is stopped by its
+/// worker and retried once the heartbeat limit (5 s) has passed; a dispatch that does not reach a
+/// worker cut off from the broker is handed back after the monitor's slack (6 s); then a second
+/// or so to be scheduled and started.
+const FAILOVER_WAIT: f64 = 12.0;
+
+/// Appends "<execution id> <ns since the epoch>" to `log` every 0.1 s for `seconds`.
+const TICKS: &str = r#"#!/bin/sh
+end=$(( $(date +%s%N) + ATTUNE_PARAM_SECONDS * 1000000000 ))
+while [ "$(date +%s%N)" -lt "$end" ]; do
+  echo "$ATTUNE_EXECUTION_ID $(date +%s%N)" >> "$ATTUNE_PARAM_LOG"
+  sleep 0.1
+done
+"#;
+
+const RUN: &str = "name: run
+runtime: shell
+entrypoint: actions/ticks.sh
+timeout_seconds: 120
+max_retries: 3
+parameters:
+  log:
+    type: string
+    required: true
+  seconds:
+    type: integer
+    default: 2
+";
+
+/// When each execution's run was first and last seen, from the log (ns since the epoch).
+fn spans(log: &std::path::Path) -> BTreeMap<i64, (i128, i128)> {
+    let mut spans = BTreeMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(id), Some(at)) = (fields.next(), fields.next()) else { continue };
+        let (Ok(id), Ok(at)) = (id.parse::<i64>(), at.parse::<i128>()) else { continue };
+        let span = spans.entry(id).or_insert((at, at));
+        span.0 = span.0.min(at);
+        span.1 = span.1.max(at);
+    }
+    spans
+}
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+/// Waits until `name`'s row says it is active, consuming and heartbeating (within 2 s).
+async fn wait_joined(system: &System, name: &str) {
+    let pool = system.db.pool.clone();
+    wait_for(&format!("worker {name} to be active and consuming"), DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT true FROM worker WHERE name = $1 AND status = 'active' \
+                 AND capabilities->>'consuming' = 'true' AND last_heartbeat > now() - interval '2 seconds'",
+            )
+            .bind(name)
+            .fetch_optional(&pool)
+            .await
+            .ok()
+            .flatten()
+        }
+    })
+    .await;
+}
+
+/// The worker each execution of `ids` ran on, by execution id.
+async fn workers_of(system: &System, ids: &[i64]) -> BTreeMap<i64, Option<i64>> {
+    sqlx::query_as::<_, (i64, Option<i64>)>("SELECT id, worker FROM execution WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_all(&system.db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Two workers, each on a host of its own; `far`'s host is cut off from `what` while executions
+/// flow.
+async fn cut_off(what: Cut) {
+    let pack = TempPack::new("hosts", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
+    let log = std::env::temp_dir().join(format!("attune-hosts-{:016x}.log", rand::random::<u64>()));
+    let (far_host, near_host) = (TestHost::create().await, TestHost::create().await);
+    let (far, near) = (format!("far-{:08x}", rand::random::<u32>()), format!("near-{:08x}", rand::random::<u32>()));
+    // (the near worker has room for all of it: a wait is the failover's, not a queue's)
+    let (shell, roomy) = (
+        [("ATTUNE_WORKER_RUNTIMES", "shell"), ("ATTUNE_WORKER_CONCURRENCY", "4")],
+        [("ATTUNE_WORKER_RUNTIMES", "shell"), ("ATTUNE_WORKER_CONCURRENCY", "16")],
+    );
+    let mut system = System::builder()
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
+        .worker_on(&far_host, &far, &shell)
+        .worker_on(&near_host, &near, &roomy)
+        .pack(pack.path())
+        .start()
+        .await;
+    let far_id = system.worker_id(&far).await;
+    let parameters = |seconds: u64| json!({"log": log.display().to_string(), "seconds": seconds});
+
+    // work on both hosts, some of it on the far one when the cut comes
+    let mut submitted = Vec::new();
+    for _ in 0..8 {
+        submitted.push(id(&system.submit("hosts.run", parameters(8)).await));
+    }
+    wait_for("a run to be going on the far host", DEADLINE, || async {
+        let on = workers_of(&system, &submitted).await;
+        let spans = spans(&log);
+        on.iter().any(|(id, worker)| *worker == Some(far_id) && spans.contains_key(id)).then_some(())
+    })
+    .await;
+
+    far_host.cut(what);
+    let healed_at = tokio::time::Instant::now() + CUT_FOR;
+    // the stream goes on through the cut: one submission every 0.5 s
+    while tokio::time::Instant::now() < healed_at {
+        submitted.push(id(&system.submit("hosts.run", parameters(1)).await));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    far_host.heal(what);
+
+    // nothing lost: every chain ends in success
+    let mut chains = Vec::new();
+    for first in &submitted {
+        let chain = system.wait_chain(*first, DEADLINE).await;
+        assert_eq!(chain.last().unwrap()["status"], "completed", "the chain of {first}: {chain:#?}");
+        chains.push(chain);
+    }
+    // no two attempts of one execution ran at once: each attempt's run ended before the next
+    // began (the action's own marks, not the record)
+    let spans = spans(&log);
+    for chain in &chains {
+        let attempts: Vec<i64> = chain.iter().map(id).collect();
+        for pair in attempts.windows(2) {
+            let (Some(before), Some(after)) = (spans.get(&pair[0]), spans.get(&pair[1])) else { continue };
+            assert!(
+                before.1 < after.0,
+                "attempts {} and {} ran at once for {:.2} s: {chain:#?}",
+                pair[0],
+                pair[1],
+                (before.1 - after.0) as f64 / 1e9
+            );
+        }
+        let last = chain.last().unwrap();
+        assert!(spans.contains_key(&id(last)), "the completed attempt {} never ran: {chain:#?}", id(last));
+    }
+    let retried = chains.iter().filter(|chain| chain.len() > 1).count();
+    let at = |v: &Value| chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap()).unwrap();
+    // the longest wait from a submission to the start of the run that completed it
+    let (waited, longest) = chains
+        .iter()
+        .map(|chain| {
+            ((at(&chain.last().unwrap()["started"]) - at(&chain[0]["created"])).as_seconds_f64(), id(&chain[0]))
+        })
+        .fold((0.0, 0), |a, b| if b.0 > a.0 { b } else { a });
+    eprintln!(
+        "{what:?}: {} executions, {retried} retried; the longest wait {waited:.1} s (execution {longest})",
+        chains.len()
+    );
+    assert!(waited < FAILOVER_WAIT, "execution {longest} waited {waited:.1} s to run (cut for {CUT_FOR:?})");
+
+    // the far host rejoins and is given work again: with the near worker stopped, it runs it all
+    wait_joined(&system, &far).await;
+    system.signal(&near, 15);
+    let mut after = Vec::new();
+    for _ in 0..3 {
+        after.push(id(&system.submit("hosts.run", parameters(0)).await));
+    }
+    for first in &after {
+        let chain = system.wait_chain(*first, DEADLINE).await;
+        assert_eq!(chain.last().unwrap()["status"], "completed", "{chain:#?}");
+        assert_eq!(chain.last().unwrap()["worker"], far_id, "after the heal: {chain:#?}");
+    }
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (network namespaces): make test-cluster"]
+async fn a_host_cut_off_from_the_broker_loses_nothing_and_rejoins() {
+    cut_off(Cut::Broker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (network namespaces): make test-cluster"]
+async fn a_host_cut_off_from_the_database_loses_nothing_runs_nothing_twice_at_once_and_rejoins() {
+    cut_off(Cut::Database).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root (network namespaces): make test-cluster"]
+async fn a_host_cut_off_entirely_loses_nothing_runs_nothing_twice_at_once_and_rejoins() {
+    cut_off(Cut::Everything).await;
+}
