@@ -19,7 +19,7 @@ test-cluster: ## attune across hosts (root): a three-node RabbitMQ cluster of th
 	cargo build --workspace --bins
 	scripts/test-cluster.sh start
 	cargo test -p attune-system-tests --test broker_cluster -- --ignored --test-threads=1; status=$$?; scripts/test-cluster.sh stop; exit $$status
-	cargo test -p attune-system-tests --test hosts -- --ignored
+	cargo test -p attune-system-tests --test hosts -- --ignored --test-threads=1
 	scripts/test-pg-standby.sh start
 	cargo test -p attune-system-tests --test pg_switchover -- --ignored --test-threads=1; status=$$?; scripts/test-pg-standby.sh stop; exit $$status
 

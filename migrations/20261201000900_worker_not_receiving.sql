@@ -7,3 +7,5 @@
 ALTER TABLE worker ADD COLUMN not_receiving_until timestamptz;
 COMMENT ON COLUMN worker.not_receiving_until IS
     'a dispatch to this worker was lost though it heartbeats: executors send it nothing until then';
+-- (read with the in-flight counts for every scheduling picture: only the stamped rows are indexed)
+CREATE INDEX worker_not_receiving_idx ON worker (not_receiving_until) WHERE not_receiving_until IS NOT NULL;

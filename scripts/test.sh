@@ -52,7 +52,7 @@ fi
 if [ "$status" = 0 ] && [ -z "${ATTUNE_SKIP_CLUSTER:-}" ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
     log "host tests (workers in network namespaces, cut off and healed)"
     echo "attune: second pass" >> target/test-output.log
-    cargo test -p attune-system-tests --test hosts -- --ignored 2>&1 | tee -a target/test-output.log || status=$?
+    cargo test -p attune-system-tests --test hosts -- --ignored --test-threads=1 2>&1 | tee -a target/test-output.log || status=$?
 fi
 # The PostgreSQL switchover test (issue 36) starts a primary and its synchronous standby (ports
 # 5695 and 5696) beside the machine's own server: likewise last, where this machine can run them

@@ -33,10 +33,6 @@ pub struct Candidate {
     /// Whether its consumer is up: a worker that cannot consume gets no work, but its runtimes
     /// still count as offered (it is alive and reconnecting).
     pub consuming: bool,
-    /// Whether dispatches reach it: `false` for a while after one was lost though it heartbeats
-    /// (cut off from the broker alone, it does not know). Such a worker is passed over while
-    /// another has room (`passed_over`).
-    pub receiving: bool,
 }
 
 impl Candidate {
@@ -250,7 +246,6 @@ mod tests {
             },
             slots: None,
             consuming: true,
-            receiving: true,
         }
     }
 

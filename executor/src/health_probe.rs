@@ -31,6 +31,8 @@ pub struct WorkerHealthProbe {
 pub struct Picture {
     pub fleet: Arc<Vec<Candidate>>,
     inflight: HashMap<i64, i64>,
+    /// Workers a lost dispatch has passed over, as read with the in-flight counts.
+    not_receiving: Vec<i64>,
     read_at: Instant,
     db_now: DateTime<Utc>,
     probation: chrono::Duration,
@@ -65,19 +67,16 @@ impl Picture {
     /// never make a class better, so a plan could never choose them (and the cost of planning
     /// follows the workers that can take work, not the size of the fleet). The exception is a
     /// worker on probation (`health::on_probation`): one slot, for one probe. A worker that
-    /// lately did not receive a dispatch (`Candidate::receiving`) has room only when no other
-    /// has: the execution it lost goes elsewhere, not straight back to it.
+    /// lately did not receive a dispatch (`not_receiving`) has none while another consuming
+    /// worker offers the runtime, full or not: the execution it lost waits for room elsewhere
+    /// rather than go straight back to it.
     pub fn rooms(&self, config: &HealthThresholds, runtime: &str) -> Vec<Room> {
-        let rooms = self.rooms_of(config, runtime, true);
-        if rooms.is_empty() { self.rooms_of(config, runtime, false) } else { rooms }
-    }
-
-    /// `rooms`, of the workers dispatches reach only (`receiving`) or of all.
-    fn rooms_of(&self, config: &HealthThresholds, runtime: &str, receiving: bool) -> Vec<Room> {
         let now = self.now();
+        let receiving = |c: &Candidate| !self.not_receiving.contains(&c.worker_id);
+        let elsewhere = self.fleet.iter().any(|c| c.offers(runtime) && c.consuming && receiving(c));
         self.fleet
             .iter()
-            .filter(|c| c.receiving || !receiving)
+            .filter(|c| !elsewhere || receiving(c))
             .filter(|c| c.offers(runtime) && c.consuming)
             .filter_map(|c| {
                 let signals = db::worker::with_inflight(c, &self.inflight);
@@ -152,8 +151,9 @@ impl WorkerHealthProbe {
     pub async fn picture(&self) -> Result<Picture, sqlx::Error> {
         let fleet = self.fleet().await?;
         let read_at = Instant::now();
-        let (inflight, db_now) = db::worker::inflight(&self.pool).await?;
-        Ok(Picture { fleet, inflight, read_at, db_now, probation: self.probation })
+        let db::worker::InFlight { counts: inflight, now: db_now, not_receiving } =
+            db::worker::in_flight(&self.pool).await?;
+        Ok(Picture { fleet, inflight, not_receiving, read_at, db_now, probation: self.probation })
     }
 
     /// The worker that the next execution for `runtime` would go to now, if any has room.
@@ -177,7 +177,7 @@ mod tests {
     use super::*;
     use attune_core::health::HealthSignals;
 
-    fn worker(id: i64, receiving: bool, now: DateTime<Utc>) -> Candidate {
+    fn worker(id: i64, now: DateTime<Utc>) -> Candidate {
         Candidate {
             worker_id: id,
             name: format!("w{id}"),
@@ -192,14 +192,14 @@ mod tests {
             },
             slots: Some(4),
             consuming: true,
-            receiving,
         }
     }
 
-    fn picture(fleet: Vec<Candidate>, now: DateTime<Utc>) -> Picture {
+    fn picture(fleet: Vec<Candidate>, inflight: HashMap<i64, i64>, now: DateTime<Utc>) -> Picture {
         Picture {
             fleet: Arc::new(fleet),
-            inflight: HashMap::new(),
+            inflight,
+            not_receiving: vec![1],
             read_at: Instant::now(),
             db_now: now,
             probation: chrono::Duration::seconds(30),
@@ -207,14 +207,17 @@ mod tests {
     }
 
     #[test]
-    fn a_worker_that_lost_a_dispatch_has_room_only_when_no_other_has() {
+    fn a_worker_that_lost_a_dispatch_has_room_only_when_no_other_takes_its_runtime() {
         let now = Utc::now();
         let config = HealthThresholds::default();
-        let both = picture(vec![worker(1, false, now), worker(2, true, now)], now);
-        let rooms: Vec<i64> = both.rooms(&config, "shell").iter().map(|r| r.worker_id).collect();
-        assert_eq!(rooms, [2]);
-        let alone = picture(vec![worker(1, false, now)], now);
-        let rooms: Vec<i64> = alone.rooms(&config, "shell").iter().map(|r| r.worker_id).collect();
-        assert_eq!(rooms, [1], "the only worker of its runtime keeps its room");
+        let rooms =
+            |picture: &Picture| -> Vec<i64> { picture.rooms(&config, "shell").iter().map(|r| r.worker_id).collect() };
+        // worker 1 lost a dispatch: passed over while worker 2 takes shell work, even when full
+        let both = picture(vec![worker(1, now), worker(2, now)], HashMap::new(), now);
+        assert_eq!(rooms(&both), [2]);
+        let full = picture(vec![worker(1, now), worker(2, now)], HashMap::from([(2, 4)]), now);
+        assert!(rooms(&full).is_empty(), "the lost execution waits for the other worker's room");
+        let alone = picture(vec![worker(1, now)], HashMap::new(), now);
+        assert_eq!(rooms(&alone), [1], "the only worker of its runtime keeps its room");
     }
 }

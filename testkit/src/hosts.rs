@@ -12,8 +12,10 @@
 //! passes the connections on to them: each connection's path between the host and its gateway
 //! is the host's own. A cut is a blackhole route on each side of the link for one flow: its
 //! packets are dropped both ways without a word, so established connections stall (a partition,
-//! not a reset) and a new connection fails at once, as behind a router that lost its route.
-//! Needs root and iproute2's `ip`.
+//! not a reset) and a new connection fails at once, as behind a router that lost its route (this
+//! machine's kernel has no packet filter to drop a new connection's packets without a word, so
+//! connect timeouts are not what a cut exercises). Needs root and iproute2's `ip`. Hosts a
+//! killed test run left behind are removed by the next one (`sweep`).
 
 use std::process::Command;
 
@@ -43,13 +45,19 @@ impl TestHost {
     pub async fn create() -> TestHost {
         let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout.starts_with(b"0\n"));
         assert!(root, "test hosts are network namespaces: run as root");
-        let name = format!("at-{:08x}", rand::random::<u32>());
+        sweep();
+        // (the creating process's id in the name, for `sweep`; 15 characters, an interface's most)
+        let name = format!("at{:05x}{:08x}", std::process::id() & 0xf_ffff, rand::random::<u32>());
         ip(&["netns", "add", &name]);
+        // (one subnet chosen and taken at a time: tests in parallel would otherwise pick the same)
+        static CHOOSING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let choosing = CHOOSING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let link = Link { name: name.clone(), base: free_subnet() };
         ip(&["link", "add", &name, "type", "veth", "peer", "name", "eth0", "netns", &name]);
         for last in [1, 2] {
             ip(&["addr", "add", &format!("{}/29", link.at(last)), "dev", &name]);
         }
+        drop(choosing);
         ip(&["link", "set", &name, "up"]);
         for last in [3, 4] {
             link.inside(&["addr", "add", &format!("{}/29", link.at(last)), "dev", "eth0"]);
@@ -92,7 +100,7 @@ impl TestHost {
     pub fn cut(&self, what: Cut) {
         for (gateway, own) in self.link.flows(what) {
             self.link.inside(&["route", "replace", "blackhole", &format!("{gateway}/32")]);
-            ip(&["route", "add", "blackhole", &format!("{own}/32")]);
+            ip(&["route", "replace", "blackhole", &format!("{own}/32")]);
         }
     }
 
@@ -100,7 +108,8 @@ impl TestHost {
     pub fn heal(&self, what: Cut) {
         for (gateway, own) in self.link.flows(what) {
             self.link.inside(&["route", "replace", &format!("{gateway}/32"), "dev", "eth0", "src", &own]);
-            ip(&["route", "del", "blackhole", &format!("{own}/32")]);
+            // (a flow that was not cut has no blackhole to remove)
+            let _ = Command::new("ip").args(["route", "del", "blackhole", &format!("{own}/32")]).output();
         }
     }
 }
@@ -150,6 +159,42 @@ impl Drop for Link {
             let _ = Command::new("ip").args(["route", "del", "blackhole", &format!("{own}/32")]).output();
         }
         let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// Removes what test hosts of processes that are gone left behind (a test run killed before its
+/// hosts were dropped): their namespaces (and links), then the blackholes toward 10.231.0.0/16
+/// that no link's subnet holds any more.
+fn sweep() {
+    let listed = Command::new("ip").args(["netns", "list"]).output().map(|out| out.stdout).unwrap_or_default();
+    for name in String::from_utf8_lossy(&listed).lines().filter_map(|line| line.split_whitespace().next()) {
+        let Some(pid) = name.strip_prefix("at").filter(|rest| rest.len() == 13).and_then(|rest| rest.get(..5)) else {
+            continue;
+        };
+        let Ok(pid) = u32::from_str_radix(pid, 16) else { continue };
+        // (a pid is kept to 20 bits in the name: a live process whose id differs above them is
+        // taken for the owner, and its hosts are left alone)
+        let alive = std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|entry| {
+            entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).is_some_and(|p| p & 0xf_ffff == pid)
+        });
+        if !alive {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+    let routes = Command::new("ip").args(["-o", "route", "show", "type", "blackhole"]).output();
+    let addrs = Command::new("ip").args(["-o", "-4", "addr"]).output();
+    let (Ok(routes), Ok(addrs)) = (routes, addrs) else { return };
+    let addrs = String::from_utf8_lossy(&addrs.stdout).into_owned();
+    for line in String::from_utf8_lossy(&routes.stdout).lines() {
+        let Some(own) = line.split_whitespace().nth(1).and_then(|dest| dest.strip_suffix("/32")) else { continue };
+        let Some(rest) = own.strip_prefix("10.231.") else { continue };
+        let Some((third, last)) = rest.split_once('.') else { continue };
+        let Ok(last) = last.parse::<u8>() else { continue };
+        // the gateways of its /29 (.1 and .2 past the base) are on a live link, or it is stale
+        let gateway = format!(" 10.231.{third}.{}/29", last / 8 * 8 + 1);
+        if !addrs.contains(&gateway) {
+            let _ = Command::new("ip").args(["route", "del", "blackhole", &format!("{own}/32")]).output();
+        }
     }
 }
 

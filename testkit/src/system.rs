@@ -298,6 +298,7 @@ impl System {
                     env.insert("DATABASE_URL".into(), with_authority(&url, &host.database));
                 }
                 if let Some(url) = env.get("AMQP_URL").or_else(|| self.env.get("AMQP_URL")).cloned() {
+                    assert!(!url.contains(','), "a test host reaches one broker node, not a cluster: {url}");
                     env.insert("AMQP_URL".into(), with_authority(&url, &host.broker));
                 }
                 let mut command = Command::new("ip");

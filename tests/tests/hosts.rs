@@ -23,11 +23,13 @@ const CUT_FOR: Duration = Duration::from_secs(25);
 /// or so to be scheduled and started.
 const FAILOVER_WAIT: f64 = 12.0;
 
-/// Appends "<execution id> <ns since the epoch>" to `log` every 0.1 s for `seconds`.
+/// Appends "<execution id> <ns since the epoch> <this run's pid>" to `log` every 0.1 s for
+/// `seconds`: the first and last lines of a run bound when it ran, and its pid tells two runs of
+/// one execution apart (a dispatch handed back keeps its execution id).
 const TICKS: &str = r#"#!/bin/sh
 end=$(( $(date +%s%N) + ATTUNE_PARAM_SECONDS * 1000000000 ))
 while [ "$(date +%s%N)" -lt "$end" ]; do
-  echo "$ATTUNE_EXECUTION_ID $(date +%s%N)" >> "$ATTUNE_PARAM_LOG"
+  echo "$ATTUNE_EXECUTION_ID $(date +%s%N) $$" >> "$ATTUNE_PARAM_LOG"
   sleep 0.1
 done
 "#;
@@ -46,16 +48,22 @@ parameters:
     default: 2
 ";
 
-/// When each execution's run was first and last seen, from the log (ns since the epoch).
+/// When each execution's run was first and last seen, from the log (ns since the epoch); an
+/// execution that ran more than once (two pids) fails the test.
 fn spans(log: &std::path::Path) -> BTreeMap<i64, (i128, i128)> {
     let mut spans = BTreeMap::new();
+    let mut runs: BTreeMap<i64, std::collections::BTreeSet<String>> = BTreeMap::new();
     for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
         let mut fields = line.split_whitespace();
-        let (Some(id), Some(at)) = (fields.next(), fields.next()) else { continue };
+        let (Some(id), Some(at), Some(pid)) = (fields.next(), fields.next(), fields.next()) else { continue };
         let (Ok(id), Ok(at)) = (id.parse::<i64>(), at.parse::<i128>()) else { continue };
+        runs.entry(id).or_default().insert(pid.to_string());
         let span = spans.entry(id).or_insert((at, at));
         span.0 = span.0.min(at);
         span.1 = span.1.max(at);
+    }
+    for (id, pids) in runs {
+        assert!(pids.len() == 1, "execution {id} ran {} times (pids {pids:?}): one attempt, two runs", pids.len());
     }
     spans
 }
@@ -107,7 +115,12 @@ async fn cut_off(what: Cut) {
         [("ATTUNE_WORKER_RUNTIMES", "shell"), ("ATTUNE_WORKER_CONCURRENCY", "4")],
         [("ATTUNE_WORKER_RUNTIMES", "shell"), ("ATTUNE_WORKER_CONCURRENCY", "16")],
     );
+    // (an AMQP heartbeat of 5 s: the cut outlasts it, so the broker drops the far host's
+    // connection and the worker must connect again after the heal)
+    let amqp = attune_testkit::amqp_url();
+    let amqp = format!("{amqp}{}heartbeat=5", if amqp.contains('?') { '&' } else { '?' });
     let mut system = System::builder()
+        .env("AMQP_URL", &amqp)
         .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
         .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
         .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.1")
@@ -152,20 +165,37 @@ async fn cut_off(what: Cut) {
     let spans = spans(&log);
     for chain in &chains {
         let attempts: Vec<i64> = chain.iter().map(id).collect();
-        for pair in attempts.windows(2) {
-            let (Some(before), Some(after)) = (spans.get(&pair[0]), spans.get(&pair[1])) else { continue };
-            assert!(
-                before.1 < after.0,
-                "attempts {} and {} ran at once for {:.2} s: {chain:#?}",
-                pair[0],
-                pair[1],
-                (before.1 - after.0) as f64 / 1e9
-            );
+        for (n, first) in attempts.iter().enumerate() {
+            for second in &attempts[n + 1..] {
+                let (Some(a), Some(b)) = (spans.get(first), spans.get(second)) else { continue };
+                assert!(
+                    a.1 < b.0 || b.1 < a.0,
+                    "attempts {first} and {second} ran at once for {:.2} s: {chain:#?}",
+                    (a.1.min(b.1) - a.0.max(b.0)) as f64 / 1e9
+                );
+            }
         }
         let last = chain.last().unwrap();
         assert!(spans.contains_key(&id(last)), "the completed attempt {} never ran: {chain:#?}", id(last));
     }
     let retried = chains.iter().filter(|chain| chain.len() > 1).count();
+    // the cut did what it should have: without the database the far host's run was stopped and
+    // retried, its worker taken for dead; without the broker its dispatches were found lost
+    let executor = system.log("executor");
+    match what {
+        Cut::Database | Cut::Everything => {
+            let stale = chains.iter().flatten().filter(|a| a["failure_kind"] == "worker_heartbeat_stale").count();
+            assert!(stale > 0 && retried > 0, "no run was failed for its worker's silence: {chains:#?}");
+            assert!(executor.contains("worker heartbeat is stale: marked inactive"), "far was never taken for dead");
+        }
+        Cut::Broker => {
+            assert_eq!(retried, 0, "a broker cut fails nothing: {chains:#?}");
+            assert!(
+                executor.contains("a dispatch to this worker was lost though it heartbeats"),
+                "no dispatch to the cut-off host was found lost"
+            );
+        }
+    }
     let at = |v: &Value| chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap()).unwrap();
     // the longest wait from a submission to the start of the run that completed it
     let (waited, longest) = chains

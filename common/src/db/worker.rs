@@ -242,15 +242,14 @@ struct WorkerRow {
     last_heartbeat: Option<DateTime<Utc>>,
     /// Dispatched and not yet finished.
     inflight: i64,
-    /// Whether a dispatch lost on its way to this worker has it passed over now
-    /// (`not_receiving_until`).
-    not_receiving: bool,
+    /// Until when a dispatch lost on its way to this worker has it passed over, when it does now.
+    not_receiving_until: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 }
 
 const WORKER_ROWS: &str = "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, \
-        COALESCE(q.inflight, 0) AS inflight, COALESCE(w.not_receiving_until > now(), false) AS not_receiving, \
-        now() AS now \
+        COALESCE(q.inflight, 0) AS inflight, \
+        CASE WHEN w.not_receiving_until > now() THEN w.not_receiving_until END AS not_receiving_until, now() AS now \
     FROM worker w \
     LEFT JOIN worker_inflight_counts() q ON q.worker = w.id";
 
@@ -319,7 +318,7 @@ pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), 
 pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
     let rows: Vec<WorkerRow> = sqlx::query_as(
         "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, 0::bigint AS inflight, \
-            COALESCE(w.not_receiving_until > now(), false) AS not_receiving, now() AS now \
+            NULL::timestamptz AS not_receiving_until, now() AS now \
          FROM worker w WHERE w.status = 'active'",
     )
     .fetch_all(db)
@@ -333,7 +332,6 @@ pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
             signals: row.signals(),
             slots: row.slots(),
             consuming: row.consuming(),
-            receiving: !row.not_receiving,
         })
         .collect())
 }
@@ -355,8 +353,24 @@ pub fn with_inflight(candidate: &Candidate, inflight: &std::collections::HashMap
 /// Executions dispatched and not finished, per worker, with the database's clock: one indexed
 /// read whose cost follows the work in flight, not the size of the fleet.
 pub async fn inflight(db: &PgPool) -> Result<(std::collections::HashMap<i64, i64>, DateTime<Utc>), sqlx::Error> {
-    let (now, counts): (DateTime<Utc>, Value) = sqlx::query_as(
-        "SELECT now(), COALESCE(jsonb_object_agg(worker, inflight), '{}') FROM worker_inflight_counts()",
+    let read = in_flight(db).await?;
+    Ok((read.counts, read.now))
+}
+
+/// What is in flight on each worker, the database's clock, and the workers passed over now for a
+/// dispatch lost on its way to them (`not_receiving`), read fresh for every scheduling picture in
+/// one round trip (the fleet may be cached, and a lost dispatch handed back is scheduled again at
+/// once: from a cached fleet it could go straight back).
+pub struct InFlight {
+    pub counts: std::collections::HashMap<i64, i64>,
+    pub now: DateTime<Utc>,
+    pub not_receiving: Vec<i64>,
+}
+
+pub async fn in_flight(db: &PgPool) -> Result<InFlight, sqlx::Error> {
+    let (now, counts, not_receiving): (DateTime<Utc>, Value, Vec<i64>) = sqlx::query_as(
+        "SELECT now(), (SELECT COALESCE(jsonb_object_agg(worker, inflight), '{}') FROM worker_inflight_counts()), \
+            ARRAY(SELECT id FROM worker WHERE not_receiving_until > now())",
     )
     .fetch_one(db)
     .await?;
@@ -364,7 +378,7 @@ pub async fn inflight(db: &PgPool) -> Result<(std::collections::HashMap<i64, i64
         .as_object()
         .map(|map| map.iter().filter_map(|(k, v)| Some((k.parse().ok()?, v.as_i64()?))).collect())
         .unwrap_or_default();
-    Ok((counts, now))
+    Ok(InFlight { counts, now, not_receiving })
 }
 
 /// A worker as the API and CLI show it.
@@ -384,6 +398,10 @@ pub struct WorkerView {
     /// total_executions, failed_executions, average_execution_time_ms, queue_depth}.
     #[schema(value_type = Object)]
     pub capabilities: Value,
+    /// Set while a dispatch lost on its way to this worker, though it heartbeats, has executors
+    /// send it nothing unless no other worker of its runtimes could take work (it may be cut
+    /// off from the broker alone): until when.
+    pub not_receiving_until: Option<DateTime<Utc>>,
 }
 
 pub async fn list(db: &PgPool, config: &HealthThresholds) -> Result<Vec<WorkerView>, sqlx::Error> {
@@ -403,6 +421,7 @@ pub async fn list(db: &PgPool, config: &HealthThresholds) -> Result<Vec<WorkerVi
                 status: row.status,
                 last_heartbeat: row.last_heartbeat,
                 capabilities: row.capabilities,
+                not_receiving_until: row.not_receiving_until,
             }
         })
         .collect())
