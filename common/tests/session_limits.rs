@@ -89,7 +89,11 @@ async fn a_stalled_leader_loses_the_lock_within_its_lease_and_a_working_one_keep
     drop(again);
 
     // one that stalls (holds the lock and does nothing) loses it once its session idles past the lease
-    let stalled = Leadership::try_take(&test.pool, KEY, lease).await.unwrap().expect("free");
+    // (the dropped one's session ends when the server reads its connection's close: a moment later)
+    let stalled = wait_for("the dropped holder's session to end", Duration::from_secs(5), || async {
+        Leadership::try_take(&test.pool, KEY, lease).await.unwrap()
+    })
+    .await;
     let started = Instant::now();
     let other = wait_for("another process to take the lock", Duration::from_secs(10), || async {
         Leadership::try_take(&test.pool, KEY, lease).await.unwrap()
