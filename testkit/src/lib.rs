@@ -17,6 +17,7 @@ pub mod browser;
 pub mod hosts;
 pub mod http_server;
 pub mod pgcut;
+pub mod runs;
 pub mod system;
 pub mod tcpcut;
 pub mod tls;

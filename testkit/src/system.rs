@@ -407,6 +407,27 @@ impl System {
         .await
     }
 
+    /// Waits until the worker called `name` is active, consuming, and heartbeating (its last
+    /// heartbeat within 2 s): it takes work.
+    pub async fn wait_consuming(&self, name: &str) {
+        let pool = self.db.pool.clone();
+        wait_for(&format!("worker {name} to be active and consuming"), Duration::from_secs(120), || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT true FROM worker WHERE name = $1 AND status = 'active' \
+                     AND capabilities->>'consuming' = 'true' AND last_heartbeat > now() - interval '2 seconds'",
+                )
+                .bind(name)
+                .fetch_optional(&pool)
+                .await
+                .ok()
+                .flatten()
+            }
+        })
+        .await;
+    }
+
     /// The id of the worker called `name`.
     pub async fn worker_id(&self, name: &str) -> i64 {
         sqlx::query_scalar("SELECT id FROM worker WHERE name = $1").bind(name).fetch_one(&self.db.pool).await.unwrap()

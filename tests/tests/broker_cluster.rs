@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use attune_testkit::system::repo_root;
-use attune_testkit::{System, TempPack, wait_for};
+use attune_testkit::{System, wait_for};
 use serde_json::json;
 
 const EXECUTIONS: usize = 150;
@@ -35,27 +35,6 @@ fn leader_of(prefix: &str) -> char {
     leader.trim_start_matches("attune-").chars().next().unwrap()
 }
 
-/// A pack whose action marks each run in a file named by its execution id: the runs the action
-/// made, whatever the record says.
-fn marking_pack(marks: &std::path::Path) -> TempPack {
-    TempPack::new(
-        "cl",
-        &[
-            (
-                "mark.yaml",
-                "name: mark\nruntime: shell\nentrypoint: actions/mark.sh\nmax_retries: 3\nparameters:\n  n: {type: integer, required: true}\n",
-            ),
-            (
-                "mark.sh",
-                &format!(
-                    "#!/bin/sh\necho \"$ATTUNE_EXECUTION_ID\" >> '{}/'\"$ATTUNE_PARAM_N\"\nsleep 0.05\n",
-                    marks.display()
-                ),
-            ),
-        ],
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and the three-node cluster of scripts/test-cluster.sh: make test-cluster"]
 async fn executions_complete_once_while_cluster_nodes_stop() {
@@ -63,7 +42,7 @@ async fn executions_complete_once_while_cluster_nodes_stop() {
     let urls = cluster(&["urls"]);
     let marks = std::env::temp_dir().join(format!("attune-cluster-marks-{:016x}", rand::random::<u64>()));
     std::fs::create_dir_all(&marks).unwrap();
-    let pack = marking_pack(&marks);
+    let pack = attune_testkit::runs::marking_pack("cl", &marks);
     let system = System::builder()
         .env("AMQP_URL", &urls)
         .pack(pack.path())

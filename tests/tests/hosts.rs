@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use attune_testkit::hosts::{Cut, TestHost};
+use attune_testkit::runs::{TICKS, spans};
 use attune_testkit::{System, TempPack, wait_for};
 use serde_json::{Value, json};
 
@@ -22,17 +23,6 @@ const CUT_FOR: Duration = Duration::from_secs(25);
 /// worker cut off from the broker is handed back after the monitor's slack (6 s); then a second
 /// or so to be scheduled and started.
 const FAILOVER_WAIT: f64 = 12.0;
-
-/// Appends "<execution id> <ns since the epoch> <this run's pid>" to `log` every 0.1 s for
-/// `seconds`: the first and last lines of a run bound when it ran, and its pid tells two runs of
-/// one execution apart (a dispatch handed back keeps its execution id).
-const TICKS: &str = r#"#!/bin/sh
-end=$(( $(date +%s%N) + ATTUNE_PARAM_SECONDS * 1000000000 ))
-while [ "$(date +%s%N)" -lt "$end" ]; do
-  echo "$ATTUNE_EXECUTION_ID $(date +%s%N) $$" >> "$ATTUNE_PARAM_LOG"
-  sleep 0.1
-done
-"#;
 
 const RUN: &str = "name: run
 runtime: shell
@@ -48,48 +38,8 @@ parameters:
     default: 2
 ";
 
-/// When each execution's run was first and last seen, from the log (ns since the epoch); an
-/// execution that ran more than once (two pids) fails the test.
-fn spans(log: &std::path::Path) -> BTreeMap<i64, (i128, i128)> {
-    let mut spans = BTreeMap::new();
-    let mut runs: BTreeMap<i64, std::collections::BTreeSet<String>> = BTreeMap::new();
-    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(id), Some(at), Some(pid)) = (fields.next(), fields.next(), fields.next()) else { continue };
-        let (Ok(id), Ok(at)) = (id.parse::<i64>(), at.parse::<i128>()) else { continue };
-        runs.entry(id).or_default().insert(pid.to_string());
-        let span = spans.entry(id).or_insert((at, at));
-        span.0 = span.0.min(at);
-        span.1 = span.1.max(at);
-    }
-    for (id, pids) in runs {
-        assert!(pids.len() == 1, "execution {id} ran {} times (pids {pids:?}): one attempt, two runs", pids.len());
-    }
-    spans
-}
-
 fn id(v: &Value) -> i64 {
     v["id"].as_i64().unwrap()
-}
-
-/// Waits until `name`'s row says it is active, consuming and heartbeating (within 2 s).
-async fn wait_joined(system: &System, name: &str) {
-    let pool = system.db.pool.clone();
-    wait_for(&format!("worker {name} to be active and consuming"), DEADLINE, || {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT true FROM worker WHERE name = $1 AND status = 'active' \
-                 AND capabilities->>'consuming' = 'true' AND last_heartbeat > now() - interval '2 seconds'",
-            )
-            .bind(name)
-            .fetch_optional(&pool)
-            .await
-            .ok()
-            .flatten()
-        }
-    })
-    .await;
 }
 
 /// The worker each execution of `ids` ran on, by execution id.
@@ -211,7 +161,7 @@ async fn cut_off(what: Cut) {
     assert!(waited < FAILOVER_WAIT, "execution {longest} waited {waited:.1} s to run (cut for {CUT_FOR:?})");
 
     // the far host rejoins and is given work again: with the near worker stopped, it runs it all
-    wait_joined(&system, &far).await;
+    system.wait_consuming(&far).await;
     system.signal(&near, 15);
     let mut after = Vec::new();
     for _ in 0..3 {

@@ -6,20 +6,11 @@
 use std::time::Duration;
 
 use attune_testkit::pgcut::PgCut;
+use attune_testkit::runs::{TICKS, spans};
 use attune_testkit::{System, TempPack, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-/// Appends "<execution id> <ns since the epoch>" to `log` every 0.1 s for `seconds`: the first
-/// and last lines of an execution bound when it ran, however it ended.
-const TICKS: &str = r#"#!/bin/sh
-end=$(( $(date +%s) + ATTUNE_PARAM_SECONDS ))
-while [ "$(date +%s)" -lt "$end" ]; do
-  echo "$ATTUNE_EXECUTION_ID $(date +%s%N)" >> "$ATTUNE_PARAM_LOG"
-  sleep 0.1
-done
-"#;
 
 const RUN: &str = "name: run
 runtime: shell
@@ -31,41 +22,9 @@ parameters:
     type: string
     required: true
   seconds:
-    type: number
+    type: integer
     default: 20
 ";
-
-/// When each execution's run was first and last seen, from the log (ns since the epoch).
-fn spans(log: &std::path::Path) -> std::collections::BTreeMap<i64, (i128, i128)> {
-    let mut spans = std::collections::BTreeMap::new();
-    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(id), Some(at)) = (fields.next(), fields.next()) else { continue };
-        let (Ok(id), Ok(at)) = (id.parse::<i64>(), at.parse::<i128>()) else { continue };
-        let span = spans.entry(id).or_insert((at, at));
-        span.0 = span.0.min(at);
-        span.1 = span.1.max(at);
-    }
-    spans
-}
-
-async fn wait_consuming(system: &System, name: &str) {
-    let pool = system.db.pool.clone();
-    wait_for(&format!("worker {name} to consume"), DEADLINE, || {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT true FROM worker WHERE name = $1 AND status = 'active' AND capabilities->>'consuming' = 'true'",
-            )
-            .bind(name)
-            .fetch_optional(&pool)
-            .await
-            .ok()
-            .flatten()
-        }
-    })
-    .await;
-}
 
 /// A system whose executors take a worker for dead after 5 s without a heartbeat (its lease:
 /// 3.75 s) and retry at once; no worker yet.
@@ -82,7 +41,7 @@ async fn start_cut_off(system: &mut System, runtime: &str) -> PgCut {
     let cut = PgCut::start("127.0.0.1:5432").await;
     let name = format!("cut-{:08x}", rand::random::<u32>());
     system.restart_with(&name, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", runtime)]);
-    wait_consuming(system, &name).await;
+    system.wait_consuming(&name).await;
     cut
 }
 
@@ -100,7 +59,7 @@ async fn a_worker_cut_off_from_the_database_stops_its_run_before_the_execution_r
     let first = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 25})).await;
     wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&first)).then_some(()) }).await;
     system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "shell")]);
-    wait_consuming(&system, &other).await;
+    system.wait_consuming(&other).await;
 
     // 15 s of partition: the executors take the cut-off worker for dead and retry elsewhere
     cut.partition();
@@ -143,7 +102,7 @@ async fn a_frozen_worker_s_run_is_stopped_by_its_supervisor_before_the_execution
     let first = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 15})).await;
     wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&first)).then_some(()) }).await;
     system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "shell")]);
-    wait_consuming(&system, &other).await;
+    system.wait_consuming(&other).await;
 
     // the worker stops (a stalled VM, SIGSTOP): its action, another process, would run on
     system.signal(&frozen, SIGSTOP);
@@ -189,7 +148,7 @@ async fn a_worker_cut_off_from_the_database_aborts_its_http_request_before_the_e
     let first = system.submit("fencehttp.call", json!({})).await;
     server.wait_requests("/slow", 1, DEADLINE).await;
     system.restart_with(&other, &[("ATTUNE_WORKER_RUNTIMES", "http")]);
-    wait_consuming(&system, &other).await;
+    system.wait_consuming(&other).await;
 
     cut.partition();
     let healed_at = tokio::time::Instant::now() + Duration::from_secs(15);

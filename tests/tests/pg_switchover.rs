@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attune_testkit::system::repo_root;
-use attune_testkit::{System, TempPack, wait_for};
+use attune_testkit::{System, wait_for};
 use serde_json::json;
 
 const EXECUTIONS: usize = 150;
@@ -28,27 +28,6 @@ fn pair(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// A pack whose action marks each run in a file named by the submission: the runs the action
-/// made, whatever the record says.
-fn marking_pack(marks: &std::path::Path) -> TempPack {
-    TempPack::new(
-        "pgso",
-        &[
-            (
-                "mark.yaml",
-                "name: mark\nruntime: shell\nentrypoint: actions/mark.sh\nmax_retries: 3\nparameters:\n  n: {type: integer, required: true}\n",
-            ),
-            (
-                "mark.sh",
-                &format!(
-                    "#!/bin/sh\necho \"$ATTUNE_EXECUTION_ID\" >> '{}/'\"$ATTUNE_PARAM_N\"\nsleep 0.05\n",
-                    marks.display()
-                ),
-            ),
-        ],
-    )
-}
-
 /// The first time `needle` appears in `log`, by the line's timestamp.
 fn first_logged(log: &str, needle: &str) -> Option<chrono::DateTime<chrono::Utc>> {
     let line = log.lines().find(|line| line.contains(needle))?;
@@ -62,7 +41,7 @@ async fn executions_complete_once_through_a_switchover() {
     let url = pair(&["urls"]);
     let marks = std::env::temp_dir().join(format!("attune-pgso-marks-{:016x}", rand::random::<u64>()));
     std::fs::create_dir_all(&marks).unwrap();
-    let pack = marking_pack(&marks);
+    let pack = attune_testkit::runs::marking_pack("pgso", &marks);
     let mut system = System::builder()
         .database(&url)
         .pack(pack.path())

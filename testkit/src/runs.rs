@@ -1,0 +1,62 @@
+//! Actions that mark their own runs, for tests that must tell what ran from what the record
+//! says: a run that happened twice, or two attempts of one execution at once, shows in the marks
+//! whatever the database holds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use crate::TempPack;
+
+/// A shell action (`entrypoint: actions/ticks.sh`, parameters `log` and integer `seconds`) that
+/// appends "<execution id> <ns since the epoch> <its pid>" to `log` every 0.1 s for `seconds`: the
+/// first and last lines of a run bound when it ran, however it ended, and the pid tells two runs
+/// of one execution apart (a dispatch handed back keeps its execution id).
+pub const TICKS: &str = r#"#!/bin/sh
+end=$(( $(date +%s%N) + ATTUNE_PARAM_SECONDS * 1000000000 ))
+while [ "$(date +%s%N)" -lt "$end" ]; do
+  echo "$ATTUNE_EXECUTION_ID $(date +%s%N) $$" >> "$ATTUNE_PARAM_LOG"
+  sleep 0.1
+done
+"#;
+
+/// When each execution's run was first and last seen in a [`TICKS`] log (ns since the epoch).
+/// Panics if an execution ran more than once (two pids).
+pub fn spans(log: &Path) -> BTreeMap<i64, (i128, i128)> {
+    let mut spans = BTreeMap::new();
+    let mut runs: BTreeMap<i64, BTreeSet<String>> = BTreeMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(id), Some(at), Some(pid)) = (fields.next(), fields.next(), fields.next()) else { continue };
+        let (Ok(id), Ok(at)) = (id.parse::<i64>(), at.parse::<i128>()) else { continue };
+        runs.entry(id).or_default().insert(pid.to_string());
+        let span = spans.entry(id).or_insert((at, at));
+        span.0 = span.0.min(at);
+        span.1 = span.1.max(at);
+    }
+    for (id, pids) in runs {
+        assert!(pids.len() == 1, "execution {id} ran {} times (pids {pids:?}): one attempt, two runs", pids.len());
+    }
+    spans
+}
+
+/// A pack `pack_ref` whose action `mark` (integer parameter `n`, up to 3 retries) appends its
+/// execution id to the file `marks/<n>` and takes 50 ms: the runs of submission `n`, whatever
+/// the record says.
+pub fn marking_pack(pack_ref: &str, marks: &Path) -> TempPack {
+    TempPack::new(
+        pack_ref,
+        &[
+            (
+                "mark.yaml",
+                "name: mark\nruntime: shell\nentrypoint: actions/mark.sh\nmax_retries: 3\nparameters:\n  n: {type: integer, required: true}\n",
+            ),
+            (
+                "mark.sh",
+                &format!(
+                    "#!/bin/sh\necho \"$ATTUNE_EXECUTION_ID\" >> '{}/'\"$ATTUNE_PARAM_N\"\nsleep 0.05\n",
+                    marks.display()
+                ),
+            ),
+        ],
+    )
+}
