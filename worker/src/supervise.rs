@@ -53,6 +53,12 @@ use attune_common::config::{ConfigError, Source, parse, read, read_optional};
 use attune_core::pack::{LimitSettings, Limits};
 use serde::{Deserialize, Serialize};
 
+pub mod client;
+mod protocol;
+mod server;
+
+pub use protocol::{SpawnRequest, pipe};
+
 /// The first argument that starts the worker's binary as a supervisor.
 pub const MODE: &str = "supervise";
 
@@ -114,14 +120,18 @@ fn read_lease(path: &OsStr) -> Option<u128> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// If this process was started as a supervisor, supervises and exits; otherwise returns.
+/// If this process was started as a supervisor (a worker's, or one action's), supervises and
+/// exits; otherwise returns.
 pub fn run_if_asked() {
     let mut args = std::env::args_os().skip(1);
-    if args.next().as_deref() != Some(OsStr::new(MODE)) {
-        return;
-    }
+    let mode = args.next();
     let rest: Vec<OsString> = args.collect();
-    std::process::exit(supervise(&rest));
+    if mode.as_deref() == Some(OsStr::new(server::MODE)) {
+        std::process::exit(server::serve(&rest));
+    }
+    if mode.as_deref() == Some(OsStr::new(MODE)) {
+        std::process::exit(supervise(&rest));
+    }
 }
 
 /// A worker's defaults and maximums for action limits, from its settings (`ATTUNE_ACTION_*`,
@@ -351,6 +361,32 @@ struct Group {
 }
 
 impl Group {
+    /// One walk of `/proc` for several groups: the resident bytes and CPU seconds of the
+    /// processes of each of `groups` (process group ids), in their order.
+    fn walk(groups: &[i32]) -> Vec<(u64, f64)> {
+        let index: std::collections::HashMap<i32, usize> = groups.iter().enumerate().map(|(i, g)| (*g, i)).collect();
+        let mut taken = vec![(0u64, 0u64); groups.len()];
+        let mut text = String::with_capacity(512);
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().filter(|n| n.as_bytes()[0].is_ascii_digit()) else { continue };
+            text.clear();
+            let path = format!("/proc/{pid}/stat");
+            let Ok(mut file) = std::fs::File::open(&path) else { continue };
+            if std::io::Read::read_to_string(&mut file, &mut text).is_err() {
+                continue;
+            }
+            if let Some(sample) = parse_stat(&text)
+                && let Some(i) = index.get(&sample.group)
+            {
+                taken[*i].0 += sample.resident_pages;
+                taken[*i].1 += sample.cpu_ticks;
+            }
+        }
+        let (page, tick) = units();
+        taken.into_iter().map(|(pages, ticks)| (pages.saturating_mul(page), ticks as f64 / tick as f64)).collect()
+    }
+
     /// Reads the members' memory and CPU time; with `scan`, finds the members anew in `/proc`.
     fn look(&mut self, scan: bool) {
         let me = std::process::id() as i32;
