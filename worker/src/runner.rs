@@ -333,6 +333,13 @@ impl Runtimes {
         self
     }
 
+    /// Runs every process action under a supervisor of its own (`attune-worker supervise`), as
+    /// the worker did before it had a long-lived supervisor: for comparisons.
+    pub fn with_per_action_supervisors(mut self) -> Self {
+        self.shared = None;
+        self
+    }
+
     /// The process id of the worker's long-lived supervisor, while one runs.
     pub fn supervisor_pid(&self) -> Option<u32> {
         self.shared.as_ref()?.pid()
