@@ -37,6 +37,11 @@ pub(super) fn look_interval(age: Duration) -> Duration {
     if age < YOUNG { FIRST_LOOKS } else { (age / 20).clamp(FIRST_LOOKS, LATEST_LOOKS) }
 }
 
+/// Whether a run looked at next at `next_look`, `age` old, is looked at by a walk `now`.
+fn due(next_look: Instant, age: Duration, now: Instant) -> bool {
+    next_look <= now + look_interval(age) / 2
+}
+
 /// One running action.
 struct Run {
     id: u64,
@@ -366,7 +371,9 @@ impl Supervisor {
         }
     }
 
-    /// Looks at the groups of the runs that are due: one walk of `/proc` for all of them.
+    /// Looks at the groups of the runs that are due: one walk of `/proc` for all of them. A walk
+    /// also serves the runs due within half their interval, so that runs started apart share
+    /// their walks from then on.
     fn look(&mut self, now: Instant) {
         if !self.runs.iter().any(|run| !run.killed && run.enforced.looks() && run.next_look <= now) {
             return;
@@ -374,7 +381,7 @@ impl Supervisor {
         let groups: Vec<i32> = self.runs.iter().map(|run| run.pid).collect();
         let taken = Group::walk(&groups);
         for (run, (resident_bytes, cpu_secs)) in self.runs.iter_mut().zip(taken) {
-            if run.killed || !run.enforced.looks() || run.next_look > now {
+            if run.killed || !run.enforced.looks() || !due(run.next_look, now - run.started, now) {
                 continue;
             }
             run.cpu_secs = cpu_secs;
@@ -461,5 +468,11 @@ mod tests {
         assert_eq!(look_interval(Duration::from_secs(10)), Duration::from_millis(500));
         assert_eq!(look_interval(Duration::from_secs(20)), Duration::from_secs(1));
         assert_eq!(look_interval(Duration::from_secs(600)), Duration::from_secs(1));
+        let now = Instant::now();
+        let old = Duration::from_secs(60);
+        assert!(due(now, old, now) && due(now + Duration::from_millis(500), old, now), "a walk serves the next half");
+        assert!(!due(now + Duration::from_millis(501), old, now));
+        assert!(due(now + Duration::from_millis(25), Duration::ZERO, now));
+        assert!(!due(now + Duration::from_millis(26), Duration::ZERO, now));
     }
 }
