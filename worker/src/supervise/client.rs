@@ -118,6 +118,8 @@ impl Supervisor {
             connection.forget(id);
             return Err(SpawnError::Lost);
         }
+        // if this future is dropped before the run is handed over, what was started is killed
+        let mut pending = Pending { connection: connection.clone(), id, armed: true };
         let encoded = request.encode();
         let mut parts = encoded.chunks(protocol::PART_BODY).peekable();
         let mut sent = Ok(());
@@ -138,10 +140,31 @@ impl Supervisor {
             connection.forget(id);
             return Err(SpawnError::Unavailable(e));
         }
-        match events.recv().await {
+        let first = events.recv().await;
+        pending.armed = false;
+        match first {
             Some(Event::Started(pid)) => Ok(SupervisedRun { connection, id, pid, events, ended: None }),
             Some(Event::NotStarted { errno, message }) => Err(SpawnError::NotStarted { errno, message }),
             Some(Event::Exited(_)) | Some(Event::Lost) | None => Err(SpawnError::Lost),
+        }
+    }
+}
+
+/// A spawn request sent and not answered yet.
+struct Pending {
+    connection: Arc<Connection>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Pending {
+    /// The supervisor reads in order: a kill after the request kills the run it started (and
+    /// one after a part of it forgets the parts).
+    fn drop(&mut self) {
+        if self.armed {
+            let message = protocol::message(protocol::KILL, self.id, &libc::SIGKILL.to_le_bytes());
+            let _ = protocol::send(self.connection.socket.as_raw_fd(), &message, &[]);
+            self.connection.forget(self.id);
         }
     }
 }

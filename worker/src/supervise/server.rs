@@ -256,6 +256,7 @@ impl Supervisor {
                     self.outbox.push_back(reply);
                 }
                 protocol::KILL => {
+                    self.partial.remove(&id);
                     if let (Some(signal), Some(run)) =
                         (protocol::int_of(body), self.runs.iter().find(|run| run.id == id))
                     {
