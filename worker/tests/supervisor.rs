@@ -70,7 +70,9 @@ async fn many_actions_run_at_once_through_one_supervisor() {
     let runtimes = supervised().await;
     let supervisor = runtimes.supervisor_pid().expect("the supervisor starts with the runtimes");
     // each prints its parameter and its parent, and stays until all have started
-    let dir = temp_pack("echo \"$ATTUNE_PARAM_N $PPID\"\ntouch started-$ATTUNE_PARAM_N\nwhile [ $(ls | grep -c started-) -lt 40 ]; do sleep 0.05; done\n");
+    let dir = temp_pack(
+        "echo \"$ATTUNE_PARAM_N $PPID\"\ntouch started-$ATTUNE_PARAM_N\nwhile [ $(ls | grep -c started-) -lt 40 ]; do sleep 0.05; done\n",
+    );
     let parameters: Vec<Value> = (0..40).map(|n| json!({ "n": n })).collect();
     let runs = parameters.iter().map(|p| run_of(&dir, p, Duration::from_secs(30))).collect::<Vec<_>>();
     let token = CancellationToken::new();
@@ -89,7 +91,8 @@ async fn a_timeout_kills_the_whole_group_through_the_supervisor() {
     let dir = temp_pack("sleep 30 &\necho $! > child.pid\nsleep 30\n");
     let parameters = json!({});
     let started = Instant::now();
-    let finished = runtimes.run(&run_of(&dir, &parameters, Duration::from_millis(300)), &CancellationToken::new()).await;
+    let finished =
+        runtimes.run(&run_of(&dir, &parameters, Duration::from_millis(300)), &CancellationToken::new()).await;
     assert!(finished.timed_out, "{finished:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
     let grandchild = pid_in(&dir.join("child.pid")).unwrap();
@@ -144,7 +147,11 @@ async fn a_program_that_cannot_start_is_the_workers_failure_and_the_supervisor_s
     assert_eq!(runtimes.supervisor_pid(), Some(supervisor));
     let small = json!({"message": "y".repeat(60 * 1024)});
     let ran = runtimes.execute(&run_of(&dir, &small, Duration::from_secs(10)), &CancellationToken::new()).await;
-    assert_eq!((ran.outcome.failure_kind, ran.stdout.as_str()), (None, "never\n"), "a request of several parts: {ran:?}");
+    assert_eq!(
+        (ran.outcome.failure_kind, ran.stdout.as_str()),
+        (None, "never\n"),
+        "a request of several parts: {ran:?}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

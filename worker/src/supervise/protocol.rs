@@ -92,7 +92,8 @@ impl SpawnRequest {
         let lease_file = Some(bytes(&mut input)?).filter(|path| !path.is_empty());
         let args = list(&mut input)?;
         let env = list(&mut input)?;
-        let mut number = || Some(u64::from_le_bytes(take(&mut input, 8)?.try_into().ok()?)).map(|n| (n > 0).then_some(n));
+        let mut number =
+            || Some(u64::from_le_bytes(take(&mut input, 8)?.try_into().ok()?)).map(|n| (n > 0).then_some(n));
         let (memory_mb, cpu_secs, open_files, uid) = (number()?, number()?, number()?, number()?);
         Some(SpawnRequest {
             program,

@@ -362,7 +362,7 @@ impl Supervisor {
         }
         // the last deadline read holds when the file cannot be read: it runs out unless renewed
         self.lease = read_lease(path).or(self.lease);
-        if !self.lease.is_some_and(|deadline| now > deadline) {
+        if self.lease.is_none_or(|deadline| now <= deadline) {
             return;
         }
         for run in self.runs.iter_mut().filter(|run| !run.killed) {
