@@ -207,16 +207,20 @@ fn rusage_secs(who: i32) -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
-/// A process's CPU time and its reaped children's, in seconds, from `/proc/<pid>/stat`.
-fn process_secs(pid: u32) -> f64 {
+/// A process's own CPU time and its reaped children's, in seconds, from `/proc/<pid>/stat`.
+fn process_secs(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
-    fields[11..15].iter().map(|f| f.parse::<u64>().unwrap()).sum::<u64>() as f64 / 100.0
+    let ticks = |range: std::ops::Range<usize>| {
+        fields[range].iter().map(|f| f.parse::<u64>().unwrap()).sum::<u64>() as f64 / 100.0
+    };
+    (ticks(11..13), ticks(13..15))
 }
 
 /// All the CPU one `core.echo` run costs on this side of the broker (the worker's running of it,
 /// its supervisor, the action's own processes), through the long-lived supervisor and through a
-/// supervisor per action, one after the other (`cargo test -p attune-worker --release --test
+/// supervisor per action, and without a supervisor (the action started by this process), one
+/// after the other (`cargo test -p attune-worker --release --test
 /// supervisor measure_the_cpu -- --ignored --nocapture`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement"]
@@ -226,11 +230,15 @@ async fn measure_the_cpu_of_an_echo_run_with_each_supervisor() {
     let echo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
     let parameters = json!({"message": "hi"});
     let token = CancellationToken::new();
-    for per_action in [false, true, false, true] {
-        let runtimes = if per_action { supervised().await.with_per_action_supervisors() } else { supervised().await };
+    for mode in ["one long-lived supervisor", "a supervisor per action", "no supervisor"].repeat(2) {
+        let runtimes = match mode {
+            "a supervisor per action" => supervised().await.with_per_action_supervisors(),
+            "no supervisor" => Runtimes::detect(&["shell".into()], None, AllowList::default()).await,
+            _ => supervised().await,
+        };
         let shared = runtimes.supervisor_pid();
         let before = rusage_secs(libc::RUSAGE_SELF) + rusage_secs(libc::RUSAGE_CHILDREN);
-        let shared_before = shared.map_or(0.0, process_secs);
+        let shared_before = shared.map_or((0.0, 0.0), process_secs);
         let started = Instant::now();
         let run = ActionRun { entrypoint: "actions/echo.sh", ..run_of(&echo, &parameters, Duration::from_secs(30)) };
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -243,15 +251,18 @@ async fn measure_the_cpu_of_an_echo_run_with_each_supervisor() {
         futures_util::future::join_all((0..AT_ONCE).map(|_| lane())).await;
         let wall = started.elapsed().as_secs_f64();
         let worker = rusage_secs(libc::RUSAGE_SELF) + rusage_secs(libc::RUSAGE_CHILDREN) - before;
-        let supervisor = shared.map_or(0.0, process_secs) - shared_before;
+        let shared_after = shared.map_or((0.0, 0.0), process_secs);
+        let (supervisor, actions) = (shared_after.0 - shared_before.0, shared_after.1 - shared_before.1);
+        let per_run = |secs: f64| secs * 1e3 / RUNS as f64;
         eprintln!(
             "{}: {RUNS} echo runs, {AT_ONCE} at once: {:.0}/s, {:.2} ms of CPU per run (this process and its \
-             reaped children {:.2} ms, the long-lived supervisor and its actions {:.2} ms)",
-            if per_action { "a supervisor per action" } else { "one long-lived supervisor" },
+             reaped children {:.2} ms; the long-lived supervisor itself {:.2} ms, its actions {:.2} ms)",
+            mode,
             RUNS as f64 / wall,
-            (worker + supervisor) * 1e3 / RUNS as f64,
-            worker * 1e3 / RUNS as f64,
-            supervisor * 1e3 / RUNS as f64,
+            per_run(worker + supervisor + actions),
+            per_run(worker),
+            per_run(supervisor),
+            per_run(actions),
         );
     }
 }
