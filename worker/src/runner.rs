@@ -12,8 +12,10 @@
 //! (EX_TEMPFAIL), or a result containing `{"attune": {"transient": true}}`, reports a transient
 //! failure that the retry policy may retry; any other exit code is `action_failed`.
 //!
-//! With a supervisor (the worker's own binary, `supervise`), the action runs under a small
-//! process that owns its group and takes it down if the worker dies. An action that cannot be
+//! With a supervisor (the worker's own binary, `crate::supervise`), the action is started by the
+//! worker's one long-lived supervisor process, which holds its group to its limits and takes it
+//! down if the worker dies (`run_supervised`); a supervisor of its own per action is the fallback
+//! when that one cannot be started. An action that cannot be
 //! started is the worker's failure when the worker is at fault (its pack directory, the
 //! entrypoint or the interpreter gone: `action_not_found`, counted against its health) and the
 //! request's when the request is (parameters the operating system refuses to pass, E2BIG:
