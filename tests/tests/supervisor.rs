@@ -107,3 +107,32 @@ async fn a_killed_supervisor_fails_its_runs_and_a_new_one_serves_the_next() {
     assert_ne!(again[0], supervisor, "a new supervisor");
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_takes_every_action_and_its_supervisor_with_it() {
+    let name = format!("supervised-{:08x}", rand::random::<u32>());
+    let mut system = System::builder().pack(repo_root().join("testkit/packs/e2e")).worker(&name, &[]).start().await;
+    let worker = system.pid(&name);
+    let marker = format!("marker-{:016x}", rand::random::<u64>());
+    let entry = format!("ATTUNE_PARAM_MARKER={marker}");
+    let _cleanup = KillOnDrop(entry.clone());
+    for _ in 0..3 {
+        system.submit("e2e.spawn", json!({"marker": marker, "seconds": 300})).await;
+    }
+    wait_for("the three actions and their children to run", DEADLINE, || async {
+        (processes_with_env(&entry).len() >= 9).then_some(())
+    })
+    .await;
+    let supervisor = supervisors_of(worker);
+    assert_eq!(supervisor.len(), 1, "{supervisor:?}");
+    system.signal(&name, 9);
+    let killed = Instant::now();
+    wait_for("every process of the actions, and the supervisor, to be gone", Duration::from_secs(2), || async {
+        let supervisor_gone =
+            std::fs::read_to_string(format!("/proc/{}/stat", supervisor[0])).map_or(true, |stat| stat.contains(") Z"));
+        (processes_with_env(&entry).is_empty() && supervisor_gone).then_some(())
+    })
+    .await;
+    eprintln!("the actions and the supervisor were gone {:?} after the worker was killed", killed.elapsed());
+    system.stop().await;
+}
