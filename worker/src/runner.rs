@@ -12,8 +12,10 @@
 //! (EX_TEMPFAIL), or a result containing `{"attune": {"transient": true}}`, reports a transient
 //! failure that the retry policy may retry; any other exit code is `action_failed`.
 //!
-//! With a supervisor (the worker's own binary, `supervise`), the action runs under a small
-//! process that owns its group and takes it down if the worker dies. An action that cannot be
+//! With a supervisor (the worker's own binary, `crate::supervise`), the action is started by the
+//! worker's one long-lived supervisor process, which holds its group to its limits and takes it
+//! down if the worker dies (`run_supervised`); a supervisor of its own per action is the fallback
+//! when that one cannot be started. An action that cannot be
 //! started is the worker's failure when the worker is at fault (its pack directory, the
 //! entrypoint or the interpreter gone: `action_not_found`, counted against its health) and the
 //! request's when the request is (parameters the operating system refuses to pass, E2BIG:
@@ -30,6 +32,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::destination::AllowList;
+use crate::supervise::SpawnRequest;
+use crate::supervise::client::{Ended, SpawnError, SupervisedRun, Supervisor};
 
 /// EX_TEMPFAIL from sysexits.h: "temporary failure, try again later".
 pub const TRANSIENT_EXIT_CODE: i32 = 75;
@@ -193,8 +197,12 @@ pub struct Runtimes {
     python: Option<PathBuf>,
     builtin: bool,
     http: Option<crate::http::HttpClient>,
-    /// The program that supervises each action (see `crate::supervise`), if any.
+    /// The worker's own binary, which supervises its actions (see `crate::supervise`), if any:
+    /// started once as the long-lived supervisor (`shared`), or per action as a fallback when
+    /// that one cannot be started.
     supervisor: Option<PathBuf>,
+    /// The worker's long-lived supervisor, which starts every process action.
+    shared: Option<std::sync::Arc<Supervisor>>,
     /// The worker's `ATTUNE_PACKS_DIR`: a script runs only from a pack under it (`packs_under`).
     packs_root: Option<PathBuf>,
     /// The user ids actions run as, one of its own for each running action (`users`).
@@ -276,6 +284,7 @@ impl Runtimes {
             python,
             builtin: wants("builtin"),
             http: wants("http").then(|| crate::http::HttpClient::new(http_allow)),
+            shared: supervisor.clone().map(|program| std::sync::Arc::new(Supervisor::start(program))),
             supervisor,
             packs_root: None,
             users: None,
@@ -326,6 +335,18 @@ impl Runtimes {
         self
     }
 
+    /// Runs every process action under a supervisor of its own (`attune-worker supervise`), as
+    /// the worker did before it had a long-lived supervisor: for comparisons.
+    pub fn with_per_action_supervisors(mut self) -> Self {
+        self.shared = None;
+        self
+    }
+
+    /// The process id of the worker's long-lived supervisor, while one runs.
+    pub fn supervisor_pid(&self) -> Option<u32> {
+        self.shared.as_ref()?.pid()
+    }
+
     pub fn offered(&self) -> Vec<&'static str> {
         let mut offered = Vec::new();
         if self.shell.is_some() {
@@ -369,7 +390,8 @@ impl Runtimes {
             Err(error) => return not_started(error),
         };
         let uid = user.as_ref().map(|user| user.uid);
-        run_process(interpreter, self.supervisor.as_deref(), self.packs_root.as_deref(), uid, run, abort).await
+        let shared = self.shared.as_deref();
+        run_process(interpreter, self.supervisor.as_deref(), shared, self.packs_root.as_deref(), uid, run, abort).await
     }
 }
 
@@ -464,9 +486,51 @@ pub fn resolve_entrypoint(packs_root: Option<&Path>, pack_path: &Path, entrypoin
     Ok(resolved)
 }
 
+/// The whole environment of a process action, in order (a later entry of the same name wins):
+/// the allow-list of the worker's own (`INHERITED_ENV`), the run's `ATTUNE_*` and its
+/// parameters, as data.
+fn action_env(run: &ActionRun<'_>) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    for name in INHERITED_ENV {
+        if let Ok(value) = std::env::var(name) {
+            env.push((name.to_string(), value));
+        }
+    }
+    env.push(("ATTUNE_EXECUTION_ID".into(), run.execution_id.to_string()));
+    env.push(("ATTUNE_ACTION_REF".into(), run.action_ref.to_string()));
+    env.push(("ATTUNE_RETRY_COUNT".into(), run.retry_count.to_string()));
+    env.push(("ATTUNE_IDEMPOTENCY_KEY".into(), run.idempotency_key.to_string()));
+    env.push(("ATTUNE_PARAMETERS".into(), run.parameters.to_string()));
+    if let Some(traceparent) = run.traceparent {
+        // (W3C Trace Context's name for the environment: OpenTelemetry SDKs read it)
+        env.push(("TRACEPARENT".into(), traceparent.to_string()));
+    }
+    if let Some(parameters) = run.parameters.as_object() {
+        for (name, value) in parameters {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            env.push((param_env_name(name), text));
+        }
+    }
+    env
+}
+
+/// The parameters are more than the system passes to a program (as environment variables).
+fn too_large(e: impl std::fmt::Display) -> Finished {
+    let failure = format!(
+        "the parameters are too large to pass to the action ({e}); the API's limits \
+         (ATTUNE_API_MAX_PARAMETERS_BYTES, ATTUNE_API_MAX_PARAMETER_VALUE_BYTES) keep them below this"
+    );
+    Finished { spawn_error: Some(StartFailure::Request(failure)), ..Default::default() }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run_process(
     interpreter: &Path,
     supervisor: Option<&Path>,
+    shared: Option<&Supervisor>,
     packs_root: Option<&Path>,
     uid: Option<u32>,
     run: &ActionRun<'_>,
@@ -485,6 +549,13 @@ async fn run_process(
         Ok(limits) => limits,
         Err(error) => return not_started(format!("this worker's limit settings are invalid: {error}")),
     };
+    if let Some(shared) = shared
+        && let Some(finished) = run_supervised(shared, interpreter, &script, uid, &limits, run, abort).await
+    {
+        return finished;
+    }
+    // no long-lived supervisor (the worker library used directly), or it cannot be started:
+    // the action runs directly, or under a supervisor of its own
     let mut command = match supervisor {
         Some(supervisor) => {
             let mut command = tokio::process::Command::new(supervisor);
@@ -516,40 +587,11 @@ async fn run_process(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    for name in INHERITED_ENV {
-        if let Ok(value) = std::env::var(name) {
-            command.env(name, value);
-        }
-    }
-    command
-        .env("ATTUNE_EXECUTION_ID", run.execution_id.to_string())
-        .env("ATTUNE_ACTION_REF", run.action_ref)
-        .env("ATTUNE_RETRY_COUNT", run.retry_count.to_string())
-        .env("ATTUNE_IDEMPOTENCY_KEY", run.idempotency_key)
-        .env("ATTUNE_PARAMETERS", run.parameters.to_string());
-    if let Some(traceparent) = run.traceparent {
-        // (W3C Trace Context's name for the environment: OpenTelemetry SDKs read it)
-        command.env("TRACEPARENT", traceparent);
-    }
-    if let Some(parameters) = run.parameters.as_object() {
-        for (name, value) in parameters {
-            let text = match value {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            command.env(param_env_name(name), text);
-        }
-    }
+    command.envs(action_env(run));
     let mut child = match command.spawn() {
         Ok(child) => child,
         // the parameters (as environment variables) are more than the system passes to a program
-        Err(e) if e.raw_os_error() == Some(libc::E2BIG) => {
-            let failure = format!(
-                "the parameters are too large to pass to the action ({e}); the API's limits \
-                 (ATTUNE_API_MAX_PARAMETERS_BYTES, ATTUNE_API_MAX_PARAMETER_VALUE_BYTES) keep them below this"
-            );
-            return Finished { spawn_error: Some(StartFailure::Request(failure)), ..Default::default() };
-        }
+        Err(e) if e.raw_os_error() == Some(libc::E2BIG) => return too_large(e),
         Err(e) => return not_started(format!("could not start {}: {e}", script.display())),
     };
     let process_group = child.id().map(|id| id as i32);
@@ -603,6 +645,123 @@ async fn run_process(
         finished.signal = status.signal();
     }
     finished
+}
+
+/// Runs a process action through the worker's long-lived supervisor; `None` when no supervisor
+/// can be started (the caller then runs it under a supervisor of its own).
+async fn run_supervised(
+    supervisor: &Supervisor,
+    interpreter: &Path,
+    script: &Path,
+    uid: Option<u32>,
+    limits: &attune_core::pack::Limits,
+    run: &ActionRun<'_>,
+    abort: &CancellationToken,
+) -> Option<Finished> {
+    let request = SpawnRequest {
+        program: interpreter.into(),
+        args: vec![script.into()],
+        cwd: run.pack_path.clone().into(),
+        env: action_env(run).into_iter().map(|(name, value)| format!("{name}={value}").into()).collect(),
+        lease_file: crate::supervise::lease_file().map(Into::into),
+        memory_mb: Some(limits.memory_mb).filter(|mb| *mb > 0),
+        cpu_secs: limits.cpu_secs.filter(|secs| *secs > 0),
+        open_files: Some(limits.open_files).filter(|files| *files > 0),
+        uid,
+    };
+    let pipes = (crate::supervise::pipe(), crate::supervise::pipe(), crate::supervise::pipe());
+    let ((stdin, stdin_writer), (stdout_reader, stdout), (stderr_reader, stderr)) = match pipes {
+        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            return Some(not_started(format!("could not start {}: no pipe for its output: {e}", script.display())));
+        }
+    };
+    let mut child = match supervisor.spawn(&request, [stdin, stdout, stderr]).await {
+        Ok(child) => child,
+        Err(SpawnError::Unavailable(e)) => {
+            tracing::warn!(error = %e, "the action supervisor cannot be started: this run has a supervisor of its own");
+            return None;
+        }
+        Err(SpawnError::NotStarted { errno, message }) if errno == libc::E2BIG => return Some(too_large(message)),
+        Err(SpawnError::NotStarted { message, .. }) => {
+            return Some(not_started(format!("could not start {}: {message}", script.display())));
+        }
+        Err(SpawnError::Lost) => {
+            return Some(Finished { signal: Some(libc::SIGKILL), stderr: LOST.into(), ..Default::default() });
+        }
+    };
+    let stdin_body = run.parameters.to_string();
+    let feed = tokio::spawn(async move {
+        // A script that does not read stdin closes it early; that is not an error.
+        if let Ok(mut stdin) = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_writer) {
+            let _ = stdin.write_all(stdin_body.as_bytes()).await;
+        }
+    });
+    let output_limit = usize::try_from(limits.output_bytes).unwrap_or(usize::MAX);
+    let capture = run.capture.cloned().unwrap_or_default();
+    let read = |fd: std::os::fd::OwnedFd, stream: OutputStream| {
+        let capture = capture.clone();
+        tokio::spawn(async move {
+            match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
+                Ok(reader) => read_bounded(reader, output_limit, capture, stream).await,
+                Err(_) => String::new(),
+            }
+        })
+    };
+    let stdout = read(stdout_reader, OutputStream::Stdout);
+    let stderr = read(stderr_reader, OutputStream::Stderr);
+
+    let mut finished = Finished::default();
+    let ended = tokio::select! {
+        // (in this order: a kill fired with a cancel, the lease's, kills at once)
+        biased;
+        _ = killed(run.kill) => {
+            finished.aborted = true;
+            child.signal(libc::SIGKILL);
+            child.wait().await
+        }
+        ended = child.wait() => ended,
+        _ = tokio::time::sleep(run.timeout) => {
+            finished.timed_out = true;
+            terminate_supervised(&mut child).await
+        }
+        _ = abort.cancelled() => {
+            finished.aborted = true;
+            terminate_supervised(&mut child).await
+        }
+    };
+    // (the supervisor SIGKILLed the rest of the group before it reaped the action)
+    feed.abort();
+    finished.stdout = tokio::time::timeout(KILL_GRACE, stdout).await.ok().and_then(Result::ok).unwrap_or_default();
+    finished.stderr = tokio::time::timeout(KILL_GRACE, stderr).await.ok().and_then(Result::ok).unwrap_or_default();
+    match ended {
+        Ended::Exited(status) => {
+            use std::os::unix::process::ExitStatusExt;
+            let status = std::process::ExitStatus::from_raw(status);
+            finished.exit_code = status.code();
+            finished.signal = status.signal();
+        }
+        Ended::Lost => {
+            finished.signal = Some(libc::SIGKILL);
+            finished.stderr.push_str(LOST);
+        }
+    }
+    Some(finished)
+}
+
+/// What a run whose supervisor was lost says on its stderr.
+const LOST: &str = "\nattune-worker: the action's supervisor was lost; its process group was killed\n";
+
+/// SIGTERM to the whole group, SIGKILL after the grace period, through the supervisor.
+async fn terminate_supervised(child: &mut SupervisedRun) -> Ended {
+    child.signal(libc::SIGTERM);
+    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        Ok(ended) => ended,
+        Err(_) => {
+            child.signal(libc::SIGKILL);
+            child.wait().await
+        }
+    }
 }
 
 /// Fires with `kill`, never without one.

@@ -1,44 +1,70 @@
-//! The supervisor between the worker and an action: a small process that owns the action's
-//! process group, holds it to its resource limits, and takes it down when the worker dies.
+//! The supervisor between the worker and its actions: one small process per worker that starts
+//! every process action in a process group of its own, holds each group to its resource limits
+//! and to the worker's lease, and takes every group down when the worker dies
+//! (docs/adr/0009-one-supervisor-per-worker.md).
 //!
-//! A process group alone does not do it: the worker kills the group when an action ends, times
-//! out or is canceled, but a worker that is SIGKILLed, killed by the OOM killer or aborted by a
-//! panic kills nothing, and the action (with every grandchild it started) would run on outside
-//! the record while its execution is retried elsewhere. So the worker starts each action through
-//! its own binary in supervisor mode
-//! (`attune-worker supervise <worker pid> [--memory-mb=N] [--cpu-secs=N] [--open-files=N] <program> <args>`):
+//! A process group alone does not do it: the worker kills a group when its action ends, times out
+//! or is canceled, but a worker that is SIGKILLed, killed by the OOM killer or aborted by a panic
+//! kills nothing, and the action (with every grandchild it started) would run on outside the
+//! record while its execution is retried elsewhere. So the worker starts its own binary once, in
+//! supervisor mode (`attune-worker supervisor <worker pid> <socket fd>`, `server`), and talks to
+//! it over a `SOCK_SEQPACKET` socketpair (`protocol`, `client`):
 //!
-//! - the supervisor is the leader of a new process group, and the action and everything it starts
-//!   (unless it leaves the group on purpose, with `setsid`) belong to it;
-//! - it asks the kernel for a signal when its parent dies (`PR_SET_PDEATHSIG`), and also checks
-//!   its parent at every look, every 50 ms (the signal is tied to the thread that started it);
-//!   when the worker is gone it SIGKILLs the whole group, itself included;
-//! - otherwise it waits for the action and exits as the action did (the same code, or the same
-//!   signal), so the worker reads the action's status as if it had started it directly.
+//! - the worker sends each process action to start (program, arguments, directory, the whole
+//!   environment, limits, user id) with its stdin, stdout and stderr pipe ends (`SCM_RIGHTS`);
+//!   the supervisor forks it in a new process group (its pid is the group's id), with the
+//!   rlimits below and `PR_SET_PDEATHSIG` (SIGKILL), and answers started (its pid) or could not
+//!   start (the errno: E2BIG is the request's fault, the rest the worker's);
+//! - when an action's process ends, the supervisor SIGKILLs its group while the process is still
+//!   a zombie (so the group id cannot be anyone else's yet), reaps it, and reports its wait
+//!   status: the worker reads it as if it had started the action directly;
+//! - the worker asks it to signal a group (SIGTERM at a timeout or cancel, SIGKILL after the
+//!   grace, or when the lease runs out), which it does only for a run it has not reaped;
+//! - when the worker is gone (the socket closes; `PR_SET_PDEATHSIG` as a backstop, checked
+//!   against its parent since the signal is tied to the thread that started it), the supervisor
+//!   SIGKILLs every group and exits;
+//! - when the supervisor is gone (the socket closes on the worker's side), the worker SIGKILLs
+//!   the groups it knows, ends those runs as killed by SIGKILL (`action_failed`, what a lost
+//!   per-action supervisor gave), and starts a new supervisor for the next run.
 //!
 //! Limits (the action's `limits:`, filled and capped by the worker, see
 //! `attune_core::pack::LimitSettings`):
 //!
-//! - memory: every 50 ms the supervisor sums the resident memory (RSS, shared pages counted in
-//!   each process) of the processes in its group; past the limit it kills the group. The action's
-//!   process also gets `RLIMIT_AS` at twice the limit plus 1 GiB, a backstop for an allocation
-//!   faster than one look: it is address space, which programs reserve more of than they use, and
-//!   when it is hit the program's allocation fails (its own error, `action_failed`).
-//! - CPU time: the same look sums the CPU time of the group's processes (with the children they
+//! - memory: at each look the supervisor sums the resident memory (RSS, shared pages counted in
+//!   each process) of the processes of each group; past the limit it kills the group. The
+//!   action's process also gets `RLIMIT_AS` at twice the limit plus 1 GiB, a backstop for an
+//!   allocation faster than the looks: it is address space, which programs reserve more of than
+//!   they use, and when it is hit the program's allocation fails (its own error, `action_failed`).
+//! - CPU time: the same look sums the CPU time of each group's processes (with the children they
 //!   reaped); past the limit it kills the group. `RLIMIT_CPU` one second later (SIGXCPU, then
 //!   SIGKILL a second after that) is the kernel's backstop, per process.
 //! - open files: `RLIMIT_NOFILE`, per process (never above the supervisor's own hard limit); an
 //!   open past it fails in the action (EMFILE), which fails with its own error (`action_failed`).
 //!
-//! The group is found by a scan of `/proc` every 250 ms (a new process is counted from the next
-//! scan on; the ones already found are read at every look), so a look costs a few reads.
+//! A look is one walk of `/proc` for every run that is due (each process's `stat` read once and
+//! counted to its group). A run is looked at every 50 ms for its first 2 s, then every twentieth
+//! of its age, at most every second: a run that has lasted long changes slowly, and the rlimit
+//! backstops hold meanwhile. The supervisor waits in `poll` for the worker, SIGCHLD and the next
+//! thing due, so with no run it costs nothing.
 //!
-//! When it kills the group for a limit, the supervisor first writes one line on its stderr (the
-//! action's stderr pipe, which the worker reads): [`REPORT_PREFIX`] and a JSON [`LimitReport`],
-//! in one write. The worker takes a run that ended by a signal with such a line in its stderr
-//! for a `resource_limit` failure ([`LimitReport::find`]). The line is the simplest channel that
-//! needs no descriptor of its own: an action could print one too, but only to fail as
-//! `resource_limit` instead of `action_failed`, neither retried nor counted against the worker.
+//! The lease (docs/adr/0008): the supervisor reads the worker's lease file when the deadline it
+//! last read has passed (it wakes for it), and if it was not renewed it writes [`LEASE_EXPIRED`]
+//! on each action's stderr and kills every group. A worker that is frozen does not stop it: what
+//! the supervisor has to tell a worker that does not read waits in its own queue.
+//!
+//! When it kills a group for a limit, the supervisor first writes one line on the action's stderr
+//! (it keeps a copy of the pipe's write end): [`REPORT_PREFIX`] and a JSON [`LimitReport`], in
+//! one write. The worker takes a run that ended by a signal with such a line in its stderr for a
+//! `resource_limit` failure ([`LimitReport::find`]). The line is the simplest channel that needs
+//! no descriptor of its own: an action could print one too, but only to fail as `resource_limit`
+//! instead of `action_failed`, neither retried nor counted against the worker.
+//!
+//! The per-action supervisor of before (`attune-worker supervise <worker pid> [--memory-mb=N]
+//! [--cpu-secs=N] [--open-files=N] [--lease-file=PATH] [--uid=N] <program> <args>`: one exec of
+//! this binary per action, leading the action's group, with the same limits and lease) stays as
+//! a fallback: a run uses it only when the worker cannot start (or reach) a long-lived
+//! supervisor. The worker library used without a supervisor (`Settings::supervisor` unset: unit
+//! tests) runs actions directly, in groups of their own.
 //!
 //! A cgroup per action would also catch processes that leave the group with `setsid`, and count
 //! memory exactly; it needs a delegated cgroup hierarchy, which a worker running as an ordinary
@@ -52,6 +78,12 @@ use std::time::Duration;
 use attune_common::config::{ConfigError, Source, parse, read, read_optional};
 use attune_core::pack::{LimitSettings, Limits};
 use serde::{Deserialize, Serialize};
+
+pub mod client;
+mod protocol;
+mod server;
+
+pub use protocol::{SpawnRequest, pipe};
 
 /// The first argument that starts the worker's binary as a supervisor.
 pub const MODE: &str = "supervise";
@@ -114,14 +146,18 @@ fn read_lease(path: &OsStr) -> Option<u128> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// If this process was started as a supervisor, supervises and exits; otherwise returns.
+/// If this process was started as a supervisor (a worker's, or one action's), supervises and
+/// exits; otherwise returns.
 pub fn run_if_asked() {
     let mut args = std::env::args_os().skip(1);
-    if args.next().as_deref() != Some(OsStr::new(MODE)) {
-        return;
-    }
+    let mode = args.next();
     let rest: Vec<OsString> = args.collect();
-    std::process::exit(supervise(&rest));
+    if mode.as_deref() == Some(OsStr::new(server::MODE)) {
+        std::process::exit(server::serve(&rest));
+    }
+    if mode.as_deref() == Some(OsStr::new(MODE)) {
+        std::process::exit(supervise(&rest));
+    }
 }
 
 /// A worker's defaults and maximums for action limits, from its settings (`ATTUNE_ACTION_*`,
@@ -351,6 +387,32 @@ struct Group {
 }
 
 impl Group {
+    /// One walk of `/proc` for several groups: the resident bytes and CPU seconds of the
+    /// processes of each of `groups` (process group ids), in their order.
+    fn walk(groups: &[i32]) -> Vec<(u64, f64)> {
+        let index: std::collections::HashMap<i32, usize> = groups.iter().enumerate().map(|(i, g)| (*g, i)).collect();
+        let mut taken = vec![(0u64, 0u64); groups.len()];
+        let mut text = String::with_capacity(512);
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().filter(|n| n.as_bytes()[0].is_ascii_digit()) else { continue };
+            text.clear();
+            let path = format!("/proc/{pid}/stat");
+            let Ok(mut file) = std::fs::File::open(&path) else { continue };
+            if std::io::Read::read_to_string(&mut file, &mut text).is_err() {
+                continue;
+            }
+            if let Some(sample) = parse_stat(&text)
+                && let Some(i) = index.get(&sample.group)
+            {
+                taken[*i].0 += sample.resident_pages;
+                taken[*i].1 += sample.cpu_ticks;
+            }
+        }
+        let (page, tick) = units();
+        taken.into_iter().map(|(pages, ticks)| (pages.saturating_mul(page), ticks as f64 / tick as f64)).collect()
+    }
+
     /// Reads the members' memory and CPU time; with `scan`, finds the members anew in `/proc`.
     fn look(&mut self, scan: bool) {
         let me = std::process::id() as i32;

@@ -1,0 +1,138 @@
+//! A worker's one long-lived supervisor (docs/adr/0009-one-supervisor-per-worker.md), with the
+//! real binaries: every action of a worker is started by the same supervisor process, and when
+//! that process is killed the worker fails its runs, none of their processes is left behind, and
+//! a new supervisor serves the next run.
+
+use std::time::{Duration, Instant};
+
+use attune_testkit::system::repo_root;
+use attune_testkit::{System, wait_for};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap()
+}
+
+/// The live processes whose environment holds `entry` (`NAME=value`), with their parents.
+fn processes_with_env(entry: &str) -> Vec<(i32, i32)> {
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if !environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some(after) = stat.rfind(')').map(|at| &stat[at + 2..]) else { continue };
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        if fields.first() != Some(&"Z")
+            && let Some(parent) = fields.get(1).and_then(|p| p.parse().ok())
+        {
+            found.push((pid, parent));
+        }
+    }
+    found
+}
+
+/// The supervisors (`attune-worker supervisor <worker pid> ...`) of the worker process `worker`.
+fn supervisors_of(worker: u32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.get(1) == Some(&&b"supervisor"[..]) && args.get(2) == Some(&worker.to_string().as_bytes()) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Kills what a failed test leaves behind.
+struct KillOnDrop(String);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for (pid, _) in processes_with_env(&self.0) {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_supervisor_fails_its_runs_and_a_new_one_serves_the_next() {
+    let name = format!("supervised-{:08x}", rand::random::<u32>());
+    let system = System::builder().pack(repo_root().join("testkit/packs/e2e")).worker(&name, &[]).start().await;
+    let worker = system.pid(&name);
+    let marker = format!("marker-{:016x}", rand::random::<u64>());
+    let entry = format!("ATTUNE_PARAM_MARKER={marker}");
+    let _cleanup = KillOnDrop(entry.clone());
+    // three actions at once, each a shell with a background grandchild and a foreground sleep
+    let runs: Vec<Value> = futures_util::future::join_all(
+        (0..3).map(|_| system.submit("e2e.spawn", json!({"marker": marker, "seconds": 300}))),
+    )
+    .await;
+    let found = wait_for("the three actions and their children to run", DEADLINE, || async {
+        let found = processes_with_env(&entry);
+        (found.len() >= 9).then_some(found)
+    })
+    .await;
+    let supervisors = supervisors_of(worker);
+    assert_eq!(supervisors.len(), 1, "one supervisor for the worker: {supervisors:?}");
+    let supervisor = supervisors[0];
+    let started_by_it = found.iter().filter(|(_, parent)| *parent == supervisor).count();
+    assert_eq!(started_by_it, 3, "each action's shell is the supervisor's child: {found:?}");
+
+    let status = std::process::Command::new("kill").args(["-9", &supervisor.to_string()]).status().unwrap();
+    assert!(status.success());
+    let killed = Instant::now();
+    wait_for("every process of the actions to be gone", Duration::from_secs(5), || async {
+        processes_with_env(&entry).is_empty().then_some(())
+    })
+    .await;
+    eprintln!("the actions' processes were gone {:?} after the supervisor was killed", killed.elapsed());
+    for run in &runs {
+        let ended = system.wait_terminal(id(run), DEADLINE).await;
+        assert_eq!((ended["status"].as_str(), ended["failure_kind"].as_str()), (Some("failed"), Some("action_failed")));
+        assert!(ended["stderr"].as_str().unwrap_or_default().contains("supervisor was lost"), "{ended:#}");
+    }
+
+    let done = system.submit("core.echo", json!({"message": "again"})).await;
+    let ended = system.wait_terminal(id(&done), DEADLINE).await;
+    assert_eq!(ended["status"], "completed", "{ended:#}");
+    let again = supervisors_of(worker);
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again[0], supervisor, "a new supervisor");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_takes_every_action_and_its_supervisor_with_it() {
+    let name = format!("supervised-{:08x}", rand::random::<u32>());
+    let mut system = System::builder().pack(repo_root().join("testkit/packs/e2e")).worker(&name, &[]).start().await;
+    let worker = system.pid(&name);
+    let marker = format!("marker-{:016x}", rand::random::<u64>());
+    let entry = format!("ATTUNE_PARAM_MARKER={marker}");
+    let _cleanup = KillOnDrop(entry.clone());
+    for _ in 0..3 {
+        system.submit("e2e.spawn", json!({"marker": marker, "seconds": 300})).await;
+    }
+    wait_for("the three actions and their children to run", DEADLINE, || async {
+        (processes_with_env(&entry).len() >= 9).then_some(())
+    })
+    .await;
+    let supervisor = supervisors_of(worker);
+    assert_eq!(supervisor.len(), 1, "{supervisor:?}");
+    system.signal(&name, 9);
+    let killed = Instant::now();
+    wait_for("every process of the actions, and the supervisor, to be gone", Duration::from_secs(2), || async {
+        let supervisor_gone =
+            std::fs::read_to_string(format!("/proc/{}/stat", supervisor[0])).map_or(true, |stat| stat.contains(") Z"));
+        (processes_with_env(&entry).is_empty() && supervisor_gone).then_some(())
+    })
+    .await;
+    eprintln!("the actions and the supervisor were gone {:?} after the worker was killed", killed.elapsed());
+    system.stop().await;
+}

@@ -1,0 +1,357 @@
+//! The worker's side of its long-lived supervisor (`supervise::server`): starts it (again, after
+//! it is lost), sends it each process action to start with the action's pipes, and routes what it
+//! reports (started, could not start, exited) to the run that waits for it.
+//!
+//! When the supervisor dies (its socket closes), the worker SIGKILLs the process groups of the
+//! runs it knows, ends those runs as killed by SIGKILL (what a worker saw of an action whose
+//! per-action supervisor was killed: `action_failed`), and the next run starts a new supervisor.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+
+use super::protocol::{self, SpawnRequest};
+
+/// A worker's long-lived supervisor, started at once and again whenever it was lost.
+pub struct Supervisor {
+    program: PathBuf,
+    current: Mutex<Option<Arc<Connection>>>,
+    next_id: AtomicU64,
+}
+
+/// One supervisor process and the runs it has.
+struct Connection {
+    socket: AsyncFd<OwnedFd>,
+    pid: u32,
+    runs: Mutex<HashMap<u64, Waiting>>,
+    lost: AtomicBool,
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// A run the worker asked for and has not seen end.
+struct Waiting {
+    /// Its process (and group) once started.
+    pid: Option<i32>,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+#[derive(Debug)]
+enum Event {
+    Started(i32),
+    NotStarted { errno: i32, message: String },
+    Exited(i32),
+    Lost,
+}
+
+/// Why an action was not started through the supervisor.
+#[derive(Debug)]
+pub enum SpawnError {
+    /// No supervisor could be started or reached (the error says why).
+    Unavailable(io::Error),
+    /// The supervisor could not start the program (`errno`, as the kernel said it).
+    NotStarted { errno: i32, message: String },
+    /// The supervisor was lost before it said whether the run started.
+    Lost,
+}
+
+/// How a supervised run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Its wait status (its group was killed before it was reaped).
+    Exited(i32),
+    /// Its supervisor was lost; the worker SIGKILLed its group.
+    Lost,
+}
+
+/// A running action.
+pub struct SupervisedRun {
+    connection: Arc<Connection>,
+    id: u64,
+    pid: i32,
+    events: mpsc::UnboundedReceiver<Event>,
+    ended: Option<Ended>,
+}
+
+impl Supervisor {
+    /// A supervisor that runs `program` (the worker's own binary) in supervisor mode; it is
+    /// started at once (a failure is logged, and tried again at the first run).
+    pub fn start(program: PathBuf) -> Supervisor {
+        let supervisor = Supervisor { program, current: Mutex::new(None), next_id: AtomicU64::new(1) };
+        if let Err(e) = supervisor.connection() {
+            tracing::warn!(error = %e, "could not start the action supervisor; trying again at the first run");
+        }
+        supervisor
+    }
+
+    /// The supervisor process's id, while one runs.
+    pub fn pid(&self) -> Option<u32> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.as_ref().filter(|c| !c.lost.load(Ordering::SeqCst)).map(|c| c.pid)
+    }
+
+    /// The running supervisor, started if there is none (or the last one was lost).
+    fn connection(&self) -> io::Result<Arc<Connection>> {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(connection) = current.as_ref().filter(|c| !c.lost.load(Ordering::SeqCst)) {
+            return Ok(connection.clone());
+        }
+        let connection = Connection::start(&self.program)?;
+        *current = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Starts `request` with its stdin, stdout and stderr (the child's ends, closed here once
+    /// sent); returns once the supervisor said whether it started.
+    pub async fn spawn(&self, request: &SpawnRequest, stdio: [OwnedFd; 3]) -> Result<SupervisedRun, SpawnError> {
+        let connection = self.connection().map_err(SpawnError::Unavailable)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (sender, mut events) = mpsc::unbounded_channel();
+        connection.runs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Waiting { pid: None, events: sender });
+        if connection.lost.load(Ordering::SeqCst) {
+            connection.forget(id);
+            return Err(SpawnError::Lost);
+        }
+        // if this future is dropped before the run is handed over, what was started is killed
+        let mut pending = Pending { connection: connection.clone(), id, armed: true };
+        let encoded = request.encode();
+        let mut parts = encoded.chunks(protocol::PART_BODY).peekable();
+        let mut sent = Ok(());
+        while let Some(part) = parts.next() {
+            let last = parts.peek().is_none();
+            let (kind, fds) = if last {
+                (protocol::SPAWN, stdio.iter().map(AsRawFd::as_raw_fd).collect::<Vec<_>>())
+            } else {
+                (protocol::SPAWN_PART, Vec::new())
+            };
+            sent = connection.send(&protocol::message(kind, id, part), &fds).await;
+            if sent.is_err() {
+                break;
+            }
+        }
+        drop(stdio);
+        if let Err(e) = sent {
+            connection.forget(id);
+            return Err(SpawnError::Unavailable(e));
+        }
+        let first = events.recv().await;
+        pending.armed = false;
+        match first {
+            Some(Event::Started(pid)) => Ok(SupervisedRun { connection, id, pid, events, ended: None }),
+            Some(Event::NotStarted { errno, message }) => Err(SpawnError::NotStarted { errno, message }),
+            Some(Event::Exited(_)) | Some(Event::Lost) | None => Err(SpawnError::Lost),
+        }
+    }
+}
+
+/// A spawn request sent and not answered yet.
+struct Pending {
+    connection: Arc<Connection>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Pending {
+    /// The supervisor reads in order: a kill after the request kills the run it started (and
+    /// one after a part of it forgets the parts).
+    fn drop(&mut self) {
+        if self.armed {
+            let message = protocol::message(protocol::KILL, self.id, &libc::SIGKILL.to_le_bytes());
+            let _ = protocol::send(self.connection.socket.as_raw_fd(), &message, &[]);
+            self.connection.forget(self.id);
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        // its reader holds the socket: without it the supervisor sees the socket close, kills
+        // what still runs and exits
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(connection) = current
+            && let Some(reader) = connection.reader.lock().unwrap_or_else(|e| e.into_inner()).take()
+        {
+            reader.abort();
+        }
+    }
+}
+
+impl Connection {
+    /// Starts a supervisor process: `<program> supervisor <worker pid> <socket fd>`, in a process
+    /// group of its own (a terminal's Ctrl-C is the worker's to handle).
+    #[allow(unsafe_code)]
+    fn start(program: &Path) -> io::Result<Arc<Connection>> {
+        let (ours, theirs) = protocol::socketpair()?;
+        let theirs_fd = theirs.as_raw_fd();
+        let mut command = std::process::Command::new(program);
+        command
+            .arg(super::server::MODE)
+            .arg(std::process::id().to_string())
+            .arg(theirs_fd.to_string())
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .process_group(0);
+        // SAFETY: the closure runs in the forked child before exec and only clears the
+        // close-on-exec flag of the supervisor's end of the socket (fcntl is async-signal-safe),
+        // so that it is the one descriptor the supervisor inherits besides stdio.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::fcntl(theirs_fd, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn()?;
+        drop(theirs);
+        // SAFETY: fcntl sets a flag on the worker's end of the socket, owned here.
+        unsafe {
+            let flags = libc::fcntl(ours.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(ours.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        // SAFETY: an OwnedFd gives the same open descriptor for as long as it lives, and the
+        // AsyncFd owns it.
+        let socket = match unsafe { AsyncFd::register(ours) } {
+            Ok(socket) => socket,
+            Err(e) => {
+                let (_, e) = e.into_parts();
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        let connection = Arc::new(Connection {
+            socket,
+            pid: child.id(),
+            runs: Mutex::new(HashMap::new()),
+            lost: AtomicBool::new(false),
+            reader: Mutex::new(None),
+        });
+        tracing::info!(pid = child.id(), "action supervisor started");
+        let reader = tokio::spawn(connection.clone().read(child));
+        *connection.reader.lock().unwrap_or_else(|e| e.into_inner()) = Some(reader.abort_handle());
+        Ok(connection)
+    }
+
+    /// Routes what the supervisor reports until it is gone, then ends its runs.
+    async fn read(self: Arc<Self>, mut process: std::process::Child) {
+        let mut buffer = vec![0u8; protocol::MAX_MESSAGE];
+        loop {
+            let Ok(mut guard) = self.socket.readable().await else { break };
+            let received = match guard.try_io(|socket| protocol::receive(socket, &mut buffer)) {
+                Ok(Ok(Some((n, _fds)))) => n,
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(Err(_)) => break,
+                Err(_would_block) => continue,
+            };
+            let Some((kind, id, body)) = protocol::parse(&buffer[..received]) else { continue };
+            let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+            match kind {
+                protocol::STARTED => {
+                    if let (Some(waiting), Some(pid)) = (runs.get_mut(&id), protocol::int_of(body)) {
+                        waiting.pid = Some(pid);
+                        let _ = waiting.events.send(Event::Started(pid));
+                    }
+                }
+                protocol::NOT_STARTED => {
+                    if let (Some(waiting), Some(errno)) = (runs.remove(&id), protocol::int_of(body)) {
+                        let message = String::from_utf8_lossy(&body[4..]).into_owned();
+                        let _ = waiting.events.send(Event::NotStarted { errno, message });
+                    }
+                }
+                protocol::EXITED => {
+                    if let (Some(waiting), Some(status)) = (runs.remove(&id), protocol::int_of(body)) {
+                        let _ = waiting.events.send(Event::Exited(status));
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.lost.store(true, Ordering::SeqCst);
+        let runs: Vec<Waiting> = self.runs.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, w)| w).collect();
+        for waiting in &runs {
+            if let Some(pid) = waiting.pid {
+                signal_group(pid, libc::SIGKILL);
+            }
+            let _ = waiting.events.send(Event::Lost);
+        }
+        tracing::error!(pid = self.pid, runs = runs.len(), "the action supervisor was lost; its runs were killed");
+        let _ = tokio::task::spawn_blocking(move || process.wait()).await;
+    }
+
+    /// Sends one message, waiting while the socket is full.
+    async fn send(&self, message: &[u8], fds: &[i32]) -> io::Result<()> {
+        loop {
+            let mut guard = self.socket.writable().await?;
+            match guard.try_io(|socket| protocol::send(socket.as_raw_fd(), message, fds)) {
+                Ok(result) => return result,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+}
+
+impl SupervisedRun {
+    /// The action's process, the leader of its process group.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Waits for the run to end (cancel-safe).
+    pub async fn wait(&mut self) -> Ended {
+        if let Some(ended) = self.ended {
+            return ended;
+        }
+        let ended = loop {
+            match self.events.recv().await {
+                Some(Event::Exited(status)) => break Ended::Exited(status),
+                Some(Event::Lost) | None => break Ended::Lost,
+                Some(_) => continue,
+            }
+        };
+        self.ended = Some(ended);
+        ended
+    }
+
+    /// Signals the run's whole process group, through the supervisor (which knows whether the
+    /// group is still the run's), or directly when the supervisor cannot be reached.
+    pub fn signal(&self, signal: i32) {
+        if self.ended.is_some() {
+            return;
+        }
+        let message = protocol::message(protocol::KILL, self.id, &signal.to_le_bytes());
+        if self.connection.lost.load(Ordering::SeqCst)
+            || protocol::send(self.connection.socket.as_raw_fd(), &message, &[]).is_err()
+        {
+            signal_group(self.pid, signal);
+        }
+    }
+}
+
+impl Drop for SupervisedRun {
+    /// A run dropped mid-way (its task aborted) takes its whole group with it.
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+#[allow(unsafe_code)]
+fn signal_group(pgid: i32, signal: i32) {
+    // SAFETY: kill(2) with a negative pid signals a process group; it has no memory-safety
+    // preconditions. The group is a run's (its supervisor made it for that run alone).
+    unsafe {
+        libc::kill(-pgid, signal);
+    }
+}
