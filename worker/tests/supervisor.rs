@@ -102,6 +102,21 @@ async fn a_timeout_kills_the_whole_group_through_the_supervisor() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_gives_the_action_its_sigterm_with_no_signal_blocked() {
+    // the supervisor blocks signals it waits for; its actions must start with none blocked, or
+    // a timeout's SIGTERM would wait unseen until the SIGKILL after the grace
+    let runtimes = supervised().await;
+    let dir = temp_pack("grep '^SigBlk' /proc/self/status\ntrap 'echo bye; exit 0' TERM\nsleep 30 &\nwait\n");
+    let parameters = json!({});
+    let finished =
+        runtimes.run(&run_of(&dir, &parameters, Duration::from_millis(500)), &CancellationToken::new()).await;
+    assert!(finished.timed_out, "{finished:?}");
+    assert!(finished.stdout.contains("SigBlk:\t0000000000000000"), "signals blocked in the action: {finished:?}");
+    assert!(finished.stdout.contains("bye"), "the action's TERM trap did not run: {finished:?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_supervisor_fails_its_runs_and_a_new_one_serves_the_next() {
     let runtimes = supervised().await;
     let first = runtimes.supervisor_pid().expect("the supervisor starts with the runtimes");

@@ -282,8 +282,8 @@ impl Supervisor {
             self.lease_file = request.lease_file.clone();
             self.lease = None;
         }
-        let report_to = match stderr.try_clone() {
-            Ok(fd) => std::fs::File::from(fd),
+        let report_to = match report_handle(&stderr) {
+            Ok(file) => file,
             Err(e) => return not_started(id, e.raw_os_error().unwrap_or(libc::EIO), &e.to_string()),
         };
         let mut command = std::process::Command::new(&request.program);
@@ -432,6 +432,21 @@ fn not_started(id: u64, errno: i32, message: &str) -> Vec<u8> {
     let mut body = errno.to_le_bytes().to_vec();
     body.extend_from_slice(message.as_bytes());
     protocol::message(protocol::NOT_STARTED, id, &body)
+}
+
+/// A handle of the supervisor's own on an action's stderr pipe, for the lines it writes there
+/// (limit reports, the lease's end): a new open file description of the pipe
+/// (`/proc/self/fd/N`), non-blocking, so that a full pipe that a frozen worker does not read
+/// makes the supervisor drop its line rather than wait, which would hold up the lease and the
+/// limits of every run. (The action's own description stays blocking.) A duplicate of the
+/// descriptor, blocking, where `/proc` cannot open one.
+fn report_handle(stderr: &OwnedFd) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = format!("/proc/self/fd/{}", stderr.as_raw_fd());
+    match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(path) {
+        Ok(file) => Ok(file),
+        Err(_) => stderr.try_clone().map(std::fs::File::from),
+    }
 }
 
 /// Writes the report line on the action's stderr in one write (a pipe keeps a write this short
