@@ -151,6 +151,29 @@ async fn a_killed_supervisor_fails_its_runs_and_a_new_one_serves_the_next() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_that_stops_answering_is_killed_and_replaced() {
+    let runtimes = supervised().await;
+    let first = runtimes.supervisor_pid().expect("the supervisor starts with the runtimes");
+    // alive, its socket open, answering nothing (a stopped process, or one stuck in an exec)
+    let status = std::process::Command::new("kill").args(["-STOP", &first.to_string()]).status().unwrap();
+    assert!(status.success());
+    let dir = temp_pack("echo never\n");
+    let parameters = json!({});
+    let token = CancellationToken::new();
+    let started = Instant::now();
+    let finished = runtimes.run(&run_of(&dir, &parameters, Duration::from_secs(60)), &token).await;
+    assert_eq!(finished.signal, Some(9), "{finished:?}");
+    assert!(finished.stderr.contains("supervisor was lost"), "{finished:?}");
+    assert!(started.elapsed() < Duration::from_secs(20), "waited {:?} on a stopped supervisor", started.elapsed());
+    wait_until("the stopped supervisor to be killed", || gone(first as i32)).await;
+
+    let ran = runtimes.execute(&run_of(&dir, &parameters, Duration::from_secs(10)), &token).await;
+    assert_eq!((ran.outcome.failure_kind, ran.stdout.as_str()), (None, "never\n"), "{ran:?}");
+    assert_ne!(runtimes.supervisor_pid().expect("a new supervisor"), first);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_program_that_cannot_start_is_the_workers_failure_and_the_supervisor_stays() {
     let runtimes = supervised().await;
     let supervisor = runtimes.supervisor_pid().unwrap();

@@ -140,7 +140,21 @@ impl Supervisor {
             connection.forget(id);
             return Err(SpawnError::Unavailable(e));
         }
-        let first = events.recv().await;
+        // a supervisor alive but not answering (stopped, or stuck in an exec on a stalled file
+        // system) would hold every run slot: past `ANSWER_PATIENCE` it is killed, its runs end
+        // as its loss does, and the next run starts a new one
+        let first = match tokio::time::timeout(ANSWER_PATIENCE, events.recv()).await {
+            Ok(first) => first,
+            Err(_) => {
+                tracing::error!(
+                    supervisor_pid = connection.pid,
+                    patience_ms = ANSWER_PATIENCE.as_millis() as u64,
+                    "the action supervisor did not answer a start: killing it (a new one serves the next run)"
+                );
+                connection.kill_process();
+                return Err(SpawnError::Lost);
+            }
+        };
         pending.armed = false;
         match first {
             Some(Event::Started(pid)) => Ok(SupervisedRun { connection, id, pid, events, ended: None }),
@@ -182,7 +196,21 @@ impl Drop for Supervisor {
     }
 }
 
+/// How long the worker waits for the supervisor to say whether a run started: a fork and an exec,
+/// milliseconds when all is well.
+const ANSWER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Connection {
+    /// SIGKILLs the supervisor process (its reader then sees the socket close and ends its runs
+    /// as lost). The worker has not reaped it, so the id is still its.
+    #[allow(unsafe_code)]
+    fn kill_process(&self) {
+        // SAFETY: kill(2) on the id of a child of this process that it has not waited for.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGKILL);
+        }
+    }
+
     /// Starts a supervisor process: `<program> supervisor <worker pid> <socket fd>`, in a process
     /// group of its own (a terminal's Ctrl-C is the worker's to handle).
     #[allow(unsafe_code)]
