@@ -67,7 +67,9 @@ cpu_of() {
     echo "$total"
 }
 completed() { psql "$DATABASE_URL" -tAc "SELECT count(*) FROM execution WHERE status = 'completed'"; }
-snapshot() { echo "$(cpu_of 'attune up') $(cpu_of 'postgres') $(cpu_of 'beam.smp') $(completed)"; }
+# (attune: `attune up` and its workers' action supervisors, `attune supervisor`, which are
+# platform too; the actions' own processes are not counted)
+snapshot() { echo "$(cpu_of 'attune (up|supervise)') $(cpu_of 'postgres') $(cpu_of 'beam.smp') $(completed)"; }
 
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--json docs/bench/results.json --plot docs/bench/latency-vs-load.svg)
