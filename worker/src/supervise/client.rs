@@ -177,7 +177,13 @@ impl Drop for Pending {
     fn drop(&mut self) {
         if self.armed {
             let message = protocol::message(protocol::KILL, self.id, &libc::SIGKILL.to_le_bytes());
-            let _ = protocol::send(self.connection.socket.as_raw_fd(), &message, &[]);
+            if let Err(e) = protocol::send(self.connection.socket.as_raw_fd(), &message, &[])
+                && e.kind() == io::ErrorKind::WouldBlock
+            {
+                // (no group is known yet: if the send cannot wait, the supervisor's loss or the
+                // worker's end is what takes the run down)
+                send_later(&self.connection, message, 0, libc::SIGKILL);
+            }
             self.connection.forget(self.id);
         }
     }
@@ -360,10 +366,17 @@ impl SupervisedRun {
             return;
         }
         let message = protocol::message(protocol::KILL, self.id, &signal.to_le_bytes());
-        if self.connection.lost.load(Ordering::SeqCst)
-            || protocol::send(self.connection.socket.as_raw_fd(), &message, &[]).is_err()
-        {
+        if self.connection.lost.load(Ordering::SeqCst) {
             signal_group(self.pid, signal);
+            return;
+        }
+        match protocol::send(self.connection.socket.as_raw_fd(), &message, &[]) {
+            Ok(()) => {}
+            // the socket is full (a start of several MB in flight): the request waits its turn,
+            // through the supervisor still, which alone knows whether the group is still the
+            // run's (it may have reaped it, and its id be another's by now)
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => send_later(&self.connection, message, self.pid, signal),
+            Err(_) => signal_group(self.pid, signal),
         }
     }
 }
@@ -373,6 +386,24 @@ impl Drop for SupervisedRun {
     fn drop(&mut self) {
         self.signal(libc::SIGKILL);
     }
+}
+
+/// Sends `message` once the socket takes it, on a task of its own (from a `Drop`, which cannot
+/// wait). Outside a runtime, or if the supervisor is lost meanwhile, signals `pgid`'s group
+/// directly instead (0: none known).
+fn send_later(connection: &Arc<Connection>, message: Vec<u8>, pgid: i32, signal: i32) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if pgid > 0 {
+            signal_group(pgid, signal);
+        }
+        return;
+    };
+    let connection = connection.clone();
+    runtime.spawn(async move {
+        if connection.send(&message, &[]).await.is_err() && pgid > 0 {
+            signal_group(pgid, signal);
+        }
+    });
 }
 
 #[allow(unsafe_code)]
