@@ -60,3 +60,26 @@ pub fn marking_pack(pack_ref: &str, marks: &Path) -> TempPack {
         ],
     )
 }
+
+/// The live (not zombie) processes whose environment holds `entry` (`NAME=value`), each with its
+/// parent's id: every process of an action inherits its parameters, so a test's unique parameter
+/// finds the action and all it started.
+pub fn processes_with_env(entry: &str) -> Vec<(i32, i32)> {
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if !environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some(after) = stat.rfind(')').and_then(|at| stat.get(at + 2..)) else { continue };
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        if fields.first() != Some(&"Z")
+            && let Some(parent) = fields.get(1).and_then(|p| p.parse().ok())
+        {
+            found.push((pid, parent));
+        }
+    }
+    found
+}

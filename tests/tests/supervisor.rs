@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use attune_testkit::runs::processes_with_env;
 use attune_testkit::system::repo_root;
 use attune_testkit::{System, wait_for};
 use serde_json::{Value, json};
@@ -13,27 +14,6 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 fn id(v: &Value) -> i64 {
     v["id"].as_i64().unwrap()
-}
-
-/// The live processes whose environment holds `entry` (`NAME=value`), with their parents.
-fn processes_with_env(entry: &str) -> Vec<(i32, i32)> {
-    let mut found = Vec::new();
-    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
-        if !environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let Some(after) = stat.rfind(')').map(|at| &stat[at + 2..]) else { continue };
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        if fields.first() != Some(&"Z")
-            && let Some(parent) = fields.get(1).and_then(|p| p.parse().ok())
-        {
-            found.push((pid, parent));
-        }
-    }
-    found
 }
 
 /// The supervisors (`attune-worker supervisor <worker pid> ...`) of the worker process `worker`.

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use attune_testkit::runs::processes_with_env;
 use attune_testkit::system::repo_root;
 use attune_testkit::{System, close_broker_connections, wait_for};
 use serde_json::{Value, json};
@@ -29,30 +30,12 @@ fn with_e2e() -> attune_testkit::SystemBuilder {
     System::builder().pack(repo_root().join("testkit/packs/e2e"))
 }
 
-/// The live (not zombie) processes whose environment holds `entry` (`NAME=value`): every process
-/// of an action inherits its parameters.
-fn processes_with_env(entry: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for dir in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
-        if !environ.split(|b| *b == 0).any(|e| e == entry.as_bytes()) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if !stat.is_empty() && !stat.contains(") Z") {
-            found.push(pid);
-        }
-    }
-    found
-}
-
 /// Kills what a failed test leaves behind (actions that outlived their worker).
 struct KillOnDrop(String);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        for pid in processes_with_env(&self.0) {
+        for (pid, _) in processes_with_env(&self.0) {
             let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }

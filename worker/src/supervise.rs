@@ -255,18 +255,7 @@ fn supervise(args: &[OsString]) -> i32 {
         );
         return 2;
     };
-    // SAFETY: sigset manipulation on a local set, sigprocmask and prctl on this process, and
-    // getppid: no memory is shared with anything else, and the process has one thread.
-    let watched = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for signal in [libc::SIGCHLD, libc::SIGUSR1, libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
-            libc::sigaddset(&mut set, signal);
-        }
-        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong, 0, 0, 0);
-        set
-    };
+    let watched = watch_signals();
     if !parent_alive(parent) {
         // the worker died before the signal was asked for: nothing was started
         return CANNOT_START;
@@ -348,6 +337,27 @@ fn supervise(args: &[OsString]) -> i32 {
                 kill_group();
             }
         }
+    }
+}
+
+/// Blocks the signals a supervisor waits for (a child's exit; SIGUSR1, asked for here as the
+/// worker's death signal; and the terminal's and a stop's, which reach the action's group and are
+/// the action's to answer) and returns them as a set, for `sigtimedwait` or a `signalfd`. Call it
+/// while the process has one thread: the mask and the death signal are that thread's. (Actions
+/// start with an empty mask: std resets it in the child.)
+#[allow(unsafe_code)]
+fn watch_signals() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local set; sigprocmask and prctl change this process's
+    // one thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGCHLD, libc::SIGUSR1, libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong, 0, 0, 0);
+        set
     }
 }
 

@@ -81,17 +81,10 @@ pub fn serve(args: &[OsString]) -> i32 {
         eprintln!("attune-worker {MODE}: usage: attune-worker {MODE} <worker pid> <socket fd>");
         return 2;
     };
-    // SAFETY: the signal set is local; sigprocmask and prctl change this single-threaded
-    // process only; signalfd returns a new descriptor owned once below; fcntl sets a flag on the
+    let set = super::watch_signals();
+    // SAFETY: signalfd returns a new descriptor owned once below; fcntl sets a flag on the
     // socket descriptor the worker passed at this number, which this process owns from here on.
     let (signals, socket) = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for signal in [libc::SIGCHLD, libc::SIGUSR1, libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
-            libc::sigaddset(&mut set, signal);
-        }
-        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong, 0, 0, 0);
         let signals = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
         if signals < 0 || libc::fcntl(socket, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
             eprintln!("attune-worker {MODE}: cannot start: {}", std::io::Error::last_os_error());
