@@ -83,3 +83,15 @@ pub fn processes_with_env(entry: &str) -> Vec<(i32, i32)> {
     }
     found
 }
+
+/// SIGKILLs, when dropped, every live process whose environment holds its entry
+/// ([`processes_with_env`]): what a failed test's actions leave behind.
+pub struct KillOnDrop(pub String);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for (pid, _) in processes_with_env(&self.0) {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use attune_testkit::runs::processes_with_env;
+use attune_testkit::runs::{KillOnDrop, processes_with_env};
 use attune_testkit::system::repo_root;
 use attune_testkit::{System, wait_for};
 use serde_json::{Value, json};
@@ -28,17 +28,6 @@ fn supervisors_of(worker: u32) -> Vec<i32> {
         }
     }
     found
-}
-
-/// Kills what a failed test leaves behind.
-struct KillOnDrop(String);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for (pid, _) in processes_with_env(&self.0) {
-            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use attune_testkit::runs::processes_with_env;
+use attune_testkit::runs::{KillOnDrop, processes_with_env};
 use attune_testkit::system::repo_root;
 use attune_testkit::{System, close_broker_connections, wait_for};
 use serde_json::{Value, json};
@@ -28,17 +28,6 @@ fn unique_name(prefix: &str) -> String {
 
 fn with_e2e() -> attune_testkit::SystemBuilder {
     System::builder().pack(repo_root().join("testkit/packs/e2e"))
-}
-
-/// Kills what a failed test leaves behind (actions that outlived their worker).
-struct KillOnDrop(String);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for (pid, _) in processes_with_env(&self.0) {
-            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
