@@ -127,7 +127,8 @@ print(rows[0]["executions_per_second"] if rows else "")' "$results" 2>/dev/null 
 # runs as long: a p99 over a shorter window is less likely to contain one of the machine's disk
 # stalls, and would flatter the floor)
 open_loop=$(python3 -c 'import json, math, sys
-rows = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("extra", {}).get("offered_rate")]
+rows = [r for r in json.load(open(sys.argv[1]))["results"]
+        if r.get("extra", {}).get("offered_rate") and not r["workload"].startswith("core.echo")]
 for r in sorted(rows, key=lambda r: r["extra"]["offered_rate"]):
     print(r["extra"]["offered_rate"], r["latency_ms"]["p99"], r["workload"].replace(" ", "_"), max(5, math.ceil(r["seconds"])))' "$results" 2>/dev/null || true)
 floor() {
@@ -185,25 +186,51 @@ if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && { [ -n "$attune_rate" ] || [ -n "$open
 fi
 
 # The spawn floor (floorbench spawn): the most this machine runs of a process-backed action, no
-# database and no broker, measured right after attune in the same sitting: `core.echo` at maximum
-# rate against it, as a ratio (issue 33's yardstick). ATTUNE_BENCH_NO_FLOOR=1 leaves it out.
-echo_rate=$(python3 -c 'import json, sys
-rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["workload"] == "core.echo (shell), max rate"]
-print(rows[0]["executions_per_second"] if rows else "")' "$results" 2>/dev/null || true)
-if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && [ -n "$echo_rate" ] && [ -f "$floor_dir/Cargo.toml" ]; then
+# database and no broker, measured right after attune in the same sitting (issue 33's yardsticks):
+# `core.echo` at maximum rate against it as a ratio, `core.python_echo` against the same floor with
+# python3 as the interpreter, and `core.echo`'s p99 at its offered rate (`echo-rate`) against the
+# floor's p99 plus 10 ms. ATTUNE_BENCH_NO_FLOOR=1 leaves it out.
+row_of() {
+    python3 -c 'import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["workload"].startswith(sys.argv[2])]
+print(" ".join(str(v) for v in (rows[0]["executions_per_second"], rows[0]["latency_ms"]["p99"], rows[0]["workload"].replace(" ", "_"))) if rows else "")' "$results" "$1" 2>/dev/null || true
+}
+read -r echo_rate _ _ <<<"$(row_of "core.echo (shell), max rate")"
+read -r python_rate _ _ <<<"$(row_of "core.python_echo, max rate")"
+read -r _ echo_p99 echo_offered <<<"$(row_of "core.echo at ")"
+if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && [ -n "$echo_rate$python_rate$echo_p99" ] && [ -f "$floor_dir/Cargo.toml" ]; then
     cleanup # attune stops first: the floor gets the machine to itself, as attune had
     trap - EXIT
     if [ ! -x "$floor_dir/target/release/floorbench" ]; then
         log "building the floor ($floor_dir)"
         (cd "$floor_dir" && cargo build --release --quiet)
     fi
-    log "the spawn floor: floorbench spawn script=packs/core/actions/echo.sh concurrency=8 secs=10 warm=2"
-    spawn_rate=$("$floor_dir/target/release/floorbench" spawn script=packs/core/actions/echo.sh concurrency=8 secs=10 warm=2 2>&1 |
-        sed -n 's/.*RESULT spawn.* \([0-9.][0-9.]*\) spawns\/s.*/\1/p' | head -n 1)
-    if [ -n "$spawn_rate" ]; then
-        awk -v a="$echo_rate" -v f="$spawn_rate" 'BEGIN {
-            printf "core.echo at maximum rate: attune %.1f/s, the spawn floor %.1f/s: %.2f of the floor\n", a, f, a / f }'
-    else
-        log "the spawn floor did not report a rate"
+    # prints the floor's rate and p99 (ms)
+    spawn_floor() {
+        log "the spawn floor: floorbench spawn $* concurrency=8 secs=10 warm=2"
+        "$floor_dir/target/release/floorbench" spawn "$@" concurrency=8 secs=10 warm=2 2>&1 |
+            awk '/^latency spawn/ { for (i = 1; i <= NF; i++) if ($i ~ /^p99=/) { p99 = substr($i, 5); sub(/ms$/, "", p99) } }
+                 /^RESULT spawn/ { for (i = 1; i <= NF; i++) if ($i == "spawns/s") rate = $(i - 1) }
+                 END { if (rate != "") print rate, p99 }'
+    }
+    if [ -n "$echo_rate$echo_p99" ]; then
+        read -r spawn_rate spawn_p99 <<<"$(spawn_floor script=packs/core/actions/echo.sh)"
+        if [ -z "${spawn_rate:-}" ]; then
+            log "the spawn floor did not report a rate"
+        else
+            [ -z "$echo_rate" ] || awk -v a="$echo_rate" -v f="$spawn_rate" 'BEGIN {
+                printf "core.echo at maximum rate: attune %.1f/s, the spawn floor %.1f/s: %.2f of the floor\n", a, f, a / f }'
+            [ -z "$echo_p99" ] || awk -v a="$echo_p99" -v f="$spawn_p99" -v w="${echo_offered//_/ }" 'BEGIN {
+                printf "p99 of %s: attune %.1f ms, the spawn floor'"'"'s p99 %.1f ms: %+.1f ms over it\n", w, a, f, a - f }'
+        fi
+    fi
+    if [ -n "$python_rate" ]; then
+        read -r spawn_rate _ <<<"$(spawn_floor interpreter=python3 script=packs/core/actions/python_echo.py)"
+        if [ -z "${spawn_rate:-}" ]; then
+            log "the python spawn floor did not report a rate"
+        else
+            awk -v a="$python_rate" -v f="$spawn_rate" 'BEGIN {
+                printf "core.python_echo at maximum rate: attune %.1f/s, the python spawn floor %.1f/s: %.2f of the floor\n", a, f, a / f }'
+        fi
     fi
 fi

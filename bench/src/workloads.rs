@@ -22,8 +22,10 @@ const WAIT_BATCH: usize = 500;
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Workloads to run (default: all but `history`, and none with `--soak`): noop, rate, echo,
-    /// retry, fleet, backlog, load, history (loads `--history-rows` finished executions into the
-    /// database and measures before and after: see `history`)
+    /// echo-rate (core.echo open loop at `--echo-rate`), python (core.python_echo at maximum
+    /// rate, `--count`/16 executions), retry, fleet, backlog, load, history (loads
+    /// `--history-rows` finished executions into the database and measures before and after: see
+    /// `history`)
     #[arg(long, value_delimiter = ',')]
     pub workload: Vec<String>,
     /// Executions per closed-loop workload
@@ -35,7 +37,10 @@ pub struct BenchArgs {
     /// Offered rate (executions/s) of the `rate` workload (default 200) and of `--soak` (default 300)
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Seconds of offered load in the `rate` and `load` workloads
+    /// Offered rate (executions/s) of the `echo-rate` workload
+    #[arg(long, default_value_t = 50.0)]
+    pub echo_rate: f64,
+    /// Seconds of offered load in the `rate`, `echo-rate` and `load` workloads
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
     /// Seconds of the same offered load before each `rate` and `load` measurement, not measured
@@ -377,11 +382,12 @@ impl Bench {
         })
     }
 
-    /// Open loop: submissions at a fixed offered rate for `warmup` seconds (not measured), then
-    /// for `duration` seconds (measured) without a break.
+    /// Open loop: submissions of `action` at a fixed offered rate for `warmup` seconds (not
+    /// measured), then for `duration` seconds (measured) without a break.
     async fn open_loop(
         self: &Arc<Self>,
         name: &str,
+        (action, parameters): (&str, &Value),
         rate: f64,
         warmup: f64,
         duration: f64,
@@ -390,8 +396,8 @@ impl Bench {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let submit = |tasks: &mut tokio::task::JoinSet<anyhow::Result<(i64, f64)>>| {
-            let bench = self.clone();
-            tasks.spawn(async move { bench.submit("core.noop", &json!({})).await });
+            let (bench, action, parameters) = (self.clone(), action.to_string(), parameters.clone());
+            tasks.spawn(async move { bench.submit(&action, &parameters).await });
         };
         self.checkpoint().await?;
         let mut warming = tokio::task::JoinSet::new();
@@ -440,7 +446,7 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
         own_statements: Default::default(),
         admin,
     });
-    let all = ["noop", "rate", "echo", "retry", "fleet", "backlog", "load"];
+    let all = ["noop", "rate", "echo", "echo-rate", "python", "retry", "fleet", "backlog", "load"];
     let chosen: Vec<String> = match (args.workload.is_empty(), args.soak.is_some()) {
         (false, _) => args.workload.clone(),
         (true, false) => all.iter().map(|s| s.to_string()).collect(),
@@ -462,7 +468,22 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
             ],
             "rate" => {
                 let rate = if q { 50.0 } else { args.rate.unwrap_or(200.0) };
-                vec![bench.open_loop(&format!("core.noop at {rate}/s offered"), rate, warmup, rate_duration).await?]
+                let noop = ("core.noop", &json!({}));
+                vec![
+                    bench
+                        .open_loop(&format!("core.noop at {rate}/s offered"), noop, rate, warmup, rate_duration)
+                        .await?,
+                ]
+            }
+            // a shell action at a modest rate: its latency, not the most the machine runs
+            "echo-rate" => {
+                let rate = if q { 20.0 } else { args.echo_rate };
+                let echo = ("core.echo", &json!({"message": "bench"}));
+                vec![
+                    bench
+                        .open_loop(&format!("core.echo at {rate}/s offered"), echo, rate, warmup, rate_duration)
+                        .await?,
+                ]
             }
             "echo" => vec![
                 bench
@@ -471,6 +492,17 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
                         count / 4,
                         args.concurrency,
                         &[(1.0, "core.echo", json!({"message": "bench"}))],
+                    )
+                    .await?,
+            ],
+            // python's own start-up is most of a run: the platform should add almost nothing
+            "python" => vec![
+                bench
+                    .closed_loop(
+                        "core.python_echo, max rate",
+                        if q { 20 } else { count / 16 },
+                        args.concurrency,
+                        &[(1.0, "core.python_echo", json!({"message": "bench"}))],
                     )
                     .await?,
             ],
@@ -483,7 +515,15 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
                 let mut points = Vec::new();
                 for rate in rates {
                     points.push(
-                        bench.open_loop(&format!("load {rate}/s"), rate, warmup, if q { 1.0 } else { 5.0 }).await?,
+                        bench
+                            .open_loop(
+                                &format!("load {rate}/s"),
+                                ("core.noop", &json!({})),
+                                rate,
+                                warmup,
+                                if q { 1.0 } else { 5.0 },
+                            )
+                            .await?,
                     );
                 }
                 if let Some(path) = &args.plot {
