@@ -263,7 +263,8 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             state.offered.insert(runtime.clone(), now);
         }
         let rooms = picture.rooms(&config, runtime);
-        let limit = free_slots(&rooms).clamp(0, BATCH as i64) as usize;
+        let free = free_slots(&rooms);
+        let limit = free.clamp(0, BATCH as i64) as usize;
         let plan = selection::plan(&config, rooms, limit, picture.now(), |_| rand::random());
         if plan.is_empty() {
             let could_run = picture.could_run(&config, runtime);
@@ -299,8 +300,13 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             picture.add(execution.worker, 1);
         }
         if claimed.len() == plan.len() {
-            // the room is used up, or more is waiting: look again at once
-            state.again.insert(runtime.clone(), now);
+            // More may be waiting. With room left (the batch's limit), look again at once; with
+            // the room used up, when some may have come free. (A look at once found the room of
+            // a run or two, and claimed, published and delivered them alone: core.echo at its
+            // maximum rate, 4.5 executions per claim, 772/s and 1.36 ms of platform CPU per
+            // execution; 7.1, 822 to 849/s and 1.15 to 1.20 ms with a wait.)
+            let at = if (limit as i64) < free { now } else { now + context.settings.inflight_cache };
+            state.again.insert(runtime.clone(), at);
         }
         // one message per worker for what this claim placed on it
         let mut by_worker: HashMap<i64, Vec<Claimed>> = HashMap::new();
