@@ -30,6 +30,8 @@ pub struct Candidate {
     /// How many executions it takes at once, started or not (`None`: it does not say, and only
     /// its health bounds it).
     pub slots: Option<i64>,
+    /// How many of them it runs at once (`None`: it does not say); the rest are its look-ahead.
+    pub concurrency: Option<i64>,
     /// Whether its consumer is up: a worker that cannot consume gets no work, but its runtimes
     /// still count as offered (it is alive and reconnecting).
     pub consuming: bool,
@@ -245,6 +247,7 @@ mod tests {
                 last_failure_at: None,
             },
             slots: None,
+            concurrency: None,
             consuming: true,
         }
     }

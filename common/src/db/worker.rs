@@ -331,6 +331,7 @@ pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
             runtimes: row.runtimes(),
             signals: row.signals(),
             slots: row.slots(),
+            concurrency: row.capabilities["concurrency"].as_i64(),
             consuming: row.consuming(),
         })
         .collect())
