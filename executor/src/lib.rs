@@ -86,7 +86,8 @@ pub struct Settings {
     /// How long the scheduler reuses its read of the fleet (`ATTUNE_WORKER_CACHE_MS`, 500).
     pub worker_cache: Duration,
     /// How often the scheduler looks again, re-reading the executions in flight per worker,
-    /// while requests wait for room (`ATTUNE_INFLIGHT_CACHE_MS`, 10; at least 5).
+    /// while requests wait for room, and how long after a claim that used the room up
+    /// (`ATTUNE_INFLIGHT_CACHE_MS`, 10; at least 5).
     pub inflight_cache: Duration,
     /// How long an action read from the database is reused (`ATTUNE_ACTION_CACHE_SECS`, 5; 0: never).
     pub action_cache_ttl: Duration,

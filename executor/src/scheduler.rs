@@ -7,7 +7,8 @@
 //! nothing is held unacknowledged while it waits. A missed announcement or a lost hint costs at
 //! most one `SWEEP` of delay. One loop per executor (`run`) looks at the runtimes with waiting work:
 //! for each, it plans as many placements as the workers offering it have free slots
-//! (`selection::plan`: healthy by queue depth, then degraded, never unhealthy) and claims that
+//! (`selection::plan`: healthy by queue depth, then degraded, never unhealthy; a worker that holds
+//! work ahead is topped up once half its look-ahead is free, docs/adr/0010) and claims that
 //! many of the oldest waiting rows in one statement (`db::execution::claim_waiting`). Then it
 //! publishes their dispatches. A runtime with no room costs nothing per waiting request: the loop
 //! looks again every `ATTUNE_INFLIGHT_CACHE_MS` (one read of the in-flight counts) and whenever
