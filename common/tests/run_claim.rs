@@ -237,3 +237,79 @@ async fn a_report_is_kept_only_for_its_run_and_goes_when_the_execution_leaves_ru
     assert_eq!(kept, (None, None));
     test.drop_database().await;
 }
+
+/// Buffers of the execution table (heap) read in the open transaction so far.
+async fn heap_buffers(tx: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT pg_stat_get_xact_blocks_fetched('execution'::regclass)").fetch_one(tx).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_run_is_claimed_and_recorded_by_its_id_however_many_its_worker_holds() {
+    // A worker holding thousands of runs, on a table with no statistics yet (as a new one, or with
+    // autovacuum off): the guarded writes of one run find it by its id, and a claim counts the
+    // planned worker's runs once, however long its plan. Keyed by worker alone, the in-flight
+    // index had each write walk the worker's runs, a heap fetch each; and the claim counted them
+    // again for every entry of its plan.
+    const HELD: i64 = 5000;
+    let test = TestDb::new().await;
+    let w = db::worker::register(&test.pool, "w", &json!({"runtimes": ["shell"], "slots": 100_000})).await.unwrap();
+    let one = execution_in(&test.pool, Scheduled, Some(w), "the one").await;
+    sqlx::query(
+        "INSERT INTO execution (action_ref, parameters, status, runtime, worker, started, finished) \
+         SELECT 'core.echo', '{}', CASE WHEN n % 3 = 0 THEN 'scheduled' ELSE 'completed' END::execution_status, \
+                'shell', $1, CASE WHEN n % 3 <> 0 THEN now() END, CASE WHEN n % 3 <> 0 THEN now() END \
+         FROM generate_series(1, 3 * $2) AS n",
+    )
+    .bind(w)
+    .bind(HELD)
+    .execute(&test.pool)
+    .await
+    .unwrap();
+    let mut tx = test.pool.begin().await.unwrap();
+    let before = heap_buffers(&mut tx).await;
+    let claimed: i64 = sqlx::query_scalar("SELECT count(*) FROM claim_runs(ARRAY[$1]::bigint[], ARRAY[$2], $3, false)")
+        .bind(one)
+        .bind(TOKEN)
+        .bind(w)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let claim = heap_buffers(&mut tx).await - before;
+    let recorded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM complete_runs(ARRAY[$1]::bigint[], ARRAY[$2], ARRAY[NULL]::jsonb[], ARRAY[NULL], \
+         ARRAY[0], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL]::int[], $3, false)",
+    )
+    .bind(one)
+    .bind(TOKEN)
+    .bind(w)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    let record = heap_buffers(&mut tx).await - before - claim;
+    assert_eq!((claimed, recorded), (1, 1));
+    assert!(claim < 50 && record < 50, "heap buffers: {claim} for the claim, {record} for the success");
+    // the executors' claim counts what the worker holds once, however long its plan: a plan of
+    // 16 reads about what a plan of one does
+    sqlx::query(
+        "INSERT INTO execution (action_ref, parameters, status, runtime) \
+         SELECT 'core.echo', '{}', 'requested', 'shell' FROM generate_series(1, 17)",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let mut read = Vec::new();
+    for plan in [vec![w], vec![w; 16]] {
+        let before = heap_buffers(&mut tx).await;
+        let placed: i64 = sqlx::query_scalar("SELECT count(*) FROM execution_claim('shell', $1)")
+            .bind(&plan)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(placed, plan.len() as i64);
+        read.push(heap_buffers(&mut tx).await - before);
+    }
+    eprintln!("claims of one and of 16 read {read:?} heap buffers");
+    assert!(read[1] < 3 * read[0], "heap buffers for a claim of one and of 16, beside {HELD} held: {read:?}");
+    tx.rollback().await.unwrap();
+    test.drop_database().await;
+}

@@ -37,11 +37,7 @@ async fn the_quick_benchmark_runs_every_workload() {
     assert!(table.starts_with("WORKLOAD") && table.contains("EXEC/S"), "{table}");
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
-    assert_eq!(
-        results.len(),
-        11,
-        "noop, rate, echo, echo-rate, python, retry, fleet x2, backlog, load x2: {report:#}"
-    );
+    assert_eq!(results.len(), 11, "noop, rate, echo, echo-rate, python, retry, fleet x2, backlog, load x2: {report:#}");
     let named = |prefix: &str| results.iter().find(|r| r["workload"].as_str().unwrap().starts_with(prefix)).cloned();
     let echo_rate = named("core.echo at ").expect("the echo-rate row");
     assert_eq!(echo_rate["extra"]["offered_rate"], 20.0, "{echo_rate}");
