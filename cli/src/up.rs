@@ -34,7 +34,7 @@ pub async fn run(workers: u16) -> anyhow::Result<()> {
     let executor = attune_executor::Settings::from_env()?;
     let mut worker = attune_worker::Settings::from_env()?;
     // each action runs under this binary in supervisor mode, so it dies with `attune up`
-    worker.supervisor = Some(std::env::current_exe()?);
+    worker.supervisor = Some(attune_worker::supervise::OWN_BINARY.into());
 
     let pool = db::connect(&api.common.database_url, 2, Duration::from_secs(60))
         .await

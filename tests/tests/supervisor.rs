@@ -105,3 +105,69 @@ async fn a_killed_worker_takes_every_action_and_its_supervisor_with_it() {
     eprintln!("the actions and the supervisor were gone {:?} after the worker was killed", killed.elapsed());
     system.stop().await;
 }
+
+/// A process started by a test, killed when the test ends however it ends.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_binary_was_removed_still_starts_supervisors() {
+    // A package upgrade replaces or removes the worker's file under the running worker. A
+    // supervisor started after that (the first died) must still be this worker's own: the image it
+    // runs, not the path it was started from (gone here; another version after an upgrade).
+    let system = System::builder().start().await;
+    let dir = std::env::temp_dir().join(format!("attune-upgraded-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("attune-worker");
+    std::fs::copy(attune_testkit::workspace_binary("attune-worker"), &copy).unwrap();
+    let name = format!("upgraded-{:08x}", rand::random::<u32>());
+    let template = system.command("attune-worker");
+    let mut command = std::process::Command::new(&copy);
+    for (key, value) in template.get_envs() {
+        if let Some(value) = value {
+            command.env(key, value);
+        }
+    }
+    let log = std::fs::File::create(dir.join("worker.log")).unwrap();
+    let worker = command
+        .env("ATTUNE_WORKER_NAME", &name)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let worker = Started(worker);
+    system.wait_consuming(&name).await;
+    let first = system.submit("core.echo", json!({"message": "before"})).await;
+    assert_eq!(system.wait_terminal(id(&first), DEADLINE).await["status"], "completed");
+    let supervisors = supervisors_of(worker.0.id());
+    assert_eq!(supervisors.len(), 1, "{supervisors:?}");
+
+    std::fs::remove_file(&copy).unwrap();
+    let status = std::process::Command::new("kill").args(["-9", &supervisors[0].to_string()]).status().unwrap();
+    assert!(status.success());
+    wait_for("the supervisor to be gone", Duration::from_secs(10), || async {
+        supervisors_of(worker.0.id()).is_empty().then_some(())
+    })
+    .await;
+    let after = system.submit("core.echo", json!({"message": "after"})).await;
+    let ended = system.wait_terminal(id(&after), DEADLINE).await;
+    let log = std::fs::read_to_string(dir.join("worker.log")).unwrap_or_default();
+    assert_eq!(ended["status"], "completed", "{ended:#}\n{log}");
+    assert_eq!(ended["stdout"], "after\n", "{ended:#}");
+    let again = supervisors_of(worker.0.id());
+    assert_eq!(again.len(), 1, "a new supervisor: {again:?}");
+    // it shows the worker's own name, as supervisors did before
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", again[0])).unwrap();
+    let shown = String::from_utf8_lossy(cmdline.split(|b| *b == 0).next().unwrap()).into_owned();
+    assert!(shown.starts_with(copy.to_str().unwrap()), "{shown}");
+    drop(worker);
+    let _ = std::fs::remove_dir_all(&dir);
+    system.stop().await;
+}

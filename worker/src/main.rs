@@ -38,7 +38,8 @@ async fn serve() -> anyhow::Result<()> {
         settings.concurrency = concurrency;
     }
     // each action runs under this very binary in supervisor mode, so it dies with the worker
-    settings.supervisor = Some(std::env::current_exe()?);
+    // (the image it runs, whatever became of its file since)
+    settings.supervisor = Some(attune_worker::supervise::OWN_BINARY.into());
     let shutdown = attune_common::telemetry::shutdown_on_signal();
     attune_worker::run(settings, shutdown).await?;
     Ok(())

@@ -559,6 +559,9 @@ async fn run_process(
     let mut command = match supervisor {
         Some(supervisor) => {
             let mut command = tokio::process::Command::new(supervisor);
+            if let Some(name) = crate::supervise::shown_name(supervisor) {
+                command.arg0(name);
+            }
             command.arg(crate::supervise::MODE).arg(std::process::id().to_string());
             command.args(crate::supervise::limit_args(&limits));
             if let Some(lease_file) = crate::supervise::lease_file() {

@@ -88,6 +88,17 @@ pub use protocol::{SpawnRequest, pipe};
 /// The first argument that starts the worker's binary as a supervisor.
 pub const MODE: &str = "supervise";
 
+/// The program that starts supervisors, as `attune-worker` and `attune up` name it: the image the
+/// process runs, however its file has since been replaced or removed (a package upgraded under a
+/// running worker). Its path as started would run another version's supervisor, or none.
+pub const OWN_BINARY: &str = "/proc/self/exe";
+
+/// The name a supervisor started from `program` shows (its `argv[0]`): the worker's own path for
+/// `OWN_BINARY`, so that `ps` and `pgrep` show `attune-worker supervisor ...` as before.
+pub fn shown_name(program: &std::path::Path) -> Option<std::path::PathBuf> {
+    (program == std::path::Path::new(OWN_BINARY)).then(|| std::env::current_exe().ok()).flatten()
+}
+
 /// How often the supervisor looks at its worker (besides the parent-death signal), and at the
 /// group's memory and CPU time.
 const LOOK: Duration = Duration::from_millis(50);

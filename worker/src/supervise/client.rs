@@ -224,6 +224,9 @@ impl Connection {
         let (ours, theirs) = protocol::socketpair()?;
         let theirs_fd = theirs.as_raw_fd();
         let mut command = std::process::Command::new(program);
+        if let Some(name) = super::shown_name(program) {
+            std::os::unix::process::CommandExt::arg0(&mut command, name);
+        }
         command
             .arg(super::server::MODE)
             .arg(std::process::id().to_string())
