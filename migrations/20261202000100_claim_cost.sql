@@ -5,8 +5,13 @@
 -- counted a worker's in-flight executions again for each entry of the plan. The same function,
 -- with those two done once.
 
+-- (its counts of in-flight runs by index scan, as worker_inflight_counts: a plain index scan marks
+-- the entries of runs that moved on as dead, a bitmap scan never does and visits them all again;
+-- migration inflight_counts_by_index_scan)
 CREATE OR REPLACE FUNCTION execution_claim(p_runtime TEXT, p_plan BIGINT[]) RETURNS SETOF execution
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+AS $$
 DECLARE
     -- the runtime's actions with a concurrency policy, and which of their waiting requests fit
     limited TEXT[];

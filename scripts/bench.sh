@@ -220,7 +220,7 @@ if [ -z "${ATTUNE_BENCH_NO_FLOOR:-}" ] && [ -n "$echo_rate$python_rate$echo_p99"
         else
             [ -z "$echo_rate" ] || awk -v a="$echo_rate" -v f="$spawn_rate" 'BEGIN {
                 printf "core.echo at maximum rate: attune %.1f/s, the spawn floor %.1f/s: %.2f of the floor\n", a, f, a / f }'
-            [ -z "$echo_p99" ] || awk -v a="$echo_p99" -v f="$spawn_p99" -v w="${echo_offered//_/ }" 'BEGIN {
+            [ -z "$echo_p99" ] || [ -z "${spawn_p99:-}" ] || awk -v a="$echo_p99" -v f="$spawn_p99" -v w="${echo_offered//_/ }" 'BEGIN {
                 printf "p99 of %s: attune %.1f ms, the spawn floor'"'"'s p99 %.1f ms: %+.1f ms over it\n", w, a, f, a - f }'
         fi
     fi

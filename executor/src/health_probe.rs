@@ -74,28 +74,33 @@ impl Picture {
         let now = self.now();
         let receiving = |c: &Candidate| !self.not_receiving.contains(&c.worker_id);
         let elsewhere = self.fleet.iter().any(|c| c.offers(runtime) && c.consuming && receiving(c));
-        self.fleet
-            .iter()
-            .filter(|c| !elsewhere || receiving(c))
-            .filter(|c| c.offers(runtime) && c.consuming)
-            .filter_map(|c| {
-                let signals = db::worker::with_inflight(c, &self.inflight);
-                // capacity counts what was dispatched and has not finished; the reported queue
-                // depth (which may be higher) weighs in the health class only
-                let dispatched = self.inflight.get(&c.worker_id).copied().unwrap_or(0);
-                let free = c.slots.map_or(i64::MAX, |slots| slots - dispatched);
-                let free = if refill_now(c, dispatched, free) { free } else { 0 };
-                let eligible = classify(config, &signals, now) != HealthClass::Unhealthy;
-                let probation = !eligible && on_probation(config, &signals, now, self.probation);
-                let free = if probation { free.min(1) } else { free };
-                (free > 0 && (eligible || probation)).then_some(Room {
-                    worker_id: c.worker_id,
-                    signals,
-                    free,
-                    probation,
-                })
-            })
-            .collect()
+        let mut rooms = Vec::new();
+        // the best class of a worker with room that waits for its top-up (`refill_now`)
+        let mut held_back: Option<HealthClass> = None;
+        for c in self.fleet.iter().filter(|c| !elsewhere || receiving(c)).filter(|c| c.offers(runtime) && c.consuming) {
+            let signals = db::worker::with_inflight(c, &self.inflight);
+            // capacity counts what was dispatched and has not finished; the reported queue
+            // depth (which may be higher) weighs in the health class only
+            let dispatched = self.inflight.get(&c.worker_id).copied().unwrap_or(0);
+            let free = c.slots.map_or(i64::MAX, |slots| slots.saturating_sub(dispatched));
+            let class = classify(config, &signals, now);
+            if free > 0 && class != HealthClass::Unhealthy && !refill_now(c, dispatched, free) {
+                held_back = Some(held_back.map_or(class, |best| best.min(class)));
+                continue;
+            }
+            let eligible = class != HealthClass::Unhealthy;
+            let probation = !eligible && on_probation(config, &signals, now, self.probation);
+            let free = if probation { free.min(1) } else { free };
+            if free > 0 && (eligible || probation) {
+                rooms.push(Room { worker_id: c.worker_id, signals, free, probation });
+            }
+        }
+        // A worker waiting for its top-up keeps its place: a worse one (degraded, or on
+        // probation) does not get the work meanwhile, as it would not while that worker had room.
+        if let Some(best) = held_back {
+            rooms.retain(|room| !room.probation && classify(config, &room.signals, now) <= best);
+        }
+        rooms
     }
 
     /// Whether some active worker offering `runtime` would take work if it had room: a request
@@ -110,10 +115,12 @@ impl Picture {
 /// ahead is topped up once half its look-ahead has come free, not a run at a time: its queue
 /// lasts meanwhile, and each top-up is a claim, a message and a delivery for several runs
 /// instead of one each (`core.python_echo` at its maximum rate: a claim of 1.7 executions on
-/// average). One that could start more than it holds gets all its room at once.
+/// average). One with no more dispatched than it runs at once gets all its room at once.
 fn refill_now(worker: &Candidate, dispatched: i64, free: i64) -> bool {
     match (worker.slots, worker.concurrency) {
-        (Some(slots), Some(concurrency)) if dispatched > concurrency => free >= ((slots - concurrency) / 2).max(1),
+        (Some(slots), Some(concurrency)) if dispatched > concurrency => {
+            free >= (slots.saturating_sub(concurrency) / 2).max(1)
+        }
         _ => free > 0,
     }
 }
@@ -228,6 +235,24 @@ mod tests {
         for (dispatched, offered) in table {
             assert_eq!(refill_now(&ahead, dispatched, 20 - dispatched), offered, "{dispatched} dispatched");
         }
+        // while it waits for its top-up, a degraded worker with room gets none either
+        let now = Utc::now();
+        let healthy = Candidate { slots: Some(20), concurrency: Some(4), ..worker(1, now) };
+        let mut degraded = Candidate { slots: Some(20), concurrency: Some(4), ..worker(2, now) };
+        degraded.signals.consecutive_failures = 3;
+        let config = HealthThresholds::default();
+        assert_eq!(classify(&config, &degraded.signals, now), HealthClass::Degraded);
+        let ids = |dispatched_to_healthy: i64| -> Vec<i64> {
+            let inflight = HashMap::from([(1, dispatched_to_healthy), (2, 0)]);
+            Picture { not_receiving: Vec::new(), ..picture(vec![healthy.clone(), degraded.clone()], inflight, now) }
+                .rooms(&config, "shell")
+                .iter()
+                .map(|room| room.worker_id)
+                .collect()
+        };
+        assert_eq!(ids(13), Vec::<i64>::new(), "the healthy one waits for its top-up, and so does the work");
+        assert_eq!(ids(12), [1, 2], "its top-up is due: both have room, the plan prefers the healthy one");
+        assert_eq!(ids(20), [2], "the healthy one is full: the degraded one gets work, as before");
         // a worker that does not say how many it runs at once: any room
         let silent = Candidate { slots: Some(20), concurrency: None, ..worker(1, Utc::now()) };
         assert!(refill_now(&silent, 19, 1));

@@ -167,6 +167,8 @@ async fn a_worker_whose_binary_was_removed_still_starts_supervisors() {
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", again[0])).unwrap();
     let shown = String::from_utf8_lossy(cmdline.split(|b| *b == 0).next().unwrap()).into_owned();
     assert!(shown.starts_with(copy.to_str().unwrap()), "{shown}");
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", again[0])).unwrap();
+    assert_eq!(comm.trim_end(), "attune-worker", "the name ps -e and top show");
     drop(worker);
     let _ = std::fs::remove_dir_all(&dir);
     system.stop().await;

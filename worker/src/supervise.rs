@@ -94,9 +94,17 @@ pub const MODE: &str = "supervise";
 pub const OWN_BINARY: &str = "/proc/self/exe";
 
 /// The name a supervisor started from `program` shows (its `argv[0]`): the worker's own path for
-/// `OWN_BINARY`, so that `ps` and `pgrep` show `attune-worker supervisor ...` as before.
+/// `OWN_BINARY`, so that `ps` and `pgrep -f` show `attune-worker supervisor ...` as before (and
+/// the supervisor names itself after it, `name_after_argv0`).
 pub fn shown_name(program: &std::path::Path) -> Option<std::path::PathBuf> {
-    (program == std::path::Path::new(OWN_BINARY)).then(|| std::env::current_exe().ok()).flatten()
+    if program != std::path::Path::new(OWN_BINARY) {
+        return None;
+    }
+    let path = std::env::current_exe().ok()?;
+    // (the kernel's " (deleted)" once the file is gone is not part of the name)
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+    let kept = bytes.strip_suffix(b" (deleted)").unwrap_or(bytes);
+    Some(std::path::PathBuf::from(<OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(kept)))
 }
 
 /// How often the supervisor looks at its worker (besides the parent-death signal), and at the
@@ -164,10 +172,28 @@ pub fn run_if_asked() {
     let mode = args.next();
     let rest: Vec<OsString> = args.collect();
     if mode.as_deref() == Some(OsStr::new(server::MODE)) {
+        name_after_argv0();
         std::process::exit(server::serve(&rest));
     }
     if mode.as_deref() == Some(OsStr::new(MODE)) {
+        name_after_argv0();
         std::process::exit(supervise(&rest));
+    }
+}
+
+/// A supervisor started through `OWN_BINARY` is named `exe` by the kernel (in `ps -e`, `top`,
+/// `pgrep` without `-f`, the OOM killer's log): it takes the name of its `argv[0]`, the worker's.
+#[allow(unsafe_code)]
+fn name_after_argv0() {
+    let Some(argv0) = std::env::args_os().next() else { return };
+    let Some(name) = std::path::Path::new(&argv0).file_name() else { return };
+    // (the kernel keeps 15 bytes and the NUL)
+    let mut bytes: Vec<u8> = std::os::unix::ffi::OsStrExt::as_bytes(name).iter().copied().take(15).collect();
+    bytes.push(0);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from the pointer,
+    // which `bytes` is for the call.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0);
     }
 }
 
