@@ -313,3 +313,48 @@ async fn a_run_is_claimed_and_recorded_by_its_id_however_many_its_worker_holds()
     tx.rollback().await.unwrap();
     test.drop_database().await;
 }
+
+#[tokio::test]
+async fn claims_and_successes_written_together_each_keep_their_guard_and_fence() {
+    let test = TestDb::new().await;
+    let (w, other) = (worker(&test.pool, "w").await, worker(&test.pool, "other").await);
+    const OTHER_TOKEN: &str = "fedcba9876543210fedcba9876543210";
+    let to_claim = execution_in(&test.pool, Scheduled, Some(w), "to claim").await;
+    let elsewhere = execution_in(&test.pool, Scheduled, Some(other), "elsewhere").await;
+    let (to_record, taken_over) = (
+        execution_in(&test.pool, Scheduled, Some(w), "to record").await,
+        execution_in(&test.pool, Scheduled, Some(w), "taken over").await,
+    );
+    // running here: one with this run's token, one since claimed again under another
+    for (id, token) in [(to_record, TOKEN), (taken_over, OTHER_TOKEN)] {
+        db::execution::claim(&test.pool, id, w, token).await.unwrap().expect("claimed");
+    }
+    let outcome = Outcome { exit_code: Some(0), stdout: Some("done\n".into()), ..Default::default() };
+    let (claimed, completed) = db::execution::claim_and_complete_surely(
+        &test.pool,
+        w,
+        &[(to_claim, TOKEN), (elsewhere, TOKEN)],
+        &[(to_record, &outcome, Some(TOKEN)), (taken_over, &outcome, Some(TOKEN))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.iter().map(|run| (run.id, run.status)).collect::<Vec<_>>(), [(to_claim, Running)]);
+    assert_eq!(claimed[0].run_token.as_deref(), Some(TOKEN));
+    assert_eq!(
+        (claimed[0].runtime.as_deref(), claimed[0].parameters.clone()),
+        (Some("shell"), json!({"message": "to claim"}))
+    );
+    assert_eq!(completed.iter().map(|row| (row.id, row.status)).collect::<Vec<_>>(), [(to_record, Completed)]);
+    // and the rows say the same: the misses are untouched
+    assert_eq!(row(&test.pool, to_claim).await.0, Running);
+    assert_eq!((row(&test.pool, elsewhere).await.0, row(&test.pool, elsewhere).await.1), (Scheduled, Some(other)));
+    let stdout: Option<String> = sqlx::query_scalar("SELECT stdout FROM execution WHERE id = $1")
+        .bind(to_record)
+        .fetch_one(&test.pool)
+        .await
+        .unwrap();
+    assert_eq!((row(&test.pool, to_record).await.0, stdout.as_deref()), (Completed, Some("done\n")));
+    let (status, _, token, _, _) = row(&test.pool, taken_over).await;
+    assert_eq!((status, token.as_deref()), (Running, Some(OTHER_TOKEN)));
+    test.drop_database().await;
+}

@@ -1,10 +1,11 @@
 //! The worker's two writes on every execution, its claim (scheduled → running) and its record of
-//! a success (running → completed), each made for many executions at once: what arrives while
-//! the previous write of its kind is in flight goes into the next one (`attune_common::batch`),
-//! and an execution alone is written at once. Each row keeps its own guard and fence (this
-//! worker, the state, the run token), so a batch changes exactly the rows that one statement per
-//! execution would. If the database refuses a batch for a reason other than an outage, its
-//! executions are written one at a time, so that a bad row fails only itself.
+//! a success (running → completed), made by one writer for many executions at once: what arrives
+//! while the previous write is in flight goes into the next one (`attune_common::batch`), claims
+//! and successes together in one statement, and an execution alone is written at once. Each row
+//! keeps its own guard and fence (this worker, the state, the run token), so a batch changes
+//! exactly the rows that one statement per execution would. If the database refuses a batch for a
+//! reason other than an outage, its claims and its successes are written apart, and then one at a
+//! time, so that a bad row fails only itself.
 
 use std::collections::{HashMap, HashSet};
 
@@ -16,29 +17,39 @@ use sqlx::PgPool;
 const MAX_BATCH: usize = 128;
 
 pub(crate) struct Writes {
-    claims: Batcher<(i64, String), Result<Option<ClaimedRun>, sqlx::Error>>,
-    successes: Batcher<(i64, Outcome, Option<String>), Result<bool, sqlx::Error>>,
+    writer: Batcher<Write, Written>,
+}
+
+/// One write the writer takes.
+enum Write {
+    Claim(i64, String),
+    Success(i64, Outcome, Option<String>),
+}
+
+/// Its answer (moved once, through the writer's reply channel: not worth a box).
+#[allow(clippy::large_enum_variant)]
+enum Written {
+    Claim(Result<Option<ClaimedRun>, sqlx::Error>),
+    Success(Result<bool, sqlx::Error>),
 }
 
 impl Writes {
-    /// Starts the two writers on the current runtime.
+    /// Starts the writer on the current runtime.
     pub(crate) fn start(db: PgPool, worker_id: i64) -> Self {
-        let pool = db.clone();
-        let claims = Batcher::start(MAX_BATCH, move |items: Vec<(i64, String)>| {
-            let db = pool.clone();
-            async move { claim(&db, worker_id, &items).await }
-        });
-        let successes = Batcher::start(MAX_BATCH, move |items: Vec<(i64, Outcome, Option<String>)>| {
+        let writer = Batcher::start(MAX_BATCH, move |items: Vec<Write>| {
             let db = db.clone();
-            async move { record(&db, worker_id, &items).await }
+            async move { write(&db, worker_id, items).await }
         });
-        Writes { claims, successes }
+        Writes { writer }
     }
 
     /// Claims `execution_id` with `run_token` (see `db::execution::claim_surely`): `None` if it is
     /// not dispatched here (stale, duplicate or forged).
     pub(crate) async fn claim(&self, execution_id: i64, run_token: &str) -> Result<Option<ClaimedRun>, sqlx::Error> {
-        self.claims.submit((execution_id, run_token.to_string())).await.unwrap_or(Err(sqlx::Error::PoolClosed))
+        match self.writer.submit(Write::Claim(execution_id, run_token.to_string())).await {
+            Some(Written::Claim(claimed)) => claimed,
+            _ => Err(sqlx::Error::PoolClosed),
+        }
     }
 
     /// Records a success, fenced by its run token: `false` if the execution no longer runs here
@@ -49,11 +60,60 @@ impl Writes {
         outcome: Outcome,
         run_token: Option<String>,
     ) -> Result<bool, sqlx::Error> {
-        self.successes.submit((execution_id, outcome, run_token)).await.unwrap_or(Err(sqlx::Error::PoolClosed))
+        match self.writer.submit(Write::Success(execution_id, outcome, run_token)).await {
+            Some(Written::Success(recorded)) => recorded,
+            _ => Err(sqlx::Error::PoolClosed),
+        }
     }
 }
 
+/// A batch: its claims and its successes in one statement when it has both (apart if the database
+/// refuses that one), else the one kind it has. One answer per item, in order.
+async fn write(db: &PgPool, worker_id: i64, items: Vec<Write>) -> Vec<Written> {
+    let is_claim: Vec<bool> = items.iter().map(|item| matches!(item, Write::Claim(..))).collect();
+    let mut claims = Vec::new();
+    let mut successes = Vec::new();
+    for item in items {
+        match item {
+            Write::Claim(id, token) => claims.push((id, token)),
+            Write::Success(id, outcome, token) => successes.push((id, outcome, token)),
+        }
+    }
+    let (claimed, recorded) = if claims.is_empty() || successes.is_empty() {
+        (claim(db, worker_id, &claims).await, record(db, worker_id, &successes).await)
+    } else {
+        let pairs: Vec<(i64, &str)> = claims.iter().map(|(id, token)| (*id, token.as_str())).collect();
+        let done: Vec<(i64, &Outcome, Option<&str>)> =
+            successes.iter().map(|(id, outcome, token)| (*id, outcome, token.as_deref())).collect();
+        match db::execution::claim_and_complete_surely(db, worker_id, &pairs, &done).await {
+            Ok((runs, changed)) => {
+                let mut runs: HashMap<i64, ClaimedRun> = runs.into_iter().map(|run| (run.id, run)).collect();
+                let changed: HashSet<i64> = changed.iter().map(|row| row.id).collect();
+                (
+                    claims.iter().map(|(id, _)| Ok(runs.remove(id))).collect(),
+                    successes.iter().map(|(id, _, _)| Ok(changed.contains(id))).collect(),
+                )
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, claims = claims.len(), successes = successes.len(), "the database refused a batch of claims and successes; writing them apart");
+                (claim(db, worker_id, &claims).await, record(db, worker_id, &successes).await)
+            }
+        }
+    };
+    let (mut claimed, mut recorded) = (claimed.into_iter(), recorded.into_iter());
+    is_claim
+        .into_iter()
+        .map(|claim| match claim {
+            true => Written::Claim(claimed.next().unwrap_or(Err(sqlx::Error::PoolClosed))),
+            false => Written::Success(recorded.next().unwrap_or(Err(sqlx::Error::PoolClosed))),
+        })
+        .collect()
+}
+
 async fn claim(db: &PgPool, worker_id: i64, items: &[(i64, String)]) -> Vec<Result<Option<ClaimedRun>, sqlx::Error>> {
+    if items.is_empty() {
+        return Vec::new();
+    }
     let claims: Vec<(i64, &str)> = items.iter().map(|(id, token)| (*id, token.as_str())).collect();
     let together = async {
         let mut runs: HashMap<i64, ClaimedRun> = db::execution::claim_many_surely(db, worker_id, &claims)
@@ -72,6 +132,9 @@ async fn record(
     worker_id: i64,
     items: &[(i64, Outcome, Option<String>)],
 ) -> Vec<Result<bool, sqlx::Error>> {
+    if items.is_empty() {
+        return Vec::new();
+    }
     let done: Vec<(i64, &Outcome, Option<&str>)> =
         items.iter().map(|(id, outcome, token)| (*id, outcome, token.as_deref())).collect();
     let together = async {

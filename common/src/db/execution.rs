@@ -1011,6 +1011,84 @@ pub async fn complete_many_surely(
     Ok(changed)
 }
 
+/// A worker's claims and successes in one statement (`claim_many_surely` and
+/// `complete_many_surely` together, each row with its own guard and fence): one round trip and one
+/// commit where there would be two. Returns the runs it claimed and the rows it completed, as those
+/// two do; waits out a database outage the same way.
+pub async fn claim_and_complete_surely(
+    db: &PgPool,
+    worker_id: i64,
+    claims: &[(i64, &str)],
+    done: &[(i64, &Outcome, Option<&str>)],
+) -> Result<(Vec<ClaimedRun>, Vec<Changed>), sqlx::Error> {
+    Transition::claim(worker_id).check();
+    Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).check();
+    let claim_ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
+    let claim_tokens: Vec<&str> = claims.iter().map(|(_, token)| *token).collect();
+    let outcomes: Vec<std::borrow::Cow<'_, Outcome>> = done
+        .iter()
+        .map(|(_, outcome, _)| match outcome.has_nul() {
+            true => std::borrow::Cow::Owned(outcome.without_nul()),
+            false => std::borrow::Cow::Borrowed(*outcome),
+        })
+        .collect();
+    let ids: Vec<i64> = done.iter().map(|(id, _, _)| *id).collect();
+    let tokens: Vec<Option<&str>> = done.iter().map(|(_, _, token)| *token).collect();
+    let results: Vec<Option<Value>> = outcomes.iter().map(|o| o.result.clone()).collect();
+    let errors: Vec<Option<&str>> = outcomes.iter().map(|o| o.error.as_deref()).collect();
+    let exit_codes: Vec<Option<i32>> = outcomes.iter().map(|o| o.exit_code).collect();
+    let stdouts: Vec<Option<&str>> = outcomes.iter().map(|o| o.stdout.as_deref()).collect();
+    let stderrs: Vec<Option<&str>> = outcomes.iter().map(|o| o.stderr.as_deref()).collect();
+    let http_statuses: Vec<Option<i32>> = outcomes.iter().map(|o| o.http_status).collect();
+    let first = claim_ids.first().or(ids.first()).copied().unwrap_or_default();
+    let rows = surely("claiming and recording runs", first, |uncertain| {
+        let (claim_ids, claim_tokens, ids, tokens) = (&claim_ids, &claim_tokens, &ids, &tokens);
+        let (results, errors, exit_codes) = (&results, &errors, &exit_codes);
+        let (stdouts, stderrs, http_statuses) = (&stdouts, &stderrs, &http_statuses);
+        async move {
+            // (both functions run, each once: the claims first; a claimed row is `running`, a
+            // recorded one `completed`, and no run is both claimed and recorded in one batch)
+            let rows: Vec<ClaimedRun> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "WITH claimed AS MATERIALIZED (SELECT * FROM claim_runs($1, $2, $3, $4)), \
+                 recorded AS MATERIALIZED (SELECT * FROM complete_runs($5, $6, $7, $8, $9, $10, $11, $12, $3, $4)), \
+                 c AS (SELECT * FROM claimed UNION ALL SELECT * FROM recorded) \
+                 SELECT {RUN_COLUMNS}"
+            )))
+            .bind(claim_ids)
+            .bind(claim_tokens)
+            .bind(worker_id)
+            .bind(uncertain)
+            .bind(ids)
+            .bind(tokens)
+            .bind(results)
+            .bind(errors)
+            .bind(exit_codes)
+            .bind(stdouts)
+            .bind(stderrs)
+            .bind(http_statuses)
+            .fetch_all(db)
+            .await?;
+            Ok(Some(rows))
+        }
+    })
+    .await?
+    .unwrap_or_default();
+    let (completed, claimed): (Vec<ClaimedRun>, Vec<ClaimedRun>) =
+        rows.into_iter().partition(|row| row.status == ExecutionStatus::Completed && ids.contains(&row.id));
+    let completed: Vec<Changed> = completed
+        .into_iter()
+        .map(|row| Changed {
+            id: row.id,
+            status: row.status,
+            action_ref: row.action_ref,
+            retry_count: row.retry_count,
+            worker: row.worker,
+        })
+        .collect();
+    completed.iter().for_each(count_finished);
+    Ok((claimed, completed))
+}
+
 /// The transition, or, if it finds nothing to change, the row when an earlier attempt of the same
 /// transition evidently landed.
 async fn transition_or_landed(
