@@ -953,6 +953,59 @@ async fn claim_runs(
     .await
 }
 
+/// The outcomes of a batch of successes, each without the NUL characters PostgreSQL's text refuses.
+fn without_nuls<'a>(done: &[(i64, &'a Outcome, Option<&str>)]) -> Vec<std::borrow::Cow<'a, Outcome>> {
+    done.iter()
+        .map(|(_, outcome, _)| match outcome.has_nul() {
+            true => std::borrow::Cow::Owned(outcome.without_nul()),
+            false => std::borrow::Cow::Borrowed(*outcome),
+        })
+        .collect()
+}
+
+/// A batch of successes as the first eight arguments of `complete_runs`, one array per column.
+struct SuccessColumns<'a> {
+    ids: Vec<i64>,
+    tokens: Vec<Option<&'a str>>,
+    results: Vec<Option<Value>>,
+    errors: Vec<Option<&'a str>>,
+    exit_codes: Vec<Option<i32>>,
+    stdouts: Vec<Option<&'a str>>,
+    stderrs: Vec<Option<&'a str>>,
+    http_statuses: Vec<Option<i32>>,
+}
+
+impl<'a> SuccessColumns<'a> {
+    fn of(done: &[(i64, &Outcome, Option<&'a str>)], outcomes: &'a [std::borrow::Cow<'_, Outcome>]) -> Self {
+        SuccessColumns {
+            ids: done.iter().map(|(id, _, _)| *id).collect(),
+            tokens: done.iter().map(|(_, _, token)| *token).collect(),
+            results: outcomes.iter().map(|o| o.result.clone()).collect(),
+            errors: outcomes.iter().map(|o| o.error.as_deref()).collect(),
+            exit_codes: outcomes.iter().map(|o| o.exit_code).collect(),
+            stdouts: outcomes.iter().map(|o| o.stdout.as_deref()).collect(),
+            stderrs: outcomes.iter().map(|o| o.stderr.as_deref()).collect(),
+            http_statuses: outcomes.iter().map(|o| o.http_status).collect(),
+        }
+    }
+
+    /// `query` with these bound as its first eight parameters.
+    fn bind<'q, O>(
+        &'q self,
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.ids)
+            .bind(&self.tokens)
+            .bind(&self.results)
+            .bind(&self.errors)
+            .bind(&self.exit_codes)
+            .bind(&self.stdouts)
+            .bind(&self.stderrs)
+            .bind(&self.http_statuses)
+    }
+}
+
 /// The batch form of recording successes (`Transition::completion` fenced by each run's token):
 /// running → completed on `worker_id` for each `(execution, outcome, run token)`, in one
 /// statement. Returns the rows it changed (the others no longer ran here: canceled or taken
@@ -965,43 +1018,22 @@ pub async fn complete_many_surely(
 ) -> Result<Vec<Changed>, sqlx::Error> {
     // (what `complete_runs` does, checked against the state machine)
     Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).check();
-    let outcomes: Vec<std::borrow::Cow<'_, Outcome>> = done
-        .iter()
-        .map(|(_, outcome, _)| match outcome.has_nul() {
-            true => std::borrow::Cow::Owned(outcome.without_nul()),
-            false => std::borrow::Cow::Borrowed(*outcome),
-        })
-        .collect();
-    let ids: Vec<i64> = done.iter().map(|(id, _, _)| *id).collect();
-    let tokens: Vec<Option<&str>> = done.iter().map(|(_, _, token)| *token).collect();
-    let results: Vec<Option<Value>> = outcomes.iter().map(|o| o.result.clone()).collect();
-    let errors: Vec<Option<&str>> = outcomes.iter().map(|o| o.error.as_deref()).collect();
-    let exit_codes: Vec<Option<i32>> = outcomes.iter().map(|o| o.exit_code).collect();
-    let stdouts: Vec<Option<&str>> = outcomes.iter().map(|o| o.stdout.as_deref()).collect();
-    let stderrs: Vec<Option<&str>> = outcomes.iter().map(|o| o.stderr.as_deref()).collect();
-    let http_statuses: Vec<Option<i32>> = outcomes.iter().map(|o| o.http_status).collect();
-    let first = ids.first().copied().unwrap_or_default();
+    let outcomes = without_nuls(done);
+    let columns = SuccessColumns::of(done, &outcomes);
+    let first = columns.ids.first().copied().unwrap_or_default();
     let changed = surely("recording successes", first, |uncertain| {
-        let (ids, tokens, results, errors) = (&ids, &tokens, &results, &errors);
-        let (exit_codes, stdouts, stderrs, http_statuses) = (&exit_codes, &stdouts, &stderrs, &http_statuses);
+        let columns = &columns;
         async move {
             // (after an outage, a success that landed is read back: completed here with its token)
-            let rows: Vec<Changed> = sqlx::query_as(
-                "SELECT id, status, action_ref, retry_count, worker \
-                 FROM complete_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            )
-            .bind(ids)
-            .bind(tokens)
-            .bind(results)
-            .bind(errors)
-            .bind(exit_codes)
-            .bind(stdouts)
-            .bind(stderrs)
-            .bind(http_statuses)
-            .bind(worker_id)
-            .bind(uncertain)
-            .fetch_all(db)
-            .await?;
+            let rows: Vec<Changed> = columns
+                .bind(sqlx::query_as(
+                    "SELECT id, status, action_ref, retry_count, worker \
+                     FROM complete_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                ))
+                .bind(worker_id)
+                .bind(uncertain)
+                .fetch_all(db)
+                .await?;
             Ok(Some(rows))
         }
     })
@@ -1025,54 +1057,35 @@ pub async fn claim_and_complete_surely(
     Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).check();
     let claim_ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
     let claim_tokens: Vec<&str> = claims.iter().map(|(_, token)| *token).collect();
-    let outcomes: Vec<std::borrow::Cow<'_, Outcome>> = done
-        .iter()
-        .map(|(_, outcome, _)| match outcome.has_nul() {
-            true => std::borrow::Cow::Owned(outcome.without_nul()),
-            false => std::borrow::Cow::Borrowed(*outcome),
-        })
-        .collect();
-    let ids: Vec<i64> = done.iter().map(|(id, _, _)| *id).collect();
-    let tokens: Vec<Option<&str>> = done.iter().map(|(_, _, token)| *token).collect();
-    let results: Vec<Option<Value>> = outcomes.iter().map(|o| o.result.clone()).collect();
-    let errors: Vec<Option<&str>> = outcomes.iter().map(|o| o.error.as_deref()).collect();
-    let exit_codes: Vec<Option<i32>> = outcomes.iter().map(|o| o.exit_code).collect();
-    let stdouts: Vec<Option<&str>> = outcomes.iter().map(|o| o.stdout.as_deref()).collect();
-    let stderrs: Vec<Option<&str>> = outcomes.iter().map(|o| o.stderr.as_deref()).collect();
-    let http_statuses: Vec<Option<i32>> = outcomes.iter().map(|o| o.http_status).collect();
-    let first = claim_ids.first().or(ids.first()).copied().unwrap_or_default();
+    let outcomes = without_nuls(done);
+    let columns = SuccessColumns::of(done, &outcomes);
+    let first = claim_ids.first().or(columns.ids.first()).copied().unwrap_or_default();
     let rows = surely("claiming and recording runs", first, |uncertain| {
-        let (claim_ids, claim_tokens, ids, tokens) = (&claim_ids, &claim_tokens, &ids, &tokens);
-        let (results, errors, exit_codes) = (&results, &errors, &exit_codes);
-        let (stdouts, stderrs, http_statuses) = (&stdouts, &stderrs, &http_statuses);
+        let (claim_ids, claim_tokens, columns) = (&claim_ids, &claim_tokens, &columns);
         async move {
             // (both functions run, each once: the claims first; a claimed row is `running`, a
             // recorded one `completed`, and no run is both claimed and recorded in one batch)
-            let rows: Vec<ClaimedRun> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "WITH claimed AS MATERIALIZED (SELECT * FROM claim_runs($1, $2, $3, $4)), \
-                 recorded AS MATERIALIZED (SELECT * FROM complete_runs($5, $6, $7, $8, $9, $10, $11, $12, $3, $4)), \
+            let query = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "WITH recorded AS MATERIALIZED \
+                   (SELECT * FROM complete_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)), \
+                 claimed AS MATERIALIZED (SELECT * FROM claim_runs($11, $12, $9, $10)), \
                  c AS (SELECT * FROM claimed UNION ALL SELECT * FROM recorded) \
                  SELECT {RUN_COLUMNS}"
-            )))
-            .bind(claim_ids)
-            .bind(claim_tokens)
-            .bind(worker_id)
-            .bind(uncertain)
-            .bind(ids)
-            .bind(tokens)
-            .bind(results)
-            .bind(errors)
-            .bind(exit_codes)
-            .bind(stdouts)
-            .bind(stderrs)
-            .bind(http_statuses)
-            .fetch_all(db)
-            .await?;
+            )));
+            let rows: Vec<ClaimedRun> = columns
+                .bind(query)
+                .bind(worker_id)
+                .bind(uncertain)
+                .bind(claim_ids)
+                .bind(claim_tokens)
+                .fetch_all(db)
+                .await?;
             Ok(Some(rows))
         }
     })
     .await?
     .unwrap_or_default();
+    let ids = &columns.ids;
     let (completed, claimed): (Vec<ClaimedRun>, Vec<ClaimedRun>) =
         rows.into_iter().partition(|row| row.status == ExecutionStatus::Completed && ids.contains(&row.id));
     let completed: Vec<Changed> = completed
