@@ -349,6 +349,16 @@ pub async fn force_status(pool: &sqlx::PgPool, id: i64, status: attune_core::Exe
         .unwrap();
 }
 
+/// A process the test started itself, killed and reaped when dropped, however the test ends.
+pub struct Started(pub std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A pack written for one test in a directory of its own, removed when dropped: `pack.yaml` for
 /// `pack_ref`, and each `(name, text)` of `files` under `actions/` (action YAMLs and scripts).
 pub struct TempPack(std::path::PathBuf);

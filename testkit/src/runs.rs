@@ -19,6 +19,15 @@ while [ "$(date +%s%N)" -lt "$end" ]; do
 done
 "#;
 
+/// A pack `pack_ref` whose action `run` is [`TICKS`], with `max_retries` and `seconds` by default.
+pub fn ticks_pack(pack_ref: &str, max_retries: u32, seconds: u32) -> TempPack {
+    let run = format!(
+        "name: run\nruntime: shell\nentrypoint: actions/ticks.sh\ntimeout_seconds: 120\nmax_retries: {max_retries}\n\
+         parameters:\n  log:\n    type: string\n    required: true\n  seconds:\n    type: integer\n    default: {seconds}\n"
+    );
+    TempPack::new(pack_ref, &[("run.yaml", &run), ("ticks.sh", TICKS)])
+}
+
 /// When each execution's run was first and last seen in a [`TICKS`] log (ns since the epoch).
 /// Panics if an execution ran more than once (two pids).
 pub fn spans(log: &Path) -> BTreeMap<i64, (i128, i128)> {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use attune_testkit::system::repo_root;
-use attune_testkit::{System, wait_for};
+use attune_testkit::{Started, System, wait_for};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
@@ -333,18 +333,6 @@ impl Drop for BrokerUsers {
     }
 }
 
-/// Child processes started by the test, killed when dropped; their logs in `dir`.
-struct Children(Vec<std::process::Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 fn spawn(mut command: std::process::Command, log: &Path) -> std::process::Child {
     let file = std::fs::File::create(log).unwrap();
     command.stdin(std::process::Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap()
@@ -359,7 +347,7 @@ async fn each_service_works_with_the_broker_permissions_the_docs_give_it() {
     // come with theirs
     system.signal("executor", SIGKILL);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut children = Children(Vec::new());
+    let mut children: Vec<Started> = Vec::new();
     for (service, binary, extra) in [
         ("executor", "attune-executor", vec![]),
         ("worker", "attune-worker", vec![("ATTUNE_WORKER_NAME", "limited".to_string())]),
@@ -370,7 +358,7 @@ async fn each_service_works_with_the_broker_permissions_the_docs_give_it() {
         for (key, value) in extra {
             command.env(key, value);
         }
-        children.0.push(spawn(command, &logs.path().join(format!("{service}.log"))));
+        children.push(Started(spawn(command, &logs.path().join(format!("{service}.log")))));
     }
     let logs_of =
         |service: &str| std::fs::read_to_string(logs.path().join(format!("{service}.log"))).unwrap_or_default();

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use attune_testkit::{System, close_broker_connections, wait_for};
+use attune_testkit::{Started, System, close_broker_connections, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -176,7 +176,7 @@ async fn two_executors_never_place_more_on_a_worker_than_its_slots() {
         .spawn()
         .unwrap();
     // (stopped however the test ends)
-    let _second = KillOnDrop(second);
+    let _second = Started(second);
     wait_for("the second executor to consume", DEADLINE, || async {
         std::fs::read_to_string(&second_log).unwrap_or_default().contains("consuming").then_some(())
     })
@@ -223,14 +223,4 @@ async fn two_executors_never_place_more_on_a_worker_than_its_slots() {
     }
     let _ = std::fs::remove_file(&second_log);
     system.stop().await;
-}
-
-/// A process of the test's own, killed when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

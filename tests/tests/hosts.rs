@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use attune_testkit::hosts::{Cut, TestHost};
-use attune_testkit::runs::{TICKS, spans};
-use attune_testkit::{System, TempPack, wait_for};
+use attune_testkit::runs::{spans, ticks_pack};
+use attune_testkit::{System, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -23,20 +23,6 @@ const CUT_FOR: Duration = Duration::from_secs(25);
 /// worker cut off from the broker is handed back after the monitor's slack (6 s); then a second
 /// or so to be scheduled and started.
 const FAILOVER_WAIT: f64 = 12.0;
-
-const RUN: &str = "name: run
-runtime: shell
-entrypoint: actions/ticks.sh
-timeout_seconds: 120
-max_retries: 3
-parameters:
-  log:
-    type: string
-    required: true
-  seconds:
-    type: integer
-    default: 2
-";
 
 fn id(v: &Value) -> i64 {
     v["id"].as_i64().unwrap()
@@ -56,7 +42,7 @@ async fn workers_of(system: &System, ids: &[i64]) -> BTreeMap<i64, Option<i64>> 
 /// Two workers, each on a host of its own; `far`'s host is cut off from `what` while executions
 /// flow.
 async fn cut_off(what: Cut) {
-    let pack = TempPack::new("hosts", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
+    let pack = ticks_pack("hosts", 3, 2);
     let log = std::env::temp_dir().join(format!("attune-hosts-{:016x}.log", rand::random::<u64>()));
     let (far_host, near_host) = (TestHost::create().await, TestHost::create().await);
     let (far, near) = (format!("far-{:08x}", rand::random::<u32>()), format!("near-{:08x}", rand::random::<u32>()));

@@ -6,25 +6,11 @@
 use std::time::Duration;
 
 use attune_testkit::pgcut::PgCut;
-use attune_testkit::runs::{TICKS, spans};
+use attune_testkit::runs::{spans, ticks_pack};
 use attune_testkit::{System, TempPack, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-const RUN: &str = "name: run
-runtime: shell
-entrypoint: actions/ticks.sh
-timeout_seconds: 120
-max_retries: 2
-parameters:
-  log:
-    type: string
-    required: true
-  seconds:
-    type: integer
-    default: 20
-";
 
 /// A system whose executors take a worker for dead after 5 s without a heartbeat (its lease:
 /// 3.75 s) and retry at once; no worker yet.
@@ -51,7 +37,7 @@ fn id(v: &Value) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cut_off_from_the_database_stops_its_run_before_the_execution_runs_elsewhere() {
-    let pack = TempPack::new("fence", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
+    let pack = ticks_pack("fence", 2, 20);
     let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
     let mut system = fenced().pack(pack.path()).start().await;
     let other = format!("other-{:08x}", rand::random::<u32>());
@@ -94,7 +80,7 @@ async fn a_worker_cut_off_from_the_database_stops_its_run_before_the_execution_r
 async fn a_frozen_worker_s_run_is_stopped_by_its_supervisor_before_the_execution_runs_elsewhere() {
     const SIGSTOP: i32 = 19;
     const SIGCONT: i32 = 18;
-    let pack = TempPack::new("fence", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
+    let pack = ticks_pack("fence", 2, 20);
     let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
     let frozen = format!("frozen-{:08x}", rand::random::<u32>());
     let other = format!("other-{:08x}", rand::random::<u32>());
@@ -171,7 +157,7 @@ async fn a_worker_cut_off_from_the_database_aborts_its_http_request_before_the_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_ends_while_its_worker_is_cut_off_is_recorded_once_and_not_run_again() {
-    let pack = TempPack::new("fence", &[("run.yaml", RUN), ("ticks.sh", TICKS)]);
+    let pack = ticks_pack("fence", 2, 20);
     let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
     let mut system = fenced().pack(pack.path()).start().await;
     let cut = start_cut_off(&mut system, "shell").await;

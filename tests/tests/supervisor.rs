@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use attune_testkit::runs::{KillOnDrop, processes_with_env};
 use attune_testkit::system::repo_root;
-use attune_testkit::{System, wait_for};
+use attune_testkit::{Started, System, wait_for};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -104,16 +104,6 @@ async fn a_killed_worker_takes_every_action_and_its_supervisor_with_it() {
     .await;
     eprintln!("the actions and the supervisor were gone {:?} after the worker was killed", killed.elapsed());
     system.stop().await;
-}
-
-/// A process started by a test, killed when the test ends however it ends.
-struct Started(std::process::Child);
-
-impl Drop for Started {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
