@@ -1085,9 +1085,9 @@ pub async fn claim_and_complete_surely(
     })
     .await?
     .unwrap_or_default();
-    let ids = &columns.ids;
+    // (a claim leaves its row running, a success completed)
     let (completed, claimed): (Vec<ClaimedRun>, Vec<ClaimedRun>) =
-        rows.into_iter().partition(|row| row.status == ExecutionStatus::Completed && ids.contains(&row.id));
+        rows.into_iter().partition(|row| row.status == ExecutionStatus::Completed);
     let completed: Vec<Changed> = completed
         .into_iter()
         .map(|row| Changed {
