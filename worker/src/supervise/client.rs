@@ -208,9 +208,13 @@ const ANSWER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Connection {
     /// SIGKILLs the supervisor process (its reader then sees the socket close and ends its runs
-    /// as lost). The worker has not reaped it, so the id is still its.
+    /// as lost). The worker has not reaped it, so the id is still its. It is taken for lost at
+    /// once: a run that starts before the reader has seen the close goes to a new supervisor, not
+    /// to this one's dead socket (and from there to the per-action fallback, leaving the worker
+    /// without its supervisor until the next run).
     #[allow(unsafe_code)]
     fn kill_process(&self) {
+        self.lost.store(true, Ordering::SeqCst);
         // SAFETY: kill(2) on the id of a child of this process that it has not waited for.
         unsafe {
             libc::kill(self.pid as i32, libc::SIGKILL);
