@@ -82,6 +82,7 @@ use serde::{Deserialize, Serialize};
 pub mod client;
 mod protocol;
 mod server;
+mod spawn;
 
 pub use protocol::{SpawnRequest, pipe};
 

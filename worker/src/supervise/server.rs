@@ -9,14 +9,13 @@
 //! group, or the lease's deadline. With no run it waits for the worker alone, and costs nothing.
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use super::protocol::{self, SpawnRequest};
+use super::spawn;
 use super::{Enforced, Group, LEASE_EXPIRED, LimitKind, LimitReport, boot_clock_ns, exceeded, read_lease, rlimits};
 
 /// The first argument that starts the worker's binary as its long-lived supervisor.
@@ -70,6 +69,8 @@ struct Supervisor {
     lease_file: Option<OsString>,
     /// The last deadline read from the lease file.
     lease: Option<u128>,
+    /// The stack a starting action's process runs on until its exec (`spawn`).
+    stack: Vec<u8>,
 }
 
 /// Runs the supervisor; returns its exit code (it exits only when its worker is gone, or when
@@ -104,6 +105,7 @@ pub fn serve(args: &[OsString]) -> i32 {
         outbox: VecDeque::new(),
         lease_file: None,
         lease: None,
+        stack: Vec::new(),
     };
     let mut buffer = vec![0u8; protocol::MAX_MESSAGE];
     loop {
@@ -261,8 +263,7 @@ impl Supervisor {
         }
     }
 
-    /// Starts an action in a process group of its own; the reply to send.
-    #[allow(unsafe_code)]
+    /// Starts an action in a process group of its own (`spawn`); the reply to send.
     fn spawn(&mut self, id: u64, request: SpawnRequest, [stdin, stdout, stderr]: [OwnedFd; 3]) -> Vec<u8> {
         let enforced = Enforced {
             memory_mb: request.memory_mb,
@@ -279,52 +280,20 @@ impl Supervisor {
             Ok(file) => file,
             Err(e) => return not_started(id, e.raw_os_error().unwrap_or(libc::EIO), &e.to_string()),
         };
-        let mut command = std::process::Command::new(&request.program);
-        command
-            .args(&request.args)
-            .current_dir(&request.cwd)
-            .env_clear()
-            .stdin(stdin)
-            .stdout(stdout)
-            .stderr(stderr)
-            .process_group(0);
-        for entry in &request.env {
-            let bytes = entry.as_bytes();
-            if let Some(at) = bytes.iter().position(|b| *b == b'=') {
-                command.env(OsStr::from_bytes(&bytes[..at]), OsStr::from_bytes(&bytes[at + 1..]));
-            }
-        }
-        if let Some(uid) = request.uid {
-            // std sets the group, drops the supplementary groups and sets the user, in the child,
-            // before the closure below and the exec
-            command.uid(uid).gid(uid);
-        }
-        let rlimits = rlimits(&enforced);
-        let me = std::process::id() as i32;
-        // SAFETY: the closure runs in the forked child before exec and calls only setrlimit,
-        // prctl and getppid, which are async-signal-safe, on values computed before the fork; it
-        // allocates nothing. PR_SET_PDEATHSIG is asked after std changed the user (a change of
-        // credentials clears it), and the parent is checked after, in case it died before.
-        unsafe {
-            command.pre_exec(move || {
-                for (resource, limit) in &rlimits {
-                    if libc::setrlimit(*resource, limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-                if libc::getppid() != me {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
-        // std resets the signal mask and dispositions in the child before it runs the program
-        match command.spawn() {
-            Ok(child) => {
-                let pid = child.id() as i32;
-                // (the Child is dropped without a wait: `reap` waits for every child)
-                drop(child);
+        let started = spawn::Spawn::new(
+            &request.program,
+            &request.args,
+            &request.cwd,
+            &request.env,
+            [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()],
+            request.uid,
+            rlimits(&enforced),
+        )
+        .and_then(|spawn| spawn.start(&mut self.stack));
+        // (the child has its own copies of the pipe ends; the supervisor's close here)
+        drop((stdin, stdout, stderr));
+        match started {
+            Ok(pid) => {
                 let now = Instant::now();
                 self.runs.push(Run {
                     id,
@@ -338,7 +307,7 @@ impl Supervisor {
                 });
                 protocol::message(protocol::STARTED, id, &pid.to_le_bytes())
             }
-            Err(e) => not_started(id, e.raw_os_error().unwrap_or(libc::EIO), &e.to_string()),
+            Err(e) => not_started(id, e.raw_os_error().unwrap_or(libc::EINVAL), &e.to_string()),
         }
     }
 

@@ -1,0 +1,367 @@
+//! How the supervisor starts an action's process: a `clone` that shares the supervisor's memory
+//! until the child execs (`CLONE_VM | CLONE_VFORK`, what `posix_spawn` does), instead of the
+//! `fork` std's `Command` makes whenever code must run in the child (rlimits, the parent-death
+//! signal). A fork copies the supervisor's page tables and the exec then tears the copy down: at
+//! `core.echo`'s maximum rate that was about a tenth of the machine, more than the supervisor's
+//! every other cost (docs/benchmarks.md).
+//!
+//! The child runs on a stack of its own while the supervisor is suspended, and makes only system
+//! calls, on values prepared before the clone: it allocates nothing and takes no lock. In order,
+//! as std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups
+//! and user (raw system calls, for this one process alone); its directory; a process group of
+//! its own; the rlimits; `PR_SET_PDEATHSIG` (SIGKILL) and a check that the supervisor is still
+//! its parent; the default action for SIGPIPE and for every signal the supervisor handles; an
+//! empty signal mask; the exec. Every signal is blocked in the supervisor across the clone, so
+//! that none is handled in the child before its dispositions are reset. A step that fails leaves
+//! its errno where the supervisor reads it once the child has exited, and the supervisor reaps it.
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The child's stack: it makes system calls only, through libc's thin wrappers.
+const STACK_BYTES: usize = 64 * 1024;
+
+/// A process to start, with everything the child needs prepared.
+pub(super) struct Spawn {
+    program: CString,
+    /// NUL-terminated arrays of pointers into `_strings`.
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    cwd: CString,
+    stdio: [RawFd; 3],
+    uid: Option<u32>,
+    rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    /// The signals whose disposition the child sets back to the default.
+    reset: Vec<libc::c_int>,
+    parent: libc::pid_t,
+    _strings: Vec<CString>,
+}
+
+/// What the child reads, and where it writes the errno of a step that failed.
+struct Child<'a> {
+    spawn: &'a Spawn,
+    failed: &'a AtomicI32,
+}
+
+impl Spawn {
+    /// `program` with `args` (its `argv[0]` is `program`), in `cwd`, with exactly `env` (`NAME=value`
+    /// entries; the last of a name counts, one without `=` is left out) and the given stdio. A
+    /// `program` without a `/` is looked up in the `PATH` of `env`, else the supervisor's. An
+    /// argument, variable or path with a NUL byte is refused (InvalidInput).
+    pub(super) fn new(
+        program: &OsStr,
+        args: &[OsString],
+        cwd: &OsStr,
+        env: &[OsString],
+        stdio: [RawFd; 3],
+        uid: Option<u32>,
+        rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    ) -> std::io::Result<Spawn> {
+        let c = |bytes: &[u8]| {
+            CString::new(bytes)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in the request"))
+        };
+        let mut variables: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
+        for entry in env {
+            let bytes = entry.as_bytes();
+            if let Some(at) = bytes.iter().position(|b| *b == b'=') {
+                variables.insert(&bytes[..at], &bytes[at + 1..]);
+            }
+        }
+        let path = variables.get(&b"PATH"[..]).map(|path| path.to_vec());
+        let program = c(&resolve(program.as_bytes(), path))?;
+        let mut strings = Vec::with_capacity(1 + args.len() + variables.len());
+        strings.push(program.clone());
+        for arg in args {
+            strings.push(c(arg.as_bytes())?);
+        }
+        let argc = strings.len();
+        for (name, value) in &variables {
+            strings.push(c(&[*name, b"=", *value].concat())?);
+        }
+        let pointers = |strings: &[CString]| {
+            strings.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect::<Vec<_>>()
+        };
+        Ok(Spawn {
+            argv: pointers(&strings[..argc]),
+            envp: pointers(&strings[argc..]),
+            program,
+            cwd: c(cwd.as_bytes())?,
+            stdio,
+            uid,
+            rlimits,
+            reset: handled_signals(),
+            parent: std::process::id() as libc::pid_t,
+            _strings: strings,
+        })
+    }
+
+    /// Starts it; its pid (the leader of its own process group). `stack` is the child's, reused
+    /// from one start to the next.
+    #[allow(unsafe_code)]
+    pub(super) fn start(&self, stack: &mut Vec<u8>) -> std::io::Result<libc::pid_t> {
+        stack.resize(STACK_BYTES, 0);
+        let failed = AtomicI32::new(0);
+        let child = Child { spawn: self, failed: &failed };
+        // SAFETY: the clone's child runs `child_main` on `stack` (its own, 16-byte aligned top),
+        // sharing this process's memory while this process is suspended (CLONE_VFORK) until it
+        // execs or exits; it reads `child`, which outlives it, and writes only `failed`. Every
+        // signal is blocked across the clone and the mask restored after.
+        let (pid, clone_error) = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut before: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+            let top = stack.as_mut_ptr().add(stack.len());
+            let top = top.sub(top as usize % 16);
+            let pid = libc::clone(
+                child_main,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                &child as *const Child as *mut libc::c_void,
+            );
+            let clone_error = std::io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+            (pid, clone_error)
+        };
+        if pid < 0 {
+            return Err(clone_error);
+        }
+        match failed.load(Ordering::SeqCst) {
+            0 => Ok(pid),
+            errno => {
+                // SAFETY: reaps the child this call made, which has exited.
+                unsafe {
+                    let mut status = 0;
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                Err(std::io::Error::from_raw_os_error(errno))
+            }
+        }
+    }
+}
+
+/// The child: its steps, then the exec; if a step fails, its errno for the supervisor.
+#[allow(unsafe_code)]
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `Child` that `start` passed, alive until this process execs or exits.
+    let child = unsafe { &*(arg as *const Child) };
+    // SAFETY: system calls on the values `Spawn::new` prepared (see `steps`).
+    let errno = unsafe { steps(child.spawn) };
+    child.failed.store(errno.max(1), Ordering::SeqCst);
+    // SAFETY: _exit ends this process at once, without running the supervisor's exit handlers.
+    unsafe { libc::_exit(127) }
+}
+
+/// The child's steps up to the exec; returns only when one failed, with its errno.
+///
+/// # Safety
+/// Only in the child of `Spawn::start`, with `spawn` alive.
+#[allow(unsafe_code)]
+unsafe fn steps(spawn: &Spawn) -> libc::c_int {
+    let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+    // SAFETY (the whole block): system calls on this process alone, with pointers to
+    // NUL-terminated strings and arrays that `spawn` owns.
+    unsafe {
+        for (target, fd) in spawn.stdio.iter().enumerate() {
+            let target = target as RawFd;
+            // (dup2 onto itself would leave close-on-exec set)
+            let done = if *fd == target { libc::fcntl(*fd, libc::F_SETFD, 0) } else { libc::dup2(*fd, target) };
+            if done < 0 {
+                return errno();
+            }
+        }
+        if let Some(uid) = spawn.uid {
+            // (raw: glibc's wrappers would try to change every thread of the supervisor)
+            if libc::syscall(libc::SYS_setgid, uid as libc::c_long) != 0 {
+                return errno();
+            }
+            if libc::getuid() == 0
+                && libc::syscall(libc::SYS_setgroups, 0 as libc::c_long, std::ptr::null::<libc::gid_t>()) != 0
+            {
+                return errno();
+            }
+            if libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0 {
+                return errno();
+            }
+        }
+        if libc::chdir(spawn.cwd.as_ptr()) != 0 || libc::setpgid(0, 0) != 0 {
+            return errno();
+        }
+        for (resource, limit) in &spawn.rlimits {
+            if libc::setrlimit(*resource, limit) != 0 {
+                return errno();
+            }
+        }
+        // (asked after the change of user, which clears it; the parent checked after, in case it
+        // died before)
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        if libc::getppid() != spawn.parent {
+            return libc::ESRCH;
+        }
+        for signal in spawn.reset.iter().copied().chain(std::iter::once(libc::SIGPIPE)) {
+            libc::signal(signal, libc::SIG_DFL);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        libc::execve(spawn.program.as_ptr(), spawn.argv.as_ptr(), spawn.envp.as_ptr());
+        errno()
+    }
+}
+
+/// The signals that run a handler of the supervisor's (std's, for a stack overflow): the child
+/// sets them back to the default before anything could deliver one.
+#[allow(unsafe_code)]
+fn handled_signals() -> Vec<libc::c_int> {
+    (1..libc::SIGRTMIN())
+        .filter(|signal| {
+            // SAFETY: sigaction with no new action only reads the disposition into a local struct.
+            let handler = unsafe {
+                let mut current: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(*signal, std::ptr::null(), &mut current) != 0 {
+                    return false;
+                }
+                current.sa_sigaction
+            };
+            handler != libc::SIG_DFL && handler != libc::SIG_IGN
+        })
+        .collect()
+}
+
+/// `program` as the path to exec: as given when it names a directory, else the first executable
+/// file of that name in `path` (the request's `PATH`, else the supervisor's), else as given (its
+/// exec then fails: ENOENT).
+fn resolve(program: &[u8], path: Option<Vec<u8>>) -> Vec<u8> {
+    if program.contains(&b'/') {
+        return program.to_vec();
+    }
+    let path = path.or_else(|| std::env::var_os("PATH").map(|path| path.as_bytes().to_vec())).unwrap_or_default();
+    for dir in path.split(|b| *b == b':').filter(|dir| !dir.is_empty()) {
+        let candidate = [dir, b"/", program].concat();
+        let file = std::path::Path::new(OsStr::from_bytes(&candidate));
+        if file.metadata().is_ok_and(|meta| {
+            use std::os::unix::fs::PermissionsExt;
+            meta.is_file() && meta.permissions().mode() & 0o111 != 0
+        }) {
+            return candidate;
+        }
+    }
+    program.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        #[allow(unsafe_code)]
+        // SAFETY: pipe2 fills the local array with two new descriptors, owned once below.
+        unsafe {
+            assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
+            (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+        }
+    }
+
+    #[allow(unsafe_code)]
+    fn wait(pid: libc::pid_t) -> i32 {
+        let mut status = 0;
+        // SAFETY: reaps this test's own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        status
+    }
+
+    /// Runs `script` under `sh` with `env`; its exit code and stdout.
+    fn sh(script: &str, env: &[&str], rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>) -> (i32, String) {
+        let (stdin, _keep) = pipe();
+        let (mut out, out_w) = pipe();
+        let (_err, err_w) = pipe();
+        let env: Vec<OsString> = env.iter().map(OsString::from).collect();
+        let spawn = Spawn::new(
+            OsStr::new("sh"),
+            &["-c".into(), script.into()],
+            OsStr::new("/tmp"),
+            &env,
+            [stdin.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            None,
+            rlimits,
+        )
+        .unwrap();
+        let pid = spawn.start(&mut Vec::new()).unwrap();
+        drop((out_w, err_w));
+        let mut output = String::new();
+        std::fs::File::from(out.try_clone().unwrap()).read_to_string(&mut output).unwrap();
+        drop(out);
+        let status = wait(pid);
+        assert!(libc::WIFEXITED(status), "{status}");
+        (libc::WEXITSTATUS(status), output)
+    }
+
+    #[test]
+    fn the_child_gets_exactly_its_arguments_environment_directory_and_group() {
+        let (code, output) = sh(
+            r#"printf '%s|%s|%s|' "$X" "$Y" "$(pwd)"; awk '{ print ($1 == $5) }' /proc/$$/stat; exit 3"#,
+            &["PATH=/usr/bin:/bin", "X=a b;$(c)", "Y=first", "Y=last", "NOT_A_VARIABLE"],
+            Vec::new(),
+        );
+        assert_eq!(code, 3);
+        assert_eq!(output, "a b;$(c)|last|/tmp|1\n");
+    }
+
+    #[test]
+    fn the_child_starts_with_no_signal_blocked_sigpipe_not_ignored_and_its_limits_set() {
+        let limit = libc::rlimit { rlim_cur: 77, rlim_max: 77 };
+        let (code, output) = sh(
+            "grep -E '^Sig(Blk|Ign)' /proc/self/status | cut -f2; ulimit -n",
+            &["PATH=/usr/bin:/bin"],
+            vec![(libc::RLIMIT_NOFILE, limit)],
+        );
+        assert_eq!(code, 0);
+        let lines: Vec<&str> = output.lines().collect();
+        let [blocked, ignored, files] = lines[..] else { panic!("{output}") };
+        assert_eq!(u64::from_str_radix(blocked, 16), Ok(0), "blocked: {output}");
+        // (this test process ignores SIGPIPE, as every Rust program does; other ignored signals
+        // are inherited as std's Command leaves them)
+        let ignored = u64::from_str_radix(ignored, 16).unwrap();
+        assert_eq!(ignored & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE ignored: {output}");
+        assert_eq!(files, "77");
+    }
+
+    #[test]
+    fn a_program_that_cannot_start_is_an_error_with_its_errno() {
+        let (stdin, _keep) = pipe();
+        let missing = Spawn::new(
+            OsStr::new("/nonexistent/program"),
+            &[],
+            OsStr::new("/"),
+            &[],
+            [stdin.as_raw_fd(); 3],
+            None,
+            Vec::new(),
+        )
+        .unwrap();
+        let error = missing.start(&mut Vec::new()).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{error}");
+        let no_directory = Spawn::new(
+            OsStr::new("/bin/true"),
+            &[],
+            OsStr::new("/nonexistent"),
+            &[],
+            [stdin.as_raw_fd(); 3],
+            None,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(no_directory.start(&mut Vec::new()).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+        assert!(
+            Spawn::new(OsStr::new("/bin/true"), &["a\0b".into()], OsStr::new("/"), &[], [0; 3], None, Vec::new())
+                .is_err()
+        );
+    }
+}
