@@ -35,7 +35,7 @@ pub(super) struct Spawn {
     uid: Option<u32>,
     rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     /// The signals whose disposition the child sets back to the default.
-    reset: Vec<libc::c_int>,
+    reset: &'static [libc::c_int],
     parent: libc::pid_t,
     _strings: Vec<CString>,
 }
@@ -214,9 +214,15 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
 }
 
 /// The signals that run a handler of the supervisor's (std's, for a stack overflow): the child
-/// sets them back to the default before anything could deliver one.
+/// sets them back to the default before anything could deliver one. Read once: the supervisor
+/// sets no handler after it starts.
+fn handled_signals() -> &'static [libc::c_int] {
+    static HANDLED: std::sync::OnceLock<Vec<libc::c_int>> = std::sync::OnceLock::new();
+    HANDLED.get_or_init(read_handled_signals)
+}
+
 #[allow(unsafe_code)]
-fn handled_signals() -> Vec<libc::c_int> {
+fn read_handled_signals() -> Vec<libc::c_int> {
     (1..libc::SIGRTMIN())
         .filter(|signal| {
             // SAFETY: sigaction with no new action only reads the disposition into a local struct.
