@@ -12,9 +12,10 @@
 //!
 //! - the worker sends each process action to start (program, arguments, directory, the whole
 //!   environment, limits, user id) with its stdin, stdout and stderr pipe ends (`SCM_RIGHTS`);
-//!   the supervisor forks it in a new process group (its pid is the group's id), with the
-//!   rlimits below and `PR_SET_PDEATHSIG` (SIGKILL), and answers started (its pid) or could not
-//!   start (the errno: E2BIG is the request's fault, the rest the worker's);
+//!   the supervisor starts it in a new process group (its pid is the group's id), with the
+//!   rlimits below and `PR_SET_PDEATHSIG` (SIGKILL), by a clone that shares its memory until the
+//!   exec (`spawn`), and answers started (its pid) or could not start (the errno: E2BIG is the
+//!   request's fault, the rest the worker's);
 //! - when an action's process ends, the supervisor SIGKILLs its group while the process is still
 //!   a zombie (so the group id cannot be anyone else's yet), reaps it, and reports its wait
 //!   status: the worker reads it as if it had started the action directly;

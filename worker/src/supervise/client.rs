@@ -202,7 +202,7 @@ impl Drop for Supervisor {
     }
 }
 
-/// How long the worker waits for the supervisor to say whether a run started: a fork and an exec,
+/// How long the worker waits for the supervisor to say whether a run started: a clone and an exec,
 /// milliseconds when all is well.
 const ANSWER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
