@@ -383,7 +383,8 @@ fn supervise(args: &[OsString]) -> i32 {
 /// worker's death signal; and the terminal's and a stop's, which reach the action's group and are
 /// the action's to answer) and returns them as a set, for `sigtimedwait` or a `signalfd`. Call it
 /// while the process has one thread: the mask and the death signal are that thread's. (Actions
-/// start with an empty mask: std resets it in the child.)
+/// start with an empty mask: `spawn`, or std for a per-action
+/// supervisor, resets it in the child.)
 #[allow(unsafe_code)]
 fn watch_signals() -> libc::sigset_t {
     // SAFETY: sigset manipulation on a local set; sigprocmask and prctl change this process's

@@ -14,10 +14,16 @@
 //! empty signal mask; the exec. Every signal is blocked in the supervisor across the clone, so
 //! that none is handled in the child before its dispositions are reset. A step that fails leaves
 //! its errno where the supervisor reads it once the child has exited, and the supervisor reaps it.
+//!
+//! A run as another user is the exception: it is forked (the same clone without `CLONE_VM`), and
+//! a failed step's errno comes back through a close-on-exec pipe. A change of user in a child
+//! that shares the supervisor's memory would mark that memory (the supervisor's) not dumpable,
+//! and would let a process of that user stop or trace the child, and so the suspended
+//! supervisor, between the change and the exec.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -40,17 +46,20 @@ pub(super) struct Spawn {
     _strings: Vec<CString>,
 }
 
-/// What the child reads, and where it writes the errno of a step that failed.
+/// What the child reads, and where it writes the errno of a step that failed: `failed` when it
+/// shares the supervisor's memory, else the pipe `report`.
 struct Child<'a> {
     spawn: &'a Spawn,
     failed: &'a AtomicI32,
+    report: RawFd,
 }
 
 impl Spawn {
-    /// `program` with `args` (its `argv[0]` is `program`), in `cwd`, with exactly `env` (`NAME=value`
-    /// entries; the last of a name counts, one without `=` is left out) and the given stdio. A
-    /// `program` without a `/` is looked up in the `PATH` of `env`, else the supervisor's. An
-    /// argument, variable or path with a NUL byte is refused (InvalidInput).
+    /// `program` with `args` (its `argv[0]` is `program` as given), in `cwd`, with exactly `env`
+    /// (`NAME=value` entries; the last of a name counts, one without `=` is left out) and the given
+    /// stdio (descriptors above 2). A `program` without a `/` is looked up in the `PATH` of `env`,
+    /// else the supervisor's, else `/bin:/usr/bin`. An argument, variable or path with a NUL byte
+    /// is refused (InvalidInput).
     pub(super) fn new(
         program: &OsStr,
         args: &[OsString],
@@ -72,9 +81,9 @@ impl Spawn {
             }
         }
         let path = variables.get(&b"PATH"[..]).map(|path| path.to_vec());
-        let program = c(&resolve(program.as_bytes(), path))?;
         let mut strings = Vec::with_capacity(1 + args.len() + variables.len());
-        strings.push(program.clone());
+        strings.push(c(program.as_bytes())?);
+        let program = c(&resolve(program.as_bytes(), path))?;
         for arg in args {
             strings.push(c(arg.as_bytes())?);
         }
@@ -105,11 +114,16 @@ impl Spawn {
     pub(super) fn start(&self, stack: &mut Vec<u8>) -> std::io::Result<libc::pid_t> {
         stack.resize(STACK_BYTES, 0);
         let failed = AtomicI32::new(0);
-        let child = Child { spawn: self, failed: &failed };
-        // SAFETY: the clone's child runs `child_main` on `stack` (its own, 16-byte aligned top),
-        // sharing this process's memory while this process is suspended (CLONE_VFORK) until it
-        // execs or exits; it reads `child`, which outlives it, and writes only `failed`. Every
-        // signal is blocked across the clone and the mask restored after.
+        let shared = self.uid.is_none();
+        // (a forked child's errno comes back through a pipe, closed by its exec)
+        let report = if shared { None } else { Some(super::protocol::pipe()?) };
+        let child = Child { spawn: self, failed: &failed, report: report.as_ref().map_or(-1, |(_, w)| w.as_raw_fd()) };
+        let flags = if shared { libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD } else { libc::SIGCHLD };
+        // SAFETY: the clone's child runs `child_main` on `stack` (its own, 16-byte aligned top):
+        // with CLONE_VM, in this process's memory while this process is suspended (CLONE_VFORK)
+        // until it execs or exits, reading `child`, which outlives it, and writing only
+        // `failed`; without, on a copy of it all. Every signal is blocked across the clone and
+        // the mask restored after.
         let (pid, clone_error) = unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut before: libc::sigset_t = std::mem::zeroed();
@@ -117,12 +131,8 @@ impl Spawn {
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
             let top = stack.as_mut_ptr().add(stack.len());
             let top = top.sub(top as usize % 16);
-            let pid = libc::clone(
-                child_main,
-                top as *mut libc::c_void,
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-                &child as *const Child as *mut libc::c_void,
-            );
+            let pid =
+                libc::clone(child_main, top as *mut libc::c_void, flags, &child as *const Child as *mut libc::c_void);
             let clone_error = std::io::Error::last_os_error();
             libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
             (pid, clone_error)
@@ -130,7 +140,19 @@ impl Spawn {
         if pid < 0 {
             return Err(clone_error);
         }
-        match failed.load(Ordering::SeqCst) {
+        let errno = match report {
+            None => failed.load(Ordering::SeqCst),
+            Some((reader, writer)) => {
+                drop(writer);
+                let mut bytes = [0u8; 4];
+                // (nothing read: the child exec'd, and its end closed with the exec)
+                match std::io::Read::read_exact(&mut std::fs::File::from(reader), &mut bytes) {
+                    Ok(()) => i32::from_ne_bytes(bytes),
+                    Err(_) => 0,
+                }
+            }
+        };
+        match errno {
             0 => Ok(pid),
             errno => {
                 // SAFETY: reaps the child this call made, which has exited.
@@ -150,8 +172,12 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `Child` that `start` passed, alive until this process execs or exits.
     let child = unsafe { &*(arg as *const Child) };
     // SAFETY: system calls on the values `Spawn::new` prepared (see `steps`).
-    let errno = unsafe { steps(child.spawn) };
-    child.failed.store(errno.max(1), Ordering::SeqCst);
+    let errno = unsafe { steps(child.spawn) }.max(1);
+    child.failed.store(errno, Ordering::SeqCst);
+    if child.report >= 0 {
+        // SAFETY: writes four bytes from a local to the pipe's end this child holds.
+        unsafe { libc::write(child.report, errno.to_ne_bytes().as_ptr() as *const libc::c_void, 4) };
+    }
     // SAFETY: _exit ends this process at once, without running the supervisor's exit handlers.
     unsafe { libc::_exit(127) }
 }
@@ -238,14 +264,16 @@ fn read_handled_signals() -> Vec<libc::c_int> {
         .collect()
 }
 
-/// `program` as the path to exec: as given when it names a directory, else the first executable
+/// `program` as the path to exec: as given when it contains a `/`, else the first executable
 /// file of that name in `path` (the request's `PATH`, else the supervisor's), else as given (its
 /// exec then fails: ENOENT).
 fn resolve(program: &[u8], path: Option<Vec<u8>>) -> Vec<u8> {
     if program.contains(&b'/') {
         return program.to_vec();
     }
-    let path = path.or_else(|| std::env::var_os("PATH").map(|path| path.as_bytes().to_vec())).unwrap_or_default();
+    let path = path
+        .or_else(|| std::env::var_os("PATH").map(|path| path.as_bytes().to_vec()))
+        .unwrap_or_else(|| b"/bin:/usr/bin".to_vec());
     for dir in path.split(|b| *b == b':').filter(|dir| !dir.is_empty()) {
         let candidate = [dir, b"/", program].concat();
         let file = std::path::Path::new(OsStr::from_bytes(&candidate));
@@ -263,16 +291,10 @@ fn resolve(program: &[u8], path: Option<Vec<u8>>) -> Vec<u8> {
 mod tests {
     use super::*;
     use std::io::Read;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::{AsRawFd, OwnedFd};
 
     fn pipe() -> (OwnedFd, OwnedFd) {
-        let mut fds = [0; 2];
-        #[allow(unsafe_code)]
-        // SAFETY: pipe2 fills the local array with two new descriptors, owned once below.
-        unsafe {
-            assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
-            (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
-        }
+        super::super::protocol::pipe().unwrap()
     }
 
     #[allow(unsafe_code)]
@@ -285,8 +307,17 @@ mod tests {
 
     /// Runs `script` under `sh` with `env`; its exit code and stdout.
     fn sh(script: &str, env: &[&str], rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>) -> (i32, String) {
+        sh_as(None, script, env, rlimits)
+    }
+
+    fn sh_as(
+        uid: Option<u32>,
+        script: &str,
+        env: &[&str],
+        rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    ) -> (i32, String) {
         let (stdin, _keep) = pipe();
-        let (mut out, out_w) = pipe();
+        let (out, out_w) = pipe();
         let (_err, err_w) = pipe();
         let env: Vec<OsString> = env.iter().map(OsString::from).collect();
         let spawn = Spawn::new(
@@ -295,7 +326,7 @@ mod tests {
             OsStr::new("/tmp"),
             &env,
             [stdin.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
-            None,
+            uid,
             rlimits,
         )
         .unwrap();
@@ -312,12 +343,12 @@ mod tests {
     #[test]
     fn the_child_gets_exactly_its_arguments_environment_directory_and_group() {
         let (code, output) = sh(
-            r#"printf '%s|%s|%s|' "$X" "$Y" "$(pwd)"; awk '{ print ($1 == $5) }' /proc/$$/stat; exit 3"#,
+            r#"printf '%s|%s|%s|%s|' "$0" "$X" "$Y" "$(pwd)"; awk '{ print ($1 == $5) }' /proc/$$/stat; exit 3"#,
             &["PATH=/usr/bin:/bin", "X=a b;$(c)", "Y=first", "Y=last", "NOT_A_VARIABLE"],
             Vec::new(),
         );
         assert_eq!(code, 3);
-        assert_eq!(output, "a b;$(c)|last|/tmp|1\n");
+        assert_eq!(output, "sh|a b;$(c)|last|/tmp|1\n", "argv[0] as given, the last Y, its own group");
     }
 
     #[test]
@@ -369,5 +400,35 @@ mod tests {
             Spawn::new(OsStr::new("/bin/true"), &["a\0b".into()], OsStr::new("/"), &[], [0; 3], None, Vec::new())
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_run_as_another_user_is_forked_and_leaves_the_supervisor_dumpable() {
+        // SAFETY (both): getuid and prctl(PR_GET_DUMPABLE) only read this process's state.
+        #[allow(unsafe_code)]
+        let root = || unsafe { libc::getuid() == 0 };
+        #[allow(unsafe_code)]
+        let dumpable = || unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
+        if !root() {
+            eprintln!("skipped: changing the user needs root");
+            return;
+        }
+        assert_eq!(dumpable(), 1);
+        let (code, output) = sh_as(Some(65534), "id -u; id -G", &["PATH=/usr/bin:/bin"], Vec::new());
+        assert_eq!((code, output.as_str()), (0, "65534\n65534\n"), "its user, its group and no other");
+        // (a change of user in a child sharing this memory would have made it undumpable)
+        assert_eq!(dumpable(), 1, "the supervisor's memory was marked not dumpable");
+        let (stdin, _keep) = pipe();
+        let missing = Spawn::new(
+            OsStr::new("/bin/true"),
+            &[],
+            OsStr::new("/nonexistent"),
+            &[],
+            [stdin.as_raw_fd(); 3],
+            Some(65534),
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(missing.start(&mut Vec::new()).unwrap_err().raw_os_error(), Some(libc::ENOENT));
     }
 }
