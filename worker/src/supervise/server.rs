@@ -1,8 +1,8 @@
 //! The long-lived supervisor of a worker (`attune-worker supervisor <worker pid> <socket fd>`):
 //! one single-threaded process per worker that starts every process action (`spawn`), holds
 //! each one's process group to its limits and the worker's lease, and takes every group down
-//! when the worker dies. See the `supervise` module's comment for the whole design; the messages are in
-//! `protocol`.
+//! when the worker dies. See the `supervise` module's comment for the whole design; the
+//! messages are in `protocol`.
 //!
 //! The loop waits in `poll` on the worker's socket and a `signalfd` (SIGCHLD, and SIGUSR1 as the
 //! parent-death signal), with a timeout that is the next thing due: a run's next look at its

@@ -370,32 +370,17 @@ mod tests {
         assert_eq!(files, "77");
     }
 
+    /// The errno `program` in `cwd` fails to start with, as `uid`.
+    fn start_error(program: &str, cwd: &str, uid: Option<u32>) -> Option<i32> {
+        let (stdin, _keep) = pipe();
+        let spawn = Spawn::new(OsStr::new(program), &[], OsStr::new(cwd), &[], [stdin.as_raw_fd(); 3], uid, Vec::new());
+        spawn.unwrap().start(&mut Vec::new()).unwrap_err().raw_os_error()
+    }
+
     #[test]
     fn a_program_that_cannot_start_is_an_error_with_its_errno() {
-        let (stdin, _keep) = pipe();
-        let missing = Spawn::new(
-            OsStr::new("/nonexistent/program"),
-            &[],
-            OsStr::new("/"),
-            &[],
-            [stdin.as_raw_fd(); 3],
-            None,
-            Vec::new(),
-        )
-        .unwrap();
-        let error = missing.start(&mut Vec::new()).unwrap_err();
-        assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{error}");
-        let no_directory = Spawn::new(
-            OsStr::new("/bin/true"),
-            &[],
-            OsStr::new("/nonexistent"),
-            &[],
-            [stdin.as_raw_fd(); 3],
-            None,
-            Vec::new(),
-        )
-        .unwrap();
-        assert_eq!(no_directory.start(&mut Vec::new()).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+        assert_eq!(start_error("/nonexistent/program", "/", None), Some(libc::ENOENT));
+        assert_eq!(start_error("/bin/true", "/nonexistent", None), Some(libc::ENOENT));
         assert!(
             Spawn::new(OsStr::new("/bin/true"), &["a\0b".into()], OsStr::new("/"), &[], [0; 3], None, Vec::new())
                 .is_err()
@@ -418,17 +403,6 @@ mod tests {
         assert_eq!((code, output.as_str()), (0, "65534\n65534\n"), "its user, its group and no other");
         // (a change of user in a child sharing this memory would have made it undumpable)
         assert_eq!(dumpable(), 1, "the supervisor's memory was marked not dumpable");
-        let (stdin, _keep) = pipe();
-        let missing = Spawn::new(
-            OsStr::new("/bin/true"),
-            &[],
-            OsStr::new("/nonexistent"),
-            &[],
-            [stdin.as_raw_fd(); 3],
-            Some(65534),
-            Vec::new(),
-        )
-        .unwrap();
-        assert_eq!(missing.start(&mut Vec::new()).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+        assert_eq!(start_error("/bin/true", "/nonexistent", Some(65534)), Some(libc::ENOENT), "through the pipe");
     }
 }
