@@ -15,15 +15,19 @@
 //! that none is handled in the child before its dispositions are reset. A step that fails leaves
 //! its errno where the supervisor reads it once the child has exited, and the supervisor reaps it.
 //!
-//! A run as another user is the exception: it is forked (the same clone without `CLONE_VM`), and
-//! a failed step's errno comes back through a close-on-exec pipe. A change of user in a child
-//! that shares the supervisor's memory would mark that memory (the supervisor's) not dumpable,
-//! and would let a process of that user stop or trace the child, and so the suspended
-//! supervisor, between the change and the exec.
+//! A run as another user takes the same path. Its change of user, in a child that shares the
+//! supervisor's memory, makes the kernel mark that memory (the supervisor's too) not dumpable, so
+//! that no process of that user can trace the child, and through it the supervisor, before the
+//! exec; the child asks for it again after the change (in case `fs.suid_dumpable` is 1), and the
+//! supervisor sets its own dumpability back once the child has exec'd. Forking such a run (as
+//! this module did for a while: a worker running as root, the default, then forked every action)
+//! would not close the one window left: a process of that user (one an earlier action left behind
+//! with `setsid`) could stop the child before its exec, and the supervisor waits for the exec
+//! either way.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -46,12 +50,10 @@ pub(super) struct Spawn {
     _strings: Vec<CString>,
 }
 
-/// What the child reads, and where it writes the errno of a step that failed: `failed` when it
-/// shares the supervisor's memory, else the pipe `report`.
+/// What the child reads, and where it writes the errno of a step that failed.
 struct Child<'a> {
     spawn: &'a Spawn,
     failed: &'a AtomicI32,
-    report: RawFd,
 }
 
 impl Spawn {
@@ -114,16 +116,14 @@ impl Spawn {
     pub(super) fn start(&self, stack: &mut Vec<u8>) -> std::io::Result<libc::pid_t> {
         stack.resize(STACK_BYTES, 0);
         let failed = AtomicI32::new(0);
-        let shared = self.uid.is_none();
-        // (a forked child's errno comes back through a pipe, closed by its exec)
-        let report = if shared { None } else { Some(super::protocol::pipe()?) };
-        let child = Child { spawn: self, failed: &failed, report: report.as_ref().map_or(-1, |(_, w)| w.as_raw_fd()) };
-        let flags = if shared { libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD } else { libc::SIGCHLD };
-        // SAFETY: the clone's child runs `child_main` on `stack` (its own, 16-byte aligned top):
-        // with CLONE_VM, in this process's memory while this process is suspended (CLONE_VFORK)
-        // until it execs or exits, reading `child`, which outlives it, and writing only
-        // `failed`; without, on a copy of it all. Every signal is blocked across the clone and
-        // the mask restored after.
+        let child = Child { spawn: self, failed: &failed };
+        // SAFETY: reads this process's dumpability.
+        let dumpable = self.uid.map(|_| unsafe { libc::prctl(libc::PR_GET_DUMPABLE) });
+        // SAFETY: the clone's child runs `child_main` on `stack` (its own, 16-byte aligned top)
+        // in this process's memory while this process is suspended (CLONE_VFORK) until it execs
+        // or exits, reading `child`, which outlives it, and writing only `failed` (and, with a
+        // change of user, the memory's dumpability, set back below). Every signal is blocked
+        // across the clone and the mask restored after.
         let (pid, clone_error) = unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut before: libc::sigset_t = std::mem::zeroed();
@@ -131,27 +131,20 @@ impl Spawn {
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
             let top = stack.as_mut_ptr().add(stack.len());
             let top = top.sub(top as usize % 16);
+            let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
             let pid =
                 libc::clone(child_main, top as *mut libc::c_void, flags, &child as *const Child as *mut libc::c_void);
             let clone_error = std::io::Error::last_os_error();
+            if let Some(dumpable) = dumpable {
+                libc::prctl(libc::PR_SET_DUMPABLE, dumpable as libc::c_ulong, 0, 0, 0);
+            }
             libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
             (pid, clone_error)
         };
         if pid < 0 {
             return Err(clone_error);
         }
-        let errno = match report {
-            None => failed.load(Ordering::SeqCst),
-            Some((reader, writer)) => {
-                drop(writer);
-                let mut bytes = [0u8; 4];
-                // (nothing read: the child exec'd, and its end closed with the exec)
-                match std::io::Read::read_exact(&mut std::fs::File::from(reader), &mut bytes) {
-                    Ok(()) => i32::from_ne_bytes(bytes),
-                    Err(_) => 0,
-                }
-            }
-        };
+        let errno = failed.load(Ordering::SeqCst);
         match errno {
             0 => Ok(pid),
             errno => {
@@ -174,10 +167,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: system calls on the values `Spawn::new` prepared (see `steps`).
     let errno = unsafe { steps(child.spawn) }.max(1);
     child.failed.store(errno, Ordering::SeqCst);
-    if child.report >= 0 {
-        // SAFETY: writes four bytes from a local to the pipe's end this child holds.
-        unsafe { libc::write(child.report, errno.to_ne_bytes().as_ptr() as *const libc::c_void, 4) };
-    }
     // SAFETY: _exit ends this process at once, without running the supervisor's exit handlers.
     unsafe { libc::_exit(127) }
 }
@@ -213,6 +202,9 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
             if libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0 {
                 return errno();
             }
+            // (the change made the shared memory not dumpable unless `fs.suid_dumpable` says
+            // otherwise: not dumpable in every case, until the exec)
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         }
         if libc::chdir(spawn.cwd.as_ptr()) != 0 || libc::setpgid(0, 0) != 0 {
             return errno();
@@ -388,7 +380,7 @@ mod tests {
     }
 
     #[test]
-    fn a_run_as_another_user_is_forked_and_leaves_the_supervisor_dumpable() {
+    fn a_run_as_another_user_leaves_the_supervisor_dumpable() {
         // SAFETY (both): getuid and prctl(PR_GET_DUMPABLE) only read this process's state.
         #[allow(unsafe_code)]
         let root = || unsafe { libc::getuid() == 0 };
@@ -401,8 +393,9 @@ mod tests {
         assert_eq!(dumpable(), 1);
         let (code, output) = sh_as(Some(65534), "id -u; id -G", &["PATH=/usr/bin:/bin"], Vec::new());
         assert_eq!((code, output.as_str()), (0, "65534\n65534\n"), "its user, its group and no other");
-        // (a change of user in a child sharing this memory would have made it undumpable)
-        assert_eq!(dumpable(), 1, "the supervisor's memory was marked not dumpable");
-        assert_eq!(start_error("/bin/true", "/nonexistent", Some(65534)), Some(libc::ENOENT), "through the pipe");
+        // (the change of user in a child sharing this memory made it not dumpable until the exec)
+        assert_eq!(dumpable(), 1, "the supervisor's memory was left not dumpable");
+        assert_eq!(start_error("/bin/true", "/nonexistent", Some(65534)), Some(libc::ENOENT));
+        assert_eq!(dumpable(), 1, "the supervisor's memory was left not dumpable by a failed start");
     }
 }
