@@ -82,6 +82,14 @@ pub fn serve(args: &[OsString]) -> i32 {
         eprintln!("attune-worker {MODE}: usage: attune-worker {MODE} <worker pid> <socket fd>");
         return 2;
     };
+    // Not dumpable, as the worker is not (`lifecycle::protect_process`): the requests it holds
+    // carry parameters and secrets, and a run as another user shares its memory until its exec
+    // (`spawn`).
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        eprintln!("attune-worker {MODE}: cannot start: {}", std::io::Error::last_os_error());
+        return 2;
+    }
     let set = super::watch_signals();
     // SAFETY: signalfd returns a new descriptor owned once below; fcntl sets a flag on the
     // socket descriptor the worker passed at this number, which this process owns from here on.

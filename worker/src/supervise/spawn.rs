@@ -8,22 +8,27 @@
 //! The child runs on a stack of its own while the supervisor is suspended, and makes only system
 //! calls, on values prepared before the clone: it allocates nothing and takes no lock. In order,
 //! as std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups
-//! and user (raw system calls, for this one process alone); its directory; a process group of
+//! and user (raw system calls, for this one process alone), and then not dumpable; its directory; a process group of
 //! its own; the rlimits; `PR_SET_PDEATHSIG` (SIGKILL) and a check that the supervisor is still
 //! its parent; the default action for SIGPIPE and for every signal the supervisor handles; an
 //! empty signal mask; the exec. Every signal is blocked in the supervisor across the clone, so
 //! that none is handled in the child before its dispositions are reset. A step that fails leaves
 //! its errno where the supervisor reads it once the child has exited, and the supervisor reaps it.
 //!
-//! A run as another user takes the same path. Its change of user, in a child that shares the
-//! supervisor's memory, makes the kernel mark that memory (the supervisor's too) not dumpable, so
-//! that no process of that user can trace the child, and through it the supervisor, before the
-//! exec; the child asks for it again after the change (in case `fs.suid_dumpable` is 1), and the
-//! supervisor sets its own dumpability back once the child has exec'd. Forking such a run (as
-//! this module did for a while: a worker running as root, the default, then forked every action)
-//! would not close the one window left: a process of that user (one an earlier action left behind
-//! with `setsid`) could stop the child before its exec, and the supervisor waits for the exec
-//! either way.
+//! A run as another user takes the same path, with care for the moments its child is that user
+//! while it still shares the supervisor's memory (from its change of user until the kernel has
+//! switched it to the new program's memory, which comes after the supervisor is let go). The
+//! child changes its real and effective user but keeps a saved user of root (`setresuid(uid,
+//! uid, 0)`) until the exec, which sets the saved user to the effective one and leaves the program
+//! no capability: no process of that user may trace the child or open its memory in that time
+//! (the kernel asks for all three of the child's user ids to be the tracer's), whatever the
+//! memory's dumpability. And the supervisor is not dumpable from its start (`server::serve`), as
+//! the worker is not: the child asks for that again after its change of user, since the kernel
+//! then sets the memory's dumpability to `fs.suid_dumpable`.
+//!
+//! One window stays, as it did when such runs were forked: a process of that user (one an earlier
+//! action left behind with `setsid`) may signal the child, and could stop it before its exec,
+//! while the supervisor waits for that exec.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -117,13 +122,11 @@ impl Spawn {
         stack.resize(STACK_BYTES, 0);
         let failed = AtomicI32::new(0);
         let child = Child { spawn: self, failed: &failed };
-        // SAFETY: reads this process's dumpability.
-        let dumpable = self.uid.map(|_| unsafe { libc::prctl(libc::PR_GET_DUMPABLE) });
         // SAFETY: the clone's child runs `child_main` on `stack` (its own, 16-byte aligned top)
         // in this process's memory while this process is suspended (CLONE_VFORK) until it execs
         // or exits, reading `child`, which outlives it, and writing only `failed` (and, with a
-        // change of user, the memory's dumpability, set back below). Every signal is blocked
-        // across the clone and the mask restored after.
+        // change of user, the memory's dumpability: not dumpable). Every signal is blocked across
+        // the clone and the mask restored after.
         let (pid, clone_error) = unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut before: libc::sigset_t = std::mem::zeroed();
@@ -135,9 +138,6 @@ impl Spawn {
             let pid =
                 libc::clone(child_main, top as *mut libc::c_void, flags, &child as *const Child as *mut libc::c_void);
             let clone_error = std::io::Error::last_os_error();
-            if let Some(dumpable) = dumpable {
-                libc::prctl(libc::PR_SET_DUMPABLE, dumpable as libc::c_ulong, 0, 0, 0);
-            }
             libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
             (pid, clone_error)
         };
@@ -199,12 +199,16 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
             {
                 return errno();
             }
-            if libc::syscall(libc::SYS_setuid, uid as libc::c_long) != 0 {
+            // (root stays the saved user until the exec, so that this user cannot trace this
+            // child while it shares the supervisor's memory; the exec drops it)
+            let (uid, root) = (uid as libc::c_long, 0 as libc::c_long);
+            if libc::syscall(libc::SYS_setresuid, uid, uid, root) != 0 {
                 return errno();
             }
-            // (the change made the shared memory not dumpable unless `fs.suid_dumpable` says
-            // otherwise: not dumpable in every case, until the exec)
-            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+            // (the change set the shared memory's dumpability to `fs.suid_dumpable`)
+            if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+                return errno();
+            }
         }
         if libc::chdir(spawn.cwd.as_ptr()) != 0 || libc::setpgid(0, 0) != 0 {
             return errno();
@@ -380,7 +384,7 @@ mod tests {
     }
 
     #[test]
-    fn a_run_as_another_user_leaves_the_supervisor_dumpable() {
+    fn a_run_as_another_user_is_that_user_alone_with_no_capability_and_shares_no_dumpable_memory() {
         // SAFETY (both): getuid and prctl(PR_GET_DUMPABLE) only read this process's state.
         #[allow(unsafe_code)]
         let root = || unsafe { libc::getuid() == 0 };
@@ -390,12 +394,20 @@ mod tests {
             eprintln!("skipped: changing the user needs root");
             return;
         }
-        assert_eq!(dumpable(), 1);
         let (code, output) = sh_as(Some(65534), "id -u; id -G", &["PATH=/usr/bin:/bin"], Vec::new());
         assert_eq!((code, output.as_str()), (0, "65534\n65534\n"), "its user, its group and no other");
-        // (the change of user in a child sharing this memory made it not dumpable until the exec)
-        assert_eq!(dumpable(), 1, "the supervisor's memory was left not dumpable");
+        // the saved user was root until the exec, and the exec left it neither root nor any
+        // capability
+        let status = "while read -r k v; do case $k in Uid:|Gid:|CapPrm:|CapEff:|CapAmb:) echo $k $v;; esac; \
+                      done < /proc/$$/status";
+        let (code, output) = sh_as(Some(65534), status, &[], Vec::new());
+        let none = "0000000000000000";
+        let expected = format!(
+            "Uid: 65534 65534 65534 65534\nGid: 65534 65534 65534 65534\nCapPrm: {none}\nCapEff: {none}\nCapAmb: {none}\n"
+        );
+        assert_eq!((code, output), (0, expected));
+        // (this process stands for the supervisor, whose memory the child shared until its exec)
+        assert_eq!(dumpable(), 0, "the memory the child shared with its supervisor was left dumpable");
         assert_eq!(start_error("/bin/true", "/nonexistent", Some(65534)), Some(libc::ENOENT));
-        assert_eq!(dumpable(), 1, "the supervisor's memory was left not dumpable by a failed start");
     }
 }
