@@ -304,3 +304,70 @@ async fn measure_the_cpu_of_an_echo_run_with_each_supervisor() {
         );
     }
 }
+
+/// A supervisor that finds a tracer attached when it makes itself not dumpable refuses to start:
+/// one of the worker's user could otherwise have attached in the moment after its exec, and read
+/// every request it holds from then on.
+#[test]
+#[allow(unsafe_code)]
+// (the child is reaped by `waitpid`, which its tracer must call to see it stop and go on)
+#[allow(clippy::zombie_processes)]
+fn a_supervisor_started_under_a_tracer_refuses_to_start() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let socket = theirs.as_raw_fd();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_attune-worker"));
+    command
+        .args(["supervisor", &std::process::id().to_string(), &socket.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: between fork and exec, the child clears close-on-exec on its copy of the socket and
+    // asks to be traced by this process; both are system calls on its own state.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(socket, libc::F_SETFD, 0) != 0
+                || libc::ptrace(libc::PTRACE_TRACEME, 0, std::ptr::null_mut::<libc::c_void>(), 0) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut stderr = child.stderr.take().unwrap();
+    // the traced child stops at its exec, and at any signal: each time it is let go on, traced
+    let deadline = Instant::now() + DEADLINE;
+    let code = loop {
+        assert!(Instant::now() < deadline, "the traced supervisor went on running");
+        let mut status = 0;
+        // SAFETY: reaps or observes this test's own child, without blocking.
+        let waited = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(waited >= 0, "{}", std::io::Error::last_os_error());
+        if waited == 0 {
+            std::thread::sleep(Duration::from_millis(10));
+        } else if libc::WIFSTOPPED(status) {
+            let signal = match libc::WSTOPSIG(status) {
+                libc::SIGTRAP => 0,
+                other => other,
+            };
+            // SAFETY: resumes this test's own stopped tracee.
+            unsafe { libc::ptrace(libc::PTRACE_CONT, pid, std::ptr::null_mut::<libc::c_void>(), signal) };
+        } else if libc::WIFEXITED(status) {
+            break libc::WEXITSTATUS(status);
+        } else {
+            panic!("the traced supervisor ended otherwise: {status:#x}");
+        }
+    };
+    let mut said = String::new();
+    stderr.read_to_string(&mut said).unwrap();
+    assert_eq!(code, 2, "{said}");
+    // (a tracer is a thread: the one of this test that started the child)
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::syscall(libc::SYS_gettid) };
+    assert!(said.contains(&format!("traced by process {me}")), "{said}");
+    drop((ours, theirs));
+}

@@ -90,6 +90,18 @@ pub fn serve(args: &[OsString]) -> i32 {
         eprintln!("attune-worker {MODE}: cannot start: {}", std::io::Error::last_os_error());
         return 2;
     }
+    // From here no process of this user may attach; one that did since the exec is refused.
+    match tracer() {
+        Ok(None) => {}
+        Ok(Some(tracer)) => {
+            eprintln!("attune-worker {MODE}: cannot start: traced by process {tracer}");
+            return 2;
+        }
+        Err(e) => {
+            eprintln!("attune-worker {MODE}: cannot start: cannot read /proc/self/status: {e}");
+            return 2;
+        }
+    }
     let set = super::watch_signals();
     // SAFETY: signalfd returns a new descriptor owned once below; fcntl sets a flag on the
     // socket descriptor the worker passed at this number, which this process owns from here on.
@@ -433,6 +445,17 @@ fn signal_group(pgid: i32, signal: i32) {
     unsafe {
         libc::kill(-pgid, signal);
     }
+}
+
+/// The process tracing this one, if any (`TracerPid` of `/proc/self/status`).
+fn tracer() -> std::io::Result<Option<i32>> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let tracer = status
+        .lines()
+        .find_map(|line| line.strip_prefix("TracerPid:"))
+        .and_then(|pid| pid.trim().parse::<i32>().ok())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no TracerPid line"))?;
+    Ok((tracer != 0).then_some(tracer))
 }
 
 /// Whether the worker is still this process's parent.

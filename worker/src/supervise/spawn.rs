@@ -8,7 +8,8 @@
 //! The child runs on a stack of its own while the supervisor is suspended, and makes only system
 //! calls, on values prepared before the clone: it allocates nothing and takes no lock. In order,
 //! as std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups
-//! and user (raw system calls, for this one process alone), and then not dumpable; its directory; a process group of
+//! and user (raw system calls, for this one process alone, with no ambient capability), and then
+//! not dumpable; its directory; a process group of
 //! its own; the rlimits; `PR_SET_PDEATHSIG` (SIGKILL) and a check that the supervisor is still
 //! its parent; the default action for SIGPIPE and for every signal the supervisor handles; an
 //! empty signal mask; the exec. Every signal is blocked in the supervisor across the clone, so
@@ -22,13 +23,16 @@
 //! uid, 0)`) until the exec, which sets the saved user to the effective one and leaves the program
 //! no capability: no process of that user may trace the child or open its memory in that time
 //! (the kernel asks for all three of the child's user ids to be the tracer's), whatever the
-//! memory's dumpability. And the supervisor is not dumpable from its start (`server::serve`), as
-//! the worker is not: the child asks for that again after its change of user, since the kernel
-//! then sets the memory's dumpability to `fs.suid_dumpable`.
+//! memory's dumpability. Its ambient capabilities are cleared first (with a saved user of root the
+//! change of user would keep them, and the exec pass them on). And the supervisor is not dumpable
+//! from the start of `server::serve`, as the worker is not: the child asks for that again after
+//! its change of user (or when a step after its change of group fails), since the kernel then
+//! sets the memory's dumpability to `fs.suid_dumpable`.
 //!
 //! One window stays, as it did when such runs were forked: a process of that user (one an earlier
 //! action left behind with `setsid`) may signal the child, and could stop it before its exec,
-//! while the supervisor waits for that exec.
+//! while the supervisor waits for that exec. The supervisor then answers nothing and enforces
+//! nothing for any run; the worker kills it after `ANSWER_PATIENCE`, and its runs end as lost.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -167,6 +171,12 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: system calls on the values `Spawn::new` prepared (see `steps`).
     let errno = unsafe { steps(child.spawn) }.max(1);
     child.failed.store(errno, Ordering::SeqCst);
+    if child.spawn.uid.is_some() {
+        // (a change of group or user before the step that failed set the shared memory's
+        // dumpability to `fs.suid_dumpable`)
+        // SAFETY: changes a flag of this process's memory, which the supervisor shares.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    }
     // SAFETY: _exit ends this process at once, without running the supervisor's exit handlers.
     unsafe { libc::_exit(127) }
 }
@@ -197,6 +207,12 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
             if libc::getuid() == 0
                 && libc::syscall(libc::SYS_setgroups, 0 as libc::c_long, std::ptr::null::<libc::gid_t>()) != 0
             {
+                return errno();
+            }
+            // (a saved user of root keeps ambient capabilities across the change below, and the
+            // exec would hand them to the action: none, on a kernel that has them)
+            let cleared = libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+            if cleared != 0 && errno() != libc::EINVAL {
                 return errno();
             }
             // (root stays the saved user until the exec, so that this user cannot trace this
@@ -396,11 +412,17 @@ mod tests {
         }
         let (code, output) = sh_as(Some(65534), "id -u; id -G", &["PATH=/usr/bin:/bin"], Vec::new());
         assert_eq!((code, output.as_str()), (0, "65534\n65534\n"), "its user, its group and no other");
-        // the saved user was root until the exec, and the exec left it neither root nor any
-        // capability
+        // after the exec the action is that user alone, with no capability, even when the
+        // supervisor's thread has an ambient one (which a saved user of root would keep)
         let status = "while read -r k v; do case $k in Uid:|Gid:|CapPrm:|CapEff:|CapAmb:) echo $k $v;; esac; \
                       done < /proc/$$/status";
-        let (code, output) = sh_as(Some(65534), status, &[], Vec::new());
+        let (raised, (code, output)) = std::thread::spawn(move || {
+            let raised = raise_an_ambient_capability();
+            (raised, sh_as(Some(65534), status, &[], Vec::new()))
+        })
+        .join()
+        .unwrap();
+        assert!(raised, "the test could not raise an ambient capability");
         let none = "0000000000000000";
         let expected = format!(
             "Uid: 65534 65534 65534 65534\nGid: 65534 65534 65534 65534\nCapPrm: {none}\nCapEff: {none}\nCapAmb: {none}\n"
@@ -409,5 +431,38 @@ mod tests {
         // (this process stands for the supervisor, whose memory the child shared until its exec)
         assert_eq!(dumpable(), 0, "the memory the child shared with its supervisor was left dumpable");
         assert_eq!(start_error("/bin/true", "/nonexistent", Some(65534)), Some(libc::ENOENT));
+    }
+
+    /// Puts CAP_NET_BIND_SERVICE in this thread's inheritable and ambient sets (root only).
+    #[allow(unsafe_code)]
+    fn raise_an_ambient_capability() -> bool {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: libc::c_int,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const VERSION_3: u32 = 0x2008_0522;
+        const NET_BIND_SERVICE: u32 = 10;
+        let mut header = Header { version: VERSION_3, pid: 0 };
+        let mut data = [Data::default(); 2];
+        // SAFETY: capget and capset read and write this thread's capabilities through the two
+        // local structures; prctl raises one of them in its ambient set.
+        unsafe {
+            if libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()) != 0 {
+                return false;
+            }
+            data[0].inheritable |= 1 << NET_BIND_SERVICE;
+            if libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) != 0 {
+                return false;
+            }
+            libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE, NET_BIND_SERVICE as libc::c_ulong, 0, 0) == 0
+        }
     }
 }
