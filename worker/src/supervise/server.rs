@@ -90,7 +90,10 @@ pub fn serve(args: &[OsString]) -> i32 {
         eprintln!("attune-worker {MODE}: cannot start: {}", std::io::Error::last_os_error());
         return 2;
     }
-    // From here no process of this user may attach; one that did since the exec is refused.
+    // From here no process of this user may attach. A tracer left attached since the exec (strace
+    // or gdb following the worker's children) is refused: the requests carry secrets. (A hostile
+    // process of this user attaching in that moment could defeat this check; what keeps one out
+    // is running actions as users of their own, or Yama's ptrace_scope of 1 or more.)
     match tracer() {
         Ok(None) => {}
         Ok(Some(tracer)) => {
