@@ -1,38 +1,38 @@
 //! How the supervisor starts an action's process: a `clone` that shares the supervisor's memory
-//! until the child execs (`CLONE_VM | CLONE_VFORK`, what `posix_spawn` does), instead of the
-//! `fork` std's `Command` makes whenever code must run in the child (rlimits, the parent-death
-//! signal). A fork copies the supervisor's page tables and the exec then tears the copy down: at
-//! `core.echo`'s maximum rate that was about a tenth of the machine, more than the supervisor's
-//! every other cost (docs/benchmarks.md).
+//! until the child execs (`CLONE_VM | CLONE_VFORK`, what `posix_spawn` does), instead of the `fork`
+//! std's `Command` makes whenever code must run in the child (rlimits, the parent-death signal). A
+//! fork copies the supervisor's page tables and the exec then tears the copy down: at `core.echo`'s
+//! maximum rate that was about a tenth of the machine, more than the supervisor's every other cost
+//! (docs/benchmarks.md).
 //!
 //! The child runs on a stack of its own while the supervisor is suspended, and makes only system
-//! calls, on values prepared before the clone: it allocates nothing and takes no lock. In order,
-//! as std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups
-//! and user (raw system calls, for this one process alone, with no ambient capability), and then
-//! not dumpable; its directory; a process group of
-//! its own; the rlimits; `PR_SET_PDEATHSIG` (SIGKILL) and a check that the supervisor is still
-//! its parent; the default action for SIGPIPE and for every signal the supervisor handles; an
-//! empty signal mask; the exec. Every signal is blocked in the supervisor across the clone, so
-//! that none is handled in the child before its dispositions are reset. A step that fails leaves
-//! its errno where the supervisor reads it once the child has exited, and the supervisor reaps it.
+//! calls, on values prepared before the clone: it allocates nothing and takes no lock. In order, as
+//! std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups and
+//! user (raw system calls, for this one process alone, with no ambient capability), and then not
+//! dumpable; its directory; a process group of its own; the rlimits; `PR_SET_PDEATHSIG` (SIGKILL)
+//! and a check that the supervisor is still its parent; the default action for SIGPIPE and for
+//! every signal the supervisor handles; an empty signal mask; the exec. Every signal is blocked in
+//! the supervisor across the clone, so that none is handled in the child before its dispositions
+//! are reset. A step that fails leaves its errno where the supervisor reads it once the child has
+//! exited, and the supervisor reaps it.
 //!
 //! A run as another user takes the same path, with care for the moments its child is that user
 //! while it still shares the supervisor's memory (from its change of user until the kernel has
-//! switched it to the new program's memory, which comes after the supervisor is let go). The
-//! child changes its real and effective user but keeps a saved user of root (`setresuid(uid,
-//! uid, 0)`) until the exec, which sets the saved user to the effective one and leaves the program
-//! no permitted, effective or ambient capability: no process of that user may trace the child or
-//! open its memory in that time (the kernel asks for all three of the child's user ids to be the
-//! tracer's), whatever the memory's dumpability. Its ambient capabilities are cleared first (with a saved user of root the
-//! change of user would keep them, and the exec pass them on). And the supervisor is not dumpable
-//! from the start of `server::serve`, as the worker is not: the child asks for that again after
-//! its change of user (or when a step after its change of group fails), since the kernel then
-//! sets the memory's dumpability to `fs.suid_dumpable`.
+//! switched it to the new program's memory, which comes after the supervisor is let go). The child
+//! changes its real and effective user but keeps a saved user of root (`setresuid(uid, uid, 0)`)
+//! until the exec, which sets the saved user to the effective one and leaves the program no
+//! permitted, effective or ambient capability. Until then no process of that user may trace the
+//! child or open its memory (the kernel asks for all three of the child's user ids to be the
+//! tracer's), whatever the memory's dumpability. Its ambient capabilities are cleared first (with a
+//! saved user of root the change of user would keep them, and the exec pass them on). And the
+//! supervisor is not dumpable from the start of `server::serve`, as the worker is not: the child
+//! asks for that again after its change of user (or when a step after its change of group fails),
+//! since the kernel then sets the memory's dumpability to `fs.suid_dumpable`.
 //!
 //! One window stays, as it did when such runs were forked: a process of that user (one an earlier
-//! action left behind with `setsid`) may signal the child, and could stop it before its exec,
-//! while the supervisor waits for that exec. The supervisor then answers nothing and enforces
-//! nothing for any run; the worker kills it after `ANSWER_PATIENCE`, and its runs end as lost.
+//! action left behind with `setsid`) may signal the child, and could stop it before its exec, while
+//! the supervisor waits for that exec. The supervisor then answers nothing and enforces nothing for
+//! any run; the worker kills it after `ANSWER_PATIENCE`, and its runs end as lost.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
