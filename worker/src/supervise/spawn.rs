@@ -21,13 +21,14 @@
 //! switched it to the new program's memory, which comes after the supervisor is let go). The child
 //! changes its real and effective user but keeps a saved user of root (`setresuid(uid, uid, 0)`)
 //! until the exec, which sets the saved user to the effective one and leaves the program no
-//! permitted, effective or ambient capability. Until then no process of that user may trace the
-//! child or open its memory (the kernel asks for all three of the child's user ids to be the
-//! tracer's), whatever the memory's dumpability. Its ambient capabilities are cleared first (with a
-//! saved user of root the change of user would keep them, and the exec pass them on). And the
-//! supervisor is not dumpable from the start of `server::serve`, as the worker is not: the child
-//! asks for that again after its change of user (or when a step after its change of group fails),
-//! since the kernel then sets the memory's dumpability to `fs.suid_dumpable`.
+//! permitted, effective or ambient capability; its inheritable set is emptied before. Until then no
+//! process of that user may trace the child or open its memory (the kernel asks for all three of
+//! the child's user ids to be the tracer's), whatever the memory's dumpability. Its ambient
+//! capabilities are cleared first (with a saved user of root the change of user would keep them,
+//! and the exec pass them on). And the supervisor is not dumpable from the start of
+//! `server::serve`, as the worker is not: the child asks for that again after its change of user
+//! (or when a step after its change of group fails), since the kernel then sets the memory's
+//! dumpability to `fs.suid_dumpable`.
 //!
 //! One window stays, as it did when such runs were forked: a process of that user (one an earlier
 //! action left behind with `setsid`) may signal the child, and could stop it before its exec, while
@@ -42,6 +43,24 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 /// The child's stack: it makes system calls only, through libc's thin wrappers.
 const STACK_BYTES: usize = 64 * 1024;
+
+/// `capget`/`capset`'s header (`_LINUX_CAPABILITY_VERSION_3`, this thread) and its two words of
+/// capabilities (0 to 31, 32 to 63).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
 
 /// A process to start, with everything the child needs prepared.
 pub(super) struct Spawn {
@@ -207,6 +226,17 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
             if libc::getuid() == 0
                 && libc::syscall(libc::SYS_setgroups, 0 as libc::c_long, std::ptr::null::<libc::gid_t>()) != 0
             {
+                return errno();
+            }
+            // (the inheritable set survives the change and the exec, and would give the action a
+            // capability through a program whose file marks it inheritable: none)
+            let mut header = CapHeader { version: CAP_VERSION_3, pid: 0 };
+            let mut caps = [CapData::default(); 2];
+            if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, caps.as_mut_ptr()) != 0 {
+                return errno();
+            }
+            caps.iter_mut().for_each(|word| word.inheritable = 0);
+            if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, caps.as_ptr()) != 0 {
                 return errno();
             }
             // (a saved user of root keeps ambient capabilities across the change below, and the
@@ -413,10 +443,10 @@ mod tests {
         }
         let (code, output) = sh_as(Some(65534), "id -u; id -G", &["PATH=/usr/bin:/bin"], Vec::new());
         assert_eq!((code, output.as_str()), (0, "65534\n65534\n"), "its user, its group and no other");
-        // after the exec the action is that user alone, with no permitted, effective or ambient
-        // capability (its inheritable set is the supervisor's, as with a fork), even when the
-        // supervisor's thread has an ambient one (which a saved user of root would keep)
-        let status = "while read -r k v; do case $k in Uid:|Gid:|CapPrm:|CapEff:|CapAmb:) echo $k $v;; esac; \
+        // after the exec the action is that user alone, with no capability in any set, even when
+        // the supervisor's thread has an inheritable and ambient one (which a saved user of root
+        // would keep)
+        let status = "while read -r k v; do case $k in Uid:|Gid:|CapInh:|CapPrm:|CapEff:|CapAmb:) echo $k $v;; esac; \
                       done < /proc/$$/status";
         let (raised, (code, output)) = std::thread::spawn(move || {
             let raised = raise_an_ambient_capability();
@@ -429,7 +459,7 @@ mod tests {
         }
         let none = "0000000000000000";
         let expected = format!(
-            "Uid: 65534 65534 65534 65534\nGid: 65534 65534 65534 65534\nCapPrm: {none}\nCapEff: {none}\nCapAmb: {none}\n"
+            "Uid: 65534 65534 65534 65534\nGid: 65534 65534 65534 65534\nCapInh: {none}\nCapPrm: {none}\nCapEff: {none}\nCapAmb: {none}\n"
         );
         assert_eq!((code, output), (0, expected));
         // (this process stands for the supervisor, whose memory the child shared until its exec)
@@ -440,30 +470,17 @@ mod tests {
     /// Puts CAP_NET_BIND_SERVICE in this thread's inheritable and ambient sets (root only).
     #[allow(unsafe_code)]
     fn raise_an_ambient_capability() -> bool {
-        #[repr(C)]
-        struct Header {
-            version: u32,
-            pid: libc::c_int,
-        }
-        #[repr(C)]
-        #[derive(Clone, Copy, Default)]
-        struct Data {
-            effective: u32,
-            permitted: u32,
-            inheritable: u32,
-        }
-        const VERSION_3: u32 = 0x2008_0522;
         const NET_BIND_SERVICE: u32 = 10;
-        let mut header = Header { version: VERSION_3, pid: 0 };
-        let mut data = [Data::default(); 2];
+        let mut header = CapHeader { version: CAP_VERSION_3, pid: 0 };
+        let mut data = [CapData::default(); 2];
         // SAFETY: capget and capset read and write this thread's capabilities through the two
         // local structures; prctl raises one of them in its ambient set.
         unsafe {
-            if libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()) != 0 {
+            if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) != 0 {
                 return false;
             }
             data[0].inheritable |= 1 << NET_BIND_SERVICE;
-            if libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) != 0 {
+            if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) != 0 {
                 return false;
             }
             libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE, NET_BIND_SERVICE as libc::c_ulong, 0, 0) == 0
