@@ -141,8 +141,16 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
     let requeue = "UPDATE execution SET status = 'requested' WHERE id = $1";
     assert_eq!(sqlx::query(requeue).bind(own).execute(&worker).await.unwrap().rows_affected(), 0, "requeued");
     // a hand-back goes through execution_hand_back: its own scheduled work only
-    let held = system.submit("core.echo", json!({"message": "held"})).await["id"].as_i64().unwrap();
-    attune_testkit::force_status(&system.db.pool, held, attune_core::ExecutionStatus::Scheduled, Some(w1)).await;
+    // (written as scheduled on w1 with no dispatch behind it: a submission would race the running
+    // system, whose worker w1 could claim and run it before the hand-back)
+    let held: i64 = sqlx::query_scalar(
+        "INSERT INTO execution (action_ref, parameters, status, runtime, worker) \
+         VALUES ('core.echo', '{\"message\": \"held\"}', 'scheduled', 'shell', $1) RETURNING id",
+    )
+    .bind(w1)
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
     assert_eq!(refused(sqlx::query(requeue).bind(held).execute(&worker).await, "requeue by hand"), "42501");
     let back: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution_hand_back($1, $2)")
         .bind(theirs)
