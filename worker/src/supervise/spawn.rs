@@ -8,8 +8,8 @@
 //! The child runs on a stack of its own while the supervisor is suspended, and makes only system
 //! calls, on values prepared before the clone: it allocates nothing and takes no lock. In order, as
 //! std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups and
-//! user (raw system calls, for this one process alone, with no ambient capability), and then not
-//! dumpable; its directory; a process group of its own; the rlimits; `PR_SET_PDEATHSIG` (SIGKILL)
+//! user (raw system calls, for this one process alone, with no inheritable or ambient capability),
+//! and then not dumpable; its directory; a process group of its own; the rlimits; `PR_SET_PDEATHSIG` (SIGKILL)
 //! and a check that the supervisor is still its parent; the default action for SIGPIPE and for
 //! every signal the supervisor handles; an empty signal mask; the exec. Every signal is blocked in
 //! the supervisor across the clone, so that none is handled in the child before its dispositions
@@ -21,11 +21,10 @@
 //! switched it to the new program's memory, which comes after the supervisor is let go). The child
 //! changes its real and effective user but keeps a saved user of root (`setresuid(uid, uid, 0)`)
 //! until the exec, which sets the saved user to the effective one and leaves the program no
-//! permitted, effective or ambient capability; its inheritable set is emptied before. Until then no
-//! process of that user may trace the child or open its memory (the kernel asks for all three of
-//! the child's user ids to be the tracer's), whatever the memory's dumpability. Its ambient
-//! capabilities are cleared first (with a saved user of root the change of user would keep them,
-//! and the exec pass them on). And the supervisor is not dumpable from the start of
+//! permitted, effective or ambient capability: its inheritable set, and with it the ambient one
+//! (which a saved user of root would keep), is emptied before. Until then no process of that user
+//! may trace the child or open its memory (the kernel asks for all three of the child's user ids
+//! to be the tracer's), whatever the memory's dumpability. And the supervisor is not dumpable from the start of
 //! `server::serve`, as the worker is not: the child asks for that again after its change of user
 //! (or when a step after its change of group fails), since the kernel then sets the memory's
 //! dumpability to `fs.suid_dumpable`.
@@ -229,7 +228,8 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
                 return errno();
             }
             // (the inheritable set survives the change and the exec, and would give the action a
-            // capability through a program whose file marks it inheritable: none)
+            // capability through a program whose file marks it inheritable; emptying it empties the
+            // ambient set too, which a saved user of root would otherwise keep for the exec)
             let mut header = CapHeader { version: CAP_VERSION_3, pid: 0 };
             let mut caps = [CapData::default(); 2];
             if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, caps.as_mut_ptr()) != 0 {
@@ -237,13 +237,6 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
             }
             caps.iter_mut().for_each(|word| word.inheritable = 0);
             if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, caps.as_ptr()) != 0 {
-                return errno();
-            }
-            // (a saved user of root keeps ambient capabilities across the change below, and the
-            // exec would hand them to the action: none, on a kernel that has them)
-            let (clear_all, none) = (libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0 as libc::c_ulong);
-            let cleared = libc::prctl(libc::PR_CAP_AMBIENT, clear_all, none, none, none);
-            if cleared != 0 && errno() != libc::EINVAL {
                 return errno();
             }
             // (root stays the saved user until the exec, so that this user cannot trace this
