@@ -93,6 +93,11 @@ pub const DISPATCHES: Metric = Metric {
     help: "Dispatches an executor published to a worker (more than one per execution only when work went back to waiting).",
     kind: Kind::Counter,
 };
+pub const INFLIGHT_READS: Metric = Metric {
+    name: "attune_scheduler_inflight_reads_total",
+    help: "Reads of the executions in flight per worker by a scheduler, one per look that could not use its last read.",
+    kind: Kind::Counter,
+};
 pub const HANDED_BACK: Metric = Metric {
     name: "attune_handed_back_total",
     help: "Executions that went back to waiting without having started, with no retry spent, by who handed them back (executor: the dispatch could not be sent; worker: it was stopping; monitor: the dispatch was lost).",
@@ -180,7 +185,7 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 19] = [
+const ALL: [&Metric; 20] = [
     &EXECUTIONS_FINISHED,
     &FAILURES,
     &RETRIES_CREATED,
@@ -193,6 +198,7 @@ const ALL: [&Metric; 19] = [
     &MONITOR_RECOVERIES,
     &WORKER_UNAVAILABLE,
     &DISPATCHES,
+    &INFLIGHT_READS,
     &HANDED_BACK,
     &ACTIONS_RUN,
     &BROKER_PUBLISHES,

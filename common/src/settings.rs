@@ -386,7 +386,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_INFLIGHT_CACHE_MS",
         default: Value("10"),
         read_by: &[Executor],
-        doc: "how long the scheduler reuses a read of the executions in flight per worker (adding its own claims), and, while requests wait for room (after a claim that used it up, too), how often it looks again; at least 5",
+        doc: "how long the scheduler reuses a read of the executions in flight per worker (adding its own claims), and, while requests wait for room (after a claim that used it up, too), the least it waits before it looks again (longer while the workers' runs are long or untimed, up to 250 ms); at least 5",
     },
     Setting {
         name: "ATTUNE_WORKER_WAIT_SECS",

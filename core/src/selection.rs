@@ -32,6 +32,9 @@ pub struct Candidate {
     pub slots: Option<i64>,
     /// How many of them it runs at once (`None`: it does not say); the rest are its look-ahead.
     pub concurrency: Option<i64>,
+    /// Its recent execution time in milliseconds, as it reported (`None`: it has timed no run
+    /// yet, or does not say): how soon its runs free room.
+    pub run_ms: Option<f64>,
     /// Whether its consumer is up: a worker that cannot consume gets no work, but its runtimes
     /// still count as offered (it is alive and reconnecting).
     pub consuming: bool,
@@ -248,6 +251,7 @@ mod tests {
             },
             slots: None,
             concurrency: None,
+            run_ms: None,
             consuming: true,
         }
     }

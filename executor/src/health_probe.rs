@@ -103,6 +103,28 @@ impl Picture {
         rooms
     }
 
+    /// About when room for `runtime` comes free, judged from the runs the workers offering it
+    /// hold and the recent execution time each reports: the soonest of them, for the first of
+    /// them to have a free slot, or, holding work ahead, to be due its top-up (`refill_now`).
+    /// `None` when a worker that could have room does not say enough to judge (no run timed yet,
+    /// or an older version).
+    pub fn room_expected_in(&self, runtime: &str) -> Option<Duration> {
+        let mut soonest: Option<f64> = None;
+        for c in self.fleet.iter().filter(|c| c.offers(runtime) && c.consuming) {
+            let (Some(slots), Some(concurrency), Some(run_ms)) = (c.slots, c.concurrency, c.run_ms) else {
+                return None;
+            };
+            let dispatched = self.inflight.get(&c.worker_id).copied().unwrap_or(0);
+            // runs that must end first: those past a free slot, and, with work held ahead, those
+            // past the half of the look-ahead a top-up waits for
+            let wanted = if dispatched > concurrency { (slots.saturating_sub(concurrency) / 2).max(1) } else { 1 };
+            let ending = wanted.saturating_sub(slots.saturating_sub(dispatched)).max(1);
+            let ms = ending as f64 * run_ms / concurrency.max(1) as f64;
+            soonest = Some(soonest.map_or(ms, |s| s.min(ms)));
+        }
+        soonest.map(|ms| Duration::from_secs_f64(ms.clamp(0.0, 3_600_000.0) / 1000.0))
+    }
+
     /// Whether some active worker offering `runtime` would take work if it had room: a request
     /// for it waits rather than fails.
     pub fn could_run(&self, config: &HealthThresholds, runtime: &str) -> bool {
@@ -173,6 +195,7 @@ impl WorkerHealthProbe {
         let read_at = Instant::now();
         let db::worker::InFlight { counts: inflight, now: db_now, not_receiving } =
             db::worker::in_flight(&self.pool).await?;
+        attune_common::metrics::increment(&attune_common::metrics::INFLIGHT_READS, &[], 1);
         Ok(Picture { fleet, inflight, not_receiving, read_at, db_now, probation: self.probation })
     }
 
@@ -212,6 +235,7 @@ mod tests {
             },
             slots: Some(4),
             concurrency: Some(4),
+            run_ms: None,
             consuming: true,
         }
     }
@@ -259,6 +283,31 @@ mod tests {
         // no look-ahead: a slot at a time
         let none_ahead = Candidate { slots: Some(4), concurrency: Some(4), ..worker(1, Utc::now()) };
         assert!(refill_now(&none_ahead, 3, 1) && !refill_now(&none_ahead, 4, 0));
+    }
+
+    #[test]
+    fn room_is_expected_when_the_first_worker_has_a_free_slot_or_is_due_its_top_up() {
+        let now = Utc::now();
+        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+        // 4 at once and 16 ahead, runs of 100 ms: full (20 dispatched), a top-up is due once 8
+        // have ended, 2 rounds of its 4 slots
+        let python = Candidate { slots: Some(20), concurrency: Some(4), run_ms: Some(100.0), ..worker(1, now) };
+        let of = |fleet: Vec<Candidate>, inflight: Vec<(i64, i64)>| {
+            picture(fleet, inflight.into_iter().collect(), now).room_expected_in("shell")
+        };
+        assert_eq!(ms(of(vec![python.clone()], vec![(1, 20)])), Some(200.0));
+        // 14 dispatched: 6 free already, 2 more runs to end
+        assert_eq!(ms(of(vec![python.clone()], vec![(1, 14)])), Some(50.0));
+        // no look-ahead: the first run to end frees a slot
+        let long = Candidate { slots: Some(2), concurrency: Some(2), run_ms: Some(60_000.0), ..worker(2, now) };
+        assert_eq!(ms(of(vec![long.clone()], vec![(2, 2)])), Some(30_000.0));
+        // the soonest of the workers
+        assert_eq!(ms(of(vec![python.clone(), long.clone()], vec![(1, 20), (2, 2)])), Some(200.0));
+        // one that has timed no run (or does not say) leaves it unknown
+        let untimed = Candidate { run_ms: None, ..python.clone() };
+        assert_eq!(of(vec![python, untimed], vec![(1, 20)]), None);
+        // a runtime no worker offers: nothing to expect
+        assert_eq!(picture(vec![long], HashMap::new(), now).room_expected_in("python"), None);
     }
 
     #[test]

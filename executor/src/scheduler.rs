@@ -10,9 +10,11 @@
 //! (`selection::plan`: healthy by queue depth, then degraded, never unhealthy; a worker that holds
 //! work ahead is topped up once half its look-ahead is free, docs/adr/0010) and claims that
 //! many of the oldest waiting rows in one statement (`db::execution::claim_waiting`). Then it
-//! publishes their dispatches. A runtime with no room costs nothing per waiting request: the loop
-//! looks again every `ATTUNE_INFLIGHT_CACHE_MS` (one read of the in-flight counts) and whenever
-//! this executor records a finished execution.
+//! publishes their dispatches. A runtime with no room costs nothing per waiting request: a new
+//! request for it brings no room and is no reason to look; the loop looks again when the workers'
+//! recent execution times say room may have come free (at least `ATTUNE_INFLIGHT_CACHE_MS` later,
+//! at most `FULL_WAIT_MAX`: one read of the in-flight counts a look, see `full_wait`), and
+//! whenever this executor records a finished execution.
 //!
 //! A request fails, as the retriable `worker_unavailable`, only when no worker that could take
 //! work has offered its runtime for `ATTUNE_WORKER_WAIT_SECS`: the wait counts from when the last
@@ -43,6 +45,8 @@ const SWEEP: Duration = Duration::from_secs(1);
 const BATCH: usize = 256;
 /// How long a runtime that no worker offers is left before it is looked at again.
 const NO_WORKER_RECHECK: Duration = Duration::from_millis(250);
+/// The longest a runtime whose workers are all full waits for its next look (see `full_wait`).
+const FULL_WAIT_MAX: Duration = Duration::from_millis(250);
 /// How long a dispatch is tried before its execution goes back to waiting.
 const DISPATCH_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -60,6 +64,8 @@ pub struct Marked {
     pub runtimes: BTreeSet<String>,
     /// A hint without a known runtime: look at every runtime with waiting work.
     pub all: bool,
+    /// Room may have come free: a runtime whose workers were full is looked at again now.
+    pub room: bool,
 }
 
 impl Waiting {
@@ -81,6 +87,7 @@ impl Waiting {
 
     /// Room may have come free (this executor recorded a finished execution).
     pub fn wake(&self) {
+        self.marked.lock().expect("waiting marks poisoned").room = true;
         self.wake.notify_one();
     }
 
@@ -166,6 +173,9 @@ struct Loop {
     started: Instant,
     /// Runtimes to look at again, and when.
     again: HashMap<String, Instant>,
+    /// Runtimes whose workers were all full at their last look, with the wait chosen then: a
+    /// new request for one is no reason to look before its time in `again` (it brings no room).
+    full: HashMap<String, Duration>,
     /// Taken in turn, so that one runtime's backlog does not always go first.
     turn: usize,
     /// Executions whose claim the database refused, and how many times.
@@ -181,6 +191,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         offered: HashMap::new(),
         started: Instant::now(),
         again: HashMap::new(),
+        full: HashMap::new(),
         turn: 0,
         refused: HashMap::new(),
         picture: None,
@@ -215,9 +226,19 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
     let now = Instant::now();
     let marked = context.waiting.take();
     let mut runtimes = marked.runtimes;
+    if marked.room {
+        for runtime in std::mem::take(&mut state.full).into_keys() {
+            state.again.insert(runtime, now);
+        }
+    }
     let due: Vec<String> = state.again.iter().filter(|(_, at)| **at <= now).map(|(r, _)| r.clone()).collect();
+    // the waits of the full runtimes due now, for their next (`full_wait`)
+    let mut waited = HashMap::new();
     for runtime in due {
         state.again.remove(&runtime);
+        if let Some(wait) = state.full.remove(&runtime) {
+            waited.insert(runtime.clone(), wait);
+        }
         runtimes.insert(runtime);
     }
     if marked.all || state.last_sweep.is_none_or(|at| now.duration_since(at) >= SWEEP) {
@@ -228,6 +249,8 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             fail(context, &execution, FailureKind::ActionNotFound, reason).await?;
         }
     }
+    // (a runtime whose workers were full is looked at when its wait is over, or room came free)
+    runtimes.retain(|runtime| !state.full.contains_key(runtime));
     if runtimes.is_empty() {
         return Ok(());
     }
@@ -277,7 +300,13 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             let offered = state.offered.get(runtime).copied().unwrap_or(state.started);
             if could_run {
                 // every worker is busy: look again when room may have come free
-                state.again.insert(runtime.clone(), now + context.settings.inflight_cache);
+                let wait = full_wait(
+                    picture.room_expected_in(runtime),
+                    waited.get(runtime).copied(),
+                    context.settings.inflight_cache,
+                );
+                state.full.insert(runtime.clone(), wait);
+                state.again.insert(runtime.clone(), now + wait);
             } else if now.duration_since(offered) >= context.settings.worker_wait {
                 let failed = fail_unplaceable(context, runtime).await?;
                 let recheck = if failed == BATCH { now } else { now + NO_WORKER_RECHECK };
@@ -306,8 +335,13 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             // a run or two, and claimed, published and delivered them alone: core.echo at its
             // maximum rate, 4.5 executions per claim, 772/s and 1.36 ms of platform CPU per
             // execution; 7.1, 822 to 849/s and 1.15 to 1.20 ms with a wait.)
-            let at = if (limit as i64) < free { now } else { now + context.settings.inflight_cache };
-            state.again.insert(runtime.clone(), at);
+            if (limit as i64) < free {
+                state.again.insert(runtime.clone(), now);
+            } else {
+                // (full now: a request meanwhile brings no room, as `full` says)
+                state.full.insert(runtime.clone(), context.settings.inflight_cache);
+                state.again.insert(runtime.clone(), now + context.settings.inflight_cache);
+            }
         }
         // one message per worker for what this claim placed on it
         let mut by_worker: HashMap<i64, Vec<Claimed>> = HashMap::new();
@@ -321,6 +355,22 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
     }
     state.picture = Some(picture);
     Ok(())
+}
+
+/// How long a runtime whose workers are all full waits for its next look. Each look reads the
+/// in-flight counts, and only the end of runs makes room: a look every `ATTUNE_INFLIGHT_CACHE_MS`
+/// cost a read every 10 ms for as long as the workers stayed full, whatever the length of their
+/// runs. So it waits half the time the workers' recent execution times give for the first of
+/// them to have room (`Picture::room_expected_in`); without those, twice its last wait. Never
+/// less than `ATTUNE_INFLIGHT_CACHE_MS`, nor more than `FULL_WAIT_MAX`. Half, so that a judgement
+/// off by up to twice still looks before the room it expects; a worker topped up late still
+/// holds half its look-ahead meanwhile.
+fn full_wait(expected: Option<Duration>, last: Option<Duration>, least: Duration) -> Duration {
+    let wait = match expected {
+        Some(expected) => expected / 2,
+        None => last.map_or(least, |last| last * 2),
+    };
+    wait.clamp(least, FULL_WAIT_MAX.max(least))
 }
 
 /// The free slots of these rooms together.
@@ -545,4 +595,27 @@ async fn record(
     let outcome = Outcome { failure_kind: Some(kind), error: Some(reason), ..Default::default() };
     context.retry_manager.record_failure(execution, ExecutionStatus::Failed, &[from], None, &outcome).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_runtime_waits_half_the_expected_time_or_twice_its_last_wait_within_bounds() {
+        let least = Duration::from_millis(10);
+        // (expected: what `Picture::room_expected_in` says, tested in `health_probe`)
+        let table = [
+            (Some(200), None, 100),
+            (Some(12), None, 10),
+            (Some(60_000), Some(250), 250),
+            (None, None, 10),
+            (None, Some(10), 20),
+            (None, Some(160), 250),
+        ];
+        for (room_in, last, wait) in table {
+            let got = full_wait(room_in.map(Duration::from_millis), last.map(Duration::from_millis), least);
+            assert_eq!(got, Duration::from_millis(wait), "{room_in:?} {last:?}");
+        }
+    }
 }

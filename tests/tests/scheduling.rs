@@ -167,3 +167,60 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
     let _ = std::fs::remove_file(&gate);
     system.stop().await;
 }
+
+/// A counter's value in a Prometheus text page (0 when it has no sample yet).
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.parse().unwrap())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_every_worker_is_full_the_scheduler_reads_the_in_flight_counts_a_few_times_a_second() {
+    // Gated runs fill the one worker's 2 slots and its look-ahead; the rest of the burst waits.
+    // Only a run's end makes room, and none ends: the scheduler's looks at the full runtime
+    // (each a read of the in-flight counts) back off, and more requests, each announced, are
+    // no reason to look. It read them every 10 ms, and again for every announced request.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics = format!("http://127.0.0.1:{port}/metrics");
+    let system = System::builder()
+        .env("ATTUNE_METRICS_ADDR", &format!("127.0.0.1:{port}"))
+        .pack(attune_testkit::system::repo_root().join("testkit/packs/e2e"))
+        .worker("w1", &[("ATTUNE_WORKER_CONCURRENCY", "2"), ("ATTUNE_METRICS_ADDR", "127.0.0.1:0")])
+        .start()
+        .await;
+    let w1 = system.worker_id("w1").await;
+    let gate = std::env::temp_dir().join(format!("attune-gate-{:08x}", rand::random::<u32>()));
+    let submissions = (0..20).map(|_| system.submit("e2e.gate", json!({"gate": gate})));
+    let mut ids: Vec<i64> =
+        futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    let slots: i64 = sqlx::query_scalar("SELECT (capabilities->>'slots')::bigint FROM worker WHERE id = $1")
+        .bind(w1)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    attune_testkit::wait_for("the worker's slots to fill", DEADLINE, || async {
+        (system.count_on(w1, &["scheduled", "running"]).await == slots).then_some(())
+    })
+    .await;
+    let reads = || async {
+        let text = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+        sample(&text, "attune_scheduler_inflight_reads_total")
+    };
+    let (before, started) = (reads().await, std::time::Instant::now());
+    assert!(before >= 1.0, "the executor's metrics count its reads");
+    // two seconds of a full runtime, with a new request every 50 ms
+    while started.elapsed() < Duration::from_secs(2) {
+        ids.push(system.submit("e2e.gate", json!({"gate": gate})).await["id"].as_i64().unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let per_second = (reads().await - before) / started.elapsed().as_secs_f64();
+    assert!(per_second < 20.0, "{per_second:.1} reads of the in-flight counts a second while the worker is full");
+    // and the room a run's end makes is still found
+    std::fs::write(&gate, "open").unwrap();
+    for id in &ids {
+        assert_eq!(system.wait_terminal(*id, DEADLINE).await["status"], "completed");
+    }
+    system.stop().await;
+}

@@ -251,6 +251,9 @@ pub(crate) fn capabilities(
         "concurrency": settings.concurrency,
         "prefetch": lookahead,
         "slots": settings.concurrency.saturating_add(lookahead),
+        // how soon its runs free room: the scheduler looks again about then (not sooner) while
+        // its slots are full
+        "recent_execution_time_ms": health.recent_duration_ms(),
         "consuming": consuming,
         "queue": queue,
         "health": health.report(),

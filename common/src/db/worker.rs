@@ -332,6 +332,7 @@ pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
             signals: row.signals(),
             slots: row.slots(),
             concurrency: row.capabilities["concurrency"].as_i64(),
+            run_ms: row.capabilities["recent_execution_time_ms"].as_f64().filter(|ms| ms.is_finite() && *ms >= 0.0),
             consuming: row.consuming(),
         })
         .collect())
