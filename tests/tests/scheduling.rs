@@ -224,3 +224,46 @@ async fn while_every_worker_is_full_the_scheduler_reads_the_in_flight_counts_a_f
     }
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_reports_a_change_of_its_execution_time_without_waiting_for_its_next_heartbeat() {
+    // The scheduler times its looks at a full worker by the recent execution time the worker
+    // last reported. Heartbeats come every 20 s here: after slow runs, fast ones must be known
+    // within seconds, or the fast runs would wait for looks timed by the slow ones (core.echo
+    // after core.python_echo: 434 and 564/s where it made 789 and 841).
+    let system = System::builder()
+        .env("ATTUNE_HEARTBEAT_INTERVAL_SECS", "20")
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "60")
+        .worker("w1", &[])
+        .start()
+        .await;
+    let w1 = system.worker_id("w1").await;
+    let reported = || async {
+        sqlx::query_scalar::<_, Option<f64>>(
+            "SELECT (capabilities->>'recent_execution_time_ms')::float8 FROM worker WHERE id = $1",
+        )
+        .bind(w1)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap()
+    };
+    for _ in 0..2 {
+        let id = system.submit("core.sleep", json!({"seconds": 0.5})).await["id"].as_i64().unwrap();
+        assert_eq!(system.wait_terminal(id, DEADLINE).await["status"], "completed");
+    }
+    let soon = Duration::from_secs(10);
+    let slow = attune_testkit::wait_for("the slow runs' time to be reported", soon, || async {
+        reported().await.filter(|ms| *ms >= 250.0)
+    })
+    .await;
+    for _ in 0..15 {
+        let id = system.submit("core.echo", json!({"message": "quick"})).await["id"].as_i64().unwrap();
+        assert_eq!(system.wait_terminal(id, DEADLINE).await["status"], "completed");
+    }
+    let fast = attune_testkit::wait_for("the fast runs' time to be reported", soon, || async {
+        reported().await.filter(|ms| *ms < slow / 2.0)
+    })
+    .await;
+    assert!(fast < 250.0, "{slow} ms, then {fast} ms");
+    system.stop().await;
+}

@@ -274,11 +274,16 @@ impl Worker {
         let duration_ms = started.elapsed().as_millis() as u64;
         let worker_failed = outcome.failure_kind.is_some_and(FailureKind::counts_against_worker) && !action_gone;
         let after = self.health.finish(worker_failed, duration_ms);
-        // executors dispatch by the slots and the health of the last heartbeat: a change of either
-        // is sent early
+        // executors dispatch by the slots and the health of the last heartbeat, and time their
+        // looks at a full worker by its recent execution time: a change of any is sent early
         self.reported.send_if_modified(|reported| {
+            let run_ms = self.health.recent_duration_ms();
             let now = (self.lookahead_now(), after.class, after.last_failure_at);
-            std::mem::replace(reported, now) != now
+            let changed = (reported.0, reported.1, reported.2) != now || run_time_moved(reported.3, run_ms);
+            if changed {
+                *reported = (now.0, now.1, now.2, run_ms);
+            }
+            changed
         });
         // the `record` span: the success written here, or the failure reported to the executors
         let recording = attune_common::trace::span(

@@ -104,8 +104,8 @@ struct Worker {
     consuming: tokio::sync::watch::Sender<bool>,
     /// Set once the worker is stopping: its heartbeats say so, and it stays `draining`.
     draining: std::sync::atomic::AtomicBool,
-    /// What its last heartbeat reported that executors schedule by (its look-ahead and its
-    /// health class); a change sends a heartbeat early.
+    /// What its last heartbeat reported that executors schedule by (`Reported`); a change sends
+    /// a heartbeat early.
     reported: tokio::sync::watch::Sender<Reported>,
     settings: Settings,
     db: PgPool,
@@ -129,6 +129,44 @@ struct Worker {
     live: std::sync::Mutex<std::collections::HashMap<i64, Arc<live::LiveRun>>>,
 }
 
-/// What a heartbeat reports that executors schedule by: the look-ahead, the health class and the
-/// last failure (a probe that failed must restart the probation at once).
-type Reported = (u16, HealthClass, Option<chrono::DateTime<chrono::Utc>>);
+/// What a heartbeat reports that executors schedule by: the look-ahead, the health class, the
+/// last failure (a probe that failed must restart the probation at once) and the recent
+/// execution time (when to look at a full worker again: a change of more than twice is sent
+/// early, `run_time_moved`).
+type Reported = (u16, HealthClass, Option<chrono::DateTime<chrono::Utc>>, Option<f64>);
+
+/// Whether the recent execution time moved far enough from what was last reported (more than
+/// twice, or half) for the executors to hear of it before the next heartbeat: they time their
+/// looks at a full worker by it.
+fn run_time_moved(reported: Option<f64>, now: Option<f64>) -> bool {
+    match (reported, now) {
+        (None, Some(_)) => true,
+        (Some(reported), Some(now)) => now > 2.0 * reported.max(0.5) || 2.0 * now < reported,
+        (_, None) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recent_execution_time_is_reported_early_when_it_moves_past_twice_or_half() {
+        // (last reported, now, sent early)
+        let table = [
+            (None, Some(3.0), true),
+            (None, None, false),
+            (Some(3.0), None, false),
+            (Some(3.0), Some(5.9), false),
+            (Some(3.0), Some(6.1), true),
+            (Some(70.0), Some(36.0), false),
+            (Some(70.0), Some(34.0), true),
+            // under a millisecond, the noise of a fraction of one is not news
+            (Some(0.1), Some(0.9), false),
+            (Some(0.1), Some(1.1), true),
+        ];
+        for (reported, now, early) in table {
+            assert_eq!(run_time_moved(reported, now), early, "{reported:?} → {now:?}");
+        }
+    }
+}
