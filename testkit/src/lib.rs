@@ -284,6 +284,15 @@ where
     }
 }
 
+/// A series' value in a Prometheus text page (`series` as written, labels included), 0 when it
+/// has no sample yet (a counter is exported once it has counted).
+pub fn metric_sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.parse().expect("a sample's value is a number"))
+        .unwrap_or(0.0)
+}
+
 /// A requested `message: hi` execution of `action` (a `core.echo`), for repository tests.
 pub fn echo_execution(action: &attune_common::db::action::Action) -> attune_common::db::execution::NewExecution {
     attune_common::db::execution::NewExecution {

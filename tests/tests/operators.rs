@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use attune_testkit::System;
+use attune_testkit::metric_sample as sample;
 use attune_testkit::system::repo_root;
 use serde_json::json;
 
@@ -18,13 +19,6 @@ async fn scrape(url: &str) -> String {
 }
 
 /// The value of one sample line (`name{labels} value`), 0 when absent.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-        .map(|v| v.parse().unwrap())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_when_what_they_count_happens() {
     let (executor_port, worker_port) = (free_port(), free_port());

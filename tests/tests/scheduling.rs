@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use attune_testkit::System;
+use attune_testkit::{System, metric_sample};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -168,14 +168,6 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
     system.stop().await;
 }
 
-/// A counter's value in a Prometheus text page (0 when it has no sample yet).
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-        .map(|v| v.parse().unwrap())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_every_worker_is_full_the_scheduler_reads_the_in_flight_counts_a_few_times_a_second() {
     // Gated runs fill the one worker's 2 slots and its look-ahead; the rest of the burst waits.
@@ -206,7 +198,7 @@ async fn while_every_worker_is_full_the_scheduler_reads_the_in_flight_counts_a_f
     .await;
     let reads = || async {
         let text = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
-        sample(&text, "attune_scheduler_inflight_reads_total")
+        metric_sample(&text, "attune_scheduler_inflight_reads_total")
     };
     let (before, started) = (reads().await, std::time::Instant::now());
     assert!(before >= 1.0, "the executor's metrics count its reads");
@@ -222,6 +214,7 @@ async fn while_every_worker_is_full_the_scheduler_reads_the_in_flight_counts_a_f
     for id in &ids {
         assert_eq!(system.wait_terminal(*id, DEADLINE).await["status"], "completed");
     }
+    let _ = std::fs::remove_file(&gate);
     system.stop().await;
 }
 
