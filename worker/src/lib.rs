@@ -141,7 +141,7 @@ type Reported = (u16, HealthClass, Option<chrono::DateTime<chrono::Utc>>, Option
 fn run_time_moved(reported: Option<f64>, now: Option<f64>) -> bool {
     match (reported, now) {
         (None, Some(_)) => true,
-        (Some(reported), Some(now)) => now > 2.0 * reported.max(0.5) || 2.0 * now < reported,
+        (Some(reported), Some(now)) => now > 2.0 * reported.max(0.5) || 2.0 * now.max(0.5) < reported,
         (_, None) => false,
     }
 }
@@ -164,6 +164,8 @@ mod tests {
             // under a millisecond, the noise of a fraction of one is not news
             (Some(0.1), Some(0.9), false),
             (Some(0.1), Some(1.1), true),
+            (Some(0.9), Some(0.1), false),
+            (Some(1.1), Some(0.1), true),
         ];
         for (reported, now, early) in table {
             assert_eq!(run_time_moved(reported, now), early, "{reported:?} → {now:?}");
