@@ -115,6 +115,20 @@ async fn a_burst_spreads_evenly_and_an_unhealthy_worker_gets_nothing_until_it_re
     system.stop().await;
 }
 
+/// `count` runs of `e2e.gate` submitted at once behind a new, closed gate: the gate, the runs' ids
+/// and the slots `worker` reports (how many of them it takes while none can end).
+async fn behind_a_gate(system: &System, worker: i64, count: usize) -> (std::path::PathBuf, Vec<i64>, i64) {
+    let gate = std::env::temp_dir().join(format!("attune-gate-{:08x}", rand::random::<u32>()));
+    let submissions = (0..count).map(|_| system.submit("e2e.gate", json!({"gate": gate})));
+    let ids = futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    let slots = sqlx::query_scalar("SELECT (capabilities->>'slots')::bigint FROM worker WHERE id = $1")
+        .bind(worker)
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    (gate, ids, slots)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
     // Thirty runs behind a closed gate on a worker with 2 run slots (and a look-ahead of 2): the
@@ -129,15 +143,7 @@ async fn a_burst_beyond_every_workers_capacity_waits_instead_of_failing() {
         .start()
         .await;
     let w1 = system.worker_id("w1").await;
-    let gate = std::env::temp_dir().join(format!("attune-gate-{:08x}", rand::random::<u32>()));
-    let submissions = (0..30).map(|_| system.submit("e2e.gate", json!({"gate": gate})));
-    let ids: Vec<i64> =
-        futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()).collect();
-    let slots: i64 = sqlx::query_scalar("SELECT (capabilities->>'slots')::bigint FROM worker WHERE id = $1")
-        .bind(w1)
-        .fetch_one(&system.db.pool)
-        .await
-        .unwrap();
+    let (gate, ids, slots) = behind_a_gate(&system, w1, 30).await;
     assert!(slots < 5, "the worker takes fewer than its unhealthy queue depth: {slots}");
     // nothing finishes while the gate is closed: the worker's slots fill, and stay full
     attune_testkit::wait_for("the worker's slots to fill", DEADLINE, || async {
@@ -183,15 +189,7 @@ async fn while_every_worker_is_full_the_scheduler_reads_the_in_flight_counts_a_f
         .start()
         .await;
     let w1 = system.worker_id("w1").await;
-    let gate = std::env::temp_dir().join(format!("attune-gate-{:08x}", rand::random::<u32>()));
-    let submissions = (0..20).map(|_| system.submit("e2e.gate", json!({"gate": gate})));
-    let mut ids: Vec<i64> =
-        futures_util::future::join_all(submissions).await.iter().map(|e| e["id"].as_i64().unwrap()).collect();
-    let slots: i64 = sqlx::query_scalar("SELECT (capabilities->>'slots')::bigint FROM worker WHERE id = $1")
-        .bind(w1)
-        .fetch_one(&system.db.pool)
-        .await
-        .unwrap();
+    let (gate, mut ids, slots) = behind_a_gate(&system, w1, 20).await;
     attune_testkit::wait_for("the worker's slots to fill", DEADLINE, || async {
         (system.count_on(w1, &["scheduled", "running"]).await == slots).then_some(())
     })

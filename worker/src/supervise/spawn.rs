@@ -9,12 +9,12 @@
 //! calls, on values prepared before the clone: it allocates nothing and takes no lock. In order, as
 //! std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups and
 //! user (raw system calls, for this one process alone, with no inheritable or ambient capability),
-//! and then not dumpable; its directory; a process group of its own; the rlimits; `PR_SET_PDEATHSIG` (SIGKILL)
-//! and a check that the supervisor is still its parent; the default action for SIGPIPE and for
-//! every signal the supervisor handles; an empty signal mask; the exec. Every signal is blocked in
-//! the supervisor across the clone, so that none is handled in the child before its dispositions
-//! are reset. A step that fails leaves its errno where the supervisor reads it once the child has
-//! exited, and the supervisor reaps it.
+//! and then not dumpable; its directory; a process group of its own; the rlimits;
+//! `PR_SET_PDEATHSIG` (SIGKILL) and a check that the supervisor is still its parent; the default
+//! action for SIGPIPE and for every signal the supervisor handles; an empty signal mask; the exec.
+//! Every signal is blocked in the supervisor across the clone, so that none is handled in the
+//! child before its dispositions are reset. A step that fails leaves its errno where the
+//! supervisor reads it once the child has exited, and the supervisor reaps it.
 //!
 //! A run as another user takes the same path, with care for the moments its child is that user
 //! while it still shares the supervisor's memory (from its change of user until the kernel has
@@ -24,10 +24,10 @@
 //! permitted, effective or ambient capability: its inheritable set, and with it the ambient one
 //! (which a saved user of root would keep), is emptied before. Until then no process of that user
 //! may trace the child or open its memory (the kernel asks for all three of the child's user ids
-//! to be the tracer's), whatever the memory's dumpability. And the supervisor is not dumpable from the start of
-//! `server::serve`, as the worker is not: the child asks for that again after its change of user
-//! (or when a step after its change of group fails), since the kernel then sets the memory's
-//! dumpability to `fs.suid_dumpable`.
+//! to be the tracer's), whatever the memory's dumpability. And the supervisor is not dumpable from
+//! the start of `server::serve`, as the worker is not: the child asks for that again after its
+//! change of user (or when a step after its change of group fails), since the kernel then sets
+//! the memory's dumpability to `fs.suid_dumpable`.
 //!
 //! One window stays, as it did when such runs were forked: a process of that user (one an earlier
 //! action left behind with `setsid`) may signal the child, and could stop it before its exec, while
