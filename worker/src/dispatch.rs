@@ -277,11 +277,11 @@ impl Worker {
         // executors dispatch by the slots and the health of the last heartbeat, and time their
         // looks at a full worker by its recent execution time: a change of any is sent early
         self.reported.send_if_modified(|reported| {
-            let run_ms = self.health.recent_duration_ms();
             let now = (self.lookahead_now(), after.class, after.last_failure_at);
-            let changed = (reported.0, reported.1, reported.2) != now || run_time_moved(reported.3, run_ms);
+            let changed =
+                (reported.0, reported.1, reported.2) != now || run_time_moved(reported.3, after.recent_duration_ms);
             if changed {
-                *reported = (now.0, now.1, now.2, run_ms);
+                *reported = (now.0, now.1, now.2, after.recent_duration_ms);
             }
             changed
         });
