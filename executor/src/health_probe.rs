@@ -115,10 +115,8 @@ impl Picture {
                 return None;
             };
             let dispatched = self.inflight.get(&c.worker_id).copied().unwrap_or(0);
-            // runs that must end first: those past a free slot, and, with work held ahead, those
-            // past the half of the look-ahead a top-up waits for
-            let wanted = if dispatched > concurrency { (slots.saturating_sub(concurrency) / 2).max(1) } else { 1 };
-            let ending = wanted.saturating_sub(slots.saturating_sub(dispatched)).max(1);
+            // runs that must end first: as many as it lacks of the room it gets work at
+            let ending = room_wanted(c, dispatched).saturating_sub(slots.saturating_sub(dispatched)).max(1);
             let ms = ending as f64 * run_ms / concurrency.max(1) as f64;
             soonest = Some(soonest.map_or(ms, |s| s.min(ms)));
         }
@@ -139,11 +137,15 @@ impl Picture {
 /// instead of one each (`core.python_echo` at its maximum rate: a claim of 1.7 executions on
 /// average). One with no more dispatched than it runs at once gets all its room at once.
 fn refill_now(worker: &Candidate, dispatched: i64, free: i64) -> bool {
+    free >= room_wanted(worker, dispatched)
+}
+
+/// The free slots a worker with `dispatched` executions must have to get work (`refill_now`):
+/// half its look-ahead while it holds work ahead, else one.
+fn room_wanted(worker: &Candidate, dispatched: i64) -> i64 {
     match (worker.slots, worker.concurrency) {
-        (Some(slots), Some(concurrency)) if dispatched > concurrency => {
-            free >= (slots.saturating_sub(concurrency) / 2).max(1)
-        }
-        _ => free > 0,
+        (Some(slots), Some(concurrency)) if dispatched > concurrency => (slots.saturating_sub(concurrency) / 2).max(1),
+        _ => 1,
     }
 }
 
