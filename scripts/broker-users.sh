@@ -26,6 +26,7 @@ done
 
 # configure, write, read. Every service declares the shared topology (so each may configure and
 # bind every shared name); the API writes only cancel notices and follow requests (<ns>.control),
+# an executor its fence notices there too (signed: docs/adr/0011),
 # never to <ns>, and declares, binds and reads its live output queues (<ns>.output.<hex>); a
 # worker writes live output to <ns>.output, which it cannot read.
 shared='dlx|control|output|dlq|parked|execution\.requests|execution\.results'
@@ -35,7 +36,7 @@ ctl set_permissions -p "$vhost" "$prefix-api" "^$ns(\.($shared|$follower))?\$" \
     "^$ns\.(control|dlx|dlq|parked|execution\.requests|execution\.results|$follower)\$" \
     "^$ns(\.(dlx|output|execution\.requests|execution\.results|$follower))?\$" >/dev/null
 ctl set_permissions -p "$vhost" "$prefix-executor" "^$ns(\.($shared))?\$" \
-    "^$ns(\.(dlx|dlq|parked|execution\.requests|execution\.results))?\$" \
+    "^$ns(\.(dlx|control|dlq|parked|execution\.requests|execution\.results))?\$" \
     "^$ns(\.(dlx|dlq|execution\.requests|execution\.results))?\$" >/dev/null
 ctl set_permissions -p "$vhost" "$prefix-worker" "^$ns(\.($shared|$own))?\$" \
     "^$ns(\.(dlx|dlq|parked|output|execution\.requests|execution\.results|$own))?\$" \

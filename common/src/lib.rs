@@ -6,6 +6,7 @@ pub mod batch;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod fence;
 pub mod metrics;
 pub mod mq;
 pub mod pack;

@@ -125,6 +125,16 @@ pub const BROKER_DELIVERIES: Metric = Metric {
     help: "Messages received from the broker and settled (ack, requeue or dead-letter), by queue kind.",
     kind: Kind::Counter,
 };
+pub const SETTING_MISMATCHES: Metric = Metric {
+    name: "attune_setting_mismatches_total",
+    help: "Services heard from whose setting differs from this one's where they must agree (ATTUNE_HEARTBEAT_MAX_AGE_SECS), by setting.",
+    kind: Kind::Counter,
+};
+pub const LEASE_HOLDS: Metric = Metric {
+    name: "attune_worker_lease_holds_total",
+    help: "Times a worker's runs went on past its lease because no executor could take it for dead (every executor cut off from the database too).",
+    kind: Kind::Counter,
+};
 
 /// Gauges the API reads from the database at every scrape (the record, across all processes).
 pub struct Gauge {
@@ -185,7 +195,7 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 20] = [
+const ALL: [&Metric; 22] = [
     &EXECUTIONS_FINISHED,
     &FAILURES,
     &RETRIES_CREATED,
@@ -203,6 +213,8 @@ const ALL: [&Metric; 20] = [
     &ACTIONS_RUN,
     &BROKER_PUBLISHES,
     &BROKER_DELIVERIES,
+    &SETTING_MISMATCHES,
+    &LEASE_HOLDS,
     &DATABASE_HOST_MOVES,
     &SCHEDULED_RUNS,
     &SCHEDULED_MISSED,

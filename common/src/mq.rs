@@ -273,6 +273,8 @@ pub const FOLLOW_RENEW: Duration = Duration::from_secs(5);
 pub enum ControlMessage {
     Cancel(CancelNotice),
     Follow(FollowRequest),
+    /// Executor → every worker: how long it will take no worker for dead (`crate::fence`).
+    Fence(crate::fence::FenceNotice),
 }
 
 #[derive(Deserialize)]
@@ -281,8 +283,17 @@ struct FollowEnvelope {
     follow: FollowRequest,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FenceEnvelope {
+    fence: crate::fence::FenceNotice,
+}
+
 impl ControlMessage {
     pub fn parse(data: &[u8]) -> Result<ControlMessage, serde_json::Error> {
+        if let Ok(envelope) = serde_json::from_slice::<FenceEnvelope>(data) {
+            return Ok(ControlMessage::Fence(envelope.fence));
+        }
         match serde_json::from_slice::<FollowEnvelope>(data) {
             Ok(envelope) => Ok(ControlMessage::Follow(envelope.follow)),
             Err(_) => serde_json::from_slice::<CancelNotice>(data).map(ControlMessage::Cancel),
@@ -293,6 +304,7 @@ impl ControlMessage {
         match self {
             ControlMessage::Cancel(notice) => serde_json::to_vec(notice),
             ControlMessage::Follow(request) => serde_json::to_vec(&serde_json::json!({ "follow": request })),
+            ControlMessage::Fence(notice) => serde_json::to_vec(&serde_json::json!({ "fence": notice })),
         }
         .expect("control messages serialize")
     }
@@ -689,9 +701,40 @@ impl Publisher {
         payload: &[u8],
         delivery_mode: u8,
     ) -> Result<(), MqError> {
-        let channel = self.channel().await?;
         let properties =
             BasicProperties::default().with_delivery_mode(delivery_mode).with_content_type("application/json".into());
+        self.publish_with_properties(exchange, routing_key, payload, properties).await
+    }
+
+    /// Publishes `payload` to `exchange` as a transient message the broker drops undelivered once
+    /// it is `expiry` old (a fence notice: late, it would say something no longer true).
+    pub async fn publish_expiring(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: &[u8],
+        expiry: Duration,
+    ) -> Result<(), MqError> {
+        let properties = BasicProperties::default()
+            .with_delivery_mode(1)
+            .with_content_type("application/json".into())
+            .with_expiration(expiry.as_millis().max(1).to_string().as_str().into());
+        match tokio::time::timeout(expiry, self.publish_with_properties(exchange, routing_key, payload, properties))
+            .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(MqError::Timeout(expiry)),
+        }
+    }
+
+    async fn publish_with_properties(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), MqError> {
+        let channel = self.channel().await?;
         let confirm = channel
             .basic_publish(
                 exchange.into(),

@@ -126,6 +126,13 @@ pub struct HealthThresholds {
     pub failure_rate_min_executions: i64,
 }
 
+impl HealthThresholds {
+    /// `heartbeat_max_age_secs` as a duration (at least a second).
+    pub fn heartbeat_max_age(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.heartbeat_max_age_secs.max(1) as u64)
+    }
+}
+
 impl Default for HealthThresholds {
     fn default() -> Self {
         HealthThresholds {

@@ -47,6 +47,7 @@ pub use retry_manager::RetryManager;
 
 pub mod completion;
 pub mod dead_letters;
+pub mod fence;
 pub mod health_probe;
 pub mod history;
 pub mod monitor;
@@ -158,6 +159,8 @@ pub struct Context {
     /// Actions read recently (one read fewer per execution under steady traffic).
     pub actions: db::action::ActionCache,
     pub publisher: Publisher,
+    /// When this executor may take a silent worker for dead (`fence`).
+    pub fence: fence::Judging,
     pub settings: Settings,
 }
 
@@ -193,6 +196,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         waiting: Default::default(),
         dispatches: tokio_util::task::TaskTracker::new(),
         publisher,
+        fence: fence::Judging::new(settings.health.heartbeat_max_age()),
         settings: settings.clone(),
     });
     tracing::info!(namespace = %topology.namespace, "executor starting");
@@ -233,6 +237,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let dispatcher = scheduler::run(context.clone(), shutdown.clone());
     let announcements = scheduler::listen(&settings.common.database_url, &context.waiting, shutdown.clone());
     let monitor = monitor::run(context.clone(), shutdown.clone());
+    let fence = fence::run(context.clone(), shutdown.clone());
     let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
     let history = history::run(context.clone(), shutdown.clone());
     let schedules = schedules::run(context.clone(), shutdown.clone());
@@ -243,6 +248,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         completion,
         dead_letters,
         monitor,
+        fence,
         retry_timer,
         history,
         schedules

@@ -47,19 +47,18 @@ pub const LEADER_LEASE: std::time::Duration = std::time::Duration::from_secs(10)
 const REPORT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
-    // After the database was unreachable, workers' heartbeats could not land either: judge
-    // heartbeats again only once they have had a full staleness window to catch up.
-    let grace = std::time::Duration::from_secs(context.settings.health.heartbeat_max_age_secs.max(1) as u64);
-    let mut last_failure: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(context.settings.monitor_interval) => {}
         }
-        let judge_heartbeats = last_failure.is_none_or(|at| at.elapsed() >= grace);
+        // After the database was out of reach, workers' heartbeats could not land either: they
+        // are judged again only once they have had a full heartbeat limit to catch up
+        // (`crate::fence`, which the workers are told of).
+        let judge_heartbeats = context.fence.may_judge();
         if let Err(e) = tick(&context, judge_heartbeats).await {
             tracing::warn!(error = %e, "monitor pass failed");
-            last_failure = Some(std::time::Instant::now());
+            context.fence.failed();
         }
     }
 }

@@ -80,6 +80,7 @@ impl Step {
             dispatches: tokio_util::task::TaskTracker::new(),
             actions: db::action::ActionCache::new(settings.action_cache_ttl),
             publisher: Publisher::new(&settings.common.amqp_url, "attune-step-test", topology),
+            fence: attune_executor::fence::Judging::new(settings.health.heartbeat_max_age()),
             settings,
         };
         Step { context, db, namespace, action }

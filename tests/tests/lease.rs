@@ -179,3 +179,47 @@ async fn a_run_that_ends_while_its_worker_is_cut_off_is_recorded_once_and_not_ru
     let _ = std::fs::remove_file(&log);
     system.stop().await;
 }
+
+/// Issue 46: a database outage that the executors share (a restart, a failover, a synchronous
+/// standby gone) is no reason for a worker to stop its runs: no executor can take it for dead
+/// while cut off, and none does until the workers have had a heartbeat limit to report again
+/// (docs/adr/0011-an-outage-everyone-shares-stops-nothing.md). With a heartbeat limit of 5 s,
+/// an outage of 12 s (more than twice the limit, as 60 s is for the default 30 s) stops nothing,
+/// fails nothing, and runs nothing twice, though no action may be retried; a run that ends
+/// during it is recorded as what it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_the_executors_share_stops_no_run_and_fails_nothing() {
+    let pack = ticks_pack("fence", 0, 20);
+    let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
+    let mut system = fenced().pack(pack.path()).start().await;
+    // the executor and the worker reach PostgreSQL through one proxy, which the test partitions
+    let cut = PgCut::start("127.0.0.1:5432").await;
+    system.restart_with("executor", &[("DATABASE_URL", &cut.url(&system.db.url))]);
+    let name = format!("shared-{:08x}", rand::random::<u32>());
+    system.restart_with(&name, &[("DATABASE_URL", &cut.url(&system.db.url)), ("ATTUNE_WORKER_RUNTIMES", "shell")]);
+    system.wait_consuming(&name).await;
+    let long = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 18})).await;
+    let short = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 5})).await;
+    wait_for("both runs to start", DEADLINE, || async {
+        let spans = spans(&log);
+        (spans.contains_key(&id(&long)) && spans.contains_key(&id(&short))).then_some(())
+    })
+    .await;
+
+    cut.partition();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    cut.heal();
+
+    for (what, execution) in [("the run that outlasts the outage", &long), ("the run that ends during it", &short)] {
+        let chain = system.wait_chain(id(execution), DEADLINE).await;
+        assert_eq!(chain.len(), 1, "{what}: not retried: {chain:#?}");
+        assert_eq!(chain[0]["status"], "completed", "{what}: {chain:#?}");
+    }
+    let spans = spans(&log);
+    let (start, end) = spans[&id(&long)];
+    assert!(end - start >= 17_000_000_000, "the long run went on to its end: {:.2} s", (end - start) as f64 / 1e9);
+    let worker = system.log(&name);
+    assert!(!worker.contains("no heartbeat has landed within the lease: stopping"), "{worker}");
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
+}

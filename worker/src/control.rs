@@ -48,6 +48,10 @@ impl Worker {
                 self.follow(request);
                 return Disposition::Ack;
             }
+            Ok(attune_common::mq::ControlMessage::Fence(notice)) => {
+                self.handle_fence(&notice);
+                return Disposition::Ack;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "unparseable control message ignored");
                 return Disposition::Ack;
@@ -57,20 +61,25 @@ impl Worker {
         if !self.running.lock().expect("running map poisoned").is_here(execution_id) {
             return Disposition::Ack;
         }
-        match db::execution::still_on(&self.db, execution_id, self.id).await {
-            Ok(true) => tracing::warn!(
-                execution_id,
-                worker_id = self.id,
-                "cancel notice ignored: the execution still runs here"
-            ),
-            Ok(false) => {
-                if self.running.lock().expect("running map poisoned").cancel(execution_id) {
-                    tracing::info!(execution_id, "cancel notice: stopping the action");
+        // (checked apart from the consumer: a database that does not answer must not hold up the
+        // fence notices behind this one, which the worker reads as they come)
+        let worker = self.clone();
+        tokio::spawn(async move {
+            match db::execution::still_on(&worker.db, execution_id, worker.id).await {
+                Ok(true) => tracing::warn!(
+                    execution_id,
+                    worker_id = worker.id,
+                    "cancel notice ignored: the execution still runs here"
+                ),
+                Ok(false) => {
+                    if worker.running.lock().expect("running map poisoned").cancel(execution_id) {
+                        tracing::info!(execution_id, "cancel notice: stopping the action");
+                    }
                 }
+                // the database check every ATTUNE_WORKER_CANCEL_CHECK_SECS stops it if it was canceled
+                Err(e) => tracing::warn!(execution_id, error = %e, "could not check a cancel notice in the database"),
             }
-            // the database check every ATTUNE_WORKER_CANCEL_CHECK_SECS stops it if it was canceled
-            Err(e) => tracing::warn!(execution_id, error = %e, "could not check a cancel notice in the database"),
-        }
+        });
         Disposition::Ack
     }
 

@@ -4,18 +4,31 @@
 use super::*;
 
 /// The worker's lease on its runs (ADR 0008), on the boot clock (`supervise::boot_clock_ns`: it
-/// counts while the machine sleeps, as the database's clock does).
+/// counts while the machine sleeps, as the database's clock does). It runs `length` from the
+/// last heartbeat that landed, or longer while the executors say none of them may take this
+/// worker for dead (`fence`, ADR 0011).
 pub(crate) struct Lease {
     /// When the last heartbeat that landed was sent.
     renewed: std::sync::Mutex<u128>,
+    /// Until when the executors' notices let runs go on whatever the heartbeats (0: not at all).
+    held_until: std::sync::Mutex<u128>,
     /// How many looks found it run out: a claim during which this changed must not start its run.
     lapses: std::sync::atomic::AtomicU64,
-    length: Duration,
+    /// (nanoseconds: it shrinks to the lease of an executor's shorter heartbeat limit)
+    length: std::sync::atomic::AtomicU64,
+    /// The deadline last written to the lease file, which the file's writes are serialized on.
+    written: std::sync::Mutex<u128>,
 }
 
 impl Lease {
     pub(crate) fn new(sent: u128, length: Duration) -> Lease {
-        Lease { renewed: std::sync::Mutex::new(sent), lapses: Default::default(), length }
+        Lease {
+            renewed: std::sync::Mutex::new(sent),
+            held_until: Default::default(),
+            lapses: Default::default(),
+            length: std::sync::atomic::AtomicU64::new(length.as_nanos() as u64),
+            written: Default::default(),
+        }
     }
 
     /// A heartbeat sent at `sent` landed; `true` if that renews the lease.
@@ -24,6 +37,32 @@ impl Lease {
         let newer = sent > *renewed;
         *renewed = (*renewed).max(sent);
         newer
+    }
+
+    pub(crate) fn length(&self) -> Duration {
+        Duration::from_nanos(self.length.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// An executor judges heartbeats by a shorter limit: the lease keeps inside it.
+    pub(crate) fn shorten_to(&self, length: Duration) {
+        self.length.fetch_min(length.as_nanos() as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The executors' notices let runs go on until `until` (boot clock; replaces the last hold).
+    pub(crate) fn hold(&self, until: u128) {
+        *self.held_until.lock().expect("lease poisoned") = until;
+    }
+
+    /// Whether a hold of the executors' keeps the lease now, heartbeats aside.
+    pub(crate) fn held(&self) -> bool {
+        *self.held_until.lock().expect("lease poisoned") > supervise::boot_clock_ns()
+    }
+
+    /// When it runs out unless renewed or held longer (boot clock).
+    pub(crate) fn deadline(&self) -> u128 {
+        let renewed = *self.renewed.lock().expect("lease poisoned");
+        let held_until = *self.held_until.lock().expect("lease poisoned");
+        (renewed + self.length().as_nanos()).max(held_until)
     }
 
     /// How long since the last heartbeat that landed was sent.
@@ -35,7 +74,7 @@ impl Lease {
 
     /// Whether it has run out: no run may start.
     pub(crate) fn expired(&self) -> bool {
-        self.silent_for() >= self.length
+        supervise::boot_clock_ns() >= self.deadline()
     }
 
     /// A look found it run out.
@@ -45,6 +84,21 @@ impl Lease {
 
     pub(crate) fn lapses(&self) -> u64 {
         self.lapses.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Writes the deadline to the lease file the supervisors watch, if there is one and the
+    /// deadline moved since it was last written.
+    pub(crate) fn write_file(&self) {
+        let Some(path) = supervise::lease_file() else { return };
+        let mut written = self.written.lock().expect("lease poisoned");
+        let deadline = self.deadline();
+        if deadline == *written {
+            return;
+        }
+        match supervise::write_lease(path, deadline) {
+            Ok(()) => *written = deadline,
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file"),
+        }
     }
 }
 
@@ -110,11 +164,8 @@ impl Worker {
             }
             delay = match beat {
                 Ok(true) => {
-                    if self.lease.renew(sent)
-                        && let Some(path) = supervise::lease_file()
-                        && let Err(e) = supervise::write_lease(path, sent + self.settings.lease().as_nanos())
-                    {
-                        tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file");
+                    if self.lease.renew(sent) {
+                        self.lease.write_file();
                     }
                     self.settings.heartbeat_interval
                 }
@@ -145,16 +196,32 @@ impl Worker {
     pub(crate) async fn lease_loop(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(LEASE_CHECK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let lease = self.settings.lease();
+        let mut holding = false;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
             let silent_for = self.lease.silent_for();
+            let lease = self.lease.length();
             if silent_for < lease {
+                holding = false;
                 continue;
             }
+            if !self.lease.expired() {
+                if !holding {
+                    tracing::warn!(
+                        silent_for_ms = silent_for.as_millis() as u64,
+                        lease_ms = lease.as_millis() as u64,
+                        "no heartbeat has landed within the lease, but no executor can take this worker for dead \
+                         (they cannot reach the database either): the runs go on"
+                    );
+                    attune_common::metrics::increment(&attune_common::metrics::LEASE_HOLDS, &[], 1);
+                    holding = true;
+                }
+                continue;
+            }
+            holding = false;
             self.lease.lapsed();
             let running = self.running.lock().expect("running map poisoned");
             let mut lost = self.lease_lost.lock().expect("lease poisoned");

@@ -34,6 +34,7 @@
 mod control;
 pub mod destination;
 mod dispatch;
+mod fence;
 pub mod health;
 mod heartbeat;
 pub mod http;
@@ -123,6 +124,8 @@ struct Worker {
     displaced: std::sync::atomic::AtomicBool,
     /// The lease on its runs (ADR 0008).
     lease: Lease,
+    /// The executors' fence notices, which may hold the lease (ADR 0011).
+    notices: fence::Notices,
     /// Runs stopped because the lease ran out (reported as `worker_heartbeat_stale`).
     lease_lost: std::sync::Mutex<std::collections::HashSet<i64>>,
     /// The runs a follow request may stream (`live`), while they run.

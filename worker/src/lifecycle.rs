@@ -87,6 +87,17 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let health =
         HealthState::new(settings.health.clone(), settings.health_override_file.clone(), settings.health_window_secs);
     let previous_queue = db::worker::queue_of(&pool, &settings.name).await?;
+    let fence_key = db::fence::key(&pool).await?;
+    match db::worker::health_config(&pool).await.map(|c| c["heartbeat_max_age_secs"].as_i64()) {
+        Ok(Some(stored)) if stored != settings.health.heartbeat_max_age_secs => tracing::error!(
+            executors = stored,
+            worker = settings.health.heartbeat_max_age_secs,
+            "ATTUNE_HEARTBEAT_MAX_AGE_SECS differs from the one the executors stored: set it alike everywhere (the \
+             worker keeps its lease inside the executors' limit once it hears from them)"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the executors' heartbeat limit"),
+    }
     let worker_id = claim_name(&pool, &settings).await?;
     let queue = topology.worker_queue(worker_id);
     // The queue must exist before any executor can dispatch to this worker.
@@ -135,13 +146,14 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         shutdown: shutdown.clone(),
         displaced: Default::default(),
         lease: Lease::new(registered_boot, settings.lease()),
+        notices: fence::Notices::new(Some(fence_key), settings.health.heartbeat_max_age()),
         lease_lost: Default::default(),
         live: Default::default(),
     });
     if settings.supervisor.is_some() {
         // the supervisors of its actions kill them once this file's deadline passes (ADR 0008)
         let path = std::env::temp_dir().join(format!("attune-worker-{worker_id}-{}.lease", std::process::id()));
-        match supervise::write_lease(&path, registered_boot + settings.lease().as_nanos()) {
+        match supervise::write_lease(&path, worker.lease.deadline()) {
             Ok(()) => supervise::set_lease_file(path),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "no lease file: a stalled worker's actions run on")

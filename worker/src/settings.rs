@@ -121,8 +121,7 @@ impl Settings {
     /// runs to be stopped. Executors measure that age from the heartbeat's time in the database,
     /// which is never earlier than the start of the call.
     pub fn lease(&self) -> Duration {
-        let max_age = Duration::from_secs(self.health.heartbeat_max_age_secs.max(1) as u64);
-        max_age.saturating_sub((max_age / 4).max(Duration::from_secs(1)))
+        attune_common::fence::lease(self.health.heartbeat_max_age())
     }
 
     /// The most executions this worker takes at once, started or not.

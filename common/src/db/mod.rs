@@ -8,6 +8,7 @@ pub mod bench;
 pub mod circuit;
 pub mod execution;
 pub mod failover;
+pub mod fence;
 pub mod history;
 pub mod idempotency;
 pub mod leader;
