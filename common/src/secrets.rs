@@ -144,17 +144,43 @@ pub struct Opened {
     pub redactor: Redactor,
 }
 
+/// Why an action could not get its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unopened {
+    /// A secret not set, no key, a value that does not open: the parameters are wrong
+    /// (`invalid_parameters`).
+    Invalid(String),
+    /// The store could not be read (the database away for longer than the few tries given it):
+    /// nothing is wrong with the parameters (`transient_error`).
+    Unavailable(String),
+}
+
+impl From<String> for Unopened {
+    fn from(reason: String) -> Self {
+        Unopened::Invalid(reason)
+    }
+}
+
+/// How often, and after what waits, a read of the secret store that failed for a reason that
+/// passes (`db::is_transient`) is tried again before the run ends `transient_error`.
+const STORE_RETRIES: [std::time::Duration; 3] = [
+    std::time::Duration::from_millis(200),
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_millis(1_000),
+];
+
 /// Opens the references and sealed values among `parameters` (top-level values) of the execution
 /// `execution_id`, reading the named secrets from the store (those its parameters refer to); `None` when there are none (the parameters run as they are, not
-/// copied). `Err`: why the action cannot get its parameters (a secret not
-/// set, no key, a value that does not open), for `invalid_parameters`.
+/// copied). `Err`: why the action cannot get its parameters: `Unopened::Invalid` (a secret not
+/// set, no key, a value that does not open), or `Unopened::Unavailable` (the store could not be
+/// read, after a few tries).
 pub async fn open(
     db: &sqlx::PgPool,
     sealer: Option<&Sealer>,
     execution_id: i64,
     action_ref: &str,
     parameters: &Value,
-) -> Result<Option<Opened>, String> {
+) -> Result<Option<Opened>, Unopened> {
     let Some(given) = parameters.as_object() else {
         return Ok(None);
     };
@@ -165,9 +191,20 @@ pub async fn open(
     }
     let sealer = sealer
         .ok_or_else(|| format!("this worker has no {KEY_FILE}: it cannot open the secrets among the parameters"))?;
-    let stored = crate::db::secret::sealed_values(db, execution_id, &names)
-        .await
-        .map_err(|e| format!("reading secrets: {e}"))?;
+    let mut waits = STORE_RETRIES.iter();
+    let stored = loop {
+        match crate::db::secret::sealed_values(db, execution_id, &names).await {
+            Ok(stored) => break stored,
+            Err(e) if crate::db::is_transient(&e) => match waits.next() {
+                Some(wait) => {
+                    tracing::warn!(execution_id, error = %e, retry_in_ms = wait.as_millis() as u64, "reading secrets failed; trying again");
+                    tokio::time::sleep(*wait).await;
+                }
+                None => return Err(Unopened::Unavailable(format!("reading secrets: {e}"))),
+            },
+            Err(e) => return Err(Unopened::Invalid(format!("reading secrets: {e}"))),
+        }
+    };
     let mut opened = Map::new();
     let mut values = Vec::new();
     for (name, value) in given {

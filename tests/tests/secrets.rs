@@ -205,3 +205,26 @@ async fn without_a_key_secrets_are_refused_at_the_door_and_a_missing_secret_fail
     let _: Value = done;
     system.stop().await;
 }
+
+/// Issue 46: a database error that passes (here the answer to the worker's read of the secret
+/// store lost on the way, as in a failover) is tried again, and the run goes on; it never ends
+/// `invalid_parameters` (final, and nothing was wrong with them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_from_the_secret_store_is_read_again_and_the_run_goes_on() {
+    use attune_testkit::pgcut::PgCut;
+    let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH)]);
+    let mut system = System::builder().secrets_key().pack(pack.path()).start().await;
+    let cut = PgCut::start("127.0.0.1:5432").await;
+    system.restart_with("w1", &[("DATABASE_URL", &cut.url(&system.db.url))]);
+    system.wait_consuming("w1").await;
+    let (status, _) =
+        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": STORED})), Some(&system.token)).await;
+    assert_eq!(status, 200);
+    cut.arm("run_secrets");
+    let submitted = system.submit("vault.show", json!({"token": "plain"})).await;
+    let done = system.wait_terminal(submitted["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(cut.sprung(), 1, "the worker's read of the store lost its answer");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(done["stdout"].as_str().unwrap().contains("upper=PLAIN/"), "{done}");
+    system.stop().await;
+}

@@ -221,12 +221,18 @@ impl Worker {
                 error: Some(format!("action '{}' no longer exists", claimed.action_ref)),
                 result: None,
             }),
-            (false, Some(error)) => Ran::of(runner::Outcome {
-                status: ResultStatus::Failed,
-                failure_kind: Some(FailureKind::InvalidParameters),
-                error: Some(error),
-                result: None,
-            }),
+            (false, Some(unopened)) => {
+                let (failure_kind, error) = match unopened {
+                    attune_common::secrets::Unopened::Invalid(error) => (FailureKind::InvalidParameters, error),
+                    attune_common::secrets::Unopened::Unavailable(error) => (FailureKind::TransientError, error),
+                };
+                Ran::of(runner::Outcome {
+                    status: ResultStatus::Failed,
+                    failure_kind: Some(failure_kind),
+                    error: Some(error),
+                    result: None,
+                })
+            }
             (false, None) => self.runtimes.execute(&run, &cancel).await,
         };
         if let Some(redactor) = redactor.filter(|redactor| !redactor.is_empty()) {
