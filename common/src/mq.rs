@@ -703,7 +703,7 @@ impl Publisher {
     ) -> Result<(), MqError> {
         let properties =
             BasicProperties::default().with_delivery_mode(delivery_mode).with_content_type("application/json".into());
-        self.publish_with_properties(exchange, routing_key, payload, properties).await
+        self.publish_with_properties(exchange, routing_key, payload, properties, true).await
     }
 
     /// Publishes `payload` to `exchange` as a transient message the broker drops undelivered once
@@ -719,9 +719,9 @@ impl Publisher {
             .with_delivery_mode(1)
             .with_content_type("application/json".into())
             .with_expiration(expiry.as_millis().max(1).to_string().as_str().into());
-        match tokio::time::timeout(expiry, self.publish_with_properties(exchange, routing_key, payload, properties))
-            .await
-        {
+        // (not mandatory: nobody listening is no error, and the broker returns nothing)
+        let publish = self.publish_with_properties(exchange, routing_key, payload, properties, false);
+        match tokio::time::timeout(expiry, publish).await {
             Ok(result) => result,
             Err(_) => Err(MqError::Timeout(expiry)),
         }
@@ -733,13 +733,14 @@ impl Publisher {
         routing_key: &str,
         payload: &[u8],
         properties: BasicProperties,
+        mandatory: bool,
     ) -> Result<(), MqError> {
         let channel = self.channel().await?;
         let confirm = channel
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
-                BasicPublishOptions { mandatory: true, ..Default::default() },
+                BasicPublishOptions { mandatory, ..Default::default() },
                 payload,
                 properties,
             )

@@ -157,6 +157,30 @@ impl Timing {
         };
         Due { run, next, missed }
     }
+
+    /// What a look at `now` does for a schedule whose action (or its runtime) is paused: every
+    /// due occurrence is missed, whatever its age; `once` keeps one run for the first of them
+    /// unless one already waits (`waiting`: a run of this schedule not started yet, which stands
+    /// for what comes until the resume).
+    pub fn due_while_paused(
+        &self,
+        next_run: DateTime<Utc>,
+        now: DateTime<Utc>,
+        catch_up: CatchUp,
+        waiting: bool,
+    ) -> Due {
+        let mut missed = 0u64;
+        let mut at = Some(next_run);
+        while let Some(t) = at.filter(|t| *t <= now) {
+            missed += 1;
+            if missed > 10_000 {
+                break;
+            }
+            at = self.first_after(t);
+        }
+        let run = if catch_up == CatchUp::Once && !waiting && missed > 0 { vec![next_run] } else { Vec::new() };
+        Due { run, next: self.first_after(now), missed }
+    }
 }
 
 #[cfg(test)]
@@ -233,5 +257,19 @@ mod tests {
         let late = Timing::At(t("2026-01-10T12:00:00Z"));
         assert_eq!(late.due(t("2026-01-10T12:00:00Z"), now, CatchUp::Skip).run, Vec::<DateTime<Utc>>::new());
         assert_eq!(late.due(t("2026-01-10T12:00:00Z"), now, CatchUp::Once).run, vec![t("2026-01-10T12:00:00Z")]);
+    }
+
+    #[test]
+    fn while_its_action_is_paused_every_occurrence_is_missed_and_once_keeps_one_run_waiting() {
+        let minutely = Timing::cron("* * * * *", "UTC").unwrap();
+        let now = t("2026-01-10T12:00:20Z");
+        // even the recent occurrence is missed: nothing piles up behind the pause
+        let due = minutely.due_while_paused(t("2026-01-10T11:58:00Z"), now, CatchUp::Skip, false);
+        assert_eq!(due, Due { run: vec![], next: Some(t("2026-01-10T12:01:00Z")), missed: 3 });
+        let due = minutely.due_while_paused(t("2026-01-10T11:58:00Z"), now, CatchUp::Once, false);
+        assert_eq!((due.run, due.missed), (vec![t("2026-01-10T11:58:00Z")], 3));
+        // one run already waits behind the pause: it stands for these too
+        let due = minutely.due_while_paused(t("2026-01-10T12:00:00Z"), now, CatchUp::Once, true);
+        assert_eq!((due.run, due.missed), (vec![], 1));
     }
 }

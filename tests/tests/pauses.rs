@@ -116,3 +116,57 @@ async fn paused_work_waits_without_failing_and_runs_after_the_resume() {
     .await;
     system.stop().await;
 }
+
+/// Issue 46: a pause holds what a worker already holds. With one run slot and a look-ahead, the
+/// worker holds dispatches that wait for the slot; pausing the action hands them back (no retry
+/// spent) in the pause's own transaction, so none of them starts after the pause answered, and
+/// they run after the resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_the_dispatches_a_worker_already_holds() {
+    let pack = attune_testkit::runs::ticks_pack("slow", 0, 2);
+    let log = std::env::temp_dir().join(format!("attune-pause-{:016x}.log", rand::random::<u64>()));
+    let system = System::builder()
+        .pack(pack.path())
+        .worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "shell"), ("ATTUNE_WORKER_CONCURRENCY", "1")])
+        .start()
+        .await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(id(&system.submit("slow.run", json!({"log": log.display().to_string(), "seconds": 2})).await));
+    }
+    let spans = |log: &std::path::Path| attune_testkit::runs::spans(log);
+    wait_for("the first run to start and the worker to hold more", Duration::from_secs(30), || async {
+        let held: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE status = 'scheduled'")
+            .fetch_one(&system.db.pool)
+            .await
+            .ok()?;
+        (!spans(&log).is_empty() && held >= 1).then_some(())
+    })
+    .await;
+    let (status, _) = put(&system, "/api/v1/pauses/action/slow.run", json!({"reason": "hold"})).await;
+    assert_eq!(status, 201);
+    let paused_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i128;
+    let scheduled: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE status = 'scheduled'")
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(scheduled, 0, "the pause's answer came with dispatched work still scheduled");
+    // what ran when the pause answered ends; nothing else starts (with one slot of 2 s runs, a
+    // held dispatch would have started within 2 s)
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let started_after: Vec<i64> =
+        spans(&log).into_iter().filter(|(_, (start, _))| *start > paused_at).map(|(id, _)| id).collect();
+    assert!(started_after.is_empty(), "started after the pause answered: {started_after:?}");
+    let waiting = ids.len() - spans(&log).len();
+    assert!(waiting >= 4, "{waiting} of 6 wait");
+    for &waiting in ids.iter().filter(|id| !spans(&log).contains_key(id)) {
+        assert_eq!(row(&system, waiting).await, ("requested".into(), 0, None), "held work is handed back");
+    }
+    assert_eq!(delete(&system, "/api/v1/pauses/action/slow.run").await.0, 200);
+    for &id in &ids {
+        let done = system.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!((done["status"].as_str(), done["retry_count"].as_i64()), (Some("completed"), Some(0)), "{done}");
+    }
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
+}

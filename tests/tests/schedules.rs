@@ -142,6 +142,11 @@ async fn a_missed_window_is_skipped_or_run_once_and_the_routes_name_what_is_wron
     .await;
     let (_, skipping) = system.get("/api/v1/schedules/skipping").await;
     let (_, catching) = system.get("/api/v1/schedules/catching-up").await;
+    // what was missed is shown with the schedule (and counted by attune_scheduled_missed_total)
+    for schedule in [&skipping, &catching] {
+        assert_eq!(schedule["missed"], 2, "{schedule}");
+        assert!(schedule["last_missed"].is_string(), "{schedule}");
+    }
     assert_eq!(runs_of(&system, skipping["id"].as_i64().unwrap()).await, vec![], "skip ran a missed occurrence");
     let once = runs_of(&system, catching["id"].as_i64().unwrap()).await;
     assert_eq!(once.len(), 1, "once: {once:?}");
@@ -267,5 +272,54 @@ async fn an_executor_cut_off_while_it_creates_a_run_leaves_it_to_be_created_once
     let runs = runs_of(&system, schedule).await;
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(Some(runs[0].1), made["next_run"].as_str().map(|t| t.parse::<DateTime<Utc>>().unwrap()));
+    system.stop().await;
+}
+
+/// Issue 46: a schedule of a paused action does not pile up one run per occurrence behind the
+/// pause (all started at the resume): its occurrences are missed, and `catch_up` says what stands
+/// for them, `skip` nothing and `once` one run, which waits for the resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedules_of_a_paused_action_follow_their_catch_up() {
+    let system = System::builder().worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "builtin,shell")]).start().await;
+    let (status, _) = system
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/pauses/action/core.echo",
+            Some(&json!({"reason": "hold"})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let mut ids = Vec::new();
+    for (name, catch_up) in [("every-second-skip", "skip"), ("every-second-once", "once")] {
+        let body = json!({"name": name, "action_ref": "core.echo", "parameters": {"message": name},
+            "cron": "* * * * * *", "timezone": "UTC", "catch_up": catch_up});
+        let (status, made) = post(&system, "/api/v1/schedules", Some(body)).await;
+        assert_eq!(status, 201, "{made}");
+        ids.push(made["id"].as_i64().unwrap());
+    }
+    wait_for("five occurrences missed by each", Duration::from_secs(30), || async {
+        let missed: Vec<i64> =
+            sqlx::query_scalar("SELECT missed FROM schedule ORDER BY id").fetch_all(&system.db.pool).await.ok()?;
+        missed.iter().all(|m| *m >= 5).then_some(())
+    })
+    .await;
+    assert_eq!(runs_of(&system, ids[0]).await.len(), 0, "skip: nothing waits behind the pause");
+    let once = runs_of(&system, ids[1]).await;
+    assert_eq!(once.len(), 1, "once: one run stands for them all: {once:?}");
+    assert_eq!(once[0].2, "requested");
+    let (status, _) =
+        system.request(reqwest::Method::DELETE, "/api/v1/pauses/action/core.echo", None, Some(&system.token)).await;
+    assert_eq!(status, 200);
+    let resumed_at = Utc::now();
+    let ran = system.wait_terminal(once[0].0, Duration::from_secs(30)).await;
+    assert_eq!(ran["status"], "completed", "{ran}");
+    // after the resume each occurrence runs again, once
+    let after = wait_for("runs of occurrences after the resume", Duration::from_secs(30), || async {
+        let runs = runs_of(&system, ids[0]).await;
+        (!runs.is_empty()).then_some(runs)
+    })
+    .await;
+    assert!(after.iter().all(|(_, at, _)| *at >= resumed_at - chrono::Duration::seconds(1)), "{after:?}");
     system.stop().await;
 }

@@ -63,8 +63,11 @@ pub async fn pause(
             format!("unknown runtime '{name}' (expected one of: {})", runtimes.join(", ")),
         ));
     }
-    let (pause, new) = db::pause::pause(&state.db, kind, &name, &body.reason, caller.token_id).await?;
-    tracing::info!(kind = kind.as_str(), %name, reason = %body.reason, token_id = caller.token_id, "paused");
+    let (pause, new, handed_back) = db::pause::pause(&state.db, kind, &name, &body.reason, caller.token_id).await?;
+    tracing::info!(kind = kind.as_str(), %name, reason = %body.reason, token_id = caller.token_id, handed_back, "paused");
+    if handed_back > 0 {
+        attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "pause")], handed_back as u64);
+    }
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Extension(crate::audit::Target::reason(&body.reason)), Json(pause)))
 }

@@ -57,26 +57,34 @@ pub async fn list(db: &PgPool) -> Result<Vec<Pause>, sqlx::Error> {
     .await
 }
 
-/// Pauses `name` (a pause already there keeps when it began, and takes the new reason).
-/// Returns the pause and whether it is new.
+/// Pauses `name` (a pause already there keeps when it began, and takes the new reason), and in
+/// the same statement hands back to waiting (scheduled → requested: no retry spent) every
+/// execution of it that is dispatched and not yet started: a worker that holds its dispatch
+/// finds it no longer scheduled there when it would claim it, so nothing of it starts after the
+/// pause answered. Returns the pause, whether it is new, and how many were handed back.
 pub async fn pause(
     db: &PgPool,
     kind: PauseKind,
     name: &str,
     reason: &str,
     by: i64,
-) -> Result<(Pause, bool), sqlx::Error> {
+) -> Result<(Pause, bool, i64), sqlx::Error> {
     #[derive(sqlx::FromRow)]
     struct Written {
         #[sqlx(flatten)]
         pause: Pause,
         new: bool,
+        handed_back: i64,
     }
     let written: Written = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH p AS (INSERT INTO pause (kind, name, reason, paused_by) VALUES ($1, $2, $3, $4) \
             ON CONFLICT (kind, name) DO UPDATE SET reason = EXCLUDED.reason, paused_by = EXCLUDED.paused_by \
-            RETURNING *, (xmax = 0) AS new) \
-         SELECT {COLUMNS}, p.new FROM p LEFT JOIN api_token t ON t.id = p.paused_by"
+            RETURNING *, (xmax = 0) AS new), \
+         back AS (UPDATE execution SET status = 'requested', worker = NULL, updated = now() \
+            WHERE status = 'scheduled' AND CASE $1 WHEN 'action' THEN action_ref = $2 ELSE runtime = $2 END \
+            RETURNING id) \
+         SELECT {COLUMNS}, p.new, (SELECT count(*) FROM back) AS handed_back \
+         FROM p LEFT JOIN api_token t ON t.id = p.paused_by"
     )))
     .bind(kind.as_str())
     .bind(name)
@@ -84,7 +92,7 @@ pub async fn pause(
     .bind(by)
     .fetch_one(db)
     .await?;
-    Ok((written.pause, written.new))
+    Ok((written.pause, written.new, written.handed_back))
 }
 
 pub async fn get(db: &PgPool, kind: PauseKind, name: &str) -> Result<Option<Pause>, sqlx::Error> {

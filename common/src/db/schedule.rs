@@ -39,6 +39,11 @@ pub struct Schedule {
     pub created_by: Option<i64>,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,
+    /// Occurrences not run when due: no executor looked within the grace, or the action (or its
+    /// runtime) was paused; `catch_up` said what stood for them.
+    pub missed: i64,
+    /// When a look last found a missed occurrence.
+    pub last_missed: Option<DateTime<Utc>>,
 }
 
 impl Schedule {
@@ -53,7 +58,7 @@ impl Schedule {
 }
 
 const COLUMNS: &str = "id, name, action_ref, parameters, cron, timezone, at, catch_up, paused, next_run, \
-    last_run, last_execution, reason, created_by, created, updated";
+    last_run, last_execution, reason, created_by, created, updated, missed, last_missed";
 
 /// A schedule to make: its timing checked, its parameters checked (and sealed) by the API.
 #[derive(Debug, Clone)]
@@ -210,7 +215,21 @@ pub async fn run_due(db: &PgPool, batch: i64, default_timeout_secs: i32) -> Resu
             }
         };
         let catch_up = CatchUp::parse(&schedule.catch_up).unwrap_or(CatchUp::Skip);
-        let due = timing.due(next_run, now, catch_up);
+        // a paused action's occurrences do not pile up behind its pause: they are missed, and
+        // `catch_up` says what stands for them (as after an outage)
+        let (paused, waiting): (bool, bool) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'action' AND p.name = $2) \
+                 OR (p.kind = 'runtime' AND p.name = (SELECT a.runtime FROM action a WHERE a.ref = $2))), \
+             EXISTS (SELECT 1 FROM execution e WHERE e.schedule = $1 AND e.status IN ('requested', 'delayed'))",
+        )
+        .bind(schedule.id)
+        .bind(&schedule.action_ref)
+        .fetch_one(&mut *tx)
+        .await?;
+        let due = match paused {
+            true => timing.due_while_paused(next_run, now, catch_up, waiting),
+            false => timing.due(next_run, now, catch_up),
+        };
         look.missed += due.missed;
         let mut last: Option<(DateTime<Utc>, i64)> = None;
         for occurrence in due.run {
@@ -243,12 +262,14 @@ pub async fn run_due(db: &PgPool, batch: i64, default_timeout_secs: i32) -> Resu
         }
         sqlx::query(
             "UPDATE schedule SET next_run = $2, last_run = COALESCE($3, last_run), \
-             last_execution = COALESCE($4, last_execution), updated = now() WHERE id = $1",
+             last_execution = COALESCE($4, last_execution), updated = now(), missed = missed + $5, \
+             last_missed = CASE WHEN $5 > 0 THEN now() ELSE last_missed END WHERE id = $1",
         )
         .bind(schedule.id)
         .bind(due.next)
         .bind(last.map(|(at, _)| at))
         .bind(last.map(|(_, id)| id))
+        .bind(i64::try_from(due.missed).unwrap_or(i64::MAX))
         .execute(&mut *tx)
         .await?;
     }
