@@ -368,3 +368,84 @@ async fn audit_events_past_their_age_go_oldest_first_in_batches_and_into_the_arc
     assert_eq!(archived, 4);
     db.drop_database().await;
 }
+
+/// Issue 46 (review R2): the book's export of `execution_archive`, run as written while the
+/// history job moves rows into the archive, loses none of them: each is still in `execution`, in
+/// the archive, or in the exported file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_book_s_archive_export_loses_nothing_the_history_job_archives_meanwhile() {
+    let db = TestDb::new().await;
+    let all: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO execution (action_ref, status, created, updated, finished, retry_count, config) \
+         SELECT 'core.echo', 'completed', now() - interval '10 days', now(), now() - interval '10 days', 0, '{}' \
+         FROM generate_series(1, 3000) RETURNING id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let book = std::fs::read_to_string(attune_testkit::system::repo_root().join("book/src/operating.md")).unwrap();
+    let section = &book[book.find("ATTUNE_RETENTION_ARCHIVE=true").expect("the archive's section")..];
+    let block = section.split("```").nth(1).expect("its commands");
+    let commands: Vec<&str> = block.lines().filter_map(|l| l.strip_prefix("$ ")).collect();
+    assert!(!commands.is_empty(), "{block}");
+    let dir = std::env::temp_dir().join(format!("attune-export-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // psql as the operator runs it: the connection from libpq's environment
+    let (scheme_less, _) = db.url.split_once('?').unwrap_or((&db.url, ""));
+    let rest = scheme_less.split_once("://").unwrap().1;
+    let (credentials, location) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
+    let (host_port, database) = location.split_once('/').unwrap();
+    let (host, port) = host_port.split_once(':').unwrap_or((host_port, "5432"));
+    let libpq =
+        [("PGHOST", host), ("PGPORT", port), ("PGUSER", user), ("PGPASSWORD", password), ("PGDATABASE", database)];
+
+    // the history job, archiving in small batches all along
+    let mut archiving = Some(tokio::spawn({
+        let pool = db.pool.clone();
+        async move {
+            let retention = Retention { completed: Age::days(7), ..Retention::default() };
+            let mut after = 0;
+            loop {
+                let pruned = db::history::prune_batch(&pool, &retention, Completed, after, 25, true).await.unwrap();
+                match pruned.last {
+                    Some(last) if pruned.examined == 25 => after = last,
+                    _ => return,
+                }
+            }
+        }
+    }));
+    // the operator's export, twice while it archives (and once after)
+    let mut exported = std::collections::BTreeSet::new();
+    for round in 0..3 {
+        if round == 2 {
+            archiving.take().unwrap().await.unwrap();
+        }
+        for command in &commands {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(command)
+                .current_dir(&dir)
+                .envs(libpq.iter().filter(|(_, v)| !v.is_empty()).copied())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{command}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let csv = std::fs::read_to_string(dir.join("executions-2026-11.csv")).unwrap();
+        exported.extend(csv.lines().skip(1).map(|l| l.split(',').next().unwrap().parse::<i64>().unwrap()));
+    }
+    let kept: Vec<i64> = sqlx::query_scalar("SELECT id FROM execution UNION ALL SELECT id FROM execution_archive")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    exported.extend(kept);
+    let lost: Vec<i64> = all.iter().copied().filter(|id| !exported.contains(id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} executions lost by the export, first {:?}",
+        lost.len(),
+        all.len(),
+        &lost[..lost.len().min(5)]
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
