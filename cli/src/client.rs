@@ -126,6 +126,15 @@ fn http_client(source: &dyn Source) -> anyhow::Result<reqwest::Client> {
     builder.build().context("cannot build the HTTP client")
 }
 
+/// Whether a request may have been carried out though no answer came: the connection failed or
+/// broke on the way, the answer timed out, or the API answered 503 (unavailable for a moment).
+pub fn unanswered(error: &anyhow::Error) -> bool {
+    if let Some(e) = error.downcast_ref::<reqwest::Error>() {
+        return e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() || e.is_decode();
+    }
+    error.to_string().starts_with("503 ")
+}
+
 /// Why the API at `base` could not be reached; a refused certificate says what to do about it.
 fn unreachable(base: &str, error: reqwest::Error) -> anyhow::Error {
     let hint = match attune_common::tls::tls_error(&error) {

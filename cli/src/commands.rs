@@ -401,11 +401,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let action = client.get(&format!("/api/v1/actions/{action_ref}"), &[]).await?;
             let parameters = parse_params(&action["parameters"], &params)?;
             let body = json!({"action_ref": action_ref, "parameters": parameters});
-            let headers: Vec<(&str, String)> =
-                idempotency_key.map(|key| ("Idempotency-Key", key)).into_iter().collect();
-            let execution = client
-                .request_with_headers(reqwest::Method::POST, "/api/v1/executions", &[], &headers, Some(&body))
-                .await?;
+            let execution = submit(&client, &body, idempotency_key).await?;
             finish(&client, out, execution, wait, wait_timeout).await
         }
     }
@@ -491,6 +487,38 @@ fn when(schedule: &Value) -> String {
 
 /// Prints a submitted execution, or waits for it and prints how it ended (exit 0 only if it
 /// completed).
+/// How often `attune run` sends its submission, and the waits between.
+const SUBMISSION_RETRIES: [Duration; 3] = [Duration::from_millis(500), Duration::from_secs(1), Duration::from_secs(2)];
+
+/// Submits `body` with an idempotency key (the one given, else one made for this command): a
+/// submission whose answer never came (the connection broke, the API restarted, a 503) may have
+/// been written, and is sent again with the same key, which gives the written execution back
+/// rather than make a second one. Once it gives up, the error names the key to run again with.
+async fn submit(client: &Client, body: &Value, key: Option<String>) -> anyhow::Result<Value> {
+    let key = key.unwrap_or_else(|| format!("cli-{:032x}", rand::random::<u128>()));
+    let headers = [("Idempotency-Key", key.clone())];
+    let mut waits = SUBMISSION_RETRIES.iter();
+    loop {
+        let sent =
+            client.request_with_headers(reqwest::Method::POST, "/api/v1/executions", &[], &headers, Some(body)).await;
+        match sent {
+            Err(e) if crate::client::unanswered(&e) => match waits.next() {
+                Some(wait) => {
+                    eprintln!("attune: no answer to the submission ({e:#}); sending it again with the same key");
+                    tokio::time::sleep(*wait).await;
+                }
+                None => {
+                    return Err(e.context(format!(
+                        "the submission may have been written: run the command again with --idempotency-key {key} \
+                         to get it back rather than make another"
+                    )));
+                }
+            },
+            other => return other,
+        }
+    }
+}
+
 async fn finish(client: &Client, out: Output, execution: Value, wait: bool, wait_timeout: u64) -> anyhow::Result<i32> {
     if !wait {
         print(out, &execution, |e| format!("execution {} {}", text(&e["id"]), text(&e["status"])));

@@ -90,7 +90,9 @@ pub enum Command {
         #[arg(long, default_value_t = 600)]
         wait_timeout: u64,
         /// Sent as the Idempotency-Key header: running the command again with the same key and
-        /// parameters within 24 hours gives the first execution back instead of a new one
+        /// parameters within 24 hours gives the first execution back instead of a new one (without
+        /// it, the command makes a key of its own, and sends a submission whose answer was lost again
+        /// with it)
         #[arg(long, value_name = "KEY")]
         idempotency_key: Option<String>,
     },

@@ -13,6 +13,8 @@ pub struct TcpCut {
     /// Where it listens.
     pub addr: std::net::SocketAddr,
     open: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The bytes that doom the connection they are sent on (`lose_answer_to`), until they have.
+    trap: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
 }
 
 impl TcpCut {
@@ -27,23 +29,37 @@ impl TcpCut {
         let addr = listener.local_addr().unwrap();
         let port = addr.port();
         let open = Arc::new(tokio::sync::watch::Sender::new(true));
-        let (upstream, gate) = (upstream.to_string(), open.clone());
+        let trap: Arc<std::sync::Mutex<Option<Vec<u8>>>> = Arc::default();
+        let (upstream, gate, armed) = (upstream.to_string(), open.clone(), trap.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let (upstream, gate) = (upstream.clone(), gate.clone());
+                let (upstream, gate, armed) = (upstream.clone(), gate.clone(), armed.clone());
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
                         let (client_read, client_write) = client.into_split();
                         let (server_read, server_write) = server.into_split();
+                        let doomed = std::sync::atomic::AtomicBool::new(false);
                         tokio::select! {
-                            _ = pass(client_read, server_write, &gate) => {}
-                            _ = pass(server_read, client_write, &gate) => {}
+                            _ = pass(client_read, server_write, &gate, Some((&armed, &doomed)), None) => {}
+                            _ = pass(server_read, client_write, &gate, None, Some(&doomed)) => {}
                         }
                     }
                 });
             }
         });
-        TcpCut { port, addr, open }
+        TcpCut { port, addr, open, trap }
+    }
+
+    /// The next connection that sends `bytes` (a request line, say) gets no answer: what the
+    /// server answers is dropped and the connection closed. The server did receive it: for the
+    /// client, a request that may or may not have been carried out.
+    pub fn lose_answer_to(&self, bytes: &[u8]) {
+        *self.trap.lock().unwrap() = Some(bytes.to_vec());
+    }
+
+    /// Whether the trap of `lose_answer_to` has sprung.
+    pub fn answer_lost(&self) -> bool {
+        self.trap.lock().unwrap().is_none()
     }
 
     /// `url` with its host and port replaced by this proxy's.
@@ -70,11 +86,18 @@ pub fn with_authority(url: &str, host_port: &str) -> String {
     format!("{scheme}://{credentials}{host_port}{path}")
 }
 
-/// Copies `from` to `to`, each chunk once the gate is open.
+/// What a connection's client sent that dooms it (`TcpCut::lose_answer_to`), and whether it has.
+type Trap<'a> = (&'a std::sync::Mutex<Option<Vec<u8>>>, &'a std::sync::atomic::AtomicBool);
+
+/// Copies `from` to `to`, each chunk once the gate is open; a chunk holding the trap's bytes
+/// dooms the connection, and a copy told to `stop` on a doomed one ends there (the connection
+/// closed, nothing more written).
 async fn pass(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     gate: &tokio::sync::watch::Sender<bool>,
+    trap: Option<Trap<'_>>,
+    stop: Option<&std::sync::atomic::AtomicBool>,
 ) {
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
@@ -82,6 +105,16 @@ async fn pass(
             Ok(0) | Err(_) => return,
             Ok(read) => read,
         };
+        if stop.is_some_and(|doomed| doomed.load(std::sync::atomic::Ordering::SeqCst)) {
+            return;
+        }
+        if let Some((armed, doomed)) = trap {
+            let mut armed = armed.lock().unwrap();
+            if armed.as_ref().is_some_and(|bytes| buffer[..read].windows(bytes.len()).any(|w| w == bytes.as_slice())) {
+                *armed = None;
+                doomed.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
         let mut open = gate.subscribe();
         let _ = open.wait_for(|open| *open).await;
         if to.write_all(&buffer[..read]).await.is_err() {

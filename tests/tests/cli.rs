@@ -179,3 +179,29 @@ async fn explain_says_why_an_execution_was_or_was_not_retried() {
     assert!(told.contains("not retried (rule: kind_not_retried)") && told.contains("'action_failed'"), "{told}");
     system.stop().await;
 }
+
+/// Issue 46 (review R12): `attune run` whose answer is lost on the way (the API wrote the
+/// execution; the connection broke before its answer came back) sends the submission again with
+/// the same idempotency key, which it makes itself when none is given: the execution it reports
+/// is the one that was written, and no second one is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_sends_again_with_its_own_idempotency_key_when_the_answer_is_lost() {
+    let system = System::builder().worker("w1", &[]).start().await;
+    let proxy = attune_testkit::tcpcut::TcpCut::start(system.api_url.trim_start_matches("http://")).await;
+    proxy.lose_answer_to(b"POST /api/v1/executions");
+    let out = Command::new(attune_testkit::workspace_binary("attune"))
+        .args(["run", "core.echo", "message=once", "--wait", "--output", "json"])
+        .env("ATTUNE_API_URL", proxy.url(&system.api_url))
+        .env("ATTUNE_TOKEN", &system.token)
+        .output()
+        .expect("run attune");
+    assert!(proxy.answer_lost(), "the first answer was lost");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let told: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM execution").fetch_one(&system.db.pool).await.unwrap();
+    assert_eq!(count, 1, "one submission, one execution");
+    let id: i64 = sqlx::query_scalar("SELECT id FROM execution").fetch_one(&system.db.pool).await.unwrap();
+    assert_eq!(told["id"].as_i64(), Some(id), "{told}");
+    assert_eq!(told["status"], "completed", "{told}");
+    system.stop().await;
+}
