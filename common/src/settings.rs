@@ -506,7 +506,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_RETENTION_ARCHIVE",
         default: Value("false"),
         read_by: &[Executor],
-        doc: "`true`: what retention removes is moved into the table `execution_archive` (same columns) for the operator to `COPY` out and `TRUNCATE`; `false`: it is deleted",
+        doc: "`true`: what retention removes is moved into the table `execution_archive` (same columns) for the operator to move out (`\\copy (DELETE … RETURNING *)`, see the book's operating page); `false`: it is deleted",
     },
     Setting {
         name: "ATTUNE_HISTORY_INTERVAL_SECS",

@@ -68,6 +68,13 @@ impl FailureKind {
         Self::RETRIABLE_BY_DEFAULT.contains(&self)
     }
 
+    /// Kinds that say the platform lost the run (a worker or its supervisor gone, a dispatch that
+    /// expired unstarted), not that the action failed: retried up to `retry::PLATFORM_RETRIES`
+    /// times in a chain beyond the action's own `max_retries`, and never spending it.
+    pub fn is_platform_loss(self) -> bool {
+        matches!(self, WorkerUnavailable | QueueTimeout | WorkerHeartbeatStale)
+    }
+
     /// Kinds no policy may retry: a person ended the execution on purpose.
     pub fn is_never_retried(self) -> bool {
         matches!(self, Canceled | OperatorFailed)

@@ -481,6 +481,9 @@ pub struct FailedAttempt {
     pub retry_after: Option<DateTime<Utc>>,
     /// The end of the open period of the action's circuit: no retry runs before it.
     pub held_until: Option<DateTime<Utc>>,
+    /// How many of the chain's retries so far were made for a platform loss
+    /// (`FailureKind::is_platform_loss`): they did not spend the action's `max_retries`.
+    pub platform_retries: i32,
 }
 
 impl FailedAttempt {
@@ -495,9 +498,14 @@ impl FailedAttempt {
             result: None,
             retry_after: None,
             held_until: None,
+            platform_retries: 0,
         }
     }
 }
+
+/// How many retries a chain gets for platform losses (a worker or its supervisor lost, a dispatch
+/// expired unstarted) beyond the action's own `max_retries`, which they never spend.
+pub const PLATFORM_RETRIES: i32 = 3;
 
 /// The pure retry decision.
 pub fn decide(
@@ -528,7 +536,12 @@ pub fn decide(
         None if !policy.retry_on.contains(&kind) => return RetryDecision::GiveUp(GiveUp::NotRetriable(kind)),
         None => (policy.clone(), attempt.max_retries),
     };
-    if max_retries >= 0 && attempt.retry_count >= max_retries {
+    // the action's own budget is spent by its own failures only; a platform loss (without a
+    // rule of the policy's for it) is retried whatever that budget, up to PLATFORM_RETRIES
+    let own_retries = attempt.retry_count - attempt.platform_retries.clamp(0, attempt.retry_count);
+    let own_spent = max_retries >= 0 && own_retries >= max_retries;
+    let platform_left = rule.is_none() && kind.is_platform_loss() && attempt.platform_retries < PLATFORM_RETRIES;
+    if own_spent && !platform_left {
         return RetryDecision::GiveUp(GiveUp::Exhausted { retry_count: attempt.retry_count, max_retries, rule });
     }
     let backed_off = now + chrono::Duration::milliseconds(backoff.delay(attempt.retry_count, rng).as_millis() as i64);
@@ -844,7 +857,8 @@ rules:
             // no rule matches: the kind and max_retries decide, as without rules
             (http(404, 0), None, true, Some(1000)),
             (exit(1, 0), None, false, None),
-            (failed(FailureKind::QueueTimeout, 3), None, false, None),
+            // (a platform loss is retried past max_retries only up to PLATFORM_RETRIES)
+            (FailedAttempt { platform_retries: 3, ..failed(FailureKind::QueueTimeout, 6) }, None, false, None),
         ];
         for (attempt, rule, retried, delay) in table {
             assert_eq!(policy.matching_rule(&attempt), rule, "{attempt:?}");
@@ -939,5 +953,32 @@ rules:
         let decision = decide(&policy, &attempt, now(), &mut StdRng::seed_from_u64(11));
         assert_eq!(decision, RetryDecision::GiveUp(GiveUp::NotRetryable));
         assert_eq!(DecisionRecord::new(&policy, &attempt, &decision, now()).rule, Rule::NotRetryable);
+    }
+
+    #[test]
+    fn a_platform_loss_is_retried_whatever_max_retries_and_spends_none_of_it() {
+        let policy = EffectivePolicy::resolve(&RetrySettings::default(), None);
+        let mut rng = StdRng::seed_from_u64(9);
+        let retried = |attempt: &FailedAttempt, rng: &mut StdRng| {
+            matches!(decide(&policy, attempt, now(), rng), RetryDecision::Retry { .. })
+        };
+        // max_retries 0: the supervisor or the worker lost is retried, three times in a chain
+        for kind in [FailureKind::WorkerUnavailable, FailureKind::WorkerHeartbeatStale, FailureKind::QueueTimeout] {
+            for platform_retries in 0..PLATFORM_RETRIES {
+                let attempt = FailedAttempt { platform_retries, ..FailedAttempt::new(kind, platform_retries, 0, true) };
+                assert!(retried(&attempt, &mut rng), "{kind} after {platform_retries} platform retries");
+            }
+            let attempt = FailedAttempt { platform_retries: 3, ..FailedAttempt::new(kind, 3, 0, true) };
+            assert!(!retried(&attempt, &mut rng), "{kind}: the platform's retries are spent");
+        }
+        // the action's own failures still have their whole budget after platform retries
+        let after_losses =
+            FailedAttempt { platform_retries: 2, ..FailedAttempt::new(FailureKind::TransientError, 2, 1, true) };
+        assert!(retried(&after_losses, &mut rng), "one retry of its own left");
+        let spent =
+            FailedAttempt { platform_retries: 2, ..FailedAttempt::new(FailureKind::TransientError, 3, 1, true) };
+        assert!(!retried(&spent, &mut rng));
+        // an action failure is still its own
+        assert!(!retried(&FailedAttempt::new(FailureKind::ActionFailed, 0, 0, true), &mut rng));
     }
 }

@@ -33,6 +33,8 @@ impl ExecutionStatus {
     pub const IN_FLIGHT: [ExecutionStatus; 2] = [Scheduled, Running];
     /// Not finished yet: waiting, delayed, being scheduled, dispatched or running.
     pub const UNFINISHED: [ExecutionStatus; 5] = [Requested, Scheduling, Scheduled, Running, Delayed];
+    /// Unfinished and not started: waiting, placed, or delayed for a retry's backoff.
+    pub const NOT_STARTED: [ExecutionStatus; 4] = [Requested, Scheduling, Scheduled, Delayed];
 
     pub fn is_terminal(self) -> bool {
         Self::TERMINAL.contains(&self)

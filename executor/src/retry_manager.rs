@@ -138,6 +138,7 @@ impl RetryManager {
                 .and_then(|after| chrono::Duration::from_std(after).ok())
                 .map(|after| now + after),
             held_until,
+            platform_retries: i32::try_from(db::execution::platform_retries(&current.config)).unwrap_or(i32::MAX),
             ..FailedAttempt::new(
                 failure,
                 current.retry_count,

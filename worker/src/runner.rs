@@ -79,6 +79,9 @@ pub struct Finished {
     pub timed_out: bool,
     /// Killed because the worker was shutting down past its drain deadline.
     pub aborted: bool,
+    /// Killed because the worker's action supervisor was lost (killed, or stuck): the platform's
+    /// failure, not the action's.
+    pub supervisor_lost: bool,
     /// The process could not be started.
     pub spawn_error: Option<StartFailure>,
     pub stdout: String,
@@ -158,6 +161,12 @@ pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
     }
     if finished.aborted {
         return failure(FailureKind::WorkerUnavailable, "the worker shut down while the action was running".into());
+    }
+    if finished.supervisor_lost {
+        return failure(
+            FailureKind::WorkerUnavailable,
+            "the worker's action supervisor was lost (killed, or stuck): the run was killed with it".into(),
+        );
     }
     if finished.timed_out {
         return failure(FailureKind::Timeout, "the action exceeded its timeout and was killed".into());
@@ -690,7 +699,12 @@ async fn run_supervised(
             return Some(not_started(format!("could not start {}: {message}", script.display())));
         }
         Err(SpawnError::Lost) => {
-            return Some(Finished { signal: Some(libc::SIGKILL), stderr: LOST.into(), ..Default::default() });
+            return Some(Finished {
+                signal: Some(libc::SIGKILL),
+                supervisor_lost: true,
+                stderr: LOST.into(),
+                ..Default::default()
+            });
         }
     };
     let stdin_body = run.parameters.to_string();
@@ -746,6 +760,7 @@ async fn run_supervised(
         }
         Ended::Lost => {
             finished.signal = Some(libc::SIGKILL);
+            finished.supervisor_lost = true;
             finished.stderr.push_str(LOST);
         }
     }

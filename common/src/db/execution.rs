@@ -94,6 +94,12 @@ pub struct NewExecution {
     pub trace_parent: Option<String>,
 }
 
+/// How many retries of an execution's chain so far were made for platform losses
+/// (`config.platform_retries`; `FailureKind::is_platform_loss`).
+pub fn platform_retries(config: &Value) -> i64 {
+    config.get("platform_retries").and_then(Value::as_i64).unwrap_or(0)
+}
+
 impl NewExecution {
     /// The new execution that retries `parent`: same action and parameters (unless replaced), the
     /// next retry count, the same retry budget, and the reason in both `retry_reason` and
@@ -108,6 +114,11 @@ impl NewExecution {
         let mut config =
             if parent.config.is_object() { parent.config.clone() } else { Value::Object(Default::default()) };
         config["retry_reason"] = Value::String(reason.as_str().to_string());
+        // the chain's retries for platform losses, which do not spend the action's budget
+        let platform_retries = platform_retries(&parent.config) + i64::from(reason.is_platform_loss());
+        if platform_retries > 0 {
+            config["platform_retries"] = platform_retries.into();
+        }
         NewExecution {
             action: parent.action,
             action_ref: parent.action_ref.clone(),

@@ -80,8 +80,8 @@ pub async fn pause(
         "WITH p AS (INSERT INTO pause (kind, name, reason, paused_by) VALUES ($1, $2, $3, $4) \
             ON CONFLICT (kind, name) DO UPDATE SET reason = EXCLUDED.reason, paused_by = EXCLUDED.paused_by \
             RETURNING *, (xmax = 0) AS new), \
-         back AS (UPDATE execution SET status = 'requested', worker = NULL, updated = now() \
-            WHERE status = 'scheduled' AND CASE $1 WHEN 'action' THEN action_ref = $2 ELSE runtime = $2 END \
+         back AS (UPDATE execution SET status = $5, worker = NULL, updated = now() \
+            WHERE status = $6 AND CASE $1 WHEN 'action' THEN action_ref = $2 ELSE runtime = $2 END \
             RETURNING id) \
          SELECT {COLUMNS}, p.new, (SELECT count(*) FROM back) AS handed_back \
          FROM p LEFT JOIN api_token t ON t.id = p.paused_by"
@@ -90,6 +90,8 @@ pub async fn pause(
     .bind(name)
     .bind(reason)
     .bind(by)
+    .bind(attune_core::ExecutionStatus::Requested)
+    .bind(attune_core::ExecutionStatus::Scheduled)
     .fetch_one(db)
     .await?;
     Ok((written.pause, written.new, written.handed_back))

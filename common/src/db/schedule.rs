@@ -220,10 +220,11 @@ pub async fn run_due(db: &PgPool, batch: i64, default_timeout_secs: i32) -> Resu
         let (paused, waiting): (bool, bool) = sqlx::query_as(
             "SELECT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'action' AND p.name = $2) \
                  OR (p.kind = 'runtime' AND p.name = (SELECT a.runtime FROM action a WHERE a.ref = $2))), \
-             EXISTS (SELECT 1 FROM execution e WHERE e.schedule = $1 AND e.status IN ('requested', 'delayed'))",
+             EXISTS (SELECT 1 FROM execution e WHERE e.schedule = $1 AND e.status = ANY($3))",
         )
         .bind(schedule.id)
         .bind(&schedule.action_ref)
+        .bind(&attune_core::ExecutionStatus::NOT_STARTED[..])
         .fetch_one(&mut *tx)
         .await?;
         let due = match paused {
