@@ -1,7 +1,8 @@
 //! The timeout monitor (Phase 1 of the defense in depth): a singleton loop across executors, held
 //! by a PostgreSQL advisory lock, that finds what the message flow lost and puts it right.
 //!
-//! Each pass:
+//! Each pass (a statement that fails for one execution is logged and the pass goes on to the
+//! next; only the database out of reach ends it, and suspends judging heartbeats):
 //! - fails executions stuck in `scheduling` (a claim by an earlier version) as
 //!   `worker_unavailable`;
 //! - hands back to waiting the executions `scheduled` on an active worker that its heartbeats
@@ -58,7 +59,11 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         let judge_heartbeats = context.fence.may_judge();
         if let Err(e) = tick(&context, judge_heartbeats).await {
             tracing::warn!(error = %e, "monitor pass failed");
-            context.fence.failed();
+            // (only the database out of reach suspends judging: any other error ends this pass
+            // alone)
+            if unreachable(&e) {
+                context.fence.failed();
+            }
         }
     }
 }
@@ -83,8 +88,30 @@ fn limits(context: &Context) -> MonitorLimits {
     }
 }
 
-/// One sweep. A failure on one execution is logged and the sweep goes on (a broker outage must
-/// not stop the recoveries that need only the database); database errors end it.
+/// Whether an error says the database is out of reach (which ends a sweep), not that one
+/// statement failed.
+fn unreachable(error: &crate::Error) -> bool {
+    match error {
+        crate::Error::Database(e) => db::is_connection_lost(e) || matches!(e, sqlx::Error::PoolTimedOut),
+        _ => false,
+    }
+}
+
+/// A failure to recover one execution is logged and the sweep goes on to the next; the database
+/// out of reach ends the sweep.
+fn next_row(result: Result<(), crate::Error>, execution_id: i64) -> Result<(), crate::Error> {
+    match result {
+        Err(e) if !unreachable(&e) => {
+            tracing::warn!(execution_id, error = %e, "monitor: could not recover an execution; the sweep goes on");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// One sweep. A failure on one execution is logged and the sweep goes on (a broker outage, or a
+/// statement failing for one row, must not stop the recoveries of the others); the database out
+/// of reach ends it.
 async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::Error> {
     let limits = limits(context);
     // reports the broker has not brought in time are recorded from their rows, before anything
@@ -102,7 +129,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
     for status in recovery::STUCK_STATUSES {
         let Some((after, recovery)) = limits.stuck(status) else { continue };
         for id in db::execution::unchanged_for(&context.db, status, after, BATCH).await? {
-            recover(context, id, status, recovery).await?;
+            next_row(recover(context, id, status, recovery).await, id)?;
         }
     }
 
@@ -122,7 +149,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
                 "a dispatch to this worker was lost though it heartbeats: nothing is sent to it for a while"
             );
         }
-        hand_back(context, id).await?;
+        next_row(hand_back(context, id).await, id)?;
     }
 
     if judge_heartbeats {
@@ -131,7 +158,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
 
     let default_timeout = context.settings.common.default_timeout_secs;
     for id in db::execution::overdue(&context.db, default_timeout, limits.grace, BATCH).await? {
-        recover(context, id, ExecutionStatus::Running, recovery::OVERDUE).await?;
+        next_row(recover(context, id, ExecutionStatus::Running, recovery::OVERDUE).await, id)?;
     }
     Ok(())
 }
@@ -148,7 +175,7 @@ async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
         db::execution::held_by_silent_workers(&context.db, &recovery::HELD_BY_WORKER, max_age, BATCH).await?;
     for (id, status) in orphaned {
         if let Some(recovery) = recovery::orphaned(status) {
-            recover(context, id, status, recovery).await?;
+            next_row(recover(context, id, status, recovery).await, id)?;
         }
     }
     Ok(())

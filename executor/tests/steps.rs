@@ -320,3 +320,31 @@ async fn a_committed_request_marks_its_runtime_for_the_next_look_and_a_lost_list
     listener.await.unwrap();
     step.stop().await;
 }
+
+/// Issue 46 (review R15): a statement that fails for one execution ends neither the pass nor
+/// the judging of the others: the dead worker's other run is failed in the same pass, and the
+/// pass does not count as the database out of reach.
+#[tokio::test]
+async fn a_failure_on_one_execution_does_not_stop_the_monitor_s_sweep() {
+    let step = Step::new().await;
+    let dead = step.worker("dead").await;
+    let refused = step.execution(Running, dead, 3).await;
+    let running = step.execution(Running, dead, 3).await;
+    // the first row cannot be failed (a trigger of the test's refuses it)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.id = {refused} AND NEW.status <> OLD.status THEN RAISE EXCEPTION 'refused by the test'; END IF; \
+             RETURN NEW; END $$; \
+         CREATE TRIGGER refuse BEFORE UPDATE ON execution FOR EACH ROW EXECUTE FUNCTION refuse();"
+    )))
+    .execute(step.pool())
+    .await
+    .unwrap();
+    step.age("UPDATE worker SET last_heartbeat = now() - interval '1 hour' WHERE id = $1", dead).await;
+
+    assert!(monitor::tick(&step.context, true).await.unwrap(), "the pass ends well");
+    assert_eq!(step.get(refused).await.status, Running);
+    let failed = step.get(running).await;
+    assert_eq!((failed.status, failed.failure_kind), (Failed, Some(FailureKind::WorkerHeartbeatStale)));
+    step.stop().await;
+}
