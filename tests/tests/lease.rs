@@ -223,3 +223,33 @@ async fn a_database_outage_the_executors_share_stops_no_run_and_fails_nothing() 
     let _ = std::fs::remove_file(&log);
     system.stop().await;
 }
+
+/// Issue 46 (review R6): a lease file that can no longer be renewed (a directory planted at its
+/// temporary name, a full or read-only temp dir) kills no run: the worker's supervisor is told
+/// the lease over its socket, and the file lives in a directory of the worker's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_file_that_cannot_be_renewed_kills_no_run() {
+    let pack = ticks_pack("fence", 0, 20);
+    let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
+    let name = format!("sabotaged-{:08x}", rand::random::<u32>());
+    let system = fenced().worker(&name, &[("ATTUNE_WORKER_RUNTIMES", "shell")]).pack(pack.path()).start().await;
+    let (worker_id, pid) = (system.worker_id(&name).await, system.pid(&name));
+    let prefix = format!("attune-worker-{worker_id}-{pid}");
+    let lease = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .find(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|entry| if entry.path().is_dir() { entry.path().join("lease") } else { entry.path() })
+        .expect("the worker's lease file");
+    // what an action of the worker's own user could do to it: renewals fail from now on
+    let mut next = lease.clone().into_os_string();
+    next.push(".next");
+    std::fs::create_dir(&next).unwrap();
+    let run = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 8})).await;
+    let chain = system.wait_chain(id(&run), DEADLINE).await;
+    assert_eq!(chain.len(), 1, "{chain:#?}");
+    assert_eq!(chain[0]["status"], "completed", "{chain:#?}");
+    let _ = std::fs::remove_dir(&next);
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
+}

@@ -84,7 +84,7 @@ impl Worker {
         if let Some(until) = self.notices.read(notice, &self.lease) {
             self.lease.hold(until);
             if self.lease.held() {
-                self.lease.write_file();
+                self.lease.tell(self.runtimes.shared_supervisor());
             }
         }
     }

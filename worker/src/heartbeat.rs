@@ -86,18 +86,23 @@ impl Lease {
         self.lapses.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Writes the deadline to the lease file the supervisors watch, if there is one and the
-    /// deadline moved since it was last written.
-    pub(crate) fn write_file(&self) {
-        let Some(path) = supervise::lease_file() else { return };
+    /// Tells the supervisors the deadline, if it moved since they were last told: the
+    /// long-lived one over its socket, the per-action fallbacks through the lease file.
+    pub(crate) fn tell(&self, supervisor: Option<&supervise::client::Supervisor>) {
         let mut written = self.written.lock().expect("lease poisoned");
         let deadline = self.deadline();
         if deadline == *written {
             return;
         }
-        match supervise::write_lease(path, deadline) {
-            Ok(()) => *written = deadline,
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file"),
+        *written = deadline;
+        if let Some(supervisor) = supervisor {
+            supervisor.send_lease(deadline);
+        }
+        if let Some(path) = supervise::lease_file()
+            && let Err(e) = supervise::write_lease(path, deadline)
+        {
+            // (only a per-action fallback supervisor reads the file)
+            tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file");
         }
     }
 }
@@ -165,7 +170,7 @@ impl Worker {
             delay = match beat {
                 Ok(true) => {
                     if self.lease.renew(sent) {
-                        self.lease.write_file();
+                        self.lease.tell(self.runtimes.shared_supervisor());
                     }
                     self.settings.heartbeat_interval
                 }

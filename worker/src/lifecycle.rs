@@ -151,14 +151,22 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         live: Default::default(),
     });
     if settings.supervisor.is_some() {
-        // the supervisors of its actions kill them once this file's deadline passes (ADR 0008)
-        let path = std::env::temp_dir().join(format!("attune-worker-{worker_id}-{}.lease", std::process::id()));
-        match supervise::write_lease(&path, worker.lease.deadline()) {
-            Ok(()) => supervise::set_lease_file(path),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "no lease file: a stalled worker's actions run on")
-            }
+        // the supervisors of its actions kill them once the lease's deadline passes (ADR 0008):
+        // the long-lived one is told each deadline over its socket, a per-action fallback reads
+        // it from a file in a directory of this process's own
+        let written = supervise::private_lease_dir(&std::env::temp_dir(), worker_id).and_then(|dir| {
+            let path = dir.join("lease");
+            supervise::write_lease(&path, worker.lease.deadline()).map(|()| path)
+        });
+        match written {
+            Ok(path) => supervise::set_lease_file(path),
+            Err(e) => tracing::warn!(
+                dir = %std::env::temp_dir().display(),
+                error = %e,
+                "no lease file: an action started by a per-action fallback supervisor runs on if this worker stalls (the long-lived supervisor is told the lease directly)"
+            ),
         }
+        worker.lease.tell(worker.runtimes.shared_supervisor());
     }
     worker.recover_previous_run().await?;
 
@@ -239,6 +247,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     }
     if let Some(path) = supervise::lease_file() {
         let _ = std::fs::remove_file(path);
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
     if let Err(e) = db::worker::deactivate(&worker.db, worker_id).await {
         tracing::warn!(error = %e, "could not mark the worker inactive");

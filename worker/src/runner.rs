@@ -351,6 +351,11 @@ impl Runtimes {
         self
     }
 
+    /// The worker's long-lived supervisor, if it has one.
+    pub fn shared_supervisor(&self) -> Option<&Supervisor> {
+        self.shared.as_deref()
+    }
+
     /// The process id of the worker's long-lived supervisor, while one runs.
     pub fn supervisor_pid(&self) -> Option<u32> {
         self.shared.as_ref()?.pid()

@@ -155,10 +155,29 @@ pub fn set_lease_file(path: std::path::PathBuf) {
 /// Writes `deadline` (`boot_clock_ns`) into the lease file at `path`, whole (a reader sees the old
 /// deadline or the new one).
 pub fn write_lease(path: &std::path::Path, deadline: u128) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let mut next = path.as_os_str().to_owned();
     next.push(".next");
-    std::fs::write(&next, deadline.to_string())?;
+    // (not through a link someone left in its place)
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&next)?;
+    file.write_all(deadline.to_string().as_bytes())?;
     std::fs::rename(&next, path)
+}
+
+/// A directory of this process's own for its lease file: made new (never one that was already
+/// there) with mode 0700 under `parent`, so that no other user can plant anything in it.
+pub fn private_lease_dir(parent: &std::path::Path, worker_id: i64) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = parent.join(format!("attune-worker-{worker_id}-{}-{:016x}", std::process::id(), rand::random::<u64>()));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
 }
 
 /// The lease deadline written in a lease file (`boot_clock_ns` at which it runs out), if the file

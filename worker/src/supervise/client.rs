@@ -24,6 +24,8 @@ pub struct Supervisor {
     program: PathBuf,
     current: Mutex<Option<Arc<Connection>>>,
     next_id: AtomicU64,
+    /// The worker's lease deadline, sent to each supervisor (`protocol::LEASE`).
+    lease: Mutex<Option<u128>>,
 }
 
 /// One supervisor process and the runs it has.
@@ -83,7 +85,8 @@ impl Supervisor {
     /// A supervisor that runs `program` (the worker's own binary) in supervisor mode; it is
     /// started at once (a failure is logged, and tried again at the first run).
     pub fn start(program: PathBuf) -> Supervisor {
-        let supervisor = Supervisor { program, current: Mutex::new(None), next_id: AtomicU64::new(1) };
+        let supervisor =
+            Supervisor { program, current: Mutex::new(None), next_id: AtomicU64::new(1), lease: Mutex::new(None) };
         if let Err(e) = supervisor.connection() {
             tracing::warn!(error = %e, "could not start the action supervisor; trying again at the first run");
         }
@@ -103,8 +106,23 @@ impl Supervisor {
             return Ok(connection.clone());
         }
         let connection = Connection::start(&self.program)?;
+        // a new supervisor learns the lease before its first run
+        if let Some(deadline) = *self.lease.lock().unwrap_or_else(|e| e.into_inner()) {
+            connection.send_lease(deadline);
+        }
         *current = Some(connection.clone());
         Ok(connection)
+    }
+
+    /// The worker's lease now runs out at `deadline` (boot clock): the supervisor is told at
+    /// once, and a new one when it starts. Nothing on disk can make this fail (ADR 0008's file
+    /// is for the per-action fallback supervisors).
+    pub fn send_lease(&self, deadline: u128) {
+        *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(deadline);
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(connection) = current.as_ref().filter(|c| !c.lost.load(Ordering::SeqCst)) {
+            connection.send_lease(deadline);
+        }
     }
 
     /// Starts `request` with its stdin, stdout and stderr (the child's ends, closed here once
@@ -326,6 +344,15 @@ impl Connection {
         }
         tracing::error!(pid = self.pid, runs = runs.len(), "the action supervisor was lost; its runs were killed");
         let _ = tokio::task::spawn_blocking(move || process.wait()).await;
+    }
+
+    /// Sends a lease deadline now (a socket too full to take it, which holds spawn requests in
+    /// flight, is left to the next renewal, a second away at most).
+    fn send_lease(&self, deadline: u128) {
+        let message = protocol::message(protocol::LEASE, 0, &deadline.to_le_bytes());
+        if let Err(e) = protocol::send(self.socket.get_ref().as_raw_fd(), &message, &[]) {
+            tracing::debug!(error = %e, "could not send the lease to the action supervisor now");
+        }
     }
 
     /// Sends one message, waiting while the socket is full.

@@ -19,6 +19,10 @@ pub const SPAWN_PART: u8 = 1;
 pub const SPAWN: u8 = 2;
 /// Worker → supervisor: send a signal to a run's process group (`[signal: i32]`).
 pub const KILL: u8 = 3;
+/// Worker → supervisor: the worker's lease on its runs now runs out at this deadline
+/// (`[boot_clock_ns: u128]`, run id 0; docs/adr/0008): sent with each renewal, and to a new
+/// supervisor first. A supervisor told so enforces it without the lease file.
+pub const LEASE: u8 = 4;
 /// Supervisor → worker: the run started (`[pid: i32]`, also its process group).
 pub const STARTED: u8 = 10;
 /// Supervisor → worker: the run could not start (`[errno: i32][message]`).
@@ -127,6 +131,11 @@ pub fn parse(message: &[u8]) -> Option<(u8, u64, &[u8])> {
 /// The `i32` at the start of a body.
 pub fn int_of(body: &[u8]) -> Option<i32> {
     Some(i32::from_le_bytes(body.get(..4)?.try_into().ok()?))
+}
+
+/// The deadline a `LEASE` message carries.
+pub fn deadline_of(body: &[u8]) -> Option<u128> {
+    Some(u128::from_le_bytes(body.get(..16)?.try_into().ok()?))
 }
 
 /// A socketpair for a worker and its supervisor, both ends close-on-exec.

@@ -67,8 +67,10 @@ struct Supervisor {
     /// the supervisor from enforcing the lease).
     outbox: VecDeque<Vec<u8>>,
     lease_file: Option<OsString>,
-    /// The last deadline read from the lease file.
+    /// The last deadline read from the lease file, or sent by the worker.
     lease: Option<u128>,
+    /// The worker sends its deadlines (`protocol::LEASE`): the file is not read.
+    lease_sent: bool,
     /// The stack a starting action's process runs on until its exec (`spawn`).
     stack: Vec<u8>,
 }
@@ -128,6 +130,7 @@ pub fn serve(args: &[OsString]) -> i32 {
         outbox: VecDeque::new(),
         lease_file: None,
         lease: None,
+        lease_sent: false,
         stack: Vec::new(),
     };
     let mut buffer = vec![0u8; protocol::MAX_MESSAGE];
@@ -169,7 +172,7 @@ impl Supervisor {
     fn next_due(&self, now: Instant) -> Option<Duration> {
         let look = self.runs.iter().filter(|run| !run.killed && run.enforced.looks()).map(|run| run.next_look).min();
         let mut due = look.map(|at| at.saturating_duration_since(now));
-        if !self.runs.is_empty() && self.lease_file.is_some() {
+        if !self.runs.is_empty() && (self.lease_file.is_some() || self.lease_sent) {
             let lease = match self.lease {
                 Some(deadline) => {
                     let left = deadline.saturating_sub(boot_clock_ns());
@@ -273,6 +276,12 @@ impl Supervisor {
                     };
                     self.outbox.push_back(reply);
                 }
+                protocol::LEASE => {
+                    if let Some(deadline) = protocol::deadline_of(body) {
+                        self.lease = Some(deadline);
+                        self.lease_sent = true;
+                    }
+                }
                 protocol::KILL => {
                     self.partial.remove(&id);
                     if let (Some(signal), Some(run)) =
@@ -297,7 +306,9 @@ impl Supervisor {
         };
         if request.lease_file.is_some() && request.lease_file != self.lease_file {
             self.lease_file = request.lease_file.clone();
-            self.lease = None;
+            if !self.lease_sent {
+                self.lease = None;
+            }
         }
         let report_to = match report_handle(&stderr) {
             Ok(file) => file,
@@ -337,7 +348,9 @@ impl Supervisor {
     /// Once the lease's deadline has passed (read again to be sure), every group is killed, each
     /// told on its stderr.
     fn check_lease(&mut self) {
-        let Some(path) = self.lease_file.as_deref() else { return };
+        if self.lease_file.is_none() && !self.lease_sent {
+            return;
+        }
         if self.runs.iter().all(|run| run.killed) {
             return;
         }
@@ -346,7 +359,12 @@ impl Supervisor {
             return;
         }
         // the last deadline read holds when the file cannot be read: it runs out unless renewed
-        self.lease = read_lease(path).or(self.lease);
+        // (a worker that sends its deadlines is not read from the file: what it sent holds)
+        if !self.lease_sent
+            && let Some(path) = self.lease_file.as_deref()
+        {
+            self.lease = read_lease(path).or(self.lease);
+        }
         if self.lease.is_none_or(|deadline| now <= deadline) {
             return;
         }
