@@ -92,3 +92,29 @@ async fn each_action_runs_as_a_user_of_its_own_and_cannot_read_or_signal_the_oth
     system.stop().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Issue 46: a worker whose action users cannot enter its packs directory would take every
+/// process run and fail it as `action_not_found` (a black hole that stays healthy): it refuses to
+/// start, naming the setting and what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_action_users_cannot_enter_its_packs_refuses_to_start() {
+    let mut system = System::builder().actions_as_their_own_users().start().await;
+    let closed = std::env::temp_dir().join(format!("attune-closed-{:016x}", rand::random::<u64>()));
+    attune_testkit::copy_dir(&system.packs_dir(), &closed);
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    system.restart_with("closed", &[("ATTUNE_PACKS_DIR", closed.to_str().unwrap())]);
+    wait_for("the worker to refuse to start", Duration::from_secs(30), || {
+        let exited = !system.is_running("closed");
+        async move { exited.then_some(()) }
+    })
+    .await;
+    let log = system.log("closed");
+    assert!(log.contains("ATTUNE_PACKS_DIR") && log.contains("cannot enter"), "{log}");
+    let registered: i64 = sqlx::query_scalar("SELECT count(*) FROM worker WHERE name = 'closed'")
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(registered, 0, "it registered nothing, so nothing is placed on it");
+    let _ = std::fs::remove_dir_all(&closed);
+    system.stop().await;
+}

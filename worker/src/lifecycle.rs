@@ -79,8 +79,14 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone(), settings.http_allow.clone())
         .await
         .packs_under(settings.common.packs_dir.clone())
-        .as_users(settings.action_uids.clone().map(runner::ActionUsers::new))
-        .warn_if_packs_closed();
+        .as_users(settings.action_uids.clone().map(runner::ActionUsers::new));
+    if let Some(reason) = runtimes.packs_closed() {
+        return Err(Error::Config(ConfigError {
+            name: "ATTUNE_PACKS_DIR".into(),
+            value: settings.common.packs_dir.display().to_string(),
+            reason,
+        }));
+    }
     let topology = Topology::new(&settings.common.mq_namespace, settings.queue_ttl);
     let publisher =
         Publisher::new(&settings.common.amqp_url, &format!("attune-worker-{}", settings.name), topology.clone());

@@ -333,15 +333,20 @@ impl Runtimes {
 
     /// Says (a warning) when actions run as other users and the packs directory is closed to
     /// them: every script would fail to start.
-    pub fn warn_if_packs_closed(self) -> Self {
-        if let (Some(_), Some(root)) = (&self.users, &self.packs_root)
-            && !usable_by_others(root)
-        {
-            tracing::warn!(packs_dir = %root.display(),
-                "actions run as users of their own (ATTUNE_WORKER_ACTION_UIDS), who cannot enter ATTUNE_PACKS_DIR: \
-                 make it and its parents readable by others (0755) or set ATTUNE_WORKER_ACTION_UIDS=off");
+    /// Why this worker could run none of the process actions it offers, if so: they run as users
+    /// of their own (`ATTUNE_WORKER_ACTION_UIDS`) who cannot enter `ATTUNE_PACKS_DIR`. Such a
+    /// worker must not start: it would take every such run and fail it as `action_not_found`.
+    pub fn packs_closed(&self) -> Option<String> {
+        let (Some(_), Some(root)) = (&self.users, &self.packs_root) else { return None };
+        if (self.shell.is_none() && self.python.is_none()) || usable_by_others(root) {
+            return None;
         }
-        self
+        Some(format!(
+            "actions run as users of their own (ATTUNE_WORKER_ACTION_UIDS), who cannot enter {}: make it and its \
+             parents readable and searchable by others (0755), or set ATTUNE_WORKER_ACTION_UIDS=off, or offer no \
+             process runtime (ATTUNE_WORKER_RUNTIMES without shell and python)",
+            root.display()
+        ))
     }
 
     /// Runs every process action under a supervisor of its own (`attune-worker supervise`), as
