@@ -3,7 +3,9 @@
 //! the route and path, the status it was answered (a refusal too), what it made when the path
 //! does not say (`Target`, set by the handler), and the reason given in `X-Attune-Reason`. The row
 //! is written before the answer is sent (in batches under load: `attune_common::batch`), so an
-//! answered change is never missing from the trail.
+//! answered change is never missing from the trail; and a change runs with its row apart from
+//! its connection (`AppState::changes`), so one whose client hung up, or whose request timed out,
+//! is not left without it. (A submission writes its row in its own insert.)
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, Method};
@@ -114,12 +116,51 @@ pub async fn record(State(state): State<crate::State>, request: Request, next: N
     let uri = request.extensions().get::<axum::extract::OriginalUri>().map(|original| &original.0);
     let path = uri.unwrap_or(request.uri()).path().to_string();
     let method = request.method().to_string();
-    let response = next.run(request).await;
-    // what was done is answered as done: from here the request timeout waits for the audit row
-    // instead of answering that nothing was written
-    if let Some(withdrawal) = withdrawal {
+    // A submission writes its audit row in its own statement, and may be withdrawn by the
+    // request timeout until it is taken into a batch. Every other change is carried out to its
+    // end with its audit row whatever becomes of the request: it runs apart from the connection
+    // (a client that hangs up, a request timeout, the API stopping do not drop it after its
+    // change committed), and the timeout waits for its outcome rather than answer that nothing
+    // was written (it may have been).
+    let submission = route.as_deref() == Some(SUBMISSIONS_ROUTE) && method == "POST";
+    if !submission && let Some(withdrawal) = &withdrawal {
         withdrawal.begin_write();
     }
+    let changes = state.changes.clone();
+    let work = async move {
+        let response = next.run(request).await;
+        // what was done is answered as done: from here the request timeout waits for the audit
+        // row instead of answering that nothing was written
+        if let Some(withdrawal) = withdrawal {
+            withdrawal.begin_write();
+        }
+        audit(&state, response, caller, method, route, path, reason).await
+    };
+    if submission {
+        return work.await;
+    }
+    match changes.spawn(work).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::error!(error = %e, "a request's handler failed");
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+/// The route of submissions (`POST`), which audit themselves.
+const SUBMISSIONS_ROUTE: &str = "/api/v1/executions";
+
+/// Writes the audit row of a request that was answered `response`, unless the handler wrote it.
+async fn audit(
+    state: &crate::State,
+    response: Response,
+    caller: Option<Caller>,
+    method: String,
+    route: Option<String>,
+    path: String,
+    reason: Option<String>,
+) -> Response {
     let target = response.extensions().get::<Target>();
     if target.is_some_and(|target| target.written) {
         return response;

@@ -107,6 +107,9 @@ pub struct AppState {
     pub followers: routes::executions::output::Followers,
     /// Fires when the API stops: live output streams end (they would hold the shutdown).
     pub streams_stop: CancellationToken,
+    /// Requests that change state, each carried out with its audit row apart from its
+    /// connection (`audit::record`): waited for when the API stops.
+    pub changes: tokio_util::task::TaskTracker,
     pub settings: Settings,
 }
 
@@ -172,6 +175,7 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
         scraped_gauges: Default::default(),
         followers,
         streams_stop: CancellationToken::new(),
+        changes: tokio_util::task::TaskTracker::new(),
         settings,
     }))
 }
@@ -241,8 +245,15 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         stopping.cancelled().await;
         streams_stop.cancel();
     });
+    let changes = state.changes.clone();
     let app = server::with_limits(router(state), &settings);
     server::serve(listener, app, &settings, shutdown).await?;
+    // changes whose clients are gone (or were cut off at the shutdown timeout) end with their
+    // audit rows before the process does
+    changes.close();
+    if tokio::time::timeout(settings.shutdown_timeout, changes.wait()).await.is_err() {
+        tracing::warn!("requests still changing state at the shutdown timeout");
+    }
     Ok(())
 }
 

@@ -22,7 +22,9 @@
 //!   passes the limit (a chunked body). Below it, the routes' own limits (the parameters') apply.
 //! - Time: a request not answered within `ATTUNE_API_REQUEST_TIMEOUT_SECS` (its body read and its
 //!   handler run; a handler's work is dropped, so its transaction rolls back) is answered 503
-//!   `request_timeout`: true, since nothing it asked for was written. Except once a write that
+//!   `request_timeout`: true, since nothing it asked for was written. A change other than a
+//!   submission begins its write as it starts (`audit::record`): it is never answered so, but
+//!   with its outcome. Except once a write that
 //!   cannot be called back has begun for it (`Withdrawal`: a submission taken into a batch, an
 //!   insert that commits by itself): then the request is answered with that write's outcome
 //!   (the execution's id), however late: as late as the database answers (a lock held on the

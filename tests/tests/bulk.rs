@@ -136,3 +136,46 @@ async fn a_bulk_fail_retry_and_cancel_act_on_every_execution_selected_once() {
     );
     system.stop().await;
 }
+
+/// Issue 46 (review R4): a bulk cancel whose client hangs up part-way (a client timeout, a
+/// proxy) still ends with exactly one audit row: the changes it made are not left unaudited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_cancel_whose_client_hangs_up_still_writes_its_one_audit_row() {
+    let system = System::builder().start().await;
+    for _ in 0..10 {
+        let submissions = (0..50).map(|n| system.submit("core.echo", json!({"message": format!("m{n}")})));
+        futures_util::future::join_all(submissions).await;
+    }
+    let body = json!({"action": "cancel", "filter": {"status": "requested", "action_ref": "core.echo"}, "limit": 500, "reason": "hung up"});
+    // the client gives up well before 500 cancels are done
+    let sent = system
+        .http
+        .post(format!("{}/api/v1/executions/bulk", system.api_url))
+        .bearer_auth(&system.token)
+        .timeout(std::time::Duration::from_millis(150))
+        .json(&body)
+        .send()
+        .await;
+    assert!(sent.is_err(), "the client gave up before the answer: {sent:?}");
+    let canceled = attune_testkit::wait_for("the cancels to stop changing", std::time::Duration::from_secs(30), || {
+        let system = &system;
+        async move {
+            let before = count(system, "SELECT count(*) FROM execution WHERE status = 'canceled'").await;
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let after = count(system, "SELECT count(*) FROM execution WHERE status = 'canceled'").await;
+            (before == after).then_some(after)
+        }
+    })
+    .await;
+    assert!(canceled > 0, "the request reached the API and changed something");
+    let audited = attune_testkit::wait_for("the audit row", std::time::Duration::from_secs(10), || {
+        let system = &system;
+        async move {
+            let rows = count(system, "SELECT count(*) FROM audit_event WHERE route LIKE '%/executions/bulk'").await;
+            (rows > 0).then_some(rows)
+        }
+    })
+    .await;
+    assert_eq!(audited, 1, "one request, one audit row ({canceled} executions canceled)");
+    system.stop().await;
+}
