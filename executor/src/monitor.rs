@@ -171,6 +171,12 @@ async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
     for worker_id in db::worker::deactivate_silent(&context.db, None, max_age).await? {
         tracing::warn!(worker_id, "worker heartbeat is stale: marked inactive");
     }
+    // runs ended by hand on a worker taken for dead (its lease stopped them) or stopped: their
+    // concurrency slots are free
+    let released = db::execution::release_of_inactive(&context.db).await?;
+    if released > 0 {
+        tracing::warn!(released, "concurrency slots of runs ended by hand on inactive workers freed");
+    }
     let orphaned =
         db::execution::held_by_silent_workers(&context.db, &recovery::HELD_BY_WORKER, max_age, BATCH).await?;
     for (id, status) in orphaned {

@@ -255,3 +255,72 @@ async fn an_operator_s_policy_holds_until_cleared() {
     assert!(ok && shown.contains("its pack's"), "{shown}");
     system.stop().await;
 }
+
+/// Issue 46 (review R3): a run canceled while it runs keeps its key's slot until its processes
+/// are gone. The action traps SIGTERM and goes on 1.5 s (inside the worker's 2 s grace before
+/// SIGKILL); the next run of its key, waiting, starts only after the first's last mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canceled_run_keeps_its_slot_until_its_processes_are_gone() {
+    let dir = std::env::temp_dir().join(format!("attune-linger-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = "#!/bin/sh\n\
+        mark() { date +%s%N >> \"$ATTUNE_PARAM_DIR/$ATTUNE_EXECUTION_ID\"; }\n\
+        trap 'for i in 1 2 3 4 5 6; do mark; sleep 0.25; done; exit 143' TERM\n\
+        mark\n\
+        while true; do mark; sleep 0.1; done\n";
+    let pack = TempPack::new(
+        "linger",
+        &[
+            (
+                "hold.yaml",
+                "name: hold\nruntime: shell\nentrypoint: actions/hold.sh\nparameters:\n  host: {type: string, required: true}\n  dir: {type: string, required: true}\nconcurrency: {limit: 1, key: host}\n",
+            ),
+            ("hold.sh", script),
+        ],
+    );
+    let system = System::builder()
+        .pack(pack.path())
+        .worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "shell"), ("ATTUNE_WORKER_CONCURRENCY", "4")])
+        .start()
+        .await;
+    let params = json!({"host": "db1", "dir": dir.to_str().unwrap()});
+    let first = system.submit("linger.hold", params.clone()).await;
+    wait_for("the first run to mark", Duration::from_secs(30), || async {
+        dir.join(id(&first).to_string()).exists().then_some(())
+    })
+    .await;
+    let second = system.submit("linger.hold", params).await;
+    let canceled_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let (status, _) = system.post(&format!("/api/v1/executions/{}/cancel", id(&first)), &json!({})).await;
+    assert_eq!(status, 200);
+    let second_marks = dir.join(id(&second).to_string());
+    wait_for("the second run to start", Duration::from_secs(30), || async { second_marks.exists().then_some(()) })
+        .await;
+    let read = |path: std::path::PathBuf| -> Vec<u128> {
+        std::fs::read_to_string(path).unwrap().lines().filter_map(|l| l.trim().parse().ok()).collect()
+    };
+    // the canceled run's marks are all in once its file stops growing (its trap marks every 0.25 s)
+    let first_marks = dir.join(id(&first).to_string());
+    let first_last = wait_for("the canceled run to end", Duration::from_secs(10), || async {
+        let before = read(first_marks.clone()).len();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let after = read(first_marks.clone());
+        (after.len() == before).then(|| *after.iter().max().unwrap())
+    })
+    .await;
+    let second_first = *read(second_marks).iter().min().unwrap();
+    eprintln!(
+        "after the cancel: the canceled run's last mark {:.2} s, the next run's first {:.2} s",
+        (first_last - canceled_at) as f64 / 1e9,
+        (second_first - canceled_at) as f64 / 1e9
+    );
+    assert!(
+        first_last < second_first,
+        "the next run of the key started {:.2} s before the canceled one's processes were gone",
+        (first_last - second_first) as f64 / 1e9
+    );
+    let (status, _) = system.post(&format!("/api/v1/executions/{}/cancel", id(&second)), &json!({})).await;
+    assert_eq!(status, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+    system.stop().await;
+}

@@ -268,12 +268,14 @@ impl Worker {
             return Disposition::Ack;
         }
         if cancel.is_cancelled() && !self.abort.is_cancelled() {
-            // A client canceled it (or an operator failed it): the record already says so.
+            // A client canceled it (or an operator failed it): the record already says so, and
+            // keeps its concurrency slot until told its processes are gone (they are, by now)
             let stopped = match runtime {
                 "http" => "stopped while running (canceled or failed by hand); request aborted",
                 _ => "stopped while running (canceled or failed by hand); process group killed",
             };
             tracing::info!(execution_id, "{stopped}");
+            self.release(Some(execution_id)).await;
             return Disposition::Ack;
         }
         let outcome = ran.outcome;

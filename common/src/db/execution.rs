@@ -1312,6 +1312,24 @@ pub async fn hand_back(
     transition_brief(db, execution_id, &Transition::hand_back(worker_id)).await
 }
 
+/// The worker `worker_id` says the processes of the run `execution_id` (`None`: of all its runs)
+/// are gone: a run ended by hand (`lingering`) frees its concurrency slot. How many did.
+pub async fn release(db: &PgPool, execution_id: Option<i64>, worker_id: i64) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT execution_released($1, $2)").bind(execution_id).bind(worker_id).fetch_one(db).await
+}
+
+/// The runs ended by hand on workers no longer active (taken for dead, which stopped their runs
+/// first, or stopped) free their concurrency slots. How many did.
+pub async fn release_of_inactive(db: &PgPool) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE execution e SET lingering = false FROM worker w \
+         WHERE e.lingering AND w.id = e.worker AND w.status = 'inactive'",
+    )
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// `hand_back` as a worker makes it, through `execution_hand_back` (which runs as the schema's
 /// owner and checks that the worker is one the caller's login registered: under row-level
 /// security a worker's login may not write the handed-back row, on no worker, itself).
