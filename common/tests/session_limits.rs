@@ -20,6 +20,15 @@ async fn every_session_starts_with_the_documented_limits() {
     .await
     .unwrap();
     assert_eq!(shown, ("1min".to_string(), "5s".to_string(), "30s".to_string()));
+    // (issue 46) the server finds a client gone without a reset within about 30 s
+    let probes: (String, String, String, String) = sqlx::query_as(
+        "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), \
+         current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')",
+    )
+    .fetch_one(&test.pool)
+    .await
+    .unwrap();
+    assert_eq!(probes, ("10".to_string(), "5".to_string(), "3".to_string(), "30000".to_string()));
     let off = db::session_limits(&Vars(&[("ATTUNE_DB_STATEMENT_TIMEOUT_SECS", "0")])).unwrap();
     assert_eq!(off[0], ("statement_timeout", "0".to_string()));
     let error = db::session_limits(&Vars(&[("ATTUNE_DB_LOCK_TIMEOUT_SECS", "-1")])).unwrap_err();

@@ -184,6 +184,9 @@ struct Loop {
     picture: Option<Picture>,
 }
 
+/// The longest one look may take (a look takes milliseconds when all is well).
+const LOOK_LIMIT: Duration = Duration::from_secs(30);
+
 /// The scheduling loop, until `shutdown` fires.
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let mut state = Loop {
@@ -206,7 +209,13 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
             _ = context.waiting.wake.notified() => {}
             _ = tokio::time::sleep_until(until.into()) => {}
         }
-        match look(&context, &mut state).await {
+        // (bounded: a statement on a connection gone silent, without a reset, would hold every
+        // runtime's scheduling for the kernel's fifteen minutes of retransmissions; a claim made
+        // by a look cut short is found by the monitor as a lost dispatch)
+        let looked = tokio::time::timeout(LOOK_LIMIT, look(&context, &mut state))
+            .await
+            .unwrap_or(Err(crate::Error::Database(sqlx::Error::PoolTimedOut)));
+        match looked {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "scheduling pass failed");

@@ -166,6 +166,13 @@ pub fn session_limits(source: &dyn crate::settings::Source) -> Result<Vec<(&'sta
         ("statement_timeout", millis("ATTUNE_DB_STATEMENT_TIMEOUT_SECS")?),
         ("lock_timeout", millis("ATTUNE_DB_LOCK_TIMEOUT_SECS")?),
         ("idle_in_transaction_session_timeout", millis("ATTUNE_DB_IDLE_IN_TRANSACTION_SECS")?),
+        // a client gone without a reset (a host cut off, a NAT that forgot the connection) is
+        // found by the server within about 30 s, and its session ended with its locks, rather
+        // than after the kernel's two hours of keepalive or fifteen minutes of retransmissions
+        ("tcp_keepalives_idle", "10".into()),
+        ("tcp_keepalives_interval", "5".into()),
+        ("tcp_keepalives_count", "3".into()),
+        ("tcp_user_timeout", "30000".into()),
     ])
 }
 
