@@ -64,13 +64,13 @@ impl FenceNotice {
             mac: String::new(),
         };
         let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), notice.signed_text().as_bytes());
-        notice.mac = hex(tag.as_ref());
+        notice.mac = crate::secrets::to_hex(tag.as_ref());
         notice
     }
 
     /// Whether `mac` is the signature of the other fields with `key`.
     pub fn verify(&self, key: &[u8]) -> bool {
-        let Some(tag) = unhex(&self.mac) else { return false };
+        let Some(tag) = crate::secrets::from_hex(&self.mac) else { return false };
         hmac::verify(&hmac::Key::new(hmac::HMAC_SHA256, key), self.signed_text().as_bytes(), &tag).is_ok()
     }
 
@@ -85,17 +85,6 @@ impl FenceNotice {
     fn signed_text(&self) -> String {
         format!("attune fence v1\n{}\n{}\n{}\n{}", self.executor, self.seq, self.judging_in_ms, self.max_age_secs)
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.is_ascii() {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
 }
 
 #[cfg(test)]
