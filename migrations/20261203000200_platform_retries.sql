@@ -1,7 +1,8 @@
 -- A platform loss (a worker or its supervisor lost, a dispatch expired unstarted) is retried
 -- whatever the action's max_retries, up to three times in a chain, and never spends that budget
 -- (issue 46; `attune_core::retry::PLATFORM_RETRIES`, `FailureKind::is_platform_loss`). The
--- chain's count of such retries is `config.platform_retries`. The quick reference's
+-- chain's count of the retries the platform's budget paid is `config.platform_retries` (written
+-- by the RetryManager alone: a client's is dropped). The quick reference's
 -- `is_execution_retriable` says the same as the RetryManager decides.
 CREATE OR REPLACE FUNCTION is_execution_retriable(execution_id BIGINT) RETURNS BOOLEAN
 LANGUAGE plpgsql STABLE AS $$
@@ -39,7 +40,9 @@ BEGIN
         RETURN FALSE;
     END IF;
     budget := COALESCE(e.max_retries, 0);
-    platform := COALESCE((e.config->>'platform_retries')::INTEGER, 0);
+    platform := CASE WHEN jsonb_typeof(e.config->'platform_retries') = 'number'
+                     THEN LEAST(GREATEST((e.config->>'platform_retries')::NUMERIC, 0), 2147483647)::INTEGER
+                     ELSE 0 END;
     own := e.retry_count - LEAST(GREATEST(platform, 0), e.retry_count);
     FOR rule IN SELECT value FROM jsonb_array_elements(COALESCE(policy->'rules', '[]')) WITH ORDINALITY ORDER BY ordinality
     LOOP

@@ -459,6 +459,9 @@ pub enum RetryDecision {
         delay: Duration,
         reason: FailureKind,
         rule: Option<usize>,
+        /// A platform loss retried past the action's own budget: the retry counts one more of
+        /// the chain's `PLATFORM_RETRIES`.
+        paid_by_platform: bool,
     },
     GiveUp(GiveUp),
 }
@@ -538,17 +541,20 @@ pub fn decide(
     };
     // the action's own budget is spent by its own failures only; a platform loss (without a
     // rule of the policy's for it) is retried whatever that budget, up to PLATFORM_RETRIES
+    // (the platform's retries are those it paid for, each counted once: never more than
+    // PLATFORM_RETRIES in a chain)
     let own_retries = attempt.retry_count - attempt.platform_retries.clamp(0, attempt.retry_count);
     let own_spent = max_retries >= 0 && own_retries >= max_retries;
     let platform_left = rule.is_none() && kind.is_platform_loss() && attempt.platform_retries < PLATFORM_RETRIES;
     if own_spent && !platform_left {
         return RetryDecision::GiveUp(GiveUp::Exhausted { retry_count: attempt.retry_count, max_retries, rule });
     }
+    let paid_by_platform = own_spent;
     let backed_off = now + chrono::Duration::milliseconds(backoff.delay(attempt.retry_count, rng).as_millis() as i64);
     let at =
         [Some(backed_off), attempt.retry_after, attempt.held_until].into_iter().flatten().max().unwrap_or(backed_off);
     let delay = (at - now).to_std().unwrap_or_default();
-    RetryDecision::Retry { at, delay, reason: kind, rule }
+    RetryDecision::Retry { at, delay, reason: kind, rule, paid_by_platform }
 }
 
 /// The status a failure is recorded with: `abandoned` when the action may have run on a worker
@@ -971,6 +977,17 @@ rules:
             let attempt = FailedAttempt { platform_retries: 3, ..FailedAttempt::new(kind, 3, 0, true) };
             assert!(!retried(&attempt, &mut rng), "{kind}: the platform's retries are spent");
         }
+        // with a budget of its own, platform losses spend it first, then the platform's three,
+        // and no more (the count grows only when the platform pays)
+        let mut chain = FailedAttempt::new(FailureKind::WorkerUnavailable, 0, 2, true);
+        let mut retries = 0;
+        while let RetryDecision::Retry { paid_by_platform, .. } = decide(&policy, &chain, now(), &mut rng) {
+            retries += 1;
+            chain.retry_count += 1;
+            chain.platform_retries += i32::from(paid_by_platform);
+            assert!(retries <= 10, "platform losses retried without end");
+        }
+        assert_eq!((retries, chain.platform_retries), (2 + PLATFORM_RETRIES, PLATFORM_RETRIES));
         // the action's own failures still have their whole budget after platform retries
         let after_losses =
             FailedAttempt { platform_retries: 2, ..FailedAttempt::new(FailureKind::TransientError, 2, 1, true) };

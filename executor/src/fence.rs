@@ -28,13 +28,27 @@ fn pulse_patience(max_age: Duration) -> Duration {
 /// When this executor last failed to reach the database, and so when it may judge heartbeats.
 pub struct Judging {
     last_failure: Mutex<Instant>,
+    /// When a pulse and its notice last both went through: an executor whose notices do not
+    /// reach the workers (the broker away, its fence loop stalled) judges no one.
+    last_told: Mutex<Option<Instant>>,
     max_age: Duration,
 }
+
+/// How long the notices' broker channel may take to open.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How recently an executor must have pulsed and told the workers to judge heartbeats.
+const TOLD_WITHIN: Duration = Duration::from_secs(3);
 
 impl Judging {
     /// Starts as at a failure: no worker is judged for `max_age`.
     pub fn new(max_age: Duration) -> Judging {
-        Judging { last_failure: Mutex::new(Instant::now()), max_age }
+        Judging { last_failure: Mutex::new(Instant::now()), last_told: Mutex::new(None), max_age }
+    }
+
+    /// A pulse landed and its notice went out.
+    pub fn told(&self) {
+        *self.last_told.lock().expect("fence poisoned") = Some(Instant::now());
     }
 
     /// The database could not be reached (a pulse or a monitor pass failed).
@@ -48,9 +62,10 @@ impl Judging {
         self.max_age.saturating_sub(since)
     }
 
-    /// Whether heartbeats may be judged now.
+    /// Whether heartbeats may be judged now (the database also checks, `fence_open`).
     pub fn may_judge(&self) -> bool {
-        self.judging_in().is_zero()
+        let told = self.last_told.lock().expect("fence poisoned").is_some_and(|at| at.elapsed() <= TOLD_WITHIN);
+        told && self.judging_in().is_zero()
     }
 }
 
@@ -103,13 +118,30 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         // (before its first pulse the executor has no key: the workers hear from it once it has
         // reached the database, and it judges no one before the heartbeat limit from its start)
         let Some(key) = key.as_deref() else { continue };
+        // the channel first (a connection may take a while to open): the notice says what holds
+        // when it is sent, and its sending is bounded by its expiry
+        if let Err(e) = tokio::time::timeout(CONNECT_PATIENCE, publisher.ping())
+            .await
+            .unwrap_or(Err(attune_common::mq::MqError::Timeout(CONNECT_PATIENCE)))
+        {
+            tracing::debug!(error = %e, "no broker channel for the fence notice: no worker is judged meanwhile");
+            context.fence.failed();
+            continue;
+        }
         let notice = FenceNotice::signed(key, &executor, seq, context.fence.judging_in(), max_age);
         let payload = ControlMessage::Fence(notice).to_vec();
         match publisher.publish_expiring(&exchange, "", &payload, expiry).await {
             // (unroutable: no worker listens)
-            Ok(()) | Err(attune_common::mq::MqError::Unroutable(_)) => {}
+            Ok(()) | Err(attune_common::mq::MqError::Unroutable(_)) => {
+                if !cut_off {
+                    context.fence.told();
+                }
+            }
             Err(e) => {
-                tracing::debug!(error = %e, "could not send the fence notice (the workers' leases stop their runs as before)")
+                // workers that do not hear from this executor may be held by others' notices:
+                // it judges no one until they hear from it again
+                tracing::debug!(error = %e, "could not send the fence notice: no worker is judged meanwhile");
+                context.fence.failed();
             }
         }
     }

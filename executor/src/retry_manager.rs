@@ -163,8 +163,11 @@ impl RetryManager {
             return Ok(None);
         };
         let retry = match &decision {
-            RetryDecision::Retry { at, reason, .. } => {
-                let new = NewExecution::retry_of(&execution, ExecutionStatus::Delayed, *reason, None, Some(*at));
+            RetryDecision::Retry { at, reason, paid_by_platform, .. } => {
+                let mut new = NewExecution::retry_of(&execution, ExecutionStatus::Delayed, *reason, None, Some(*at));
+                if *paid_by_platform {
+                    new = new.paid_by_platform(&execution);
+                }
                 Some(db::execution::insert(&mut *tx, &new).await?)
             }
             RetryDecision::GiveUp(_) => None,

@@ -83,6 +83,15 @@ impl Step {
             fence: attune_executor::fence::Judging::new(settings.health.heartbeat_max_age()),
             settings,
         };
+        // the monitor runs alone here: the database's record of the pulses says it may judge
+        // for the test's length (an executor's fence loop keeps it so, a pulse a second)
+        sqlx::query(
+            "UPDATE fence SET pulsed_at = clock_timestamp() + interval '1 hour', \
+             writable_since = clock_timestamp() - interval '1 hour'",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
         Step { context, db, namespace, action }
     }
 
@@ -346,5 +355,40 @@ async fn a_failure_on_one_execution_does_not_stop_the_monitor_s_sweep() {
     assert_eq!(step.get(refused).await.status, Running);
     let failed = step.get(running).await;
     assert_eq!((failed.status, failed.failure_kind), (Failed, Some(FailureKind::WorkerHeartbeatStale)));
+    step.stop().await;
+}
+
+/// ADR 0011: a monitor pass that decided to judge heartbeats before an outage began, and whose
+/// statements run after it (a stall of commits holds them, reads go on), judges no one: the
+/// database's record of the executors' pulses (`fence_open`) says writes came back too lately,
+/// or not at all, for the workers to have heartbeated again.
+#[tokio::test]
+async fn no_worker_is_judged_until_the_pulses_have_come_for_the_heartbeat_limit() {
+    let step = Step::new().await;
+    let dead = step.worker("dead").await;
+    let running = step.execution(Running, dead, 3).await;
+    step.age("UPDATE worker SET last_heartbeat = now() - interval '1 hour' WHERE id = $1", dead).await;
+    for (what, sql) in [
+        (
+            "writes came back a moment ago",
+            "UPDATE fence SET pulsed_at = clock_timestamp(), writable_since = clock_timestamp()",
+        ),
+        (
+            "no pulse for 10 s",
+            "UPDATE fence SET pulsed_at = clock_timestamp() - interval '10 s', writable_since = clock_timestamp() - interval '1 hour'",
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_string())).execute(step.pool()).await.unwrap();
+        assert!(monitor::tick(&step.context, true).await.unwrap());
+        assert_eq!(step.get(running).await.status, Running, "{what}: the run was judged");
+    }
+    sqlx::query(
+        "UPDATE fence SET pulsed_at = clock_timestamp(), writable_since = clock_timestamp() - interval '1 hour'",
+    )
+    .execute(step.pool())
+    .await
+    .unwrap();
+    assert!(monitor::tick(&step.context, true).await.unwrap());
+    assert_eq!(step.get(running).await.failure_kind, Some(FailureKind::WorkerHeartbeatStale));
     step.stop().await;
 }

@@ -3,6 +3,35 @@
 
 use super::*;
 
+/// Frees the concurrency slot of a run ended by hand (`db::execution::release`) when dropped, in
+/// a task of its own (waiting out a database outage).
+struct ReleaseOnDrop {
+    db: PgPool,
+    execution_id: i64,
+    worker_id: i64,
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let (db, execution_id, worker_id) = (self.db.clone(), self.execution_id, self.worker_id);
+        tokio::spawn(async move { release(&db, Some(execution_id), worker_id).await });
+    }
+}
+
+/// Says that the processes of a run ended by hand (`None`: of every run of the worker's) are gone,
+/// freeing its concurrency slot; waits out a database outage.
+pub(crate) async fn release(db: &PgPool, execution_id: Option<i64>, worker_id: i64) {
+    let released = db::retry_while_unavailable("releasing a concurrency slot", || {
+        db::execution::release(db, execution_id, worker_id)
+    })
+    .await;
+    match released {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(execution_id, released = n, "concurrency slot freed: the run's processes are gone"),
+        Err(e) => tracing::warn!(execution_id, error = %e, "could not free a concurrency slot"),
+    }
+}
+
 impl Worker {
     /// A dispatch message: each execution it names is claimed, run and recorded on its own, all
     /// at once (each waits for a run slot of its own). The message is acknowledged when every one
@@ -244,6 +273,15 @@ impl Worker {
             }
         }
         self.running.lock().expect("running map poisoned").end(execution_id);
+        // its processes are gone: once its outcome is recorded or reported (however this ends),
+        // a run ended by hand meanwhile gives its key's slot back, though the worker may never
+        // have heard of the cancel (a run not ended by hand has nothing to give back: one
+        // statement, for limited actions only)
+        let _release = claimed.concurrency_limited.then(|| ReleaseOnDrop {
+            db: self.db.clone(),
+            execution_id,
+            worker_id: self.id,
+        });
         if let Some(live) = live {
             self.live.lock().expect("live map poisoned").remove(&execution_id);
             live.ended.cancel();
@@ -275,7 +313,6 @@ impl Worker {
                 _ => "stopped while running (canceled or failed by hand); process group killed",
             };
             tracing::info!(execution_id, "{stopped}");
-            self.release(Some(execution_id)).await;
             return Disposition::Ack;
         }
         let outcome = ran.outcome;

@@ -83,9 +83,8 @@ impl Worker {
     pub(crate) fn handle_fence(&self, notice: &FenceNotice) {
         if let Some(until) = self.notices.read(notice, &self.lease) {
             self.lease.hold(until);
-            if self.lease.held() {
-                self.lease.tell(self.runtimes.shared_supervisor());
-            }
+            // (also when the deadline came nearer: a hold ended, or a shorter limit heard of)
+            self.lease.tell(self.runtimes.shared_supervisor());
         }
     }
 }

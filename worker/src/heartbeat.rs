@@ -53,11 +53,6 @@ impl Lease {
         *self.held_until.lock().expect("lease poisoned") = until;
     }
 
-    /// Whether a hold of the executors' keeps the lease now, heartbeats aside.
-    pub(crate) fn held(&self) -> bool {
-        *self.held_until.lock().expect("lease poisoned") > supervise::boot_clock_ns()
-    }
-
     /// When it runs out unless renewed or held longer (boot clock).
     pub(crate) fn deadline(&self) -> u128 {
         let renewed = *self.renewed.lock().expect("lease poisoned");

@@ -314,7 +314,7 @@ impl Worker {
         self.hand_back_unstarted().await;
         // what an earlier process of this worker ran is gone with its supervisor: the slots of
         // the runs ended by hand are free
-        self.release(None).await;
+        dispatch::release(&self.db, None, self.id).await;
         // (each result carries the token the earlier process drew: the executor records only that)
         let orphans = db::execution::runs_on(&self.db, self.id).await?;
         for (execution_id, run_token) in orphans {
@@ -329,20 +329,6 @@ impl Worker {
             self.publisher.publish(RESULT_KEY, &result).await?;
         }
         Ok(())
-    }
-
-    /// Says that the processes of a run ended by hand (`None`: of every run of this worker's) are
-    /// gone, freeing its concurrency slot; waits out a database outage.
-    pub(crate) async fn release(&self, execution_id: Option<i64>) {
-        let released = db::retry_while_unavailable("releasing a concurrency slot", || {
-            db::execution::release(&self.db, execution_id, self.id)
-        })
-        .await;
-        match released {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(execution_id, released = n, "concurrency slot freed: the run's processes are gone"),
-            Err(e) => tracing::warn!(execution_id, error = %e, "could not free a concurrency slot"),
-        }
     }
 
     /// On a shutdown request: stop receiving new work, hand back what has not started, let what

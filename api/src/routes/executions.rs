@@ -458,7 +458,8 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
         new.max_retries = max_retries;
     }
     for (key, value) in request.config {
-        if key != "retry_reason" {
+        // (the reason is the operator's retry; the platform's count is the RetryManager's alone)
+        if key != "retry_reason" && key != "platform_retries" {
             new.config[key] = value;
         }
     }

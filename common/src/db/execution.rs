@@ -94,10 +94,18 @@ pub struct NewExecution {
     pub trace_parent: Option<String>,
 }
 
-/// How many retries of an execution's chain so far were made for platform losses
-/// (`config.platform_retries`; `FailureKind::is_platform_loss`).
+/// How many retries of an execution's chain so far were paid by the platform's budget
+/// (`config.platform_retries`, which only the RetryManager writes; `retry::PLATFORM_RETRIES`).
 pub fn platform_retries(config: &Value) -> i64 {
-    config.get("platform_retries").and_then(Value::as_i64).unwrap_or(0)
+    config.get("platform_retries").and_then(Value::as_i64).unwrap_or(0).clamp(0, i64::from(i32::MAX))
+}
+
+impl NewExecution {
+    /// This retry was paid by the platform's budget (`retry::RetryDecision::Retry::paid_by_platform`).
+    pub fn paid_by_platform(mut self, parent: &Execution) -> NewExecution {
+        self.config["platform_retries"] = (platform_retries(&parent.config) + 1).into();
+        self
+    }
 }
 
 impl NewExecution {
@@ -114,11 +122,8 @@ impl NewExecution {
         let mut config =
             if parent.config.is_object() { parent.config.clone() } else { Value::Object(Default::default()) };
         config["retry_reason"] = Value::String(reason.as_str().to_string());
-        // the chain's retries for platform losses, which do not spend the action's budget
-        let platform_retries = platform_retries(&parent.config) + i64::from(reason.is_platform_loss());
-        if platform_retries > 0 {
-            config["platform_retries"] = platform_retries.into();
-        }
+        // (the chain's retries paid by the platform's budget so far: the RetryManager counts one
+        // more on the retry it makes so, `paid_by_platform`)
         NewExecution {
             action: parent.action,
             action_ref: parent.action_ref.clone(),
@@ -158,7 +163,7 @@ impl NewExecution {
             None => {
                 if let Value::Object(map) = &mut config {
                     // a first attempt retries nothing, whatever the client wrote
-                    for key in ["retry_of", "original_execution", "retry_reason"] {
+                    for key in ["retry_of", "original_execution", "retry_reason", "platform_retries"] {
                         map.remove(key);
                     }
                 }
@@ -887,12 +892,15 @@ pub struct ClaimedRun {
     pub retry_policy: Option<Value>,
     /// The action's `limits` block, as written (the worker fills in and caps what it enforces).
     pub limits: Option<Value>,
+    /// The claim counted it against a concurrency policy: ended by hand, it keeps its slot until
+    /// its worker says its processes are gone (`release`).
+    pub concurrency_limited: bool,
 }
 
 /// What a claim reads, from the claimed row `c`, its action `a` and the action's pack `p`.
 const RUN_COLUMNS: &str = "c.id, c.status, c.action_ref, c.worker, c.parameters, c.timeout_seconds, c.retry_count, \
     c.idempotency_key, c.run_token, c.trace_parent, a.runtime, a.entrypoint, p.path AS pack_path, a.http, a.retry_policy, \
-    a.limits FROM c LEFT JOIN action a ON a.id = c.action LEFT JOIN pack p ON p.id = a.pack";
+    a.limits, c.concurrency_limited FROM c LEFT JOIN action a ON a.id = c.action LEFT JOIN pack p ON p.id = a.pack";
 
 /// scheduled → running for the worker the execution was dispatched to (`Transition::claim`),
 /// storing `run_token` (drawn by that worker, see `ExecutionResult::run_token`), and what to run,
@@ -1318,6 +1326,26 @@ pub async fn release(db: &PgPool, execution_id: Option<i64>, worker_id: i64) -> 
     sqlx::query_scalar("SELECT execution_released($1, $2)").bind(execution_id).bind(worker_id).fetch_one(db).await
 }
 
+/// A result for the run `run_token` of `execution_id` on `worker_id` came after the run was
+/// ended by hand: its processes are gone, and its concurrency slot is free. Whether it was.
+pub async fn release_stale(
+    db: &PgPool,
+    execution_id: i64,
+    worker_id: i64,
+    run_token: Option<&str>,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE execution SET lingering = false \
+         WHERE id = $1 AND lingering AND worker = $2 AND run_token IS NOT DISTINCT FROM $3",
+    )
+    .bind(execution_id)
+    .bind(worker_id)
+    .bind(run_token)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
 /// The runs ended by hand on workers no longer active (taken for dead, which stopped their runs
 /// first, or stopped) free their concurrency slots. How many did.
 pub async fn release_of_inactive(db: &PgPool) -> Result<u64, sqlx::Error> {
@@ -1521,6 +1549,7 @@ pub async fn held_by_silent_workers(
         "SELECT e.id, e.status FROM execution e JOIN worker w ON w.id = e.worker \
          WHERE e.status = ANY($1) \
            AND (w.last_heartbeat IS NULL OR w.last_heartbeat < now() - make_interval(secs => $2)) \
+           AND fence_open($2) \
          ORDER BY e.id LIMIT $3",
     )
     .bind(statuses)

@@ -201,7 +201,8 @@ pub async fn deactivate_silent(
     sqlx::query_scalar(
         "UPDATE worker SET status = 'inactive', updated = now() WHERE status <> 'inactive' \
          AND ($2::bigint IS NULL OR id = $2) \
-         AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $1)) RETURNING id",
+         AND (last_heartbeat IS NULL OR last_heartbeat < now() - make_interval(secs => $1)) \
+         AND fence_open($1) RETURNING id",
     )
     .bind(max_age.as_secs_f64())
     .bind(only)
