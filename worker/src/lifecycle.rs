@@ -95,11 +95,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let previous_queue = db::worker::queue_of(&pool, &settings.name).await?;
     let fence_key = db::fence::key(&pool).await?;
     match db::worker::health_config(&pool).await.map(|c| c["heartbeat_max_age_secs"].as_i64()) {
-        Ok(Some(stored)) if stored != settings.health.heartbeat_max_age_secs => tracing::error!(
+        // (the executors store theirs when they start: on a deployment starting all at once the row
+        // may still hold the default; the executors' notices say it for sure, `fence`)
+        Ok(Some(stored)) if stored != settings.health.heartbeat_max_age_secs => tracing::warn!(
             executors = stored,
             worker = settings.health.heartbeat_max_age_secs,
-            "ATTUNE_HEARTBEAT_MAX_AGE_SECS differs from the one the executors stored: set it alike everywhere (the \
-             worker keeps its lease inside the executors' limit once it hears from them)"
+            "ATTUNE_HEARTBEAT_MAX_AGE_SECS differs from the one the executors last stored: set it alike everywhere \
+             (the worker keeps its lease inside the executors' limit once it hears from them)"
         ),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "could not read the executors' heartbeat limit"),
