@@ -10,6 +10,9 @@
 #   scripts/test-pg-standby.sh switchover  stop the primary (fast) and promote the standby, waiting
 #                                          until it takes writes
 #   scripts/test-pg-standby.sh urls        the DATABASE_URL of the pair (both hosts, read-write)
+#   scripts/test-pg-standby.sh standby-stop   stop the standby: every commit on the primary waits
+#                                             for it (synchronous replication), reads go on
+#   scripts/test-pg-standby.sh standby-start  start it again: the commits that waited complete
 #
 # The primary has what the tests need, made the way scripts/lib.sh makes it on the machine's own
 # server: the attune role (owner, CREATEDB) and database, the services' group roles, the tests'
@@ -139,12 +142,20 @@ switchover)
     wait_true $STANDBY_PORT "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'" 60
     echo "switched over: 127.0.0.1:$STANDBY_PORT is the primary; 127.0.0.1:$PRIMARY_PORT is stopped" >&2
     ;;
+standby-stop)
+    ctl standby stop -m fast -w >/dev/null
+    ;;
+standby-start)
+    ctl standby start -w >/dev/null
+    wait_true $PRIMARY_PORT "SELECT EXISTS (SELECT FROM pg_stat_replication
+        WHERE application_name = '$STANDBY_NAME' AND state = 'streaming' AND sync_state = 'sync')" 30
+    ;;
 urls)
     ensure_credentials >/dev/null
     echo "postgres://$ATTUNE_DB_USER:$ATTUNE_DB_PASSWORD@127.0.0.1:$PRIMARY_PORT,127.0.0.1:$STANDBY_PORT/$ATTUNE_DB_NAME?target_session_attrs=read-write"
     ;;
 *)
-    echo "usage: $0 start|stop|switchover|urls" >&2
+    echo "usage: $0 start|stop|switchover|urls|standby-stop|standby-start" >&2
     exit 2
     ;;
 esac

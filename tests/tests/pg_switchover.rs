@@ -5,7 +5,8 @@
 //! the primary stops and the standby is promoted. Every submission the API answered 201 for is in
 //! the record and its chain completed, nothing the API refused was written, each attempt ran once
 //! (the action marks each run with its execution id), and the services — the same processes —
-//! say they moved to the new primary, within seconds of its promotion.
+//! say they moved to the new primary, within seconds of its promotion. And with the standby
+//! stopped for 12 s (every commit waits, reads go on), a run goes on to its end (ADR 0011).
 
 use std::process::Command;
 use std::sync::Arc;
@@ -195,4 +196,45 @@ async fn executions_complete_once_through_a_switchover() {
     );
     system.stop().await;
     let _ = std::fs::remove_dir_all(&marks);
+}
+
+/// Issue 46, ADR 0011: the synchronous standby goes away (stopped), so every commit on the
+/// primary waits while reads go on, for 12 s (more than twice the heartbeat limit of 5 s), then
+/// comes back. A run that was going on is neither stopped nor failed, nor run again: the
+/// executors' pulses are commits, so they count the stall as an outage, and tell the workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and the PostgreSQL pair of scripts/test-pg-standby.sh: make test-cluster"]
+async fn a_synchronous_standby_that_goes_away_stops_no_run() {
+    use attune_testkit::runs::{spans, ticks_pack};
+    pair(&["start"]);
+    let url = pair(&["urls"]);
+    let pack = ticks_pack("stall", 0, 20);
+    let log = std::env::temp_dir().join(format!("attune-stall-{:016x}.log", rand::random::<u64>()));
+    let system = System::builder()
+        .database(&url)
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "5")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "0.5")
+        .pack(pack.path())
+        .worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "shell")])
+        .start()
+        .await;
+    let run = system.submit("stall.run", json!({"log": log.display().to_string(), "seconds": 18})).await;
+    let id = run["id"].as_i64().unwrap();
+    wait_for("the run to start", Duration::from_secs(60), || async { spans(&log).contains_key(&id).then_some(()) })
+        .await;
+
+    tokio::task::spawn_blocking(|| pair(&["standby-stop"])).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    tokio::task::spawn_blocking(|| pair(&["standby-start"])).await.unwrap();
+
+    let chain = system.wait_chain(id, Duration::from_secs(90)).await;
+    assert_eq!(chain.len(), 1, "not retried: {chain:#?}");
+    assert_eq!(chain[0]["status"], "completed", "{chain:#?}");
+    let (start, end) = spans(&log)[&id];
+    assert!(end - start >= 17_000_000_000, "the run went on to its end: {:.2} s", (end - start) as f64 / 1e9);
+    // the stall was one: the executor saw its pulses wait, and the worker held its lease
+    assert!(system.log("executor").contains("the database cannot be written"), "{}", system.log("executor"));
+    assert!(system.log("w1").contains("no executor can take this worker for dead"), "{}", system.log("w1"));
+    let _ = std::fs::remove_file(&log);
+    system.stop().await;
 }
