@@ -18,13 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Context;
 
-/// How long a pulse may take before it counts as a failure: half the margin, at most 2 s. The
-/// first notice that says so must reach the workers before a heartbeat sent just before the
-/// outage began runs out of lease (`NOTICE_INTERVAL` plus this, against at least the margin).
-fn pulse_patience(max_age: Duration) -> Duration {
-    (attune_common::fence::margin(max_age) / 2).min(Duration::from_secs(2))
-}
-
 /// When this executor last failed to reach the database, and so when it may judge heartbeats.
 pub struct Judging {
     last_failure: Mutex<Instant>,
@@ -74,7 +67,10 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let executor = format!("{:016x}", rand::random::<u64>());
     let max_age = context.fence.max_age;
     let expiry = notice_expiry(max_age);
-    let patience = pulse_patience(max_age);
+    // a pulse may take as long as a notice may wait in the broker: the first notice that says
+    // the database is away must reach the workers before a heartbeat sent just before the outage
+    // runs out of lease (`NOTICE_INTERVAL` plus this, against at least the margin)
+    let patience = expiry;
     let exchange = context.publisher.topology().control_exchange();
     // a connection of its own: a broker user not allowed to write to the control exchange (set
     // up before this) has its channel closed at each notice, which must not touch dispatches

@@ -218,9 +218,9 @@ pub async fn run_due(db: &PgPool, batch: i64, default_timeout_secs: i32) -> Resu
         // a paused action's occurrences do not pile up behind its pause: they are missed, and
         // `catch_up` says what stands for them (as after an outage)
         let (paused, waiting): (bool, bool) = sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'action' AND p.name = $2) \
-                 OR (p.kind = 'runtime' AND p.name = (SELECT a.runtime FROM action a WHERE a.ref = $2))), \
-             EXISTS (SELECT 1 FROM execution e WHERE e.schedule = $1 AND e.status = ANY($3))",
+            "SELECT paused, paused AND EXISTS (SELECT 1 FROM execution e WHERE e.schedule = $1 AND e.status = ANY($3)) \
+             FROM (SELECT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'action' AND p.name = $2) \
+                 OR (p.kind = 'runtime' AND p.name = (SELECT a.runtime FROM action a WHERE a.ref = $2))) AS paused) AS x",
         )
         .bind(schedule.id)
         .bind(&schedule.action_ref)
