@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod browser;
+pub mod fuse;
 pub mod hosts;
 pub mod http_server;
 pub mod pgcut;

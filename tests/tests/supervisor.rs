@@ -16,14 +16,22 @@ fn id(v: &Value) -> i64 {
     v["id"].as_i64().unwrap()
 }
 
-/// The supervisors (`attune-worker supervisor <worker pid> ...`) of the worker process `worker`.
+/// The supervisors (`attune-worker supervisor <worker pid> ...`, its children) of the worker
+/// process `worker`.
 fn supervisors_of(worker: u32) -> Vec<i32> {
     let mut found = Vec::new();
     for dir in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = dir.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        if args.get(1) == Some(&&b"supervisor"[..]) && args.get(2) == Some(&worker.to_string().as_bytes()) {
+        // (the worker's child: a start's child that has not exec'd yet shows the same arguments)
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if args.get(1) == Some(&&b"supervisor"[..])
+            && args.get(2) == Some(&worker.to_string().as_bytes())
+            && parent == Some(worker)
+        {
             found.push(pid);
         }
     }
@@ -176,4 +184,67 @@ async fn a_worker_whose_binary_was_removed_still_starts_supervisors() {
     drop(worker);
     let _ = std::fs::remove_dir_all(&dir);
     system.stop().await;
+}
+
+/// One start stuck in its exec on a stalled file system (an interpreter on a mount whose server
+/// is gone) holds up no other run (issue 46): the supervisor starts actions off its loop, so the
+/// other runs start, are watched and end as usual meanwhile; the stuck one is given up as the
+/// platform's loss, and the supervisor is not killed for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_stuck_on_a_stalled_file_system_holds_up_no_other_run() {
+    let dir = std::env::temp_dir().join(format!("attune-stalled-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stalled = attune_testkit::fuse::StalledFile::mount(&dir, "python3")
+        .expect("this test mounts a FUSE file system (root, /dev/fuse)");
+    let python = stalled.path();
+    assert!(std::fs::metadata(&python).is_ok(), "the stalled file can be stat'ed");
+    let name = format!("stalled-{:08x}", rand::random::<u32>());
+    let system = System::builder()
+        .pack(repo_root().join("testkit/packs/e2e"))
+        .worker(&name, &[("ATTUNE_PYTHON", python.to_str().unwrap())])
+        .start()
+        .await;
+    let worker = system.pid(&name);
+    let stuck = system.submit("core.python_echo", json!({"message": "never"})).await;
+    wait_for("the python run's exec to wait on the stalled file system", DEADLINE, || async {
+        (stalled.opens() >= 1).then_some(())
+    })
+    .await;
+    let supervisors = supervisors_of(worker);
+    assert_eq!(supervisors.len(), 1, "{supervisors:?}");
+
+    // another run starts, is watched and ends while that exec waits
+    let submitted = Instant::now();
+    let other = system.submit("e2e.work", json!({"seconds": 1})).await;
+    let ended = system.wait_terminal(id(&other), DEADLINE).await;
+    assert_eq!((ended["status"].as_str(), ended["retry_count"].as_i64()), (Some("completed"), Some(0)), "{ended:#}");
+    let took = submitted.elapsed();
+    assert!(took < Duration::from_secs(8), "the other run took {took:?}: it waited for the stuck start");
+
+    // the stuck start is given up alone, as the platform's loss, and retried
+    let ended = system.wait_terminal(id(&stuck), DEADLINE).await;
+    assert_eq!(
+        (ended["status"].as_str(), ended["failure_kind"].as_str()),
+        (Some("failed"), Some("worker_unavailable")),
+        "{ended:#}"
+    );
+    assert!(ended["error"].as_str().unwrap_or_default().contains("start did not finish"), "{ended:#}");
+    assert_eq!(supervisors_of(worker), supervisors, "the supervisor was not killed for one stuck start");
+    let retry = wait_for("the stuck run's retry", DEADLINE, || async {
+        let (_, chain) = system.get(&format!("/api/v1/executions/{}/chain", id(&stuck))).await;
+        chain["attempts"].as_array()?.get(1).cloned()
+    })
+    .await;
+    assert_eq!(retry["retry_reason"], "worker_unavailable", "{retry:#}");
+    let (status, _) = system.post(&format!("/api/v1/executions/{}/cancel", id(&retry)), &json!({})).await;
+    assert!(status == 200 || status == 409, "cancel the retry: {status}");
+
+    // once the file system is gone the waiting exec fails, and the supervisor serves on
+    drop(stalled);
+    let done = system.submit("core.echo", json!({"message": "after"})).await;
+    let ended = system.wait_terminal(id(&done), DEADLINE).await;
+    assert_eq!(ended["status"], "completed", "{ended:#}");
+    assert_eq!(supervisors_of(worker), supervisors, "the same supervisor");
+    system.stop().await;
+    let _ = std::fs::remove_dir(&dir);
 }

@@ -82,6 +82,9 @@ pub struct Finished {
     /// Killed because the worker's action supervisor was lost (killed, or stuck): the platform's
     /// failure, not the action's.
     pub supervisor_lost: bool,
+    /// With `supervisor_lost`: the supervisor went on, but this run's start did not finish in
+    /// time (its exec or directory waited on a stalled file system) and was given up.
+    pub start_stuck: bool,
     /// The process could not be started.
     pub spawn_error: Option<StartFailure>,
     pub stdout: String,
@@ -161,6 +164,14 @@ pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
     }
     if finished.aborted {
         return failure(FailureKind::WorkerUnavailable, "the worker shut down while the action was running".into());
+    }
+    if finished.supervisor_lost && finished.start_stuck {
+        return failure(
+            FailureKind::WorkerUnavailable,
+            "the action's start did not finish on this worker (its exec waited, on a stalled file system?): \
+             given up, and killed once it starts"
+                .into(),
+        );
     }
     if finished.supervisor_lost {
         return failure(
@@ -716,6 +727,15 @@ async fn run_supervised(
                 ..Default::default()
             });
         }
+        Err(SpawnError::Stuck) => {
+            return Some(Finished {
+                signal: Some(libc::SIGKILL),
+                supervisor_lost: true,
+                start_stuck: true,
+                stderr: STUCK.into(),
+                ..Default::default()
+            });
+        }
     };
     let stdin_body = run.parameters.to_string();
     let feed = tokio::spawn(async move {
@@ -776,6 +796,10 @@ async fn run_supervised(
     }
     Some(finished)
 }
+
+/// What a run whose start was given up says on its stderr.
+const STUCK: &str =
+    "\nattune-worker: the action's start did not finish in time (a stalled file system?); it was given up\n";
 
 /// What a run whose supervisor was lost says on its stderr.
 const LOST: &str = "\nattune-worker: the action's supervisor was lost; its process group was killed\n";

@@ -84,6 +84,7 @@ pub mod client;
 mod protocol;
 mod server;
 mod spawn;
+mod starters;
 
 pub use protocol::{SpawnRequest, pipe};
 

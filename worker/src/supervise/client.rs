@@ -3,8 +3,10 @@
 //! reports (started, could not start, exited) to the run that waits for it.
 //!
 //! When the supervisor dies (its socket closes), the worker SIGKILLs the process groups of the
-//! runs it knows, ends those runs as killed by SIGKILL (what a worker saw of an action whose
-//! per-action supervisor was killed: `action_failed`), and the next run starts a new supervisor.
+//! runs it knows, ends those runs as the platform's loss (`worker_unavailable`, retried), and the
+//! next run starts a new supervisor. A start not answered within `ANSWER_PATIENCE` is given up
+//! alone (the same loss) when the supervisor still answers a `PING` (one exec stuck on a stalled
+//! file system holds only its own starter); a supervisor that does not answer is killed.
 
 use std::collections::HashMap;
 use std::io;
@@ -35,6 +37,8 @@ struct Connection {
     runs: Mutex<HashMap<u64, Waiting>>,
     lost: AtomicBool,
     reader: Mutex<Option<tokio::task::AbortHandle>>,
+    /// `PING`s sent and not answered, by id.
+    pings: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<()>>>,
 }
 
 /// A run the worker asked for and has not seen end.
@@ -61,6 +65,9 @@ pub enum SpawnError {
     NotStarted { errno: i32, message: String },
     /// The supervisor was lost before it said whether the run started.
     Lost,
+    /// The supervisor goes on, but did not say within `ANSWER_PATIENCE` whether the run started
+    /// (its start waits, on a stalled file system): given up, and killed if it ever starts.
+    Stuck,
 }
 
 /// How a supervised run ended.
@@ -158,11 +165,24 @@ impl Supervisor {
             connection.forget(id);
             return Err(SpawnError::Unavailable(e));
         }
-        // a supervisor alive but not answering (stopped, or stuck in an exec on a stalled file
-        // system) would hold every run slot: past `ANSWER_PATIENCE` it is killed, its runs end
-        // as its loss does, and the next run starts a new one
+        // a start not answered past `ANSWER_PATIENCE` is given up: alone (its request is killed
+        // as `pending` is dropped) if the supervisor still answers, so that one exec stuck on a
+        // stalled file system costs one run; else the supervisor (stopped, or lost) would hold
+        // every run slot, and it is killed, its runs end as its loss does, and the next run
+        // starts a new one
         let first = match tokio::time::timeout(ANSWER_PATIENCE, events.recv()).await {
             Ok(first) => first,
+            Err(_) if connection.answers(self.next_id.fetch_add(1, Ordering::Relaxed)).await => {
+                tracing::error!(
+                    supervisor_pid = connection.pid,
+                    patience_ms = ANSWER_PATIENCE.as_millis() as u64,
+                    program = %request.program.to_string_lossy(),
+                    cwd = %request.cwd.to_string_lossy(),
+                    "an action's start did not finish (its exec or directory waits: a stalled file system?): \
+                     the run is given up, the supervisor serves the others"
+                );
+                return Err(SpawnError::Stuck);
+            }
             Err(_) => {
                 tracing::error!(
                     supervisor_pid = connection.pid,
@@ -292,6 +312,7 @@ impl Connection {
             runs: Mutex::new(HashMap::new()),
             lost: AtomicBool::new(false),
             reader: Mutex::new(None),
+            pings: Mutex::new(HashMap::new()),
         });
         tracing::info!(pid = child.id(), "action supervisor started");
         let reader = tokio::spawn(connection.clone().read(child));
@@ -312,6 +333,12 @@ impl Connection {
                 Err(_would_block) => continue,
             };
             let Some((kind, id, body)) = protocol::parse(&buffer[..received]) else { continue };
+            if kind == protocol::PONG {
+                if let Some(answered) = self.pings.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
+                    let _ = answered.send(());
+                }
+                continue;
+            }
             let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
             match kind {
                 protocol::STARTED => {
@@ -364,6 +391,17 @@ impl Connection {
                 Err(_would_block) => continue,
             }
         }
+    }
+
+    /// Whether the supervisor answers a `PING` (id `id`) within `ANSWER_PATIENCE`.
+    async fn answers(&self, id: u64) -> bool {
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        self.pings.lock().unwrap_or_else(|e| e.into_inner()).insert(id, answered);
+        let ping = protocol::message(protocol::PING, id, &[]);
+        let asked = async { self.send(&ping, &[]).await.is_ok() && answer.await.is_ok() };
+        let answers = tokio::time::timeout(ANSWER_PATIENCE, asked).await.unwrap_or(false);
+        self.pings.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        answers
     }
 
     fn forget(&self, id: u64) {

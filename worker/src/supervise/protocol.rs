@@ -23,12 +23,17 @@ pub const KILL: u8 = 3;
 /// (`[boot_clock_ns: u128]`, run id 0; docs/adr/0008): sent with each renewal, and to a new
 /// supervisor first. A supervisor told so enforces it without the lease file.
 pub const LEASE: u8 = 4;
+/// Worker → supervisor: answer `PONG` with this id (no body): whether the supervisor's loop
+/// goes on while a start is slow (an exec stuck on a stalled file system holds its starter alone).
+pub const PING: u8 = 5;
 /// Supervisor → worker: the run started (`[pid: i32]`, also its process group).
 pub const STARTED: u8 = 10;
 /// Supervisor → worker: the run could not start (`[errno: i32][message]`).
 pub const NOT_STARTED: u8 = 11;
 /// Supervisor → worker: the run's process ended and its group was killed (`[wait status: i32]`).
 pub const EXITED: u8 = 12;
+/// Supervisor → worker: the answer to a `PING` (its id).
+pub const PONG: u8 = 13;
 
 /// The largest datagram either side sends (a spawn request is cut into parts of this size).
 pub const MAX_MESSAGE: usize = 32 * 1024;

@@ -4,9 +4,11 @@
 //! when the worker dies. See the `supervise` module's comment for the whole design; the
 //! messages are in `protocol`.
 //!
-//! The loop waits in `poll` on the worker's socket and a `signalfd` (SIGCHLD, and SIGUSR1 as the
-//! parent-death signal), with a timeout that is the next thing due: a run's next look at its
-//! group, or the lease's deadline. With no run it waits for the worker alone, and costs nothing.
+//! The loop waits in `poll` on the worker's socket, a `signalfd` (SIGCHLD, and SIGUSR1 as the
+//! parent-death signal) and its starters' `eventfd` (`starters`: the threads that make each start
+//! off the loop, so that an exec stuck on a stalled file system holds up no other run), with a
+//! timeout that is the next thing due: a run's next look at its group, or the lease's deadline.
+//! With no run it waits for the worker alone, and costs nothing.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
@@ -15,7 +17,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use super::protocol::{self, SpawnRequest};
-use super::spawn;
+use super::starters::{self, Starters};
 use super::{Enforced, Group, LEASE_EXPIRED, LimitKind, LimitReport, boot_clock_ns, exceeded, read_lease, rlimits};
 
 /// The first argument that starts the worker's binary as its long-lived supervisor.
@@ -71,8 +73,24 @@ struct Supervisor {
     lease: Option<u128>,
     /// The worker sends its deadlines (`protocol::LEASE`): the file is not read.
     lease_sent: bool,
-    /// The stack a starting action's process runs on until its exec (`spawn`).
-    stack: Vec<u8>,
+    starters: Starters,
+    /// Starts handed to the starters, by run id: what the run is held to once started.
+    starting: HashMap<u64, Starting>,
+    /// Children reaped before their start's outcome came (pid → wait status): a child can end
+    /// before its starter has handed its pid over. Each is claimed by that outcome. (A pid taken
+    /// again by another start in that moment of microseconds would need the kernel to go round
+    /// every pid first.)
+    unclaimed: HashMap<i32, i32>,
+    /// Children that failed before their exec and are not reaped yet: reaped without a report.
+    discard: std::collections::HashSet<i32>,
+}
+
+/// A start in a starter's hands.
+struct Starting {
+    enforced: Enforced,
+    stderr: std::fs::File,
+    /// A signal the worker asked for meanwhile (a start it gave up on): sent once it starts.
+    signal: Option<i32>,
 }
 
 /// Runs the supervisor; returns its exit code (it exits only when its worker is gone, or when
@@ -122,6 +140,13 @@ pub fn serve(args: &[OsString]) -> i32 {
         // the worker died before the signal was asked for
         return 0;
     }
+    let starters = match Starters::new() {
+        Ok(starters) => starters,
+        Err(e) => {
+            eprintln!("attune-worker {MODE}: cannot start: {e}");
+            return 2;
+        }
+    };
     let mut supervisor = Supervisor {
         worker,
         socket,
@@ -131,7 +156,10 @@ pub fn serve(args: &[OsString]) -> i32 {
         lease_file: None,
         lease: None,
         lease_sent: false,
-        stack: Vec::new(),
+        starters,
+        starting: HashMap::new(),
+        unclaimed: HashMap::new(),
+        discard: std::collections::HashSet::new(),
     };
     let mut buffer = vec![0u8; protocol::MAX_MESSAGE];
     loop {
@@ -143,14 +171,18 @@ pub fn serve(args: &[OsString]) -> i32 {
                 revents: 0,
             },
             libc::pollfd { fd: signals.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: supervisor.starters.wake_fd(), events: libc::POLLIN, revents: 0 },
         ];
         let millis = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-        // SAFETY: poll reads and writes the local array of two pollfds.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, millis) };
+        // SAFETY: poll reads and writes the local array of three pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), 3, millis) };
         if fds[1].revents != 0 && supervisor.signals(&signals) {
             supervisor.kill_all_and_exit();
         }
         supervisor.reap();
+        if fds[2].revents != 0 {
+            supervisor.started();
+        }
         if fds[0].revents & libc::POLLIN != 0 && !supervisor.receive(&mut buffer) {
             supervisor.kill_all_and_exit();
         }
@@ -238,19 +270,72 @@ impl Supervisor {
                 libc::waitpid(pid, &mut status, 0);
                 (pid, status)
             };
-            let Some(index) = self.runs.iter().position(|run| run.pid == pid) else { continue };
-            let mut run = self.runs.swap_remove(index);
-            if libc::WIFSIGNALED(status)
-                && libc::WTERMSIG(status) == libc::SIGXCPU
-                && let Some(secs) = run.enforced.cpu_secs
-                && !run.killed
-            {
-                // the kernel's backstop stopped it before a look did
-                let used = run.cpu_secs.max(secs as f64);
-                report(&mut run.stderr, &LimitReport { limit: LimitKind::CpuSecs, value: secs, used });
+            let Some(index) = self.runs.iter().position(|run| run.pid == pid) else {
+                // a child whose start's outcome has not come yet, or one that failed before its
+                // exec (no report: its start answers for it)
+                if !self.discard.remove(&pid) {
+                    self.unclaimed.insert(pid, status);
+                }
+                continue;
+            };
+            let run = self.runs.swap_remove(index);
+            self.exited(run, status);
+        }
+    }
+
+    /// Reports a run whose process ended with `status` (reaped, its group killed).
+    fn exited(&mut self, mut run: Run, status: i32) {
+        if libc::WIFSIGNALED(status)
+            && libc::WTERMSIG(status) == libc::SIGXCPU
+            && let Some(secs) = run.enforced.cpu_secs
+            && !run.killed
+        {
+            // the kernel's backstop stopped it before a look did
+            let used = run.cpu_secs.max(secs as f64);
+            report(&mut run.stderr, &LimitReport { limit: LimitKind::CpuSecs, value: secs, used });
+        }
+        self.outbox.push_back(protocol::message(protocol::EXITED, run.id, &status.to_le_bytes()));
+        // (its stderr closes here: the worker's reader ends once the killed group's are gone)
+    }
+
+    /// Takes the outcomes of the starts the starters made: a run started is held to its limits
+    /// and the lease from here (and reported at once if it has ended already); one that could
+    /// not start is answered so.
+    fn started(&mut self) {
+        for starters::Outcome { id, child, started } in self.starters.take() {
+            let Some(starting) = self.starting.remove(&id) else { continue };
+            match started {
+                Ok(pid) => {
+                    let now = Instant::now();
+                    let run = Run {
+                        id,
+                        pid,
+                        stderr: starting.stderr,
+                        enforced: starting.enforced,
+                        started: now,
+                        next_look: now + FIRST_LOOKS,
+                        cpu_secs: 0.0,
+                        killed: false,
+                    };
+                    self.outbox.push_back(protocol::message(protocol::STARTED, id, &pid.to_le_bytes()));
+                    if let Some(status) = self.unclaimed.remove(&pid) {
+                        self.exited(run, status);
+                        continue;
+                    }
+                    if let Some(signal) = starting.signal {
+                        signal_group(pid, signal);
+                    }
+                    self.runs.push(run);
+                }
+                Err(e) => {
+                    if let Some(pid) = child
+                        && self.unclaimed.remove(&pid).is_none()
+                    {
+                        self.discard.insert(pid);
+                    }
+                    self.outbox.push_back(not_started(id, e.raw_os_error().unwrap_or(libc::EINVAL), &e.to_string()));
+                }
             }
-            self.outbox.push_back(protocol::message(protocol::EXITED, run.id, &status.to_le_bytes()));
-            // (its stderr closes here: the worker's reader ends once the killed group's are gone)
         }
     }
 
@@ -270,12 +355,13 @@ impl Supervisor {
                 protocol::SPAWN => {
                     let mut whole = self.partial.remove(&id).unwrap_or_default();
                     whole.extend_from_slice(body);
-                    let reply = match (SpawnRequest::decode(&whole), <[OwnedFd; 3]>::try_from(fds)) {
+                    let refused = match (SpawnRequest::decode(&whole), <[OwnedFd; 3]>::try_from(fds)) {
                         (Some(request), Ok(stdio)) => self.spawn(id, request, stdio),
-                        _ => not_started(id, libc::EINVAL, "a malformed spawn request"),
+                        _ => Some(not_started(id, libc::EINVAL, "a malformed spawn request")),
                     };
-                    self.outbox.push_back(reply);
+                    self.outbox.extend(refused);
                 }
+                protocol::PING => self.outbox.push_back(protocol::message(protocol::PONG, id, &[])),
                 protocol::LEASE => {
                     if let Some(deadline) = protocol::deadline_of(body) {
                         self.lease = Some(deadline);
@@ -284,10 +370,11 @@ impl Supervisor {
                 }
                 protocol::KILL => {
                     self.partial.remove(&id);
-                    if let (Some(signal), Some(run)) =
-                        (protocol::int_of(body), self.runs.iter().find(|run| run.id == id))
-                    {
+                    let Some(signal) = protocol::int_of(body) else { continue };
+                    if let Some(run) = self.runs.iter().find(|run| run.id == id) {
                         signal_group(run.pid, signal);
+                    } else if let Some(starting) = self.starting.get_mut(&id) {
+                        starting.signal = Some(signal);
                     }
                 }
                 _ => {}
@@ -295,8 +382,9 @@ impl Supervisor {
         }
     }
 
-    /// Starts an action in a process group of its own (`spawn`); the reply to send.
-    fn spawn(&mut self, id: u64, request: SpawnRequest, [stdin, stdout, stderr]: [OwnedFd; 3]) -> Vec<u8> {
+    /// Hands an action to the starters (`starters`, `spawn`: a process group of its own); the
+    /// reply to send now if it cannot be started (else its starter's outcome answers).
+    fn spawn(&mut self, id: u64, request: SpawnRequest, stdio: [OwnedFd; 3]) -> Option<Vec<u8>> {
         let enforced = Enforced {
             memory_mb: request.memory_mb,
             cpu_secs: request.cpu_secs,
@@ -310,39 +398,16 @@ impl Supervisor {
                 self.lease = None;
             }
         }
-        let report_to = match report_handle(&stderr) {
+        let stderr = match report_handle(&stdio[2]) {
             Ok(file) => file,
-            Err(e) => return not_started(id, e.raw_os_error().unwrap_or(libc::EIO), &e.to_string()),
+            Err(e) => return Some(not_started(id, e.raw_os_error().unwrap_or(libc::EIO), &e.to_string())),
         };
-        let started = spawn::Spawn::new(
-            &request.program,
-            &request.args,
-            &request.cwd,
-            &request.env,
-            [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()],
-            request.uid,
-            rlimits(&enforced),
-        )
-        .and_then(|spawn| spawn.start(&mut self.stack));
-        // (the child has its own copies of the pipe ends; the supervisor's close here)
-        drop((stdin, stdout, stderr));
-        match started {
-            Ok(pid) => {
-                let now = Instant::now();
-                self.runs.push(Run {
-                    id,
-                    pid,
-                    stderr: report_to,
-                    enforced,
-                    started: now,
-                    next_look: now + FIRST_LOOKS,
-                    cpu_secs: 0.0,
-                    killed: false,
-                });
-                protocol::message(protocol::STARTED, id, &pid.to_le_bytes())
-            }
-            Err(e) => not_started(id, e.raw_os_error().unwrap_or(libc::EINVAL), &e.to_string()),
+        let job = starters::Job { id, rlimits: rlimits(&enforced), request, stdio };
+        if let Err(e) = self.starters.start(job) {
+            return Some(not_started(id, e.raw_os_error().unwrap_or(libc::EAGAIN), &e.to_string()));
         }
+        self.starting.insert(id, Starting { enforced, stderr, signal: None });
+        None
     }
 
     /// Once the lease's deadline has passed (read again to be sure), every group is killed, each

@@ -5,8 +5,9 @@
 //! maximum rate that was about a tenth of the machine, more than the supervisor's every other cost
 //! (docs/benchmarks.md).
 //!
-//! The child runs on a stack of its own while the supervisor is suspended, and makes only system
-//! calls, on values prepared before the clone: it allocates nothing and takes no lock. In order, as
+//! The child runs on a stack of its own while the thread that made it (one of the supervisor's
+//! `starters`, off its loop) is suspended, and makes only system calls, on values prepared before
+//! the clone: it allocates nothing and takes no lock. In order, as
 //! std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups and
 //! user (raw system calls, for this one process alone, with no inheritable or ambient capability),
 //! and then not dumpable; its directory; a process group of its own; the rlimits;
@@ -31,8 +32,9 @@
 //!
 //! One window stays, as it did when such runs were forked: a process of that user (one an earlier
 //! action left behind with `setsid`) may signal the child, and could stop it before its exec, while
-//! the supervisor waits for that exec. The supervisor then answers nothing and enforces nothing for
-//! any run; the worker kills it after `ANSWER_PATIENCE`, and its runs end as lost.
+//! its starter waits for that exec. That start then holds its starter, as a stalled exec does;
+//! the supervisor's loop goes on for every other run, and the worker gives the run up as the
+//! platform's loss after `ANSWER_PATIENCE` (`client`).
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -138,17 +140,37 @@ impl Spawn {
     }
 
     /// Starts it; its pid (the leader of its own process group). `stack` is the child's, reused
-    /// from one start to the next.
+    /// from one start to the next. A child that failed before its exec is reaped here.
     #[allow(unsafe_code)]
+    #[cfg(test)]
     pub(super) fn start(&self, stack: &mut Vec<u8>) -> std::io::Result<libc::pid_t> {
+        match self.clone_child(stack)? {
+            (pid, 0) => Ok(pid),
+            (pid, errno) => {
+                // SAFETY: reaps the child this call made, which has exited.
+                unsafe {
+                    let mut status = 0;
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                Err(std::io::Error::from_raw_os_error(errno))
+            }
+        }
+    }
+
+    /// Makes the child and returns once it has exec'd or failed: its pid, and the errno of the
+    /// step that failed (0 once it exec'd). A child that failed has exited, and is left for the
+    /// caller to reap. Only the calling thread is suspended meanwhile (`CLONE_VFORK`). `stack` is
+    /// the child's, reused from one start to the next.
+    #[allow(unsafe_code)]
+    pub(super) fn clone_child(&self, stack: &mut Vec<u8>) -> std::io::Result<(libc::pid_t, i32)> {
         stack.resize(STACK_BYTES, 0);
         let failed = AtomicI32::new(0);
         let child = Child { spawn: self, failed: &failed };
         // SAFETY: the clone's child runs `child_main` on `stack` (its own, 16-byte aligned top)
-        // in this process's memory while this process is suspended (CLONE_VFORK) until it execs
+        // in this process's memory while this thread is suspended (CLONE_VFORK) until it execs
         // or exits, reading `child`, which outlives it, and writing only `failed` (and, with a
-        // change of user, the memory's dumpability: not dumpable). Every signal is blocked across
-        // the clone and the mask restored after.
+        // change of user, the memory's dumpability: not dumpable). Every signal is blocked in
+        // this thread across the clone and its mask restored after.
         let (pid, clone_error) = unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut before: libc::sigset_t = std::mem::zeroed();
@@ -166,18 +188,7 @@ impl Spawn {
         if pid < 0 {
             return Err(clone_error);
         }
-        let errno = failed.load(Ordering::SeqCst);
-        match errno {
-            0 => Ok(pid),
-            errno => {
-                // SAFETY: reaps the child this call made, which has exited.
-                unsafe {
-                    let mut status = 0;
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                Err(std::io::Error::from_raw_os_error(errno))
-            }
-        }
+        Ok((pid, failed.load(Ordering::SeqCst)))
     }
 }
 
