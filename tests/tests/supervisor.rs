@@ -219,6 +219,7 @@ async fn an_exec_stuck_on_a_stalled_file_system_holds_up_no_other_run() {
     let ended = system.wait_terminal(id(&other), DEADLINE).await;
     assert_eq!((ended["status"].as_str(), ended["retry_count"].as_i64()), (Some("completed"), Some(0)), "{ended:#}");
     let took = submitted.elapsed();
+    eprintln!("the other run completed {took:?} after its submission, while the stuck start waited");
     assert!(took < Duration::from_secs(8), "the other run took {took:?}: it waited for the stuck start");
 
     // the stuck start is given up alone, as the platform's loss, and retried
