@@ -1,14 +1,24 @@
 //! The audit trail's writer: every request to an `/api/v1` route that could change state (every
 //! method but GET and HEAD) is written to `audit_event` with who asked (the token and its role),
 //! the route and path, the status it was answered (a refusal too), what it made when the path
-//! does not say (`Target`, set by the handler), and the reason given in `X-Attune-Reason`. The row
-//! is written before the answer is sent (in batches under load: `attune_common::batch`), so an
-//! answered change is never missing from the trail; and a change runs with its row apart from
-//! its connection (`AppState::changes`), so one whose client hung up, or whose request timed out,
-//! is not left without it. (A submission writes its row in its own insert.)
+//! does not say (`Target`, set by the handler), and the reason given in `X-Attune-Reason`.
+//!
+//! A request that changes state writes its row in the change's own transaction: the middleware
+//! (`record`) puts who asks and how (`Asking`) in the request's extensions, and the handler writes
+//! the row with the status it will answer and commits both at once (`Asking::commit`), then
+//! answers with its `Target` marked `written`. So a committed change always has its row, and
+//! exactly one: a change whose row cannot be written is not made (its transaction rolls back, and
+//! it is answered with an error saying so). (A batched submission writes its row in its own
+//! insert, `db::execution::Submitter`.) Every other request, a refusal or one that changed nothing
+//! (a dry run), is written by the middleware once it is answered, before the answer is sent (in
+//! batches under load: `attune_common::batch`). A change runs apart from its connection
+//! (`AppState::changes`), so one whose client hung up, or whose request timed out, is carried out
+//! to its answer.
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderMap, Method};
+use axum::Extension;
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -23,9 +33,10 @@ pub const REASON_HEADER: &str = "X-Attune-Reason";
 pub const MAX_REASON_CHARS: usize = 1000;
 
 /// What a request made, for its audit row (`execution:43`): a response extension. `written`: the
-/// handler wrote the row itself, in the transaction of the change (a batched submission).
-/// `reason`: the reason its body gave (a fail's), recorded when no `X-Attune-Reason` was sent.
-#[derive(Debug, Clone)]
+/// handler wrote the row itself, in the transaction of the change (`Asking::commit`, a batched
+/// submission). `reason`: the reason its body gave (a fail's), recorded when no `X-Attune-Reason`
+/// was sent.
+#[derive(Debug, Clone, Default)]
 pub struct Target {
     pub what: Option<String>,
     pub written: bool,
@@ -40,6 +51,80 @@ impl Target {
     /// The reason a request's body gave.
     pub fn reason(reason: &str) -> Target {
         Target { what: None, written: false, reason: Some(reason.to_string()) }
+    }
+}
+
+/// Who asks for a change and how, as `record` read it from the request: a request extension,
+/// taken by a handler that writes its audit row in its change's transaction.
+#[derive(Debug, Clone)]
+pub struct Asking {
+    caller: Option<Caller>,
+    method: String,
+    /// The route matched (none: the fallback's 404).
+    route: Option<String>,
+    /// The path as sent.
+    path: String,
+    /// `X-Attune-Reason`, checked.
+    reason: Option<String>,
+}
+
+impl Asking {
+    /// The audit row of this request answered `status`, having made `target`.
+    pub fn event(&self, status: StatusCode, target: &Target) -> NewEvent {
+        NewEvent {
+            token_id: self.caller.map(|caller| caller.token_id),
+            role: self.caller.map(|caller| caller.role.as_str().to_string()),
+            actor: None,
+            method: self.method.clone(),
+            // (a request no route matched changes nothing: it reaches the fallback's 404)
+            route: self.route.clone().unwrap_or_else(|| "(no route)".into()),
+            path: self.path.clone(),
+            status: status.as_u16() as i16,
+            target: target.what.clone(),
+            reason: self.reason.clone().or_else(|| target.reason.clone()),
+        }
+    }
+
+    /// What a batched submission's row records besides its token (`db::execution::Submitter`).
+    pub fn asked(&self) -> Option<db::audit::Asked> {
+        let caller = self.caller?;
+        Some(db::audit::Asked { role: caller.role.as_str().into(), reason: self.reason.clone() })
+    }
+
+    /// Writes the audit row of the change `transaction` holds, as answered `status` having made
+    /// `target`, and commits the two together: the target to answer with, marked written. A row
+    /// that cannot be written rolls the change back: it is not made, and the request is answered
+    /// with an error that says so (503 when the database is away, to try again).
+    pub async fn commit(
+        &self,
+        mut transaction: sqlx::Transaction<'_, sqlx::Postgres>,
+        status: StatusCode,
+        target: Target,
+    ) -> Result<Extension<Target>, ApiError> {
+        let event = self.event(status, &target);
+        if let Err(e) = db::audit::insert_many(&mut *transaction, std::slice::from_ref(&event)).await {
+            if db::is_transient(&e) {
+                return Err(e.into());
+            }
+            tracing::error!(error = %e, route = %event.route, path = %event.path, "a change's audit row could not be written: the change is not made");
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "not_audited",
+                "the change was not made: its audit row could not be written; see the server log",
+            ));
+        }
+        transaction.commit().await?;
+        Ok(Extension(Target { written: true, ..target }))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Asking {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts.extensions.get::<Asking>().cloned().ok_or_else(|| {
+            ApiError::internal("a change's audit context is missing", "the route is not under audit::record")
+        })
     }
 }
 
@@ -101,7 +186,7 @@ pub fn body_reason(reason: &str) -> Result<(), ApiError> {
 
 /// Writes the audit row of each request that could change state (runs inside `auth`, outside
 /// `roles::enforce`, so that a refusal is written too).
-pub async fn record(State(state): State<crate::State>, request: Request, next: Next) -> Response {
+pub async fn record(State(state): State<crate::State>, mut request: Request, next: Next) -> Response {
     if matches!(*request.method(), Method::GET | Method::HEAD) {
         return next.run(request).await;
     }
@@ -116,13 +201,14 @@ pub async fn record(State(state): State<crate::State>, request: Request, next: N
     let uri = request.extensions().get::<axum::extract::OriginalUri>().map(|original| &original.0);
     let path = uri.unwrap_or(request.uri()).path().to_string();
     let method = request.method().to_string();
-    // A submission writes its audit row in its own statement, and may be withdrawn by the
-    // request timeout until it is taken into a batch. Every other change is carried out to its
-    // end with its audit row whatever becomes of the request: it runs apart from the connection
-    // (a client that hangs up, a request timeout, the API stopping do not drop it after its
-    // change committed), and the timeout waits for its outcome rather than answer that nothing
-    // was written (it may have been).
     let submission = route.as_deref() == Some(SUBMISSIONS_ROUTE) && method == "POST";
+    let asking = Asking { caller, method, route, path, reason };
+    request.extensions_mut().insert(asking.clone());
+    // A submission may be withdrawn by the request timeout until it is taken into a batch. Every
+    // other change is carried out to its answer whatever becomes of the request: it runs apart
+    // from the connection (a client that hangs up, a request timeout, the API stopping do not
+    // drop it while its commit may be under way), and the timeout waits for its outcome rather
+    // than answer that nothing was written (it may have been).
     if !submission && let Some(withdrawal) = &withdrawal {
         withdrawal.begin_write();
     }
@@ -134,7 +220,7 @@ pub async fn record(State(state): State<crate::State>, request: Request, next: N
         if let Some(withdrawal) = withdrawal {
             withdrawal.begin_write();
         }
-        audit(&state, response, caller, method, route, path, reason).await
+        audit(&state, response, &asking).await
     };
     if submission {
         return work.await;
@@ -151,32 +237,14 @@ pub async fn record(State(state): State<crate::State>, request: Request, next: N
 /// The route of submissions (`POST`), which audit themselves.
 const SUBMISSIONS_ROUTE: &str = "/api/v1/executions";
 
-/// Writes the audit row of a request that was answered `response`, unless the handler wrote it.
-async fn audit(
-    state: &crate::State,
-    response: Response,
-    caller: Option<Caller>,
-    method: String,
-    route: Option<String>,
-    path: String,
-    reason: Option<String>,
-) -> Response {
-    let target = response.extensions().get::<Target>();
-    if target.is_some_and(|target| target.written) {
+/// Writes the audit row of a request that was answered `response`, unless the handler wrote it
+/// with its change.
+async fn audit(state: &crate::State, response: Response, asking: &Asking) -> Response {
+    let target = response.extensions().get::<Target>().cloned().unwrap_or_default();
+    if target.written {
         return response;
     }
-    let event = NewEvent {
-        token_id: caller.map(|caller| caller.token_id),
-        role: caller.map(|caller| caller.role.as_str().to_string()),
-        actor: None,
-        method,
-        // (a request no route matched changes nothing: it reaches the fallback's 404)
-        route: route.unwrap_or_else(|| "(no route)".into()),
-        path,
-        status: response.status().as_u16() as i16,
-        target: target.and_then(|target| target.what.clone()),
-        reason: reason.or_else(|| target.and_then(|target| target.reason.clone())),
-    };
+    let event = asking.event(response.status(), &target);
     match state.audit.0.submit(event).await {
         Some(Ok(())) => {}
         Some(Err(e)) => tracing::error!(error = %e, "the audit event of a request could not be written"),

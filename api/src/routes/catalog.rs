@@ -63,6 +63,7 @@ pub struct RegisterPack {
         (status = 422, description = "The pack does not load (`file`, `field` and `reason` say why), or `path` is empty", body = crate::openapi::ErrorBody),))]
 pub async fn register_pack(
     State(state): State<crate::State>,
+    asking: crate::audit::Asking,
     crate::error::JsonObject(body): crate::error::JsonObject<RegisterPack>,
 ) -> Result<(StatusCode, axum::Extension<crate::audit::Target>, Json<db::pack::Pack>), ApiError> {
     use attune_common::pack::{PackLocationError, resolve_in_packs_dir};
@@ -95,10 +96,11 @@ pub async fn register_pack(
                 }),
             )
         })?;
+    let mut transaction = state.db.begin().await?;
     let registered = if body.force {
-        db::pack::register_replacing(&state.db, &pack).await
+        db::pack::register_replacing(&mut *transaction, &pack).await
     } else {
-        db::pack::register(&state.db, &pack).await
+        db::pack::register(&mut *transaction, &pack).await
     };
     let mut registered = match registered {
         Ok(registered) => registered,
@@ -117,11 +119,12 @@ pub async fn register_pack(
         }
         Err(db::pack::RegisterError::Database(e)) => return Err(e.into()),
     };
+    let target = crate::audit::Target::new(format!("pack:{}", registered.pack_ref));
+    let target = asking.commit(transaction, StatusCode::CREATED, target).await?;
     registered.warnings = pack.actions.iter().flat_map(|a| a.warnings.iter().cloned()).collect();
     state.actions.clear();
     tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered");
-    let target = crate::audit::Target::new(format!("pack:{}", registered.pack_ref));
-    Ok((StatusCode::CREATED, axum::Extension(target), Json(registered)))
+    Ok((StatusCode::CREATED, target, Json(registered)))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -151,6 +154,7 @@ pub struct SetConcurrency {
 pub async fn set_concurrency(
     State(state): State<crate::State>,
     axum::Extension(caller): axum::Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     action_ref: Result<Path<String>, PathRejection>,
     crate::error::JsonObject(body): crate::error::JsonObject<SetConcurrency>,
 ) -> Result<(axum::Extension<crate::audit::Target>, Json<db::action::Action>), ApiError> {
@@ -182,15 +186,17 @@ pub async fn set_concurrency(
         set_at: chrono::Utc::now(),
         reason: body.reason.clone(),
     };
-    let action = db::action::set_concurrency(&state.db, &action_ref, Some(&set))
+    let mut transaction = state.db.begin().await?;
+    let action = db::action::set_concurrency(&mut *transaction, &action_ref, Some(&set))
         .await?
         .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))?;
-    tracing::info!(action_ref = %action_ref, limit = ?set.limit, key = ?set.key, token_id = caller.token_id, reason = %set.reason, "concurrency policy set");
     let target = crate::audit::Target {
         what: Some(format!("action:{action_ref}")),
         ..crate::audit::Target::reason(&body.reason)
     };
-    Ok((axum::Extension(target), Json(action)))
+    let target = asking.commit(transaction, StatusCode::OK, target).await?;
+    tracing::info!(action_ref = %action_ref, limit = ?set.limit, key = ?set.key, token_id = caller.token_id, reason = %set.reason, "concurrency policy set");
+    Ok((target, Json(action)))
 }
 
 /// Ends the operator's policy: the pack's `concurrency:` block (or none) is in force again.
@@ -202,6 +208,7 @@ pub async fn set_concurrency(
 pub async fn clear_concurrency(
     State(state): State<crate::State>,
     axum::Extension(caller): axum::Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     action_ref: Result<Path<String>, PathRejection>,
 ) -> Result<(axum::Extension<crate::audit::Target>, Json<db::action::Action>), ApiError> {
     let Path(action_ref) = action_ref?;
@@ -215,9 +222,12 @@ pub async fn clear_concurrency(
             format!("action '{action_ref}' has no concurrency policy set by an operator (its pack's is in force)"),
         ));
     }
-    let action = db::action::set_concurrency(&state.db, &action_ref, None)
+    let mut transaction = state.db.begin().await?;
+    let action = db::action::set_concurrency(&mut *transaction, &action_ref, None)
         .await?
         .ok_or_else(|| ApiError::not_found("action", format!("action '{action_ref}' does not exist")))?;
+    let target = crate::audit::Target::new(format!("action:{action_ref}"));
+    let target = asking.commit(transaction, StatusCode::OK, target).await?;
     tracing::info!(action_ref = %action_ref, token_id = caller.token_id, "concurrency policy cleared");
-    Ok((axum::Extension(crate::audit::Target::new(format!("action:{action_ref}"))), Json(action)))
+    Ok((target, Json(action)))
 }

@@ -63,6 +63,7 @@ fn object(parameter: &str, value: Option<Value>) -> Result<Map<String, Value>, A
 pub async fn create(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     withdrawal: Option<Extension<Withdrawal>>,
     headers: HeaderMap,
     crate::error::JsonObject(body): crate::error::JsonObject<CreateExecution>,
@@ -75,19 +76,23 @@ pub async fn create(
             let new = traced(plan(&state, body).await?, &mut span);
             if new.original_execution.is_some() {
                 // a manual retry (`config.retry_of`): on its own, for the one-retry-per-parent check
-                let execution = insert_committing(&state, &withdrawal, &new, caller.token_id).await?;
+                let execution = insert_audited(&state, &withdrawal, &asking, &new, caller.token_id).await?;
+                audited_with_it = true;
                 count_manual_retry(&execution);
                 return Ok((StatusCode::CREATED, Json(execution)));
             }
             // a first attempt: written with the others that come meanwhile (unless its request
             // times out while it waits for them), with its audit row in the same statement
-            let asked = db::audit::Asked { role: caller.role.as_str().into(), reason: crate::audit::reason(&headers)? };
-            let by = db::execution::Submitter { token: caller.token_id, audited: Some(asked) };
+            let by = db::execution::Submitter { token: caller.token_id, audited: asking.asked() };
             let execution = state.submissions.submit(new, by, withdrawal).await?;
             audited_with_it = true;
             return Ok((StatusCode::CREATED, Json(execution)));
         };
-        idempotency::Keyed::new(caller.token_id, key, &body).submit(&state, &withdrawal, body, &mut span).await
+        let keyed = idempotency::Keyed::new(caller.token_id, key, &body);
+        let created = keyed.submit(&state, &withdrawal, &asking, body, &mut span).await?;
+        // (a new execution was written with its row; a repeat, which changed nothing, was not)
+        audited_with_it = created.0 == StatusCode::CREATED;
+        Ok(created)
     }
     .await;
     if let Ok((_, Json(execution))) = &created {
@@ -197,18 +202,26 @@ async fn insert(
     }
 }
 
-/// `insert` in a statement of its own, which commits once sent: the request timeout can no longer
-/// answer that nothing was written, so the request waits for the row (see `server::Withdrawal`).
-async fn insert_committing(
+/// `insert` in a transaction of its own with the request's audit row (answered `201`, naming the
+/// execution), committed unless the request timed out meanwhile: once the commit is sent the
+/// request timeout can no longer answer that nothing was written, so the request waits for it
+/// (see `server::Withdrawal`).
+async fn insert_audited(
     state: &crate::AppState,
     withdrawal: &Withdrawal,
+    asking: &crate::audit::Asking,
     new: &NewExecution,
     submitted_by: i64,
 ) -> Result<Execution, ApiError> {
+    let mut transaction = state.db.begin().await?;
+    let execution = insert(state, &mut *transaction, new, submitted_by).await?;
     if !withdrawal.begin_write() {
         return Err(ApiError::request_timeout(state.settings.http.request_timeout));
     }
-    insert(state, &state.db, new, submitted_by).await
+    let target = Target::new(format!("execution:{}", execution.id));
+    // (the answer names the execution again: `audited`, marked written by the caller)
+    let _written = asking.commit(transaction, StatusCode::CREATED, target).await?;
+    Ok(execution)
 }
 
 /// After an execution is committed: a manual retry is logged and counted (only ever for a new
@@ -373,6 +386,7 @@ pub struct RetryBody {
 pub async fn retry(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     withdrawal: Option<Extension<Withdrawal>>,
     id: Result<Path<i64>, PathRejection>,
     headers: HeaderMap,
@@ -397,10 +411,11 @@ pub async fn retry(
     let request = ManualRetry { parent, action_ref: None, parameters, config: Map::new() };
     let mut span = request_span("POST /executions/{id}/retry", &headers);
     let new = traced(plan_manual_retry(&state, request).await?, &mut span);
-    let execution = insert_committing(&state, &withdrawal, &new, caller.token_id).await?;
+    let execution = insert_audited(&state, &withdrawal, &asking, &new, caller.token_id).await?;
     count_manual_retry(&execution);
     span.attribute("attune.execution_id", execution.id);
-    Ok(audited((StatusCode::CREATED, Json(execution))))
+    let (status, Extension(target), json) = audited((StatusCode::CREATED, Json(execution)));
+    Ok((status, Extension(Target { written: true, ..target }), json))
 }
 
 struct ManualRetry {
@@ -476,23 +491,38 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
 pub async fn cancel(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Json<Execution>, ApiError> {
+) -> Result<(Extension<Target>, Json<Execution>), ApiError> {
     let Path(id) = id?;
     let by = caller.token_id;
-    let (canceled, was) =
-        end_by_hand(&state, id, by, FailureKind::Canceled, "canceled by a client".into(), "canceled", |_| Ok(()))
-            .await?;
+    let mut transaction = state.db.begin().await?;
+    let (canceled, was) = end_by_hand(
+        &state,
+        &mut transaction,
+        id,
+        by,
+        FailureKind::Canceled,
+        "canceled by a client".into(),
+        "canceled",
+        |_| Ok(()),
+    )
+    .await?;
+    let target = asking.commit(transaction, StatusCode::OK, Target::default()).await?;
+    stop_if_running(&state, &canceled).await;
     tracing::info!(execution_id = id, %was, token_id = by, "execution canceled");
-    Ok(Json(canceled))
+    Ok((target, Json(canceled)))
 }
 
-/// Ends an unfinished execution by hand (a cancel, an operator's fail) for the token `by`: `check`
-/// sees it first, then the guarded transition to the status of `kind` (`canceled`, else `failed`)
-/// records `kind` and `error`, and `ended_by` in the same transaction, and the worker the changed
-/// row names is told to stop. Returns the ended row and the status it had.
+/// Ends an unfinished execution by hand (a cancel, an operator's fail) for the token `by`, in
+/// `transaction` (which the caller commits with its audit row): `check` sees it first, then the
+/// guarded transition to the status of `kind` (`canceled`, else `failed`) records `kind` and
+/// `error`, and `ended_by`. Returns the ended row and the status it had; once committed, the
+/// worker it names is told to stop (`stop_if_running`).
+#[allow(clippy::too_many_arguments)]
 async fn end_by_hand(
     state: &crate::AppState,
+    transaction: &mut sqlx::PgConnection,
     id: i64,
     by: i64,
     kind: FailureKind,
@@ -512,9 +542,7 @@ async fn end_by_hand(
     let to = if kind == FailureKind::Canceled { ExecutionStatus::Canceled } else { ExecutionStatus::Failed };
     let outcome = db::execution::Outcome { failure_kind: Some(kind), error: Some(error), ..Default::default() };
     let transition = db::execution::Transition::to(to).outcome(&outcome);
-    let mut transaction = state.db.begin().await?;
     let Some(mut ended) = db::execution::transition(&mut *transaction, id, &transition).await? else {
-        drop(transaction);
         let now = find(state, id).await?;
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -523,12 +551,15 @@ async fn end_by_hand(
         ));
     };
     db::execution::record_ended_by(&mut *transaction, id, by).await?;
-    transaction.commit().await?;
     ended.ended_by = Some(by);
-    if ended.worker.is_some() {
-        stop_on_worker(state, id).await;
-    }
     Ok((ended, current.status))
+}
+
+/// After an execution ended by hand is committed: the worker it names, if any, is told to stop it.
+async fn stop_if_running(state: &crate::AppState, ended: &Execution) {
+    if ended.worker.is_some() {
+        stop_on_worker(state, ended.id).await;
+    }
 }
 
 /// Tells the workers to stop `id` if one runs it (the worker a row names when it changed is the
@@ -565,6 +596,7 @@ pub struct FailBody {
 pub async fn fail(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     id: Result<Path<i64>, PathRejection>,
     crate::error::JsonObject(body): crate::error::JsonObject<FailBody>,
 ) -> Result<(Extension<Target>, Json<Execution>), ApiError> {
@@ -575,9 +607,13 @@ pub async fn fail(
     }
     let error = format!("failed by an operator: {}", body.reason);
     let by = caller.token_id;
-    let (failed, was) = end_by_hand(&state, id, by, FailureKind::OperatorFailed, error, "failed", stuck).await?;
+    let mut transaction = state.db.begin().await?;
+    let (failed, was) =
+        end_by_hand(&state, &mut transaction, id, by, FailureKind::OperatorFailed, error, "failed", stuck).await?;
+    let target = asking.commit(transaction, StatusCode::OK, Target::reason(&body.reason)).await?;
+    stop_if_running(&state, &failed).await;
     tracing::warn!(execution_id = id, %was, reason = %body.reason, token_id = by, "execution failed by an operator");
-    Ok((Extension(Target::reason(&body.reason)), Json(failed)))
+    Ok((target, Json(failed)))
 }
 
 /// What an operator's fail checks first: a delayed retry waits out its backoff, it is not stuck

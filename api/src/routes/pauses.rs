@@ -47,6 +47,7 @@ fn target(kind: &str, name: &str) -> Result<PauseKind, ApiError> {
 pub async fn pause(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     path: Result<Path<(String, String)>, PathRejection>,
     crate::error::JsonObject(body): crate::error::JsonObject<PauseBody>,
 ) -> Result<(StatusCode, Extension<crate::audit::Target>, Json<Pause>), ApiError> {
@@ -63,13 +64,16 @@ pub async fn pause(
             format!("unknown runtime '{name}' (expected one of: {})", runtimes.join(", ")),
         ));
     }
-    let (pause, new, handed_back) = db::pause::pause(&state.db, kind, &name, &body.reason, caller.token_id).await?;
+    let mut transaction = state.db.begin().await?;
+    let (pause, new, handed_back) =
+        db::pause::pause(&mut *transaction, kind, &name, &body.reason, caller.token_id).await?;
+    let status = if new { StatusCode::CREATED } else { StatusCode::OK };
+    let target = asking.commit(transaction, status, crate::audit::Target::reason(&body.reason)).await?;
     tracing::info!(kind = kind.as_str(), %name, reason = %body.reason, token_id = caller.token_id, handed_back, "paused");
     if handed_back > 0 {
         attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "pause")], handed_back as u64);
     }
-    let status = if new { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Extension(crate::audit::Target::reason(&body.reason)), Json(pause)))
+    Ok((status, target, Json(pause)))
 }
 
 #[utoipa::path(delete, path = "/pauses/{kind}/{name}", operation_id = "resume", tag = "pauses",
@@ -81,13 +85,16 @@ pub async fn pause(
 pub async fn resume(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<Json<Pause>, ApiError> {
+) -> Result<(Extension<crate::audit::Target>, Json<Pause>), ApiError> {
     let Path((kind, name)) = path?;
     let kind = target(&kind, &name)?;
-    let pause = db::pause::resume(&state.db, kind, &name)
+    let mut transaction = state.db.begin().await?;
+    let pause = db::pause::resume(&mut *transaction, kind, &name)
         .await?
         .ok_or_else(|| ApiError::not_found("pause", format!("{} '{name}' is not paused", kind.as_str())))?;
+    let target = asking.commit(transaction, StatusCode::OK, Default::default()).await?;
     tracing::info!(kind = kind.as_str(), %name, token_id = caller.token_id, "resumed");
-    Ok(Json(pause))
+    Ok((target, Json(pause)))
 }

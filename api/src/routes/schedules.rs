@@ -103,6 +103,7 @@ pub async fn list(
 pub async fn create(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     crate::error::JsonObject(body): crate::error::JsonObject<CreateSchedule>,
 ) -> Result<(StatusCode, Extension<Target>, Json<Schedule>), ApiError> {
     check_name(&body.name)?;
@@ -154,12 +155,14 @@ pub async fn create(
         reason: body.reason.clone(),
         created_by: caller.token_id,
     };
-    let schedule = db::schedule::create(&state.db, &new).await?.ok_or_else(|| {
+    let mut transaction = state.db.begin().await?;
+    let schedule = db::schedule::create(&mut *transaction, &new).await?.ok_or_else(|| {
         ApiError::new(StatusCode::CONFLICT, "schedule_exists", format!("a schedule named '{}' exists", body.name))
     })?;
-    tracing::info!(schedule = %schedule.name, action_ref = %schedule.action_ref, next_run = ?schedule.next_run, token_id = caller.token_id, "schedule made");
     let target = Target { what: Some(format!("schedule:{}", schedule.name)), written: false, reason: body.reason };
-    Ok((StatusCode::CREATED, Extension(target), Json(schedule)))
+    let target = asking.commit(transaction, StatusCode::CREATED, target).await?;
+    tracing::info!(schedule = %schedule.name, action_ref = %schedule.action_ref, next_run = ?schedule.next_run, token_id = caller.token_id, "schedule made");
+    Ok((StatusCode::CREATED, target, Json(schedule)))
 }
 
 fn check_name(name: &str) -> Result<(), ApiError> {
@@ -201,12 +204,15 @@ pub async fn get(
 pub async fn delete(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     name: Result<Path<String>, PathRejection>,
-) -> Result<Json<Schedule>, ApiError> {
+) -> Result<(Extension<Target>, Json<Schedule>), ApiError> {
     let name = named(name)?;
-    let schedule = db::schedule::delete(&state.db, &name).await?.ok_or_else(|| no_such(&name))?;
+    let mut transaction = state.db.begin().await?;
+    let schedule = db::schedule::delete(&mut *transaction, &name).await?.ok_or_else(|| no_such(&name))?;
+    let target = asking.commit(transaction, StatusCode::OK, Target::default()).await?;
     tracing::info!(schedule = %name, token_id = caller.token_id, "schedule deleted");
-    Ok(Json(schedule))
+    Ok((target, Json(schedule)))
 }
 
 #[utoipa::path(post, path = "/schedules/{name}/pause", operation_id = "pause_schedule", tag = "schedules",
@@ -216,11 +222,15 @@ pub async fn delete(
         (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn pause(
     State(state): State<crate::State>,
+    asking: crate::audit::Asking,
     name: Result<Path<String>, PathRejection>,
-) -> Result<Json<Schedule>, ApiError> {
+) -> Result<(Extension<Target>, Json<Schedule>), ApiError> {
     let name = named(name)?;
-    let schedule = db::schedule::set_paused(&state.db, &name, true, |_| None).await?.ok_or_else(|| no_such(&name))?;
-    Ok(Json(schedule))
+    let mut transaction = state.db.begin().await?;
+    let paused = db::schedule::set_paused(&mut *transaction, &name, true, |_| None).await?;
+    let schedule = paused.ok_or_else(|| no_such(&name))?;
+    let target = asking.commit(transaction, StatusCode::OK, Target::default()).await?;
+    Ok((target, Json(schedule)))
 }
 
 #[utoipa::path(post, path = "/schedules/{name}/resume", operation_id = "resume_schedule", tag = "schedules",
@@ -230,13 +240,17 @@ pub async fn pause(
         (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn resume(
     State(state): State<crate::State>,
+    asking: crate::audit::Asking,
     name: Result<Path<String>, PathRejection>,
-) -> Result<Json<Schedule>, ApiError> {
+) -> Result<(Extension<Target>, Json<Schedule>), ApiError> {
     let name = named(name)?;
-    let resumed = db::schedule::set_paused(&state.db, &name, false, |s| match s.timing() {
+    let mut transaction = state.db.begin().await?;
+    let resumed = db::schedule::set_paused(&mut *transaction, &name, false, |s| match s.timing() {
         Ok(Timing::At(at)) => s.next_run.map(|_| at),
         Ok(timing) => timing.first_after(Utc::now()),
         Err(_) => None,
     });
-    Ok(Json(resumed.await?.ok_or_else(|| no_such(&name))?))
+    let schedule = resumed.await?.ok_or_else(|| no_such(&name))?;
+    let target = asking.commit(transaction, StatusCode::OK, Target::default()).await?;
+    Ok((target, Json(schedule)))
 }

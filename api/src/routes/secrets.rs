@@ -48,9 +48,10 @@ fn checked_name(name: Result<Path<String>, PathRejection>) -> Result<String, Api
 pub async fn set(
     State(state): State<crate::State>,
     Extension(caller): Extension<Caller>,
+    asking: crate::audit::Asking,
     name: Result<Path<String>, PathRejection>,
     crate::error::JsonObject(body): crate::error::JsonObject<SetSecret>,
-) -> Result<Json<SecretInfo>, ApiError> {
+) -> Result<(Extension<crate::audit::Target>, Json<SecretInfo>), ApiError> {
     let name = checked_name(name)?;
     crate::error::storable("value", &body.value)?;
     if body.value.is_empty() || body.value.chars().count() > MAX_SECRET_CHARS {
@@ -59,9 +60,11 @@ pub async fn set(
     let sealer = state.settings.sealer.as_ref().ok_or_else(|| {
         ApiError::invalid("value", format!("this API has no {} to seal secrets with", attune_common::secrets::KEY_FILE))
     })?;
-    let info = db::secret::set(&state.db, &name, &sealer.seal(&name, &body.value), caller.token_id).await?;
+    let mut transaction = state.db.begin().await?;
+    let info = db::secret::set(&mut *transaction, &name, &sealer.seal(&name, &body.value), caller.token_id).await?;
+    let target = asking.commit(transaction, StatusCode::OK, Default::default()).await?;
     tracing::info!(name = %info.name, by = caller.token_id, "secret set");
-    Ok(Json(info))
+    Ok((target, Json(info)))
 }
 
 /// Deletes a secret: executions that refer to it fail as `invalid_parameters` when they run.
@@ -73,12 +76,15 @@ pub async fn set(
 pub async fn delete(
     State(state): State<crate::State>,
     Extension(caller): Extension<Caller>,
+    asking: crate::audit::Asking,
     name: Result<Path<String>, PathRejection>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<(StatusCode, Extension<crate::audit::Target>), ApiError> {
     let name = checked_name(name)?;
-    if !db::secret::delete(&state.db, &name).await? {
+    let mut transaction = state.db.begin().await?;
+    if !db::secret::delete(&mut *transaction, &name).await? {
         return Err(ApiError::not_found("secret", format!("secret '{name}' does not exist")));
     }
+    let target = asking.commit(transaction, StatusCode::NO_CONTENT, Default::default()).await?;
     tracing::info!(%name, by = caller.token_id, "secret deleted");
-    Ok(StatusCode::NO_CONTENT)
+    Ok((StatusCode::NO_CONTENT, target))
 }

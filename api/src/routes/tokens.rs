@@ -79,6 +79,7 @@ pub struct CreatedToken {
         (status = 422, description = "An empty or too long name, an unknown role or a lifetime out of range; `parameter` names it", body = crate::openapi::ErrorBody)))]
 pub async fn create(
     State(state): State<crate::State>,
+    asking: crate::audit::Asking,
     crate::error::JsonObject(body): crate::error::JsonObject<CreateToken>,
 ) -> Result<(StatusCode, Extension<crate::audit::Target>, Json<CreatedToken>), ApiError> {
     crate::error::storable("name", &body.name)?;
@@ -98,10 +99,12 @@ pub async fn create(
             ));
         }
     };
-    let (info, token) = db::token::create_with(&state.db, &body.name, role, expires).await?;
-    tracing::info!(token_id = info.id, name = %info.name, role = %info.role, ?expires, "token created");
+    let mut transaction = state.db.begin().await?;
+    let (info, token) = db::token::create_with(&mut *transaction, &body.name, role, expires).await?;
     let target = crate::audit::Target::new(format!("token:{}", info.id));
-    Ok((StatusCode::CREATED, Extension(target), Json(CreatedToken { info, token })))
+    let target = asking.commit(transaction, StatusCode::CREATED, target).await?;
+    tracing::info!(token_id = info.id, name = %info.name, role = %info.role, ?expires, "token created");
+    Ok((StatusCode::CREATED, target, Json(CreatedToken { info, token })))
 }
 
 /// Revokes a token: it is refused from now on (by other API processes within
@@ -116,8 +119,9 @@ pub async fn create(
 pub async fn revoke(
     State(state): State<crate::State>,
     Extension(caller): Extension<Caller>,
+    asking: crate::audit::Asking,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Json<TokenInfo>, ApiError> {
+) -> Result<(Extension<crate::audit::Target>, Json<TokenInfo>), ApiError> {
     let Path(id) = id?;
     if id == caller.token_id {
         return Err(ApiError::new(
@@ -128,10 +132,12 @@ pub async fn revoke(
             ),
         ));
     }
-    let revoked = db::token::revoke(&state.db, id)
+    let mut transaction = state.db.begin().await?;
+    let revoked = db::token::revoke(&mut *transaction, id)
         .await?
         .ok_or_else(|| ApiError::not_found("token", format!("token {id} does not exist")))?;
+    let target = asking.commit(transaction, StatusCode::OK, Default::default()).await?;
     crate::auth::forget(&state.verified_tokens, id);
     tracing::info!(token_id = id, name = %revoked.name, by = caller.token_id, "token revoked");
-    Ok(Json(revoked))
+    Ok((target, Json(revoked)))
 }

@@ -90,9 +90,9 @@ pub struct ConcurrencySet {
 
 /// Sets (`Some`) or clears (`None`: the pack's policy again) the operator's concurrency policy of
 /// the action `action_ref`; the action as it is now, `None` if there is no such action. The
-/// executors' next claims follow it.
+/// executors' next claims follow it. On a pool it commits; in a transaction it is a savepoint of it.
 pub async fn set_concurrency(
-    db: &PgPool,
+    db: impl sqlx::Acquire<'_, Database = sqlx::Postgres>,
     action_ref: &str,
     set: Option<&ConcurrencySet>,
 ) -> Result<Option<Action>, sqlx::Error> {

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{Acquire, PgPool, Postgres};
 
 use crate::pack::LoadedPack;
 
@@ -44,17 +44,25 @@ pub enum RegisterError {
 /// Creates or updates the pack and its actions; actions no longer in the pack are removed
 /// (executions keep their `action_ref`). A pack already registered under the same ref from
 /// another directory is refused (`RegisterError::Taken`); `register_replacing` takes it over.
-pub async fn register(db: &PgPool, pack: &LoadedPack) -> Result<Pack, RegisterError> {
+/// On a pool it commits; in a transaction (the API's, with its audit row) it is a savepoint of it.
+pub async fn register(db: impl Acquire<'_, Database = Postgres>, pack: &LoadedPack) -> Result<Pack, RegisterError> {
     register_with(db, pack, false).await
 }
 
 /// `register`, taking the ref over from another directory if it is registered from one (an
 /// admin's explicit force).
-pub async fn register_replacing(db: &PgPool, pack: &LoadedPack) -> Result<Pack, RegisterError> {
+pub async fn register_replacing(
+    db: impl Acquire<'_, Database = Postgres>,
+    pack: &LoadedPack,
+) -> Result<Pack, RegisterError> {
     register_with(db, pack, true).await
 }
 
-async fn register_with(db: &PgPool, pack: &LoadedPack, replace: bool) -> Result<Pack, RegisterError> {
+async fn register_with(
+    db: impl Acquire<'_, Database = Postgres>,
+    pack: &LoadedPack,
+    replace: bool,
+) -> Result<Pack, RegisterError> {
     let mut tx = db.begin().await?;
     let path = std::fs::canonicalize(&pack.path).unwrap_or_else(|_| pack.path.clone());
     let existing: Option<Option<String>> = sqlx::query_scalar("SELECT path FROM pack WHERE ref = $1 FOR UPDATE")

@@ -63,7 +63,7 @@ pub async fn list(db: &PgPool) -> Result<Vec<Pause>, sqlx::Error> {
 /// finds it no longer scheduled there when it would claim it, so nothing of it starts after the
 /// pause answered. Returns the pause, whether it is new, and how many were handed back.
 pub async fn pause(
-    db: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     kind: PauseKind,
     name: &str,
     reason: &str,
@@ -109,7 +109,7 @@ pub async fn get(db: &PgPool, kind: PauseKind, name: &str) -> Result<Option<Paus
 
 /// Resumes `name`: its requests are claimed again from the executors' next look (within a
 /// second). Returns the pause it ended, if there was one.
-pub async fn resume(db: &PgPool, kind: PauseKind, name: &str) -> Result<Option<Pause>, sqlx::Error> {
+pub async fn resume(db: impl sqlx::PgExecutor<'_>, kind: PauseKind, name: &str) -> Result<Option<Pause>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH p AS (DELETE FROM pause WHERE kind = $1 AND name = $2 RETURNING *) \
          SELECT {COLUMNS} FROM p LEFT JOIN api_token t ON t.id = p.paused_by"

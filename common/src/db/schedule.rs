@@ -77,7 +77,7 @@ pub struct NewSchedule {
 }
 
 /// Makes `new`; `None` when a schedule of that name exists.
-pub async fn create(db: &PgPool, new: &NewSchedule) -> Result<Option<Schedule>, sqlx::Error> {
+pub async fn create(db: impl sqlx::PgExecutor<'_>, new: &NewSchedule) -> Result<Option<Schedule>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO schedule (name, action_ref, parameters, cron, timezone, at, catch_up, paused, next_run, \
          reason, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
@@ -118,9 +118,10 @@ pub async fn list(db: &PgPool, after: Option<&str>, limit: i64) -> Result<Vec<Sc
 
 /// Pauses or resumes the schedule `name`. A paused schedule that is resumed waits for
 /// `next_on_resume` of it (a cron schedule: its next occurrence from now, what came while it was
-/// paused is not run; an instant that has passed: its catch-up policy).
+/// paused is not run; an instant that has passed: its catch-up policy). On a pool it commits; in a
+/// transaction it is a savepoint of it.
 pub async fn set_paused(
-    db: &PgPool,
+    db: impl sqlx::Acquire<'_, Database = sqlx::Postgres>,
     name: &str,
     paused: bool,
     next_on_resume: impl FnOnce(&Schedule) -> Option<DateTime<Utc>>,
@@ -146,7 +147,7 @@ pub async fn set_paused(
 }
 
 /// Deletes the schedule `name` (the executions it made keep its id); the schedule as it was.
-pub async fn delete(db: &PgPool, name: &str) -> Result<Option<Schedule>, sqlx::Error> {
+pub async fn delete(db: impl sqlx::PgExecutor<'_>, name: &str) -> Result<Option<Schedule>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("DELETE FROM schedule WHERE name = $1 RETURNING {COLUMNS}")))
         .bind(name)
         .fetch_optional(db)

@@ -15,7 +15,7 @@ pub struct SecretInfo {
 }
 
 /// Sets secret `name` to `sealed` (made or replaced); returns it as listed.
-pub async fn set(db: &PgPool, name: &str, sealed: &[u8], by: i64) -> Result<SecretInfo, sqlx::Error> {
+pub async fn set(db: impl sqlx::PgExecutor<'_>, name: &str, sealed: &[u8], by: i64) -> Result<SecretInfo, sqlx::Error> {
     sqlx::query_as(
         "INSERT INTO secret (name, sealed, updated_by) VALUES ($1, $2, $3) \
          ON CONFLICT (name) DO UPDATE SET sealed = EXCLUDED.sealed, updated = now(), updated_by = EXCLUDED.updated_by \
@@ -34,7 +34,7 @@ pub async fn list(db: &PgPool) -> Result<Vec<SecretInfo>, sqlx::Error> {
 }
 
 /// Deletes secret `name`; `false` if there was none.
-pub async fn delete(db: &PgPool, name: &str) -> Result<bool, sqlx::Error> {
+pub async fn delete(db: impl sqlx::PgExecutor<'_>, name: &str) -> Result<bool, sqlx::Error> {
     Ok(sqlx::query("DELETE FROM secret WHERE name = $1").bind(name).execute(db).await?.rows_affected() > 0)
 }
 

@@ -5,6 +5,10 @@
 //! one (a fail leaves a delayed retry alone). `dry_run` answers which it would act on and changes
 //! nothing. A reason is required; the call is written to the audit trail with it; each retry
 //! names the token as `submitted_by`, each cancel or fail as `ended_by`.
+//!
+//! A call's changes and its one audit row are one transaction: all of them are made, or (the
+//! database away, the row refused) none. A retry another request beat is skipped by rolling back
+//! to the savepoint taken before it.
 
 use axum::extract::State;
 use axum::{Extension, Json};
@@ -13,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use attune_common::db::{self, execution::BulkAction, execution::BulkFilter};
 use attune_core::{ExecutionStatus, FailureKind};
 
-use super::{ManualRetry, end_by_hand, insert, plan_manual_retry, timestamp};
+use super::{ManualRetry, end_by_hand, insert, plan_manual_retry, stop_if_running, timestamp};
 use crate::ApiError;
 use crate::server::Withdrawal;
 
@@ -104,6 +108,7 @@ pub struct BulkOutcome {
 pub async fn bulk(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
     withdrawal: Option<Extension<Withdrawal>>,
     crate::error::JsonObject(body): crate::error::JsonObject<BulkRequest>,
 ) -> Result<(Extension<crate::audit::Target>, Json<BulkOutcome>), ApiError> {
@@ -143,21 +148,36 @@ pub async fn bulk(
         return Err(ApiError::request_timeout(state.settings.http.request_timeout));
     }
     let by = caller.token_id;
+    let mut transaction = state.db.begin().await?;
+    // what to do once committed: the retries to count, the executions ended to stop on workers
+    let (mut retries, mut ended) = (Vec::new(), Vec::new());
     for &id in &outcome.selected {
         let done = match body.action {
             BulkActionName::Retry => {
                 let request =
                     ManualRetry { parent: id, action_ref: None, parameters: None, config: Default::default() };
                 match plan_manual_retry(&state, request).await {
-                    Ok(new) => insert(&state, &state.db, &new, by).await.map(|retry| {
-                        super::count_manual_retry(&retry);
-                        retry.id
-                    }),
+                    Ok(new) => {
+                        let mut savepoint = sqlx::Acquire::begin(&mut *transaction).await?;
+                        match insert(&state, &mut *savepoint, &new, by).await {
+                            Ok(retry) => {
+                                savepoint.commit().await?;
+                                let retry_id = retry.id;
+                                retries.push(retry);
+                                Ok(retry_id)
+                            }
+                            Err(e) => {
+                                savepoint.rollback().await?;
+                                Err(e)
+                            }
+                        }
+                    }
                     Err(e) => Err(e),
                 }
             }
             BulkActionName::Cancel => end_by_hand(
                 &state,
+                &mut transaction,
                 id,
                 by,
                 FailureKind::Canceled,
@@ -166,23 +186,48 @@ pub async fn bulk(
                 |_| Ok(()),
             )
             .await
-            .map(|(ended, _)| ended.id),
+            .map(|(execution, _)| {
+                let execution_id = execution.id;
+                ended.push(execution);
+                execution_id
+            }),
             BulkActionName::Fail => {
                 let error = format!("failed by an operator: {reason}");
-                end_by_hand(&state, id, by, FailureKind::OperatorFailed, error, "failed", super::stuck)
-                    .await
-                    .map(|(ended, _)| ended.id)
+                end_by_hand(
+                    &state,
+                    &mut transaction,
+                    id,
+                    by,
+                    FailureKind::OperatorFailed,
+                    error,
+                    "failed",
+                    super::stuck,
+                )
+                .await
+                .map(|(execution, _)| {
+                    let execution_id = execution.id;
+                    ended.push(execution);
+                    execution_id
+                })
             }
         };
         match done {
             Ok(execution_id) => outcome.done.push(BulkDone { id, execution_id }),
-            // (the database away is the whole call's failure; what was done stays done)
+            // (the database away is the whole call's failure: its transaction rolls back, and
+            // nothing of it is made)
             Err(e) if e.status.is_server_error() => return Err(e),
             Err(e) => outcome.skipped.push(BulkSkipped { id, code: e.code.to_string(), message: e.message.clone() }),
         }
     }
+    let target = asking.commit(transaction, axum::http::StatusCode::OK, target).await?;
+    for retry in &retries {
+        super::count_manual_retry(retry);
+    }
+    for execution in &ended {
+        stop_if_running(&state, execution).await;
+    }
     tracing::info!(action = ?body.action, done = outcome.done.len(), skipped = outcome.skipped.len(), token_id = by, "bulk action");
-    Ok((Extension(target), Json(outcome)))
+    Ok((target, Json(outcome)))
 }
 
 fn filter(body: BulkFilterBody) -> Result<BulkFilter, ApiError> {

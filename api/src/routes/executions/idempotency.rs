@@ -60,13 +60,15 @@ impl Keyed {
         Keyed { token, key, request_sha256: request_sha256(body) }
     }
 
-    /// Submits `body` under this key: the first time, inserts its execution and the key's record
-    /// in one transaction (201); a repeat is answered from the record (200, or 409 for another
-    /// body), and creates and publishes nothing.
+    /// Submits `body` under this key: the first time, inserts its execution, the key's record and
+    /// the request's audit row in one transaction (201); a repeat is answered from the record
+    /// (200, or 409 for another body), and creates, publishes and audits nothing (the audit
+    /// middleware writes its row).
     pub async fn submit(
         &self,
         state: &crate::AppState,
         withdrawal: &crate::server::Withdrawal,
+        asking: &crate::audit::Asking,
         body: CreateExecution,
         span: &mut attune_common::trace::Span,
     ) -> Result<(StatusCode, Json<Execution>), ApiError> {
@@ -90,7 +92,9 @@ impl Keyed {
             if !withdrawal.begin_write() {
                 return Err(ApiError::request_timeout(state.settings.http.request_timeout));
             }
-            transaction.commit().await?;
+            let target = crate::audit::Target::new(format!("execution:{}", execution.id));
+            // (the answer names the execution again: `audited`, marked written by `create`)
+            let _written = asking.commit(transaction, StatusCode::CREATED, target).await?;
             Ok::<_, ApiError>(Some(execution))
         }
         .await;
