@@ -4,7 +4,8 @@
 //! write that landed: a lost commit acknowledgement.
 //!
 //! It can also go silent: the server's answers stop reaching the clients, whose connections stay
-//! open. Or be partitioned: nothing passes either way (new connections included) until it heals,
+//! open; or silence only the connection a given statement is sent on, once the statement has
+//! gone to the server (a half-open connection: its host cut off, a NAT that forgot it). Or be partitioned: nothing passes either way (new connections included) until it heals,
 //! when everything held passes on, as TCP would retransmit it.
 //!
 //! It reads the protocol's framing (a type byte and a length) in both directions; connect through
@@ -23,6 +24,11 @@ struct Trap {
     /// Nothing more reaches the clients, and their connections stay open: a connection dropped
     /// without a reset (a firewall or NAT that forgot it, a partition).
     silent: bool,
+    /// The SQL whose connection goes silent once the statement has gone to the server, until
+    /// one has.
+    silencing: Option<String>,
+    /// How many connections went silent so.
+    silenced: usize,
 }
 
 pub struct PgCut {
@@ -73,6 +79,19 @@ impl PgCut {
         self.trap.lock().unwrap().silent = true;
     }
 
+    /// The next statement whose text contains `sql` goes to the server (and runs there), and
+    /// from then on nothing passes either way on its connection, which stays open: a half-open
+    /// connection. Other connections, and new ones, pass. (A prepared statement shows its text
+    /// only the first time a connection prepares it.)
+    pub fn silence_on(&self, sql: &str) {
+        self.trap.lock().unwrap().silencing = Some(sql.to_string());
+    }
+
+    /// How many connections `silence_on` silenced so far.
+    pub fn silenced(&self) -> usize {
+        self.trap.lock().unwrap().silenced
+    }
+
     /// From now on nothing passes either way, and every connection stays open.
     pub fn partition(&self) {
         self.open.send_replace(false);
@@ -121,15 +140,40 @@ async fn relay(
     // the one that answers the trapped statement (0: none). Its answer, and everything the
     // server sends after the ReadyForQuery before it, is never relayed.
     let doomed = Arc::new(AtomicUsize::new(0));
+    // this connection went silent (`PgCut::silence_on`)
+    let silenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let upward = {
-        let (trap, doomed, gate) = (trap.clone(), doomed.clone(), gate.clone());
+        let (trap, doomed, gate, silenced) = (trap.clone(), doomed.clone(), gate.clone(), silenced.clone());
         async move {
             // the startup ends with a ReadyForQuery of its own
             let (mut typed, mut marked, mut syncs) = (false, false, 1usize);
+            // the silencing statement was parsed here; executed, to be silenced at its Sync
+            let (mut silence_marked, mut silence_at_sync) = (false, false);
             while let Some(message) = message(&mut client_read, typed).await {
+                if silenced.load(SeqCst) {
+                    continue;
+                }
                 if typed {
                     let text = String::from_utf8_lossy(&message[5..]);
                     let mut trap = trap.lock().unwrap();
+                    let silencing = trap.silencing.as_deref().is_some_and(|sql| text.contains(sql));
+                    match message[0] {
+                        b'Q' if silencing => {
+                            trap.silencing = None;
+                            trap.silenced += 1;
+                            silenced.store(true, SeqCst);
+                        }
+                        b'P' if silencing => {
+                            trap.silencing = None;
+                            silence_marked = true;
+                        }
+                        b'E' if silence_marked => silence_at_sync = true,
+                        b'S' if silence_at_sync => {
+                            trap.silenced += 1;
+                            silenced.store(true, SeqCst);
+                        }
+                        _ => {}
+                    }
                     let hit = trap.armed.as_deref().is_some_and(|sql| text.contains(sql));
                     match message[0] {
                         b'S' | b'Q' => syncs += 1,
@@ -164,7 +208,7 @@ async fn relay(
     let downward = async move {
         let mut ready = 0usize;
         while let Some(message) = message(&mut server_read, true).await {
-            if trap.lock().unwrap().silent {
+            if trap.lock().unwrap().silent || silenced.load(SeqCst) {
                 continue;
             }
             let target = doomed.load(SeqCst);

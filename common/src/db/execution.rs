@@ -5,7 +5,9 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::{PgExecutor, PgPool};
+use sqlx::{PgConnection, PgExecutor, PgPool};
+
+use crate::db::Lent;
 
 use attune_core::failure::FailureKind;
 use attune_core::status::ExecutionStatus;
@@ -834,26 +836,36 @@ pub async fn transition_surely(
     execution_id: i64,
     transition: &Transition<'_>,
 ) -> Result<Option<Changed>, sqlx::Error> {
-    surely(what, execution_id, |uncertain| async move {
-        match uncertain {
-            true => transition_or_landed(db, execution_id, transition).await,
-            false => transition_brief(db, execution_id, transition).await,
-        }
+    surely(db, what, execution_id, |mut connection, uncertain| async move {
+        let answer = match uncertain {
+            true => transition_or_landed(&mut connection, execution_id, transition).await,
+            false => transition_brief(&mut *connection, execution_id, transition).await,
+        };
+        (connection, answer)
     })
     .await
 }
 
-/// Runs `attempt` until it answers other than with a passing outage, backing off from 100 ms to
-/// 5 s; `attempt(true)` once an earlier attempt failed, and so may have landed unacknowledged.
-async fn surely<T, F, Fut>(what: &str, execution_id: i64, mut attempt: F) -> Result<Option<T>, sqlx::Error>
+/// Runs `attempt` on a connection of `db` until it answers other than with a passing outage,
+/// backing off from 100 ms to 5 s; `attempt(connection, true)` once an earlier attempt failed,
+/// and so may have landed unacknowledged. An attempt whose connection does not answer within
+/// `db::answer_deadline` (half-open: the statement timeout plus 5 s) abandons that connection
+/// (`db::answered_within`) and counts as a lost one: the next attempt goes out on another.
+async fn surely<T, Fut>(
+    db: &PgPool,
+    what: &str,
+    execution_id: i64,
+    mut attempt: impl FnMut(Lent, bool) -> Fut,
+) -> Result<Option<T>, sqlx::Error>
 where
-    F: FnMut(bool) -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>, sqlx::Error>>,
+    Fut: std::future::Future<Output = (Lent, Result<Option<T>, sqlx::Error>)>,
 {
+    let deadline = crate::db::answer_deadline(db);
     let mut uncertain = false;
     let mut delay = std::time::Duration::from_millis(100);
     loop {
-        match attempt(uncertain).await {
+        let answer = crate::db::answered_within(db, deadline, |connection| attempt(connection, uncertain)).await;
+        match answer {
             Err(e) if crate::db::is_transient(&e) => {
                 uncertain = true;
                 tracing::warn!(execution_id, error = %e, retry_in_ms = delay.as_millis() as u64, "{what}: dependency unavailable, waiting");
@@ -941,9 +953,12 @@ pub async fn claim_many_surely(
     let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
     let tokens: Vec<&str> = claims.iter().map(|(_, token)| *token).collect();
     let first = ids.first().copied().unwrap_or_default();
-    let claimed = surely("claiming executions", first, |uncertain| {
+    let claimed = surely(db, "claiming executions", first, |mut connection, uncertain| {
         let (ids, tokens) = (&ids, &tokens);
-        async move { claim_runs(db, ids, tokens, worker_id, uncertain).await.map(Some) }
+        async move {
+            let answer = claim_runs(&mut *connection, ids, tokens, worker_id, uncertain).await.map(Some);
+            (connection, answer)
+        }
     })
     .await?;
     Ok(claimed.unwrap_or_default())
@@ -1040,20 +1055,20 @@ pub async fn complete_many_surely(
     let outcomes = without_nuls(done);
     let columns = SuccessColumns::of(done, &outcomes);
     let first = columns.ids.first().copied().unwrap_or_default();
-    let changed = surely("recording successes", first, |uncertain| {
+    let changed = surely(db, "recording successes", first, |mut connection, uncertain| {
         let columns = &columns;
         async move {
             // (after an outage, a success that landed is read back: completed here with its token)
-            let rows: Vec<Changed> = columns
+            let rows = columns
                 .bind(sqlx::query_as(
                     "SELECT id, status, action_ref, retry_count, worker \
                      FROM complete_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 ))
                 .bind(worker_id)
                 .bind(uncertain)
-                .fetch_all(db)
-                .await?;
-            Ok(Some(rows))
+                .fetch_all(&mut *connection)
+                .await;
+            (connection, rows.map(Some))
         }
     })
     .await?;
@@ -1079,7 +1094,7 @@ pub async fn claim_and_complete_surely(
     let outcomes = without_nuls(done);
     let columns = SuccessColumns::of(done, &outcomes);
     let first = claim_ids.first().or(columns.ids.first()).copied().unwrap_or_default();
-    let rows = surely("claiming and recording runs", first, |uncertain| {
+    let rows = surely(db, "claiming and recording runs", first, |mut connection, uncertain| {
         let (claim_ids, claim_tokens, columns) = (&claim_ids, &claim_tokens, &columns);
         async move {
             // (both functions run, each once: the claims first; a claimed row is `running`, a
@@ -1091,15 +1106,15 @@ pub async fn claim_and_complete_surely(
                  c AS (SELECT * FROM claimed UNION ALL SELECT * FROM recorded) \
                  SELECT {RUN_COLUMNS}"
             )));
-            let rows: Vec<ClaimedRun> = columns
+            let rows: Result<Vec<ClaimedRun>, _> = columns
                 .bind(query)
                 .bind(worker_id)
                 .bind(uncertain)
                 .bind(claim_ids)
                 .bind(claim_tokens)
-                .fetch_all(db)
-                .await?;
-            Ok(Some(rows))
+                .fetch_all(&mut *connection)
+                .await;
+            (connection, rows.map(Some))
         }
     })
     .await?
@@ -1124,11 +1139,11 @@ pub async fn claim_and_complete_surely(
 /// The transition, or, if it finds nothing to change, the row when an earlier attempt of the same
 /// transition evidently landed.
 async fn transition_or_landed(
-    db: &PgPool,
+    db: &mut PgConnection,
     execution_id: i64,
     transition: &Transition<'_>,
 ) -> Result<Option<Changed>, sqlx::Error> {
-    if let Some(changed) = transition_brief(db, execution_id, transition).await? {
+    if let Some(changed) = transition_brief(&mut *db, execution_id, transition).await? {
         return Ok(Some(changed));
     }
     let row: Option<Changed> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -1361,7 +1376,11 @@ pub async fn release_of_inactive(db: &PgPool) -> Result<u64, sqlx::Error> {
 /// `hand_back` as a worker makes it, through `execution_hand_back` (which runs as the schema's
 /// owner and checks that the worker is one the caller's login registered: under row-level
 /// security a worker's login may not write the handed-back row, on no worker, itself).
-pub async fn hand_back_own(db: &PgPool, execution_id: i64, worker_id: i64) -> Result<Option<Changed>, sqlx::Error> {
+pub async fn hand_back_own(
+    db: impl PgExecutor<'_>,
+    execution_id: i64,
+    worker_id: i64,
+) -> Result<Option<Changed>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {} FROM execution_hand_back($1, $2)",
         <Changed as TransitionRow>::COLUMNS
@@ -1380,7 +1399,11 @@ pub async fn hand_back_own_surely(
     execution_id: i64,
     worker_id: i64,
 ) -> Result<Option<Changed>, sqlx::Error> {
-    surely("handing back a dispatch", execution_id, |_| hand_back_own(db, execution_id, worker_id)).await
+    surely(db, "handing back a dispatch", execution_id, |mut connection, _| async move {
+        let answer = hand_back_own(&mut *connection, execution_id, worker_id).await;
+        (connection, answer)
+    })
+    .await
 }
 
 /// Whether the execution is still dispatched to this worker and not started (a dispatch that is

@@ -244,6 +244,91 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
     }
 }
 
+/// How long past the session's statement timeout a re-sendable write waits for its answer before
+/// it takes the connection for half-open: the round trip and the commit.
+pub const ANSWER_MARGIN: Duration = Duration::from_secs(5);
+
+/// The statement timeout taken when the sessions have none (`ATTUNE_DB_STATEMENT_TIMEOUT_SECS=0`):
+/// its default.
+const UNLIMITED_STATEMENT_BOUND: Duration = Duration::from_secs(60);
+
+/// How long one attempt of a write that is safe to send again (`db::execution`'s `surely` forms)
+/// may go unanswered on its connection: the statement timeout its pool's sessions start with
+/// (`ATTUNE_DB_STATEMENT_TIMEOUT_SECS`, after which the server itself answers, with an error), or
+/// 60 s when they have none, plus [`ANSWER_MARGIN`]: 65 s by default. A connection silent for
+/// longer is half-open (its host cut off, a NAT that forgot it: no reset, no data), which the
+/// kernel would wait out for about fifteen minutes of retransmissions.
+pub fn answer_deadline(db: &PgPool) -> Duration {
+    let options = db.connect_options();
+    let statement_timeout = options
+        .get_options()
+        .unwrap_or_default()
+        .split_whitespace()
+        .find_map(|option| option.strip_prefix("statement_timeout="))
+        .and_then(|millis| millis.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .filter(|timeout| !timeout.is_zero())
+        .unwrap_or(UNLIMITED_STATEMENT_BOUND);
+    statement_timeout + ANSWER_MARGIN
+}
+
+/// A connection of a pool lent to one attempt of a write (`answered_within`): it goes back to
+/// the pool when the attempt hands it back with its answer, and is closed if the attempt is
+/// dropped unanswered.
+pub struct Lent(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>);
+
+impl std::ops::Deref for Lent {
+    type Target = sqlx::PgConnection;
+    fn deref(&self) -> &sqlx::PgConnection {
+        self.0.as_ref().expect("a lent connection is there until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Lent {
+    fn deref_mut(&mut self) -> &mut sqlx::PgConnection {
+        self.0.as_mut().expect("a lent connection is there until dropped")
+    }
+}
+
+impl Drop for Lent {
+    /// Unanswered: detached from the pool and closed without a goodbye. On a half-open
+    /// connection a Terminate would wait as long as the statement did, and a connection given
+    /// back would hang the pool's check of it (sqlx pings what comes back), holding a place of
+    /// the pool meanwhile.
+    fn drop(&mut self) {
+        if let Some(connection) = self.0.take() {
+            drop(connection.detach());
+        }
+    }
+}
+
+/// Runs `work` on a connection of `db` (lent to it, which it hands back with its answer) and
+/// waits at most `deadline` for that answer. A connection that has not answered by then is
+/// abandoned, closed rather than given back to the pool (`Lent`), and the answer is an I/O error
+/// (`is_connection_lost`: the write may have landed). Taking the connection is bounded by the
+/// pool's acquire timeout, whose check of an idle connection drops a silent one the same way.
+pub async fn answered_within<T, Fut>(
+    db: &PgPool,
+    deadline: Duration,
+    work: impl FnOnce(Lent) -> Fut,
+) -> Result<T, sqlx::Error>
+where
+    Fut: std::future::Future<Output = (Lent, Result<T, sqlx::Error>)>,
+{
+    let lent = Lent(Some(db.acquire().await?));
+    match tokio::time::timeout(deadline, work(lent)).await {
+        Ok((mut lent, answer)) => {
+            // (answered: back to the pool)
+            drop(lent.0.take());
+            answer
+        }
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {} ms: the connection was abandoned", deadline.as_millis()),
+        ))),
+    }
+}
+
 /// Puts back the statement and lock limits a connection started with (after work that is long
 /// by nature lifted them).
 pub async fn restore_limits(connection: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
