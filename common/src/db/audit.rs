@@ -1,5 +1,6 @@
 //! The audit trail (`audit_event`, append-only): who asked for what, when, and what they were
-//! answered. The API writes a row for every request that could change state (`attune_api::audit`);
+//! answered. The API writes a row for every request that could change state (`attune_api::audit`),
+//! a change's in the change's own transaction;
 //! the command line writes one for each change it makes in the database directly (tokens).
 
 use chrono::{DateTime, Utc};
