@@ -155,7 +155,7 @@ async fn a_killed_supervisor_fails_its_runs_and_a_new_one_serves_the_next() {
 async fn a_supervisor_that_stops_answering_is_killed_and_replaced() {
     let runtimes = supervised().await;
     let first = runtimes.supervisor_pid().expect("the supervisor starts with the runtimes");
-    // alive, its socket open, answering nothing (a stopped process, or one stuck in an exec)
+    // alive, its socket open, answering nothing, not even a ping (a stopped process)
     let status = std::process::Command::new("kill").args(["-STOP", &first.to_string()]).status().unwrap();
     assert!(status.success());
     let dir = temp_pack("echo never\n");

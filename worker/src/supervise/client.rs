@@ -244,6 +244,10 @@ impl Drop for Supervisor {
 /// milliseconds when all is well.
 const ANSWER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long the worker waits for a `PONG`: the supervisor's loop answers between two looks, in
+/// well under a millisecond when all is well.
+const PING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl Connection {
     /// SIGKILLs the supervisor process (its reader then sees the socket close and ends its runs
     /// as lost). The worker has not reaped it, so the id is still its. It is taken for lost at
@@ -393,13 +397,13 @@ impl Connection {
         }
     }
 
-    /// Whether the supervisor answers a `PING` (id `id`) within `ANSWER_PATIENCE`.
+    /// Whether the supervisor answers a `PING` (id `id`) within `PING_PATIENCE`.
     async fn answers(&self, id: u64) -> bool {
         let (answered, answer) = tokio::sync::oneshot::channel();
         self.pings.lock().unwrap_or_else(|e| e.into_inner()).insert(id, answered);
         let ping = protocol::message(protocol::PING, id, &[]);
         let asked = async { self.send(&ping, &[]).await.is_ok() && answer.await.is_ok() };
-        let answers = tokio::time::timeout(ANSWER_PATIENCE, asked).await.unwrap_or(false);
+        let answers = tokio::time::timeout(PING_PATIENCE, asked).await.unwrap_or(false);
         self.pings.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         answers
     }

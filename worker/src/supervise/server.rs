@@ -89,8 +89,12 @@ struct Supervisor {
 struct Starting {
     enforced: Enforced,
     stderr: std::fs::File,
-    /// A signal the worker asked for meanwhile (a start it gave up on): sent once it starts.
+    /// A signal the worker asked for meanwhile (a start it gave up on), or the lease's end:
+    /// sent to the group once it starts.
     signal: Option<i32>,
+    /// The child's pid once its starter has made it (0 before): a start that waits (on a
+    /// stalled file system) is killed with it where the kernel lets it die.
+    pid: std::sync::Arc<std::sync::atomic::AtomicI32>,
 }
 
 /// Runs the supervisor; returns its exit code (it exits only when its worker is gone, or when
@@ -375,6 +379,7 @@ impl Supervisor {
                         signal_group(run.pid, signal);
                     } else if let Some(starting) = self.starting.get_mut(&id) {
                         starting.signal = Some(signal);
+                        kill_waiting(starting, &self.unclaimed);
                     }
                 }
                 _ => {}
@@ -402,11 +407,12 @@ impl Supervisor {
             Ok(file) => file,
             Err(e) => return Some(not_started(id, e.raw_os_error().unwrap_or(libc::EIO), &e.to_string())),
         };
-        let job = starters::Job { id, rlimits: rlimits(&enforced), request, stdio };
+        let pid = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let job = starters::Job { id, rlimits: rlimits(&enforced), request, stdio, pid: pid.clone() };
         if let Err(e) = self.starters.start(job) {
             return Some(not_started(id, e.raw_os_error().unwrap_or(libc::EAGAIN), &e.to_string()));
         }
-        self.starting.insert(id, Starting { enforced, stderr, signal: None });
+        self.starting.insert(id, Starting { enforced, stderr, signal: None, pid });
         None
     }
 
@@ -416,7 +422,7 @@ impl Supervisor {
         if self.lease_file.is_none() && !self.lease_sent {
             return;
         }
-        if self.runs.iter().all(|run| run.killed) {
+        if self.runs.iter().all(|run| run.killed) && self.starting.values().all(|s| s.signal == Some(libc::SIGKILL)) {
             return;
         }
         let now = boot_clock_ns();
@@ -437,6 +443,13 @@ impl Supervisor {
             let _ = run.stderr.write_all(format!("\n{LEASE_EXPIRED}\n").as_bytes());
             signal_group(run.pid, libc::SIGKILL);
             run.killed = true;
+        }
+        // (a start still in a starter's hands is killed once it has started, and now if it
+        // waits)
+        for starting in self.starting.values_mut().filter(|s| s.signal != Some(libc::SIGKILL)) {
+            let _ = starting.stderr.write_all(format!("\n{LEASE_EXPIRED}\n").as_bytes());
+            starting.signal = Some(libc::SIGKILL);
+            kill_waiting(starting, &self.unclaimed);
         }
     }
 
@@ -485,6 +498,10 @@ impl Supervisor {
         for run in &self.runs {
             signal_group(run.pid, libc::SIGKILL);
         }
+        for starting in self.starting.values_mut() {
+            starting.signal = Some(libc::SIGKILL);
+            kill_waiting(starting, &self.unclaimed);
+        }
         std::process::exit(0)
     }
 }
@@ -493,6 +510,21 @@ impl Enforced {
     /// Whether the group is looked at (a memory or CPU limit).
     fn looks(&self) -> bool {
         self.memory_mb.is_some() || self.cpu_secs.is_some()
+    }
+}
+
+/// SIGKILLs the child of a start that has not come back from its starter (one that waits in its
+/// exec or its `chdir`), if it has been made and not reaped (so its pid is still its own). Where
+/// it waits killably (NFS, a FUSE request not yet read) it dies, its starter is let go, and its
+/// start ends as not started.
+fn kill_waiting(starting: &Starting, unclaimed: &HashMap<i32, i32>) {
+    let pid = starting.pid.load(std::sync::atomic::Ordering::SeqCst);
+    if starting.signal == Some(libc::SIGKILL) && pid > 0 && !unclaimed.contains_key(&pid) {
+        // SAFETY: kill(2) of a child this process made and has not reaped.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
     }
 }
 

@@ -144,7 +144,7 @@ impl Spawn {
     #[allow(unsafe_code)]
     #[cfg(test)]
     pub(super) fn start(&self, stack: &mut Vec<u8>) -> std::io::Result<libc::pid_t> {
-        match self.clone_child(stack)? {
+        match self.clone_child(stack, &AtomicI32::new(0))? {
             (pid, 0) => Ok(pid),
             (pid, errno) => {
                 // SAFETY: reaps the child this call made, which has exited.
@@ -159,10 +159,12 @@ impl Spawn {
 
     /// Makes the child and returns once it has exec'd or failed: its pid, and the errno of the
     /// step that failed (0 once it exec'd). A child that failed has exited, and is left for the
-    /// caller to reap. Only the calling thread is suspended meanwhile (`CLONE_VFORK`). `stack` is
-    /// the child's, reused from one start to the next.
+    /// caller to reap. Only the calling thread is suspended meanwhile (`CLONE_VFORK`), and the
+    /// child's pid is in `pid` from the moment it exists (`CLONE_PARENT_SETTID`), so that another
+    /// thread can kill a start that waits. `stack` is the child's, reused from one start to the
+    /// next.
     #[allow(unsafe_code)]
-    pub(super) fn clone_child(&self, stack: &mut Vec<u8>) -> std::io::Result<(libc::pid_t, i32)> {
+    pub(super) fn clone_child(&self, stack: &mut Vec<u8>, pid: &AtomicI32) -> std::io::Result<(libc::pid_t, i32)> {
         stack.resize(STACK_BYTES, 0);
         let failed = AtomicI32::new(0);
         let child = Child { spawn: self, failed: &failed };
@@ -178,9 +180,9 @@ impl Spawn {
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
             let top = stack.as_mut_ptr().add(stack.len());
             let top = top.sub(top as usize % 16);
-            let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
-            let pid =
-                libc::clone(child_main, top as *mut libc::c_void, flags, &child as *const Child as *mut libc::c_void);
+            let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT_SETTID | libc::SIGCHLD;
+            let arg = &child as *const Child as *mut libc::c_void;
+            let pid = libc::clone(child_main, top as *mut libc::c_void, flags, arg, pid.as_ptr());
             let clone_error = std::io::Error::last_os_error();
             libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
             (pid, clone_error)

@@ -17,6 +17,7 @@
 //! then (`server::Supervisor::unclaimed`).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicI32;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +33,8 @@ pub(super) struct Job {
     pub(super) request: SpawnRequest,
     pub(super) stdio: [OwnedFd; 3],
     pub(super) rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    /// The child's pid once it exists (0 before), for the loop to kill a start that waits.
+    pub(super) pid: Arc<AtomicI32>,
 }
 
 /// What a start came to.
@@ -123,7 +126,7 @@ fn serve(queue: &Mutex<mpsc::Receiver<Job>>, outcomes: &Mutex<Vec<Outcome>>, wak
 }
 
 fn start(job: Job, stack: &mut Vec<u8>) -> Outcome {
-    let Job { id, request, stdio, rlimits } = job;
+    let Job { id, request, stdio, rlimits, pid } = job;
     let prepared = spawn::Spawn::new(
         &request.program,
         &request.args,
@@ -133,7 +136,7 @@ fn start(job: Job, stack: &mut Vec<u8>) -> Outcome {
         request.uid,
         rlimits,
     );
-    let outcome = match prepared.and_then(|spawn| spawn.clone_child(stack)) {
+    let outcome = match prepared.and_then(|spawn| spawn.clone_child(stack, &pid)) {
         Ok((pid, 0)) => Outcome { id, child: Some(pid), started: Ok(pid) },
         Ok((pid, errno)) => Outcome { id, child: Some(pid), started: Err(std::io::Error::from_raw_os_error(errno)) },
         Err(e) => Outcome { id, child: None, started: Err(e) },
