@@ -226,9 +226,12 @@ async fn a_database_outage_the_executors_share_stops_no_run_and_fails_nothing() 
 
 /// Issue 46 (review R6): a lease file that can no longer be renewed (a directory planted at its
 /// temporary name, a full or read-only temp dir) kills no run: the worker's supervisor is told
-/// the lease over its socket, and the file lives in a directory of the worker's own.
+/// the lease over its socket, and the file lives in a directory of the worker's own. Only a
+/// per-action fallback supervisor reads the file, and any run may need one: so while the file
+/// cannot be renewed the worker reports itself unhealthy and starts nothing new (what it is
+/// dispatched waits for it, or for another worker), and it takes work again once a renewal lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_file_that_cannot_be_renewed_kills_no_run() {
+async fn a_lease_file_that_cannot_be_renewed_kills_no_run_and_stops_the_worker_s_intake() {
     let pack = ticks_pack("fence", 0, 20);
     let log = std::env::temp_dir().join(format!("attune-lease-{:016x}.log", rand::random::<u64>()));
     let name = format!("sabotaged-{:08x}", rand::random::<u32>());
@@ -241,15 +244,45 @@ async fn a_lease_file_that_cannot_be_renewed_kills_no_run() {
         .find(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
         .map(|entry| if entry.path().is_dir() { entry.path().join("lease") } else { entry.path() })
         .expect("the worker's lease file");
-    // what an action of the worker's own user could do to it: renewals fail from now on
+    let health = || async {
+        sqlx::query_scalar::<_, Option<String>>("SELECT capabilities->'health'->>'status' FROM worker WHERE id = $1")
+            .bind(worker_id)
+            .fetch_one(&system.db.pool)
+            .await
+            .unwrap()
+            .unwrap_or_default()
+    };
+    let run = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 8})).await;
+    wait_for("the run to start", DEADLINE, || async { spans(&log).contains_key(&id(&run)).then_some(()) }).await;
+    // what an action of the worker's own user could once do to it: renewals fail from now on
     let mut next = lease.clone().into_os_string();
     next.push(".next");
     std::fs::create_dir(&next).unwrap();
-    let run = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 8})).await;
+    wait_for("the worker to report itself unhealthy", DEADLINE, || async {
+        (health().await == "unhealthy").then_some(())
+    })
+    .await;
+    // no new work starts while the renewals fail; the run that runs goes on to its end
+    let waiting = system.submit("fence.run", json!({"log": log.display().to_string(), "seconds": 1})).await;
     let chain = system.wait_chain(id(&run), DEADLINE).await;
     assert_eq!(chain.len(), 1, "{chain:#?}");
     assert_eq!(chain[0]["status"], "completed", "{chain:#?}");
-    let _ = std::fs::remove_dir(&next);
+    assert_eq!(health().await, "unhealthy", "still unhealthy while the renewals fail");
+    let (_, view) = system.get(&format!("/api/v1/executions/{}", id(&waiting))).await;
+    assert!(matches!(view["status"].as_str(), Some("requested" | "scheduled")), "not started: {view:#}");
+    assert!(!spans(&log).contains_key(&id(&waiting)), "the waiting run did not start");
+
+    // a renewal lands again: healthy, and the waiting run is taken
+    std::fs::remove_dir(&next).unwrap();
+    wait_for("the worker to report itself healthy again", DEADLINE, || async {
+        (health().await == "healthy").then_some(())
+    })
+    .await;
+    let chain = system.wait_chain(id(&waiting), DEADLINE).await;
+    assert_eq!(chain.len(), 1, "{chain:#?}");
+    assert_eq!(chain[0]["status"], "completed", "{chain:#?}");
+    let worker = system.log(&name);
+    assert!(worker.contains("the lease file cannot be renewed"), "{worker}");
     let _ = std::fs::remove_file(&log);
     system.stop().await;
 }

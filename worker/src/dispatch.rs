@@ -120,6 +120,12 @@ impl Worker {
             self.give_back_held(execution_id, "no heartbeat has landed within the lease").await;
             return Disposition::Ack;
         }
+        if self.health.unfit() {
+            // its lease file cannot be renewed (`Worker::tell_lease`): it reports itself
+            // unhealthy, and the dispatch waits for another worker
+            self.give_back_held(execution_id, "the worker's lease file cannot be renewed").await;
+            return Disposition::Ack;
+        }
         // one claim per execution in this process at a time: a second delivery of the same one
         // waits for nothing (so a claim read back after a lost acknowledgement is this one's)
         if !self.running.lock().expect("running map poisoned").reserve(execution_id) {

@@ -84,7 +84,7 @@ impl Worker {
         if let Some(until) = self.notices.read(notice, &self.lease) {
             self.lease.hold(until);
             // (also when the deadline came nearer: a hold ended, or a shorter limit heard of)
-            self.lease.tell(self.runtimes.shared_supervisor());
+            self.tell_lease();
         }
     }
 }

@@ -17,6 +17,10 @@
 //! (`consecutive_failures`, `total_executions`, `failed_executions`, `queue_depth`,
 //! `average_execution_time_ms`) replace the counted ones: an operator can drain a worker by making
 //! it report itself unhealthy, and tests force a worker's health with it.
+//!
+//! A worker that cannot renew its lease file (`Worker::tell_lease`) is unfit for new work: while
+//! it is, it reports itself unhealthy as a drain does (its consecutive failures at least the
+//! unhealthy threshold, no last failure, so no probation), and it recovers when a write lands.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -52,6 +56,8 @@ pub struct HealthState {
     override_file: Option<PathBuf>,
     counters: Mutex<Counters>,
     in_flight: AtomicI64,
+    /// Unfit for new work whatever the counters say (`set_unfit`).
+    unfit: std::sync::atomic::AtomicBool,
 }
 
 /// Counts an execution as in flight until dropped.
@@ -73,7 +79,23 @@ impl HealthState {
             total_duration_ms: 0,
             recent_duration_ms: None,
         };
-        HealthState { config, override_file, counters: Mutex::new(counters), in_flight: AtomicI64::new(0) }
+        HealthState {
+            config,
+            override_file,
+            counters: Mutex::new(counters),
+            in_flight: AtomicI64::new(0),
+            unfit: Default::default(),
+        }
+    }
+
+    /// The worker is unfit for new work (its lease file cannot be renewed), or fit again.
+    pub fn set_unfit(&self, unfit: bool) {
+        self.unfit.store(unfit, Ordering::SeqCst);
+    }
+
+    /// Whether the worker is unfit for new work: it reports itself unhealthy and starts nothing.
+    pub fn unfit(&self) -> bool {
+        self.unfit.load(Ordering::SeqCst)
     }
 
     fn overrides(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -149,10 +171,15 @@ impl HealthState {
         let forced = ["consecutive_failures", "failed_executions", "recent_failed_executions"]
             .iter()
             .any(|field| overrides.contains_key(*field));
-        let last_failure_at = record.last_failure_at.filter(|_| !forced);
+        let unfit = self.unfit();
+        let last_failure_at = record.last_failure_at.filter(|_| !forced && !unfit);
+        let consecutive_failures = field("consecutive_failures", record.consecutive_failures);
         let signals = HealthSignals {
             last_heartbeat: Some(now),
-            consecutive_failures: field("consecutive_failures", record.consecutive_failures),
+            consecutive_failures: match unfit {
+                true => consecutive_failures.max(self.config.unhealthy_threshold),
+                false => consecutive_failures,
+            },
             total_executions: recent_executions,
             failed_executions: recent_failed_executions,
             queue_depth: field("queue_depth", self.in_flight.load(Ordering::Relaxed)),
@@ -219,5 +246,19 @@ mod override_tests {
         assert_eq!(state.report().status, Some(HealthClass::Healthy));
         std::fs::remove_file(&path).unwrap();
         assert_eq!(state.report().consecutive_failures, 0);
+    }
+
+    #[test]
+    fn an_unfit_worker_reports_itself_unhealthy_without_probation_until_fit_again() {
+        let state = HealthState::new(HealthThresholds::default(), None, 600);
+        state.finish(true, 10);
+        state.set_unfit(true);
+        let report = state.report();
+        assert_eq!(report.status, Some(HealthClass::Unhealthy));
+        assert_eq!((report.consecutive_failures, report.last_failure_at), (10, None));
+        state.set_unfit(false);
+        let report = state.report();
+        assert_eq!((report.status, report.consecutive_failures), (Some(HealthClass::Healthy), 1));
+        assert!(report.last_failure_at.is_some());
     }
 }

@@ -16,8 +16,11 @@ pub(crate) struct Lease {
     lapses: std::sync::atomic::AtomicU64,
     /// (nanoseconds: it shrinks to the lease of an executor's shorter heartbeat limit)
     length: std::sync::atomic::AtomicU64,
-    /// The deadline last written to the lease file, which the file's writes are serialized on.
+    /// The deadline last told the supervisors, which the file's writes are serialized on.
     written: std::sync::Mutex<u128>,
+    /// The last write of the lease file failed (a full or read-only temp dir): written again at
+    /// every renewal until one lands.
+    file_failing: std::sync::atomic::AtomicBool,
 }
 
 impl Lease {
@@ -28,6 +31,7 @@ impl Lease {
             lapses: Default::default(),
             length: std::sync::atomic::AtomicU64::new(length.as_nanos() as u64),
             written: Default::default(),
+            file_failing: Default::default(),
         }
     }
 
@@ -82,23 +86,55 @@ impl Lease {
     }
 
     /// Tells the supervisors the deadline, if it moved since they were last told: the
-    /// long-lived one over its socket, the per-action fallbacks through the lease file.
-    pub(crate) fn tell(&self, supervisor: Option<&supervise::client::Supervisor>) {
+    /// long-lived one over its socket, the per-action fallbacks through the lease file (written
+    /// again, while its last write failed, until one lands). Returns whether the file now fails
+    /// where it did not, or the other way round.
+    pub(crate) fn tell(&self, supervisor: Option<&supervise::client::Supervisor>) -> Option<bool> {
+        use std::sync::atomic::Ordering::SeqCst;
         let mut written = self.written.lock().expect("lease poisoned");
         let deadline = self.deadline();
-        if deadline == *written {
-            return;
+        let failing = self.file_failing.load(SeqCst);
+        if deadline == *written && !failing {
+            return None;
         }
-        *written = deadline;
-        if let Some(supervisor) = supervisor {
-            supervisor.send_lease(deadline);
+        if deadline != *written {
+            *written = deadline;
+            if let Some(supervisor) = supervisor {
+                supervisor.send_lease(deadline);
+            }
         }
-        if let Some(path) = supervise::lease_file()
-            && let Err(e) = supervise::write_lease(path, deadline)
-        {
-            // (only a per-action fallback supervisor reads the file)
-            tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file");
+        let path = supervise::lease_file()?;
+        let now_failing = match supervise::write_lease(path, deadline) {
+            Ok(()) => false,
+            Err(e) => {
+                // (only a per-action fallback supervisor reads the file)
+                tracing::warn!(path = %path.display(), error = %e, "could not renew the lease file");
+                true
+            }
+        };
+        (self.file_failing.swap(now_failing, SeqCst) != now_failing).then_some(now_failing)
+    }
+}
+
+impl Worker {
+    /// Tells the supervisors the lease (`Lease::tell`). A lease file that cannot be renewed
+    /// would have a per-action fallback supervisor kill its run once the deadline in the file
+    /// passes, and any run may need such a supervisor: so from its first failed write until one
+    /// lands again the worker reports itself unhealthy (at once, with an early heartbeat) and
+    /// hands back what it is dispatched instead of starting it (`dispatch`).
+    pub(crate) fn tell_lease(&self) {
+        let Some(failing) = self.lease.tell(self.runtimes.shared_supervisor()) else { return };
+        self.health.set_unfit(failing);
+        match failing {
+            true => tracing::error!(
+                worker_id = self.id,
+                "the lease file cannot be renewed: this worker reports itself unhealthy and starts nothing new until it can"
+            ),
+            false => {
+                tracing::info!(worker_id = self.id, "the lease file is renewed again: this worker takes work again")
+            }
         }
+        self.reported.send_modify(|_| {});
     }
 }
 
@@ -165,7 +201,7 @@ impl Worker {
             delay = match beat {
                 Ok(true) => {
                     if self.lease.renew(sent) {
-                        self.lease.tell(self.runtimes.shared_supervisor());
+                        self.tell_lease();
                     }
                     self.settings.heartbeat_interval
                 }

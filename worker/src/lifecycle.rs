@@ -174,7 +174,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
                 "no lease file: an action started by a per-action fallback supervisor runs on if this worker stalls (the long-lived supervisor is told the lease directly)"
             ),
         }
-        worker.lease.tell(worker.runtimes.shared_supervisor());
+        worker.tell_lease();
     }
     worker.recover_previous_run().await?;
 
