@@ -236,12 +236,21 @@ pub async fn open(
     Ok(Some(Opened { parameters: Value::Object(opened), redactor: Redactor::new(values) }))
 }
 
-/// Replaces secret values wherever they appear in what a run produced.
+/// Replaces secret values wherever they appear in what a run produced, and every piece of one of
+/// `PIECE` bytes or more: output cut to its tail (or a live stream that dropped bytes) may begin
+/// or end inside a value, and an action may print a part of one. Each run of the text that such
+/// pieces cover is replaced whole by [`REDACTED`]; a value shorter than `PIECE` only where it
+/// appears whole.
 #[derive(Debug, Default, Clone)]
 pub struct Redactor {
-    /// Longest first, so that a value inside another is not half-replaced.
+    /// Each value in each of its forms, longest first.
     values: Vec<String>,
+    /// Every `PIECE`-byte window of every form of `PIECE` bytes or more.
+    windows: std::collections::HashSet<[u8; PIECE]>,
 }
+
+/// The shortest piece of a value that is redacted wherever it appears.
+pub const PIECE: usize = 8;
 
 impl Redactor {
     /// Redacts each of `values` as it is, and as it appears JSON-escaped (a script that prints
@@ -265,47 +274,88 @@ impl Redactor {
         values.retain(|v| !v.is_empty());
         values.sort_by_key(|v| std::cmp::Reverse(v.len()));
         values.dedup();
-        Redactor { values }
+        let windows = values
+            .iter()
+            .flat_map(|v| v.as_bytes().windows(PIECE))
+            .map(|window| <[u8; PIECE]>::try_from(window).expect("a window of PIECE bytes"))
+            .collect();
+        Redactor { values, windows }
+    }
+
+    /// The byte ranges of `text` to redact, in order and apart: every run that windows of a
+    /// value cover, and every whole occurrence of a shorter one.
+    fn covered(&self, text: &[u8]) -> Vec<(usize, usize)> {
+        let mut marks: Vec<(usize, usize)> = Vec::new();
+        let mut mark = |start: usize, end: usize| match marks.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => marks.push((start, end)),
+        };
+        let short: Vec<&[u8]> = self.values.iter().map(String::as_bytes).filter(|v| v.len() < PIECE).collect();
+        for start in 0..text.len() {
+            if let Some(window) = text.get(start..start + PIECE)
+                && self.windows.contains(window)
+            {
+                mark(start, start + PIECE);
+            }
+            // (the longest first: one inside another is covered by it)
+            if let Some(value) = short.iter().find(|v| text[start..].starts_with(v)) {
+                mark(start, start + value.len());
+            }
+        }
+        marks
+    }
+
+    /// Whether `piece` is a part of a value (in any of its forms).
+    fn is_part(&self, piece: &[u8]) -> bool {
+        self.values.iter().any(|v| v.as_bytes().windows(piece.len()).any(|w| w == piece))
     }
 
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
     }
 
-    /// The length of the longest form of a value it redacts: text cut anywhere but within this
-    /// many bytes of its end has no value split across the cut.
-    /// The largest cut at or before `end` in `bytes` that no value straddles: neither a whole
-    /// occurrence of one, nor (when `more_may_come`) the start of one at the end of `bytes`. 0
-    /// when every cut would split one (the caller then sends what it must).
+    /// The largest cut at or before `end` in `bytes` that splits no part of a value: the bytes
+    /// just before it that are a part of one (in any form, of any length) are held back, so
+    /// that each piece of a value goes whole into one message and is redacted there (sent
+    /// apart, neither half might be, and the follower would join them). No cut is needed at the
+    /// end of `bytes` unless `more_may_come`. 0 when every cut would split one (the caller then
+    /// sends what it must).
     pub fn cut_before(&self, bytes: &[u8], end: usize, more_may_come: bool) -> usize {
-        let mut end = end.min(bytes.len());
-        loop {
-            let mut moved = false;
-            for value in self.values.iter().map(String::as_bytes).filter(|v| !v.is_empty()) {
-                // an occurrence that begins before the cut and ends after it
-                let first = end.saturating_sub(value.len() - 1);
-                let straddling = (first..end).find(|&start| {
-                    bytes[start..].starts_with(value) || (more_may_come && value.starts_with(&bytes[start..]))
-                });
-                if let Some(start) = straddling {
-                    end = start;
-                    moved = true;
-                }
-            }
-            if !moved || end == 0 {
-                return end;
-            }
+        let end = end.min(bytes.len());
+        if end == bytes.len() && !more_may_come {
+            return end;
         }
+        let longest = self.values.first().map_or(0, String::len).min(end);
+        let held = (1..=longest).rev().find(|&k| self.is_part(&bytes[end - k..end])).unwrap_or(0);
+        end - held
     }
 
     pub fn text(&self, text: &str) -> String {
-        let mut text = text.to_string();
-        for value in &self.values {
-            if text.contains(value.as_str()) {
-                text = text.replace(value.as_str(), REDACTED);
-            }
+        if self.values.is_empty() {
+            return text.to_string();
         }
-        text
+        let mut redacted = String::with_capacity(text.len());
+        let mut from = 0;
+        for (mut start, mut end) in self.covered(text.as_bytes()) {
+            // (whole characters: a piece may begin or end inside one)
+            while !text.is_char_boundary(start) {
+                start -= 1;
+            }
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            if start < from {
+                start = from;
+            }
+            if end <= start {
+                continue;
+            }
+            redacted.push_str(&text[from..start]);
+            redacted.push_str(REDACTED);
+            from = end;
+        }
+        redacted.push_str(&text[from..]);
+        redacted
     }
 
     /// Every string of `value` (keys too), redacted.
@@ -381,6 +431,63 @@ mod tests {
         assert_eq!(redactor.text(r#"print: "a\"b c/\u00e9""#), format!(r#"print: "{REDACTED}""#), "ASCII-only JSON");
         let encoded = attune_core::template::url_encoded(&Value::String("a\"b c/é".into()));
         assert_eq!(redactor.text(&format!("GET http://h/{encoded}")), format!("GET http://h/{REDACTED}"));
+    }
+
+    /// Every piece of eight bytes or more of `secret` that `text` holds.
+    fn pieces_in(text: &str, secret: &str) -> Vec<String> {
+        (0..=secret.len() - PIECE)
+            .map(|at| &secret[at..at + PIECE])
+            .filter(|piece| text.contains(piece))
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn no_piece_of_a_value_survives_a_cut_or_a_part_printed() {
+        let secret = "planted-CUT-secret-0123456789abc";
+        let redactor = Redactor::new(vec![secret.into(), "short".into()]);
+        let output = format!("before {secret} after");
+        // the output cut anywhere: what is kept of it, redacted, holds no piece
+        for at in 0..output.len() {
+            for kept in [&output[at..], &output[..at]] {
+                let shown = redactor.text(kept);
+                assert!(pieces_in(&shown, secret).is_empty(), "{kept:?} was shown as {shown:?}");
+            }
+        }
+        // a part of it printed alone, inside other text, or in its JSON form
+        for (start, end) in [(0, 8), (4, 24), (10, 32), (3, 12)] {
+            let part = &secret[start..end];
+            let shown = redactor.text(&format!("x {part} y"));
+            assert_eq!(shown, format!("x {REDACTED} y"), "{part:?}");
+        }
+        assert_eq!(redactor.text("0123456"), "0123456", "a part under eight bytes is left");
+        assert_eq!(redactor.text("a short one, shorter"), format!("a {REDACTED} one, {REDACTED}er"));
+        assert_eq!(redactor.text("é-CUT-secret-é"), format!("é{REDACTED}é"), "whole characters");
+    }
+
+    #[test]
+    fn a_cut_splits_no_part_of_a_value_between_two_messages() {
+        let secret = "planted-CUT-secret-0123456789abc";
+        let redactor = Redactor::new(vec![secret.into()]);
+        let stream = format!("{}{secret}{}{}\n", "x".repeat(13), &secret[9..20], "y".repeat(9));
+        // sent in messages of at most `most` bytes, each cut where the redactor says, each
+        // redacted alone: joined again, no piece of the value is shown
+        for most in 3..40 {
+            let bytes = stream.as_bytes();
+            let (mut shown, mut from) = (String::new(), 0);
+            while from < bytes.len() {
+                let rest = &bytes[from..];
+                let end = rest.len().min(most);
+                let cut = match redactor.cut_before(rest, end, true) {
+                    0 => end,
+                    cut => cut,
+                };
+                shown.push_str(&redactor.text(std::str::from_utf8(&rest[..cut]).unwrap()));
+                from += cut;
+            }
+            let pieces = pieces_in(&shown, secret);
+            assert!(pieces.is_empty() || most < PIECE, "messages of {most}: {shown:?} shows {pieces:?}");
+        }
     }
 
     #[test]
