@@ -113,10 +113,26 @@ impl Asking {
                 "the change was not made: its audit row could not be written; see the server log",
             ));
         }
-        transaction.commit().await?;
+        if let Err(e) = transaction.commit().await {
+            if db::is_connection_lost(&e) {
+                // the change and its row were both made or neither: no second row is written
+                // for it, and the answer does not say which
+                tracing::error!(error = %e, route = %event.route, path = %event.path, "a change's commit was not acknowledged: it and its audit row were made together or not at all");
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    OUTCOME_UNKNOWN,
+                    "the database did not acknowledge the change: it was made with its audit row, or not at all; read it back before trying again",
+                ));
+            }
+            return Err(e.into());
+        }
         Ok(Extension(Target { written: true, ..target }))
     }
 }
+
+/// The error code of a change whose commit was not acknowledged (`Asking::commit`): its audit row
+/// went with it, and the middleware writes none.
+pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
 
 impl<S: Send + Sync> FromRequestParts<S> for Asking {
     type Rejection = ApiError;
@@ -241,7 +257,8 @@ const SUBMISSIONS_ROUTE: &str = "/api/v1/executions";
 /// with its change.
 async fn audit(state: &crate::State, response: Response, asking: &Asking) -> Response {
     let target = response.extensions().get::<Target>().cloned().unwrap_or_default();
-    if target.written {
+    let unknown = response.extensions().get::<crate::error::ErrorCode>().is_some_and(|code| code.0 == OUTCOME_UNKNOWN);
+    if target.written || unknown {
         return response;
     }
     let event = asking.event(response.status(), &target);

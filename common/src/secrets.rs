@@ -247,6 +247,13 @@ pub struct Redactor {
     values: Vec<String>,
     /// Every `PIECE`-byte window of every form of `PIECE` bytes or more.
     windows: std::collections::HashSet<[u8; PIECE]>,
+    /// Every part shorter than `PIECE` of every form (`short_key`).
+    short_parts: std::collections::HashSet<u64>,
+}
+
+/// A part of fewer than `PIECE` bytes as one number: its bytes, and its length in the top byte.
+fn short_key(part: &[u8]) -> u64 {
+    part.iter().fold((part.len() as u64) << 56, |key, byte| (key << 8) | u64::from(*byte))
 }
 
 /// The shortest piece of a value that is redacted wherever it appears.
@@ -279,7 +286,12 @@ impl Redactor {
             .flat_map(|v| v.as_bytes().windows(PIECE))
             .map(|window| <[u8; PIECE]>::try_from(window).expect("a window of PIECE bytes"))
             .collect();
-        Redactor { values, windows }
+        let short_parts = values
+            .iter()
+            .flat_map(|v| (1..PIECE).flat_map(move |length| v.as_bytes().windows(length)))
+            .map(short_key)
+            .collect();
+        Redactor { values, windows, short_parts }
     }
 
     /// The byte ranges of `text` to redact, in order and apart: every run that windows of a
@@ -305,9 +317,24 @@ impl Redactor {
         marks
     }
 
-    /// Whether `piece` is a part of a value (in any of its forms).
-    fn is_part(&self, piece: &[u8]) -> bool {
-        self.values.iter().any(|v| v.as_bytes().windows(piece.len()).any(|w| w == piece))
+    /// How many of the bytes just before `end` are a part of a value (in any of its forms), or
+    /// (past `PIECE` bytes) are covered by its windows: the longest such tail, found in time
+    /// linear in its length.
+    fn part_before(&self, bytes: &[u8], end: usize) -> usize {
+        let window = |start: usize| {
+            <&[u8; PIECE]>::try_from(&bytes[start..start + PIECE]).is_ok_and(|w| self.windows.contains(w))
+        };
+        if end >= PIECE && window(end - PIECE) {
+            let mut start = end - PIECE;
+            while start > 0 && window(start - 1) {
+                start -= 1;
+            }
+            return end - start;
+        }
+        (1..PIECE.min(end + 1))
+            .rev()
+            .find(|&k| self.short_parts.contains(&short_key(&bytes[end - k..end])))
+            .unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -325,9 +352,7 @@ impl Redactor {
         if end == bytes.len() && !more_may_come {
             return end;
         }
-        let longest = self.values.first().map_or(0, String::len).min(end);
-        let held = (1..=longest).rev().find(|&k| self.is_part(&bytes[end - k..end])).unwrap_or(0);
-        end - held
+        end - self.part_before(bytes, end)
     }
 
     pub fn text(&self, text: &str) -> String {
@@ -488,6 +513,28 @@ mod tests {
             let pieces = pieces_in(&shown, secret);
             assert!(pieces.is_empty() || most < PIECE, "messages of {most}: {shown:?} shows {pieces:?}");
         }
+    }
+
+    #[test]
+    fn a_long_value_is_not_split_between_messages_either() {
+        // a key of some kilobytes (a PEM's size), printed whole and in part among other output
+        let secret: String = (0..4096u32).map(|i| char::from(b'A' + ((i * 7 + i / 26) % 26) as u8)).collect();
+        let redactor = Redactor::new(vec![secret.clone()]);
+        let stream = format!("{}{secret}\n{}{}\n", "x".repeat(10_000), &secret[100..3000], "y".repeat(20_000));
+        let bytes = stream.as_bytes();
+        let (mut shown, mut from) = (String::new(), 0);
+        while from < bytes.len() {
+            let rest = &bytes[from..];
+            let end = rest.len().min(16 * 1024);
+            let cut = match redactor.cut_before(rest, end, from + end < bytes.len()) {
+                0 => end,
+                cut => cut,
+            };
+            shown.push_str(&redactor.text(std::str::from_utf8(&rest[..cut]).unwrap()));
+            from += cut;
+        }
+        assert!(pieces_in(&shown, &secret).is_empty());
+        assert_eq!(shown.matches(REDACTED).count(), 2, "one redaction for each printing");
     }
 
     #[test]

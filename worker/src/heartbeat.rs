@@ -88,8 +88,13 @@ impl Lease {
     /// Tells the supervisors the deadline, if it moved since they were last told: the
     /// long-lived one over its socket, the per-action fallbacks through the lease file (written
     /// again, while its last write failed, until one lands). Returns whether the file now fails
-    /// where it did not, or the other way round.
-    pub(crate) fn tell(&self, supervisor: Option<&supervise::client::Supervisor>) -> Option<bool> {
+    /// where it did not, or the other way round, after telling `changed` so under the writes'
+    /// lock (two renewals at once cannot leave it told the older state).
+    pub(crate) fn tell(
+        &self,
+        supervisor: Option<&supervise::client::Supervisor>,
+        changed: impl FnOnce(bool),
+    ) -> Option<bool> {
         use std::sync::atomic::Ordering::SeqCst;
         let mut written = self.written.lock().expect("lease poisoned");
         let deadline = self.deadline();
@@ -112,7 +117,11 @@ impl Lease {
                 true
             }
         };
-        (self.file_failing.swap(now_failing, SeqCst) != now_failing).then_some(now_failing)
+        let change = (self.file_failing.swap(now_failing, SeqCst) != now_failing).then_some(now_failing);
+        if let Some(failing) = change {
+            changed(failing);
+        }
+        change
     }
 }
 
@@ -123,8 +132,8 @@ impl Worker {
     /// lands again the worker reports itself unhealthy (at once, with an early heartbeat) and
     /// hands back what it is dispatched instead of starting it (`dispatch`).
     pub(crate) fn tell_lease(&self) {
-        let Some(failing) = self.lease.tell(self.runtimes.shared_supervisor()) else { return };
-        self.health.set_unfit(failing);
+        let unfit = |failing| self.health.set_unfit(failing);
+        let Some(failing) = self.lease.tell(self.runtimes.shared_supervisor(), unfit) else { return };
         match failing {
             true => tracing::error!(
                 worker_id = self.id,

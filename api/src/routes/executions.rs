@@ -329,8 +329,11 @@ pub struct ExecutionView {
     pub next_attempt_at: Option<DateTime<Utc>>,
 }
 
-async fn find(state: &crate::AppState, id: i64) -> Result<Execution, ApiError> {
-    db::execution::get(&state.db, id)
+/// The execution `id`, read on `db` (a change's transaction reads on its own connection: taking
+/// a second from the pool while it holds one would let as many concurrent changes as the pool
+/// has connections wait for each other).
+async fn find_on(db: impl PgExecutor<'_>, id: i64) -> Result<Execution, ApiError> {
+    db::execution::get(db, id)
         .await?
         .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))
 }
@@ -497,17 +500,11 @@ pub async fn cancel(
     let Path(id) = id?;
     let by = caller.token_id;
     let mut transaction = state.db.begin().await?;
-    let (canceled, was) = end_by_hand(
-        &state,
-        &mut transaction,
-        id,
-        by,
-        FailureKind::Canceled,
-        "canceled by a client".into(),
-        "canceled",
-        |_| Ok(()),
-    )
-    .await?;
+    let (canceled, was) =
+        end_by_hand(&mut transaction, id, by, FailureKind::Canceled, "canceled by a client".into(), "canceled", |_| {
+            Ok(())
+        })
+        .await?;
     let target = asking.commit(transaction, StatusCode::OK, Target::default()).await?;
     stop_if_running(&state, &canceled).await;
     tracing::info!(execution_id = id, %was, token_id = by, "execution canceled");
@@ -519,9 +516,7 @@ pub async fn cancel(
 /// guarded transition to the status of `kind` (`canceled`, else `failed`) records `kind` and
 /// `error`, and `ended_by`. Returns the ended row and the status it had; once committed, the
 /// worker it names is told to stop (`stop_if_running`).
-#[allow(clippy::too_many_arguments)]
 async fn end_by_hand(
-    state: &crate::AppState,
     transaction: &mut sqlx::PgConnection,
     id: i64,
     by: i64,
@@ -530,7 +525,7 @@ async fn end_by_hand(
     done: &str,
     check: impl FnOnce(&Execution) -> Result<(), ApiError>,
 ) -> Result<(Execution, ExecutionStatus), ApiError> {
-    let current = find(state, id).await?;
+    let current = find_on(&mut *transaction, id).await?;
     if current.status.is_terminal() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -543,7 +538,7 @@ async fn end_by_hand(
     let outcome = db::execution::Outcome { failure_kind: Some(kind), error: Some(error), ..Default::default() };
     let transition = db::execution::Transition::to(to).outcome(&outcome);
     let Some(mut ended) = db::execution::transition(&mut *transaction, id, &transition).await? else {
-        let now = find(state, id).await?;
+        let now = find_on(&mut *transaction, id).await?;
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "already_finished",
@@ -609,7 +604,7 @@ pub async fn fail(
     let by = caller.token_id;
     let mut transaction = state.db.begin().await?;
     let (failed, was) =
-        end_by_hand(&state, &mut transaction, id, by, FailureKind::OperatorFailed, error, "failed", stuck).await?;
+        end_by_hand(&mut transaction, id, by, FailureKind::OperatorFailed, error, "failed", stuck).await?;
     let target = asking.commit(transaction, StatusCode::OK, Target::reason(&body.reason)).await?;
     stop_if_running(&state, &failed).await;
     tracing::warn!(execution_id = id, %was, reason = %body.reason, token_id = by, "execution failed by an operator");

@@ -172,17 +172,22 @@ impl Supervisor {
         // starts a new one
         let first = match tokio::time::timeout(ANSWER_PATIENCE, events.recv()).await {
             Ok(first) => first,
-            Err(_) if connection.answers(self.next_id.fetch_add(1, Ordering::Relaxed)).await => {
-                tracing::error!(
-                    supervisor_pid = connection.pid,
-                    patience_ms = ANSWER_PATIENCE.as_millis() as u64,
-                    program = %request.program.to_string_lossy(),
-                    cwd = %request.cwd.to_string_lossy(),
-                    "an action's start did not finish (its exec or directory waits: a stalled file system?): \
-                     the run is given up, the supervisor serves the others"
-                );
-                return Err(SpawnError::Stuck);
-            }
+            Err(_) if connection.answers(self.next_id.fetch_add(1, Ordering::Relaxed)).await => match events.try_recv()
+            {
+                // (its answer came while the ping was answered: the supervisor reads in order)
+                Ok(first) => Some(first),
+                Err(_) => {
+                    tracing::error!(
+                        supervisor_pid = connection.pid,
+                        patience_ms = ANSWER_PATIENCE.as_millis() as u64,
+                        program = %request.program.to_string_lossy(),
+                        cwd = %request.cwd.to_string_lossy(),
+                        "an action's start did not finish (its exec or directory waits: a stalled file system?): \
+                         the run is given up, the supervisor serves the others"
+                    );
+                    return Err(SpawnError::Stuck);
+                }
+            },
             Err(_) => {
                 tracing::error!(
                     supervisor_pid = connection.pid,

@@ -95,6 +95,8 @@ struct Starting {
     /// The child's pid once its starter has made it (0 before): a start that waits (on a
     /// stalled file system) is killed with it where the kernel lets it die.
     pid: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    /// Told to its starter: a SIGKILL asked for before it was started leaves it unstarted.
+    cancelled: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs the supervisor; returns its exit code (it exits only when its worker is gone, or when
@@ -208,7 +210,8 @@ impl Supervisor {
     fn next_due(&self, now: Instant) -> Option<Duration> {
         let look = self.runs.iter().filter(|run| !run.killed && run.enforced.looks()).map(|run| run.next_look).min();
         let mut due = look.map(|at| at.saturating_duration_since(now));
-        if !self.runs.is_empty() && (self.lease_file.is_some() || self.lease_sent) {
+        // (a start in a starter's hands is held to the lease too)
+        if !(self.runs.is_empty() && self.starting.is_empty()) && (self.lease_file.is_some() || self.lease_sent) {
             let lease = match self.lease {
                 Some(deadline) => {
                     let left = deadline.saturating_sub(boot_clock_ns());
@@ -319,7 +322,8 @@ impl Supervisor {
                         started: now,
                         next_look: now + FIRST_LOOKS,
                         cpu_secs: 0.0,
-                        killed: false,
+                        // (killed already, by the lease's end, if it asked for SIGKILL)
+                        killed: starting.signal == Some(libc::SIGKILL),
                     };
                     self.outbox.push_back(protocol::message(protocol::STARTED, id, &pid.to_le_bytes()));
                     if let Some(status) = self.unclaimed.remove(&pid) {
@@ -408,11 +412,13 @@ impl Supervisor {
             Err(e) => return Some(not_started(id, e.raw_os_error().unwrap_or(libc::EIO), &e.to_string())),
         };
         let pid = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
-        let job = starters::Job { id, rlimits: rlimits(&enforced), request, stdio, pid: pid.clone() };
+        let cancelled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (rlimits, for_starter) = (rlimits(&enforced), (pid.clone(), cancelled.clone()));
+        let job = starters::Job { id, rlimits, request, stdio, pid: for_starter.0, cancelled: for_starter.1 };
         if let Err(e) = self.starters.start(job) {
             return Some(not_started(id, e.raw_os_error().unwrap_or(libc::EAGAIN), &e.to_string()));
         }
-        self.starting.insert(id, Starting { enforced, stderr, signal: None, pid });
+        self.starting.insert(id, Starting { enforced, stderr, signal: None, pid, cancelled });
         None
     }
 
@@ -518,6 +524,9 @@ impl Enforced {
 /// it waits killably (NFS, a FUSE request not yet read) it dies, its starter is let go, and its
 /// start ends as not started.
 fn kill_waiting(starting: &Starting, unclaimed: &HashMap<i32, i32>) {
+    if starting.signal == Some(libc::SIGKILL) {
+        starting.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     let pid = starting.pid.load(std::sync::atomic::Ordering::SeqCst);
     if starting.signal == Some(libc::SIGKILL) && pid > 0 && !unclaimed.contains_key(&pid) {
         // SAFETY: kill(2) of a child this process made and has not reaped.

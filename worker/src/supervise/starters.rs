@@ -17,7 +17,7 @@
 //! then (`server::Supervisor::unclaimed`).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::AtomicI32;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +35,9 @@ pub(super) struct Job {
     pub(super) rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     /// The child's pid once it exists (0 before), for the loop to kill a start that waits.
     pub(super) pid: Arc<AtomicI32>,
+    /// Set by the loop when the start is to be killed before it comes (given up by the worker,
+    /// the lease's end): a job still queued behind busy starters is then not started at all.
+    pub(super) cancelled: Arc<AtomicBool>,
 }
 
 /// What a start came to.
@@ -126,7 +129,11 @@ fn serve(queue: &Mutex<mpsc::Receiver<Job>>, outcomes: &Mutex<Vec<Outcome>>, wak
 }
 
 fn start(job: Job, stack: &mut Vec<u8>) -> Outcome {
-    let Job { id, request, stdio, rlimits, pid } = job;
+    let Job { id, request, stdio, rlimits, pid, cancelled } = job;
+    if cancelled.load(Ordering::SeqCst) {
+        let error = std::io::Error::new(std::io::ErrorKind::Interrupted, "given up before it was started");
+        return Outcome { id, child: None, started: Err(error) };
+    }
     let prepared = spawn::Spawn::new(
         &request.program,
         &request.args,

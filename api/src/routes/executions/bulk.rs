@@ -148,15 +148,42 @@ pub async fn bulk(
         return Err(ApiError::request_timeout(state.settings.http.request_timeout));
     }
     let by = caller.token_id;
+    // retries are planned before the transaction begins: planning reads on connections of its
+    // own, which a request holding one must not wait for
+    let mut plans = std::collections::HashMap::new();
+    if body.action == BulkActionName::Retry {
+        for &id in &outcome.selected {
+            let request = ManualRetry { parent: id, action_ref: None, parameters: None, config: Default::default() };
+            plans.insert(id, plan_manual_retry(&state, request).await);
+        }
+    }
     let mut transaction = state.db.begin().await?;
+    // a cancel or fail takes its rows' locks first, each it can have now: one a worker or an
+    // executor holds is skipped (`busy`) rather than waited for, so that the call neither waits
+    // behind them nor deadlocks with one that locks in another order, which would undo it all
+    let busy: std::collections::HashSet<i64> = if body.action == BulkActionName::Retry {
+        Default::default()
+    } else {
+        let held: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM execution WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED")
+                .bind(&outcome.selected)
+                .fetch_all(&mut *transaction)
+                .await?;
+        let held: std::collections::HashSet<i64> = held.into_iter().collect();
+        outcome.selected.iter().copied().filter(|id| !held.contains(id)).collect()
+    };
     // what to do once committed: the retries to count, the executions ended to stop on workers
     let (mut retries, mut ended) = (Vec::new(), Vec::new());
     for &id in &outcome.selected {
+        if busy.contains(&id) {
+            let message = format!("execution {id} is being changed by another (a worker, an executor): try again");
+            outcome.skipped.push(BulkSkipped { id, code: "busy".into(), message });
+            continue;
+        }
         let done = match body.action {
             BulkActionName::Retry => {
-                let request =
-                    ManualRetry { parent: id, action_ref: None, parameters: None, config: Default::default() };
-                match plan_manual_retry(&state, request).await {
+                let planned = plans.remove(&id).expect("a plan for each selected execution");
+                match planned {
                     Ok(new) => {
                         let mut savepoint = sqlx::Acquire::begin(&mut *transaction).await?;
                         match insert(&state, &mut *savepoint, &new, by).await {
@@ -176,7 +203,6 @@ pub async fn bulk(
                 }
             }
             BulkActionName::Cancel => end_by_hand(
-                &state,
                 &mut transaction,
                 id,
                 by,
@@ -193,22 +219,13 @@ pub async fn bulk(
             }),
             BulkActionName::Fail => {
                 let error = format!("failed by an operator: {reason}");
-                end_by_hand(
-                    &state,
-                    &mut transaction,
-                    id,
-                    by,
-                    FailureKind::OperatorFailed,
-                    error,
-                    "failed",
-                    super::stuck,
-                )
-                .await
-                .map(|(execution, _)| {
-                    let execution_id = execution.id;
-                    ended.push(execution);
-                    execution_id
-                })
+                end_by_hand(&mut transaction, id, by, FailureKind::OperatorFailed, error, "failed", super::stuck)
+                    .await
+                    .map(|(execution, _)| {
+                        let execution_id = execution.id;
+                        ended.push(execution);
+                        execution_id
+                    })
             }
         };
         match done {
