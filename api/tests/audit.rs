@@ -384,3 +384,35 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
     }
     api.stop().await;
 }
+
+/// A change reads what it changes on its own transaction (review of issue 46's audit rows): more
+/// cancels at once than the API's pool has connections all answer, rather than each holding a
+/// connection and waiting for a second one that the others hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_cancels_at_once_than_the_pool_has_connections_all_answer() {
+    let api = Served::start(|_| {}).await;
+    let (_, admin) = db::token::create_with(&api.db.pool, "alice", Role::Admin, None).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..48 {
+        let body = json!({"action_ref": "core.echo", "parameters": {"message": "hi"}});
+        let (status, made) = api.call_as(&admin, Method::POST, "/api/v1/executions", Some(body)).await;
+        assert_eq!(status, StatusCode::CREATED, "{made}");
+        ids.push(made["id"].as_i64().unwrap());
+    }
+    let cancels = futures_util::future::join_all(ids.iter().map(|id| {
+        let (api, admin) = (&api, &admin);
+        async move { api.call_as(admin, Method::POST, &format!("/api/v1/executions/{id}/cancel"), None).await }
+    }));
+    // (a deadline on the outcome, far above what it takes: before, they waited out the pool)
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(20), cancels)
+        .await
+        .expect("48 cancels at once answered within 20 s");
+    for (status, answer) in answered {
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    let canceled: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE status = 'canceled'")
+        .fetch_one(&api.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(canceled, 48);
+}
