@@ -173,13 +173,16 @@ const STORE_RETRIES: [std::time::Duration; 3] = [
 /// `execution_id`, reading the named secrets from the store (those its parameters refer to); `None` when there are none (the parameters run as they are, not
 /// copied). `Err`: why the action cannot get its parameters: `Unopened::Invalid` (a secret not
 /// set, no key, a value that does not open), or `Unopened::Unavailable` (the store could not be
-/// read, after a few tries).
+/// read, after a few tries). Each value opened is checked against its parameter's declaration
+/// in `specs` (the action's), as a value given plainly is by the API (`check_opened`): a
+/// reference skips that check at submission.
 pub async fn open(
     db: &sqlx::PgPool,
     sealer: Option<&Sealer>,
     execution_id: i64,
     action_ref: &str,
     parameters: &Value,
+    specs: Option<&Value>,
 ) -> Result<Option<Opened>, Unopened> {
     let Some(given) = parameters.as_object() else {
         return Ok(None);
@@ -223,6 +226,12 @@ pub async fn open(
         } else {
             None
         };
+        if let Some(plain) = &plain
+            && let Some(spec) = specs.and_then(|specs| specs.get(name))
+            && let Ok(spec) = serde_json::from_value::<attune_core::params::ParamSpec>(spec.clone())
+        {
+            attune_core::params::check_opened(name, &spec, plain).map_err(|e| e.to_string())?;
+        }
         match plain {
             Some(plain) => {
                 values.push(plain.clone());

@@ -116,7 +116,7 @@ fn check_value(name: &str, spec: &ParamSpec, value: &Value) -> Result<(), ParamE
         return Err(ParamError::new(name, format!("'{SEALED_KEY}' is reserved for values the API seals")));
     }
     if let Some(secret) = secret_reference(value) {
-        // a reference stands for a string, checked when the worker opens it
+        // a reference stands for a string, checked when the worker opens it (`check_opened`)
         if spec.param_type != ParamType::String {
             return Err(ParamError::new(name, "only a string parameter takes a reference to a secret"));
         }
@@ -133,6 +133,22 @@ fn check_value(name: &str, spec: &ParamSpec, value: &Value) -> Result<(), ParamE
     {
         let options: Vec<String> = allowed.iter().map(Value::to_string).collect();
         return Err(ParamError::new(name, format!("must be one of {}", options.join(", "))));
+    }
+    Ok(())
+}
+
+/// Checks the value a secret parameter stood for once the worker has opened it (a reference to a
+/// stored secret, or a value the API sealed): what a value given plainly is held to, its `enum`.
+/// The reason never shows the value.
+pub fn check_opened(name: &str, spec: &ParamSpec, value: &str) -> Result<(), ParamError> {
+    if let Some(allowed) = &spec.allowed
+        && !allowed.iter().any(|option| option.as_str() == Some(value))
+    {
+        let options: Vec<String> = allowed.iter().map(Value::to_string).collect();
+        return Err(ParamError::new(
+            name,
+            format!("the secret's value is not one of the values the parameter allows ({})", options.join(", ")),
+        ));
     }
     Ok(())
 }

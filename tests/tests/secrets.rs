@@ -289,3 +289,53 @@ printf 'part: %s\n' "$(printf %s "$ATTUNE_PARAM_TOKEN" | cut -c5-24)" >&2
     assert!(shown["stderr"].as_str().unwrap().contains("part: [redacted]"), "{shown}");
     system.stop().await;
 }
+
+/// A reference to a secret stands for a value the action declared (issue 47): a parameter's
+/// `enum` holds for the value the secret opens to, checked at the worker before the action runs,
+/// and a value outside it fails the run `invalid_parameters`, naming the parameter and not
+/// showing the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_s_value_is_held_to_its_parameter_s_enum() {
+    const DEPLOY: &str = "name: deploy
+runtime: shell
+entrypoint: actions/deploy.sh
+max_retries: 0
+parameters:
+  strategy: {type: string, enum: [blue-green, rolling-update], default: {$secret: strategy}}
+";
+    const DEPLOY_SH: &str = "#!/bin/sh\necho \"ran with $ATTUNE_PARAM_STRATEGY\"\n";
+    let pack = TempPack::new("ship", &[("deploy.yaml", DEPLOY), ("deploy.sh", DEPLOY_SH)]);
+    let system = System::builder().secrets_key().pack(pack.path()).worker("w1", &[]).start().await;
+    let set = |value: &'static str| {
+        let system = &system;
+        async move {
+            let body = json!({"value": value});
+            let (status, answer) =
+                system.request(Method::PUT, "/api/v1/secrets/strategy", Some(&body), Some(&system.token)).await;
+            assert_eq!(status, 200, "{answer}");
+        }
+    };
+    set("everything-at-once; curl evil").await;
+    let refused = system.submit("ship.deploy", json!({})).await;
+    let refused = system.wait_terminal(refused["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(
+        (refused["status"].as_str(), refused["failure_kind"].as_str()),
+        (Some("failed"), Some("invalid_parameters")),
+        "{refused:#}"
+    );
+    let error = refused["error"].as_str().unwrap_or_default();
+    assert!(error.contains("parameter 'strategy'") && error.contains("not one of"), "{refused:#}");
+    assert!(!refused.to_string().contains("curl evil"), "the value is not shown: {refused:#}");
+    assert_eq!(refused["stdout"].as_str().unwrap_or_default(), "", "the action did not run: {refused:#}");
+    // an explicit reference is held to it too
+    let explicit = system.submit("ship.deploy", json!({"strategy": {"$secret": "strategy"}})).await;
+    let explicit = system.wait_terminal(explicit["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(explicit["failure_kind"], "invalid_parameters", "{explicit:#}");
+
+    set("rolling-update").await;
+    let ran = system.submit("ship.deploy", json!({})).await;
+    let ran = system.wait_terminal(ran["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(ran["status"], "completed", "{ran:#}");
+    assert_eq!(ran["stdout"], "ran with [redacted]\n", "{ran:#}");
+    system.stop().await;
+}
