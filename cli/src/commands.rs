@@ -263,8 +263,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Execution(ExecutionCommand::Watch { id, wait_timeout }) => {
             watch(&client, out, id, Duration::from_secs(wait_timeout)).await
         }
-        Command::Execution(ExecutionCommand::Tail { id }) => {
-            attune_cli::tail::tail(&client, id, out == Output::Json).await
+        Command::Execution(ExecutionCommand::Tail { id, raw }) => {
+            attune_cli::tail::tail(&client, id, out == Output::Json, raw).await
         }
         Command::Execution(ExecutionCommand::Explain { id }) => {
             let view = client.get(&format!("/api/v1/executions/{id}"), &[]).await?;

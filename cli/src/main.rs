@@ -226,8 +226,15 @@ pub enum ExecutionCommand {
     /// Show every attempt of the retry chain an execution belongs to
     Chain { id: i64 },
     /// Print an execution's stdout (on stdout) and stderr (on stderr) as they come, until it
-    /// ends; exits 0 if it completed, 2 if it ended otherwise, 1 if the stream ended first
-    Tail { id: i64 },
+    /// ends; exits 0 if it completed, 2 if it ended otherwise, 1 if the stream ended first.
+    /// Control characters but newline and tab are shown escaped (`\x1b`): an action's output
+    /// cannot drive the terminal
+    Tail {
+        id: i64,
+        /// Print the output as it is, control characters included (for a file or a pipe)
+        #[arg(long)]
+        raw: bool,
+    },
     /// Say why an execution was or was not retried: its failure kind, its retry count, the
     /// policy in force and the rule that decided
     Explain { id: i64 },

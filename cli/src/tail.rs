@@ -1,6 +1,11 @@
 //! `attune execution tail ID`: follows `GET /api/v1/executions/{id}/output` (Server-Sent Events)
 //! and prints each `stdout` chunk on stdout and each `stderr` chunk on stderr as it comes.
 //!
+//! What an action printed reaches the operator's terminal: its control characters (an escape
+//! sequence could move the cursor, rewrite what was shown, set the window's title or, on some
+//! terminals, answer with keystrokes) are shown escaped, `\x1b`, but for newline, tab and a
+//! carriage return before a newline; `--raw` prints the bytes as they came.
+//!
 //! Exit status: 0 when the execution completed, 2 when it ended otherwise (failed, timeout,
 //! canceled, abandoned), 1 for an API error or a stream that ended before the execution did
 //! (`closed`: `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, or the API stopping; run it again).
@@ -65,8 +70,34 @@ pub fn exit_status(end: &Value) -> i32 {
     if end["status"] == "completed" { 0 } else { 2 }
 }
 
-/// Follows execution `id` until its stream ends; `json`: each event as one JSON line on stdout.
-pub async fn tail(client: &Client, id: i64, json: bool) -> anyhow::Result<i32> {
+/// `text` with its control characters shown escaped: C0 and DEL as `\x1b`, C1 as `\u{9b}`;
+/// newline, tab and a carriage return before a newline are left as they are.
+pub fn escaped(text: &str) -> std::borrow::Cow<'_, str> {
+    let mut chars = text.chars().peekable();
+    let kept = |c: char, next: Option<&char>| c == '\n' || c == '\t' || (c == '\r' && next == Some(&'\n'));
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 16);
+    while let Some(c) = chars.next() {
+        if !c.is_control() || kept(c, chars.peek()) {
+            shown.push(c);
+        } else if (c as u32) < 0x80 {
+            shown.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            shown.push_str(&format!("\\u{{{:x}}}", c as u32));
+        }
+    }
+    std::borrow::Cow::Owned(shown)
+}
+
+/// Follows execution `id` until its stream ends; `json`: each event as one JSON line on stdout;
+/// `raw`: the output as it came, control characters included.
+pub async fn tail(client: &Client, id: i64, json: bool, raw: bool) -> anyhow::Result<i32> {
+    let show = |data: &Value| -> String {
+        let text = data["text"].as_str().unwrap_or_default();
+        if raw { text.to_string() } else { escaped(text).into_owned() }
+    };
     let mut response = client.open_stream(&format!("/api/v1/executions/{id}/output")).await?;
     let mut parser = SseParser::default();
     while let Some(bytes) = response.chunk().await? {
@@ -78,12 +109,12 @@ pub async fn tail(client: &Client, id: i64, json: bool) -> anyhow::Result<i32> {
             match event.event.as_str() {
                 "stdout" if !json => {
                     let mut out = std::io::stdout().lock();
-                    out.write_all(data["text"].as_str().unwrap_or_default().as_bytes())?;
+                    out.write_all(show(&data).as_bytes())?;
                     out.flush()?;
                 }
                 "stderr" if !json => {
                     let mut err = std::io::stderr().lock();
-                    err.write_all(data["text"].as_str().unwrap_or_default().as_bytes())?;
+                    err.write_all(show(&data).as_bytes())?;
                     err.flush()?;
                 }
                 "skipped" if !json => {
@@ -124,6 +155,14 @@ fn text(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_shown_escaped_but_lines_and_tabs() {
+        assert_eq!(escaped("plain\ttext\n"), "plain\ttext\n");
+        assert_eq!(escaped("a\x1b]0;owned\x07b\r\n"), "a\\x1b]0;owned\\x07b\r\n", "an OSC title and a bell");
+        assert_eq!(escaped("50%\r75%\x1b[2K\x7f"), "50%\\x0d75%\\x1b[2K\\x7f", "a carriage return alone, DEL");
+        assert_eq!(escaped("\u{9b}31m é"), "\\u{9b}31m é", "a C1 control; other text as it is");
+    }
 
     #[test]
     fn events_are_read_as_they_complete_whatever_the_chunks() {

@@ -121,3 +121,21 @@ async fn a_failing_action_tails_to_its_end_with_exit_status_2() {
     assert!(stderr.contains("failed"), "{stderr}");
     system.stop().await;
 }
+
+/// What an action prints cannot drive the operator's terminal (issue 47): `tail` shows its
+/// control characters escaped, and `--raw` gives the bytes as they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_shows_an_action_s_control_characters_escaped() {
+    let system = System::builder().worker("w1", &[]).start().await;
+    let message = "title\u{1b}]0;owned\u{7}\u{1b}[2J done";
+    let execution = system.submit("core.echo", json!({"message": message})).await;
+    let execution = id(&execution).to_string();
+    let out = system.cli_output(&["execution", "tail", &execution]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(r"title\x1b]0;owned\x07\x1b[2J done"), "{stdout:?}");
+    assert!(!stdout.contains('\u{1b}') && !stdout.contains('\u{7}'), "{stdout:?}");
+    let raw = system.cli_output(&["execution", "tail", "--raw", &execution]);
+    assert!(String::from_utf8_lossy(&raw.stdout).contains(message), "{raw:?}");
+    system.stop().await;
+}
