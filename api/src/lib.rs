@@ -57,6 +57,10 @@ pub struct Settings {
     /// `ATTUNE_API_OUTPUT_STREAM_MAX_SECS` (3600): how long a live output stream
     /// (`GET /executions/{id}/output`) lasts at most.
     pub output_stream_max: Duration,
+    /// `ATTUNE_SCHEDULE_MIN_INTERVAL_SECS` (1): the shortest time a schedule may leave between runs.
+    pub schedule_min_interval: Duration,
+    /// `ATTUNE_SCHEDULES_PER_TOKEN` (100): the most schedules that may run as one token.
+    pub schedules_per_token: i64,
     /// The HTTP server's bounds and TLS (`server`): header and request timeouts, connections,
     /// body size, the list pages' byte budget, the certificate.
     pub http: server::HttpSettings,
@@ -85,6 +89,8 @@ impl FromEnv for Settings {
             },
             max_config_bytes: read(source, "ATTUNE_API_MAX_CONFIG_BYTES")?,
             output_stream_max: Duration::from_secs(read(source, "ATTUNE_API_OUTPUT_STREAM_MAX_SECS")?),
+            schedule_min_interval: Duration::from_secs(read(source, "ATTUNE_SCHEDULE_MIN_INTERVAL_SECS")?),
+            schedules_per_token: read(source, "ATTUNE_SCHEDULES_PER_TOKEN")?,
             http: server::HttpSettings::from_source(source)?,
         })
     }

@@ -49,6 +49,8 @@ pub async fn run(command: TokenCommand, out: Output, reason: Option<&str>) -> an
             let target = find(&pool, &which).await?;
             let mut transaction = pool.begin().await?;
             let revoked = token::revoke(&mut *transaction, target.id).await?.context("the token vanished")?;
+            let why = format!("stopped: the token it runs as ({}, '{}') was revoked", revoked.id, revoked.name);
+            attune_common::db::schedule::pause_made_by(&mut *transaction, revoked.id, &why).await?;
             audit(&mut transaction, "token revoke", revoked.id, reason).await?;
             transaction.commit().await?;
             match out {

@@ -83,6 +83,20 @@ impl Timing {
         Ok(timing)
     }
 
+    /// The shortest time between two of the first `count` occurrences after `t` (none for an
+    /// instant, or a cron expression with fewer occurrences).
+    pub fn shortest_gap(&self, t: DateTime<Utc>, count: usize) -> Option<chrono::Duration> {
+        let mut previous = self.first_after(t)?;
+        let mut shortest: Option<chrono::Duration> = None;
+        for _ in 1..count {
+            let Some(next) = self.first_after(previous) else { break };
+            let gap = next - previous;
+            shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+            previous = next;
+        }
+        shortest
+    }
+
     /// The first occurrence strictly after `t`.
     pub fn first_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         match self {

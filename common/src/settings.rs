@@ -143,6 +143,18 @@ pub const SETTINGS: &[Setting] = &[
         doc: "a live output stream (`GET /api/v1/executions/{id}/output`, `attune execution tail`) lasts at most this long, then ends with a `closed` event (the request timeout does not cut it)",
     },
     Setting {
+        name: "ATTUNE_SCHEDULE_MIN_INTERVAL_SECS",
+        default: Value("1"),
+        read_by: &[Api],
+        doc: "the shortest time a schedule's `cron` may leave between two runs (among its next 1,000 occurrences): a schedule that would run more often is refused (422 naming `cron`)",
+    },
+    Setting {
+        name: "ATTUNE_SCHEDULES_PER_TOKEN",
+        default: Value("100"),
+        read_by: &[Api],
+        doc: "the most schedules that may run as one token (made or last resumed by it): one more is refused (`409 schedule_limit`)",
+    },
+    Setting {
         name: "ATTUNE_API_WRITE_TIMEOUT_SECS",
         default: Value("10"),
         read_by: &[Api],

@@ -52,6 +52,9 @@ pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
         );
         metrics::increment(&metrics::SCHEDULED_MISSED, &[], look.missed);
     }
+    for (name, reason) in &look.stopped {
+        tracing::warn!(schedule = %name, %reason, "a schedule whose token can no longer act was paused, not run");
+    }
     for (name, reason) in &look.broken {
         tracing::error!(schedule = %name, %reason, "a schedule's timing no longer reads: it will not run until it is made again");
     }

@@ -323,3 +323,122 @@ async fn the_schedules_of_a_paused_action_follow_their_catch_up() {
     assert!(after.iter().all(|(_, at, _)| *at >= resumed_at - chrono::Duration::seconds(1)), "{after:?}");
     system.stop().await;
 }
+
+/// A schedule runs as its token (issue 47): revoking the token stops its schedules at once
+/// (paused, `paused_reason` saying why, in the revocation's audited change); one whose token
+/// expired is stopped by the executor, not run, with its own audit row; resumed, a schedule runs
+/// as whoever resumed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_or_expired_token_s_schedules_stop() {
+    let system = System::builder().worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "builtin")]).start().await;
+    let make = |token: String, name: &'static str| {
+        let system = &system;
+        async move {
+            let body = json!({"name": name, "action_ref": "core.noop", "cron": "* * * * * *"});
+            let (status, made) =
+                system.request(reqwest::Method::POST, "/api/v1/schedules", Some(&body), Some(&token)).await;
+            assert_eq!(status, 201, "{made}");
+            made["id"].as_i64().unwrap()
+        }
+    };
+    let token_id = |token: &str| {
+        let system = &system;
+        let token = token.to_string();
+        async move {
+            let (_, me) = system.request(reqwest::Method::GET, "/api/v1/whoami", None, Some(&token)).await;
+            me["token_id"].as_i64().unwrap_or_else(|| panic!("{me}"))
+        }
+    };
+    let ops = system.cli(&["token", "create", "--name", "ops", "--role", "operator"]).trim().to_string();
+    let night = system.cli(&["token", "create", "--name", "night", "--role", "operator"]).trim().to_string();
+    let (ops_id, night_id) = (token_id(&ops).await, token_id(&night).await);
+    let revoked = make(ops.clone(), "as-ops").await;
+    let expired = make(night.clone(), "as-night").await;
+    wait_for("both schedules to run", Duration::from_secs(30), || async {
+        (!runs_of(&system, revoked).await.is_empty() && !runs_of(&system, expired).await.is_empty()).then_some(())
+    })
+    .await;
+
+    // revoked through the API: paused in the same change, none run after
+    let (status, answer) =
+        system.request(reqwest::Method::DELETE, &format!("/api/v1/tokens/{ops_id}"), None, Some(&system.token)).await;
+    assert_eq!(status, 200, "{answer}");
+    let runs_at_revocation = runs_of(&system, revoked).await.len();
+    let (_, shown) = system.get("/api/v1/schedules/as-ops").await;
+    assert_eq!(shown["paused"], true, "{shown}");
+    let reason = shown["paused_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("was revoked") && reason.contains("'ops'"), "{shown}");
+
+    // expired (no API call ends it): the executor stops it rather than run it, and audits that
+    sqlx::query("UPDATE api_token SET expires = now() WHERE id = $1")
+        .bind(night_id)
+        .execute(&system.db.pool)
+        .await
+        .unwrap();
+    let shown = wait_for("the executor to stop the expired token's schedule", Duration::from_secs(30), || async {
+        let (_, shown) = system.get("/api/v1/schedules/as-night").await;
+        (shown["paused"] == true).then_some(shown)
+    })
+    .await;
+    assert!(shown["paused_reason"].as_str().unwrap_or_default().contains("has expired"), "{shown}");
+    let runs_at_expiry = runs_of(&system, expired).await.len();
+    let (_, trail) = system.get("/api/v1/audit?limit=50").await;
+    let stop = trail["events"]
+        .as_array()
+        .and_then(|events| events.iter().find(|e| e["target"] == "schedule:as-night"))
+        .unwrap_or_else(|| panic!("no audit row for the stop: {trail:#}"));
+    assert_eq!(stop["actor"], "executor", "{stop}");
+
+    // meanwhile, a schedule of a token that can act runs on, three times: the stopped ones not once
+    let live = make(system.token.clone(), "as-admin").await;
+    wait_for("the live schedule to run three times", Duration::from_secs(30), || async {
+        (runs_of(&system, live).await.len() >= 3).then_some(())
+    })
+    .await;
+    assert_eq!(runs_of(&system, revoked).await.len(), runs_at_revocation, "a revoked token's schedule ran");
+    assert_eq!(runs_of(&system, expired).await.len(), runs_at_expiry, "an expired token's schedule ran");
+
+    // resumed by the admin, it runs as the admin
+    let (status, resumed) = post(&system, "/api/v1/schedules/as-ops/resume", None).await;
+    assert_eq!(status, 200, "{resumed}");
+    assert_eq!((resumed["paused"].as_bool(), resumed["paused_reason"].as_str()), (Some(false), None), "{resumed}");
+    assert_eq!(resumed["created_by"].as_i64(), Some(token_id(&system.token).await), "{resumed}");
+    wait_for("the resumed schedule to run", Duration::from_secs(30), || async {
+        (runs_of(&system, revoked).await.len() > runs_at_revocation).then_some(())
+    })
+    .await;
+    system.stop().await;
+}
+
+/// Schedules are bounded (issue 47): no `cron` more often than `ATTUNE_SCHEDULE_MIN_INTERVAL_SECS`
+/// and no more than `ATTUNE_SCHEDULES_PER_TOKEN` per token, each refusal naming what was wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_are_bounded_in_frequency_and_number_per_token() {
+    let system = System::builder()
+        .env("ATTUNE_SCHEDULE_MIN_INTERVAL_SECS", "60")
+        .env("ATTUNE_SCHEDULES_PER_TOKEN", "2")
+        .worker("w1", &[("ATTUNE_WORKER_RUNTIMES", "builtin")])
+        .start()
+        .await;
+    let schedule = |name: &str, cron: &str| json!({"name": name, "action_ref": "core.noop", "cron": cron});
+    for cron in ["* * * * * *", "*/30 * * * * *", "0,59 * * * * *"] {
+        let (status, refused) = post(&system, "/api/v1/schedules", Some(schedule("often", cron))).await;
+        assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("cron")), "{cron}: {refused}");
+        assert!(
+            refused["error"]["message"].as_str().unwrap().contains("ATTUNE_SCHEDULE_MIN_INTERVAL_SECS"),
+            "{refused}"
+        );
+    }
+    for name in ["first", "second"] {
+        let (status, made) = post(&system, "/api/v1/schedules", Some(schedule(name, "*/5 * * * *"))).await;
+        assert_eq!(status, 201, "{made}");
+    }
+    let (status, refused) = post(&system, "/api/v1/schedules", Some(schedule("third", "*/5 * * * *"))).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("schedule_limit")), "{refused}");
+    // another token has its own count
+    let other = system.cli(&["token", "create", "--name", "other", "--role", "operator"]).trim().to_string();
+    let body = schedule("third", "*/5 * * * *");
+    let (status, made) = system.request(reqwest::Method::POST, "/api/v1/schedules", Some(&body), Some(&other)).await;
+    assert_eq!(status, 201, "{made}");
+    system.stop().await;
+}

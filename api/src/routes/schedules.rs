@@ -97,9 +97,9 @@ pub async fn list(
     request_body = CreateSchedule,
     responses((status = 201, description = "The schedule, with its first `next_run`", body = Schedule),
         (status = 404, description = "No such action", body = crate::openapi::ErrorBody),
-        (status = 409, description = "A schedule of that name exists", body = crate::openapi::ErrorBody),
+        (status = 409, description = "A schedule of that name exists, or (`schedule_limit`) as many run as this token as `ATTUNE_SCHEDULES_PER_TOKEN` allows", body = crate::openapi::ErrorBody),
         (status = 413, description = "The parameters are too large; `parameter` names the one", body = crate::openapi::ErrorBody),
-        (status = 422, description = "`name`, `cron`, `timezone`, `at`, `reason` or a parameter is invalid (both or neither of `cron` and `at`; an instant past); `parameter` names it", body = crate::openapi::ErrorBody),))]
+        (status = 422, description = "`name`, `cron`, `timezone`, `at`, `reason` or a parameter is invalid (both or neither of `cron` and `at`; an instant past; a `cron` more often than `ATTUNE_SCHEDULE_MIN_INTERVAL_SECS`); `parameter` names it", body = crate::openapi::ErrorBody),))]
 pub async fn create(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
@@ -117,6 +117,20 @@ pub async fn create(
         (Some(cron), None) => {
             crate::error::storable("cron", cron)?;
             let timing = Timing::cron(cron, &timezone).map_err(|(field, reason)| ApiError::invalid(field, reason))?;
+            let least =
+                chrono::Duration::from_std(state.settings.schedule_min_interval).unwrap_or(chrono::Duration::MAX);
+            if let Some(gap) = timing.shortest_gap(now, 1000)
+                && gap < least
+            {
+                return Err(ApiError::invalid(
+                    "cron",
+                    format!(
+                        "'{cron}' runs {} s apart, more often than ATTUNE_SCHEDULE_MIN_INTERVAL_SECS ({} s) allows",
+                        gap.num_milliseconds() as f64 / 1000.0,
+                        least.num_seconds()
+                    ),
+                ));
+            }
             timing.first_after(now)
         }
         (None, Some(at)) => {
@@ -156,6 +170,17 @@ pub async fn create(
         created_by: caller.token_id,
     };
     let mut transaction = state.db.begin().await?;
+    let made = db::schedule::count_made_by(&mut transaction, caller.token_id).await?;
+    if made >= state.settings.schedules_per_token {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "schedule_limit",
+            format!(
+                "{made} schedules run as this token, the most ATTUNE_SCHEDULES_PER_TOKEN ({}) allows: delete one first",
+                state.settings.schedules_per_token
+            ),
+        ));
+    }
     let schedule = db::schedule::create(&mut *transaction, &new).await?.ok_or_else(|| {
         ApiError::new(StatusCode::CONFLICT, "schedule_exists", format!("a schedule named '{}' exists", body.name))
     })?;
@@ -222,12 +247,13 @@ pub async fn delete(
         (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn pause(
     State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
     asking: crate::audit::Asking,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<(Extension<Target>, Json<Schedule>), ApiError> {
     let name = named(name)?;
     let mut transaction = state.db.begin().await?;
-    let paused = db::schedule::set_paused(&mut *transaction, &name, true, |_| None).await?;
+    let paused = db::schedule::set_paused(&mut *transaction, &name, true, caller.token_id, |_| None).await?;
     let schedule = paused.ok_or_else(|| no_such(&name))?;
     let target = asking.commit(transaction, StatusCode::OK, Target::default()).await?;
     Ok((target, Json(schedule)))
@@ -235,17 +261,18 @@ pub async fn pause(
 
 #[utoipa::path(post, path = "/schedules/{name}/resume", operation_id = "resume_schedule", tag = "schedules",
     params(("name" = String, Path, min_length = 1, max_length = 255, pattern = r"^[^\x00/]*$")),
-    responses((status = 200, description = "Resumed: a cron schedule runs from its next occurrence after now (what came while it was paused is not run); an instant that passed meanwhile follows its catch_up", body = Schedule),
+    responses((status = 200, description = "Resumed: a cron schedule runs from its next occurrence after now (what came while it was paused is not run); an instant that passed meanwhile follows its catch_up. It runs as the token that resumed it from now on (`created_by`), and its `paused_reason` is cleared", body = Schedule),
         (status = 404, description = "No such schedule", body = crate::openapi::ErrorBody),
         (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn resume(
     State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
     asking: crate::audit::Asking,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<(Extension<Target>, Json<Schedule>), ApiError> {
     let name = named(name)?;
     let mut transaction = state.db.begin().await?;
-    let resumed = db::schedule::set_paused(&mut *transaction, &name, false, |s| match s.timing() {
+    let resumed = db::schedule::set_paused(&mut *transaction, &name, false, caller.token_id, |s| match s.timing() {
         Ok(Timing::At(at)) => s.next_run.map(|_| at),
         Ok(timing) => timing.first_after(Utc::now()),
         Err(_) => None,

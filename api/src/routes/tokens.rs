@@ -113,7 +113,7 @@ pub async fn create(
 /// admin token, or `attune token revoke`, does it).
 #[utoipa::path(delete, path = "/tokens/{id}", operation_id = "revoke_token", tag = "tokens",
     params(("id" = i64, Path, description = "Token id")),
-    responses((status = 200, description = "The revoked token", body = TokenInfo),
+    responses((status = 200, description = "The revoked token; every schedule that ran as it is paused, its `paused_reason` saying why", body = TokenInfo),
         (status = 404, description = "No such token", body = crate::openapi::ErrorBody),
         (status = 409, description = "`own_token`: the token of this request", body = crate::openapi::ErrorBody)))]
 pub async fn revoke(
@@ -136,8 +136,11 @@ pub async fn revoke(
     let revoked = db::token::revoke(&mut *transaction, id)
         .await?
         .ok_or_else(|| ApiError::not_found("token", format!("token {id} does not exist")))?;
+    // what ran as it stops with it (resumed, a schedule runs as whoever resumes it)
+    let reason = format!("stopped: the token it runs as ({id}, '{}') was revoked", revoked.name);
+    let stopped = db::schedule::pause_made_by(&mut *transaction, id, &reason).await?;
     let target = asking.commit(transaction, StatusCode::OK, Default::default()).await?;
     crate::auth::forget(&state.verified_tokens, id);
-    tracing::info!(token_id = id, name = %revoked.name, by = caller.token_id, "token revoked");
+    tracing::info!(token_id = id, name = %revoked.name, by = caller.token_id, schedules_paused = ?stopped, "token revoked");
     Ok((target, Json(revoked)))
 }

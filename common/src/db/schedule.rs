@@ -36,7 +36,11 @@ pub struct Schedule {
     /// The execution the last run made.
     pub last_execution: Option<i64>,
     pub reason: Option<String>,
+    /// The token it runs as: the one that made it, or last resumed it.
     pub created_by: Option<i64>,
+    /// Why it was stopped without a person asking (its token revoked or expired); cleared when
+    /// it is resumed.
+    pub paused_reason: Option<String>,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,
     /// Occurrences not run when due: no executor looked within the grace, or the action (or its
@@ -58,7 +62,7 @@ impl Schedule {
 }
 
 const COLUMNS: &str = "id, name, action_ref, parameters, cron, timezone, at, catch_up, paused, next_run, \
-    last_run, last_execution, reason, created_by, created, updated, missed, last_missed";
+    last_run, last_execution, reason, created_by, paused_reason, created, updated, missed, last_missed";
 
 /// A schedule to make: its timing checked, its parameters checked (and sealed) by the API.
 #[derive(Debug, Clone)]
@@ -118,12 +122,14 @@ pub async fn list(db: &PgPool, after: Option<&str>, limit: i64) -> Result<Vec<Sc
 
 /// Pauses or resumes the schedule `name`. A paused schedule that is resumed waits for
 /// `next_on_resume` of it (a cron schedule: its next occurrence from now, what came while it was
-/// paused is not run; an instant that has passed: its catch-up policy). On a pool it commits; in a
-/// transaction it is a savepoint of it.
+/// paused is not run; an instant that has passed: its catch-up policy). A schedule resumed runs
+/// as the token `by` that resumed it from then on (its maker's may be revoked). On a pool it
+/// commits; in a transaction it is a savepoint of it.
 pub async fn set_paused(
     db: impl sqlx::Acquire<'_, Database = sqlx::Postgres>,
     name: &str,
     paused: bool,
+    by: i64,
     next_on_resume: impl FnOnce(&Schedule) -> Option<DateTime<Utc>>,
 ) -> Result<Option<Schedule>, sqlx::Error> {
     let mut tx = db.begin().await?;
@@ -133,17 +139,49 @@ pub async fn set_paused(
             .fetch_optional(&mut *tx)
             .await?;
     let Some(current) = current else { return Ok(None) };
-    let next = if !paused && current.paused { next_on_resume(&current) } else { current.next_run };
+    let resumed = !paused && current.paused;
+    let next = if resumed { next_on_resume(&current) } else { current.next_run };
     let schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE schedule SET paused = $2, next_run = $3, updated = now() WHERE id = $1 RETURNING {COLUMNS}"
+        "UPDATE schedule SET paused = $2, next_run = $3, updated = now(), \
+         created_by = CASE WHEN $4 THEN $5 ELSE created_by END, \
+         paused_reason = CASE WHEN $4 THEN NULL ELSE paused_reason END WHERE id = $1 RETURNING {COLUMNS}"
     )))
     .bind(current.id)
     .bind(paused)
     .bind(next)
+    .bind(resumed)
+    .bind(by)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(Some(schedule))
+}
+
+/// Pauses every running schedule that runs as the token `token_id` (being revoked), saying
+/// `reason`; their names.
+pub async fn pause_made_by(
+    db: impl sqlx::PgExecutor<'_>,
+    token_id: i64,
+    reason: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE schedule SET paused = true, paused_reason = $2, updated = now() \
+         WHERE created_by = $1 AND NOT paused RETURNING name",
+    )
+    .bind(token_id)
+    .bind(reason)
+    .fetch_all(db)
+    .await
+}
+
+/// How many schedules run as the token `token_id`, counted under a lock of that token's own
+/// (held until the transaction ends), so that two made at once cannot both pass a bound.
+pub async fn count_made_by(db: &mut sqlx::PgConnection, token_id: i64) -> Result<i64, sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('attune.schedules_of_token', $1))")
+        .bind(token_id)
+        .execute(&mut *db)
+        .await?;
+    sqlx::query_scalar("SELECT count(*) FROM schedule WHERE created_by = $1").bind(token_id).fetch_one(&mut *db).await
 }
 
 /// Deletes the schedule `name` (the executions it made keep its id); the schedule as it was.
@@ -173,6 +211,8 @@ pub struct Look {
     pub missed: u64,
     /// Schedules whose stored timing no longer parses (left, with their next run cleared).
     pub broken: Vec<(String, String)>,
+    /// Schedules stopped (paused) because their token can no longer act, and why.
+    pub stopped: Vec<(String, String)>,
 }
 
 /// Creates the runs of up to `batch` due schedules (the oldest due first), each in the
@@ -201,7 +241,26 @@ pub async fn run_due(db: &PgPool, batch: i64, default_timeout_secs: i32) -> Resu
     .bind(batch)
     .fetch_all(&mut *tx)
     .await?;
-    let mut look = Look { moved: due.len(), ..Look::default() };
+    // a schedule runs as its token: one whose token was revoked (while it was being made, or
+    // past the API) or has expired is stopped, not run, and its stop audited
+    let stopped: Vec<(String, String)> = sqlx::query_as(
+        "UPDATE schedule s SET paused = true, updated = now(), paused_reason = format( \
+             'stopped: the token it runs as (%s, ''%s'') %s', t.id, t.name, \
+             CASE WHEN t.revoked IS NOT NULL THEN 'was revoked' ELSE 'has expired' END) \
+         FROM api_token t WHERE s.id = ANY($1) AND t.id = s.created_by \
+             AND (t.revoked IS NOT NULL OR t.expires <= $2) \
+         RETURNING s.name, s.paused_reason",
+    )
+    .bind(due.iter().map(|s| s.id).collect::<Vec<i64>>())
+    .bind(now)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (name, reason) in &stopped {
+        sqlx::query("SELECT audit_schedule_stopped($1, $2)").bind(name).bind(reason).execute(&mut *tx).await?;
+    }
+    let moved = due.len();
+    let due: Vec<Schedule> = due.into_iter().filter(|s| !stopped.iter().any(|(name, _)| *name == s.name)).collect();
+    let mut look = Look { moved, stopped, ..Look::default() };
     for schedule in due {
         let Some(next_run) = schedule.next_run else { continue };
         let timing = match schedule.timing() {
