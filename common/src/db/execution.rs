@@ -916,6 +916,17 @@ const RUN_COLUMNS: &str = "c.id, c.status, c.action_ref, c.worker, c.parameters,
     c.idempotency_key, c.run_token, c.trace_parent, a.runtime, a.entrypoint, p.path AS pack_path, a.http, a.retry_policy, \
     a.limits, a.parameters AS parameter_specs, c.concurrency_limited FROM c LEFT JOIN action a ON a.id = c.action LEFT JOIN pack p ON p.id = a.pack";
 
+/// Locks, for the rest of the transaction, those of the executions `ids` that no one else holds
+/// now, in id order and without waiting (`SKIP LOCKED`): the ids it could lock. A change of many
+/// rows that takes its locks this way neither waits behind a worker's or an executor's write nor
+/// deadlocks with one that locks in another order.
+pub async fn lock_free(db: impl PgExecutor<'_>, ids: &[i64]) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM execution WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED")
+        .bind(ids)
+        .fetch_all(db)
+        .await
+}
+
 /// scheduled → running for the worker the execution was dispatched to (`Transition::claim`),
 /// storing `run_token` (drawn by that worker, see `ExecutionResult::run_token`), and what to run,
 /// read from the execution, its action and the action's pack: one statement, one round trip.

@@ -164,11 +164,7 @@ pub async fn bulk(
     let busy: std::collections::HashSet<i64> = if body.action == BulkActionName::Retry {
         Default::default()
     } else {
-        let held: Vec<i64> =
-            sqlx::query_scalar("SELECT id FROM execution WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED")
-                .bind(&outcome.selected)
-                .fetch_all(&mut *transaction)
-                .await?;
+        let held = db::execution::lock_free(&mut *transaction, &outcome.selected).await?;
         let held: std::collections::HashSet<i64> = held.into_iter().collect();
         outcome.selected.iter().copied().filter(|id| !held.contains(id)).collect()
     };
