@@ -75,7 +75,7 @@ pub fn exit_status(end: &Value) -> i32 {
 pub fn escaped(text: &str) -> std::borrow::Cow<'_, str> {
     let mut chars = text.chars().peekable();
     let kept = |c: char, next: Option<&char>| c == '\n' || c == '\t' || (c == '\r' && next == Some(&'\n'));
-    if !text.chars().any(char::is_control) {
+    if !text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut shown = String::with_capacity(text.len() + 16);
@@ -159,6 +159,7 @@ mod tests {
     #[test]
     fn control_characters_are_shown_escaped_but_lines_and_tabs() {
         assert_eq!(escaped("plain\ttext\n"), "plain\ttext\n");
+        assert_eq!(escaped("50%\r75%"), "50%\\x0d75%", "a carriage return alone");
         assert_eq!(escaped("a\x1b]0;owned\x07b\r\n"), "a\\x1b]0;owned\\x07b\r\n", "an OSC title and a bell");
         assert_eq!(escaped("50%\r75%\x1b[2K\x7f"), "50%\\x0d75%\\x1b[2K\\x7f", "a carriage return alone, DEL");
         assert_eq!(escaped("\u{9b}31m é"), "\\u{9b}31m é", "a C1 control; other text as it is");

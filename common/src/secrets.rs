@@ -174,15 +174,14 @@ const STORE_RETRIES: [std::time::Duration; 3] = [
 /// copied). `Err`: why the action cannot get its parameters: `Unopened::Invalid` (a secret not
 /// set, no key, a value that does not open), or `Unopened::Unavailable` (the store could not be
 /// read, after a few tries). Each value opened is checked against its parameter's declaration
-/// in `specs` (the action's), as a value given plainly is by the API (`check_opened`): a
-/// reference skips that check at submission.
+/// (the action's, read with the secrets), as a value given plainly is by the API
+/// (`check_opened`): a reference skips that check at submission.
 pub async fn open(
     db: &sqlx::PgPool,
     sealer: Option<&Sealer>,
     execution_id: i64,
     action_ref: &str,
     parameters: &Value,
-    specs: Option<&Value>,
 ) -> Result<Option<Opened>, Unopened> {
     let Some(given) = parameters.as_object() else {
         return Ok(None);
@@ -195,9 +194,13 @@ pub async fn open(
     let sealer = sealer
         .ok_or_else(|| format!("this worker has no {KEY_FILE}: it cannot open the secrets among the parameters"))?;
     let mut waits = STORE_RETRIES.iter();
-    let stored = loop {
-        match crate::db::secret::sealed_values(db, execution_id, &names).await {
-            Ok(stored) => break stored,
+    let read = || async {
+        let stored = crate::db::secret::sealed_values(db, execution_id, &names).await?;
+        Ok::<_, sqlx::Error>((stored, crate::db::action::declared_parameters(db, action_ref).await?))
+    };
+    let (stored, specs) = loop {
+        match read().await {
+            Ok(read) => break read,
             Err(e) if crate::db::is_transient(&e) => match waits.next() {
                 Some(wait) => {
                     tracing::warn!(execution_id, error = %e, retry_in_ms = wait.as_millis() as u64, "reading secrets failed; trying again");
@@ -227,7 +230,7 @@ pub async fn open(
             None
         };
         if let Some(plain) = &plain
-            && let Some(spec) = specs.and_then(|specs| specs.get(name))
+            && let Some(spec) = specs.as_ref().and_then(|specs| specs.get(name))
             && let Ok(spec) = serde_json::from_value::<attune_core::params::ParamSpec>(spec.clone())
         {
             attune_core::params::check_opened(name, &spec, plain).map_err(|e| e.to_string())?;

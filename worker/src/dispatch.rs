@@ -208,7 +208,6 @@ impl Worker {
             execution_id,
             &claimed.action_ref,
             &claimed.parameters,
-            claimed.parameter_specs.as_ref(),
         )
         .await;
         let (opened, unopened) = match opened {

@@ -116,6 +116,14 @@ pub async fn get_by_ref(db: impl PgExecutor<'_>, action_ref: &str) -> Result<Opt
     sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE a.ref = $1"))).bind(action_ref).fetch_optional(db).await
 }
 
+/// The declared parameters of the action `action_ref` (what an opened secret is held to).
+pub async fn declared_parameters(
+    db: impl PgExecutor<'_>,
+    action_ref: &str,
+) -> Result<Option<serde_json::Value>, sqlx::Error> {
+    sqlx::query_scalar("SELECT parameters FROM action WHERE ref = $1").bind(action_ref).fetch_optional(db).await
+}
+
 /// The action's stored `retry:` block, if it has one.
 pub async fn retry_policy(db: impl PgExecutor<'_>, id: i64) -> Result<Option<serde_json::Value>, sqlx::Error> {
     sqlx::query_scalar("SELECT retry_policy FROM action WHERE id = $1")

@@ -904,8 +904,6 @@ pub struct ClaimedRun {
     pub retry_policy: Option<Value>,
     /// The action's `limits` block, as written (the worker fills in and caps what it enforces).
     pub limits: Option<Value>,
-    /// The action's declared parameters (what an opened secret is checked against).
-    pub parameter_specs: Option<Value>,
     /// The claim counted it against a concurrency policy: ended by hand, it keeps its slot until
     /// its worker says its processes are gone (`release`).
     pub concurrency_limited: bool,
@@ -914,7 +912,7 @@ pub struct ClaimedRun {
 /// What a claim reads, from the claimed row `c`, its action `a` and the action's pack `p`.
 const RUN_COLUMNS: &str = "c.id, c.status, c.action_ref, c.worker, c.parameters, c.timeout_seconds, c.retry_count, \
     c.idempotency_key, c.run_token, c.trace_parent, a.runtime, a.entrypoint, p.path AS pack_path, a.http, a.retry_policy, \
-    a.limits, a.parameters AS parameter_specs, c.concurrency_limited FROM c LEFT JOIN action a ON a.id = c.action LEFT JOIN pack p ON p.id = a.pack";
+    a.limits, c.concurrency_limited FROM c LEFT JOIN action a ON a.id = c.action LEFT JOIN pack p ON p.id = a.pack";
 
 /// Locks, for the rest of the transaction, those of the executions `ids` that no one else holds
 /// now, in id order and without waiting (`SKIP LOCKED`): the ids it could lock. A change of many
