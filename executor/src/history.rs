@@ -51,6 +51,17 @@ pub struct Pass {
 
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let mut progress = Progress::default();
+    // the database keeps audit events at least its own age, whatever this setting says
+    if let Some(age) = context.settings.history.audit.secs()
+        && let Ok(floor) = db::audit::retention_floor_secs(&context.db).await
+        && age < floor
+    {
+        tracing::warn!(
+            setting_secs = age,
+            floor_secs = floor,
+            "ATTUNE_RETENTION_AUDIT is shorter than the database's audit_retention.min_age: audit events are kept until that age (its owner may lower it)"
+        );
+    }
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -168,7 +168,7 @@ impl RetryManager {
                 if *paid_by_platform {
                     new = new.paid_by_platform(&execution);
                 }
-                Some(db::execution::insert(&mut *tx, &new).await?)
+                Some(db::execution::insert_retry(&mut *tx, &new).await?)
             }
             RetryDecision::GiveUp(_) => None,
         };

@@ -244,7 +244,7 @@ async fn an_executor_cut_off_while_it_creates_a_run_leaves_it_to_be_created_once
     // statement that creates a scheduled run: its transaction (run and schedule moved on) is lost
     let cut = attune_testkit::pgcut::PgCut::start("127.0.0.1:5432").await;
     system.restart_with("executor", &[("DATABASE_URL", &cut.url(&system.db.url))]);
-    cut.arm("s.created_by, s.id, $2");
+    cut.arm("SELECT schedule_fire(");
     let at = Utc::now() + chrono::Duration::seconds(2);
     let (status, made) = post(
         &system,

@@ -237,7 +237,7 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
     }
     let forged = "INSERT INTO audit_event (actor, method, route, path, status) VALUES ('x', 'CLI', 'r', 'p', 0)";
     assert_eq!(refused(sqlx::query(forged).execute(&executor).await, "executor"), "42501");
-    sqlx::query("DELETE FROM audit_event WHERE at < now() - interval '1 year'")
+    sqlx::query("SELECT audit_prune(365 * 86400, 100, false)")
         .execute(&executor)
         .await
         .expect("the executors remove old audit events");
@@ -317,5 +317,82 @@ async fn services_start_only_on_a_current_schema_and_attune_migrate_makes_it_cur
     assert!(first["applied"].as_array().is_some_and(|a| a.len() > 10), "{first}");
     assert_eq!(migrate()["applied"], json!([]), "a second run applies nothing");
     attune_common::db::check_schema(&db.pool).await.expect("current after attune migrate");
+    db.drop_database().await;
+}
+
+/// The executors' login does its job and no more (issue 47): it cannot change what runs (actions,
+/// packs, an execution's request), insert a first attempt (which would have a worker open any
+/// secret and send it where the executor chose), nor remove audit events younger than the
+/// database's retention floor; its retries copy their parent's request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_executor_s_login_changes_nothing_that_runs_and_erases_no_recent_audit_event() {
+    let db = TestDb::new().await;
+    let core = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
+    attune_common::db::pack::register(&db.pool, &attune_common::pack::load_pack(&core).unwrap()).await.unwrap();
+    let echo = attune_common::db::action::get_by_ref(&db.pool, "core.echo").await.unwrap().unwrap();
+    let first = attune_common::db::execution::insert(&db.pool, &attune_testkit::echo_execution(&echo)).await.unwrap();
+    let executor = log_in(&db, "attune_test_executor").await;
+
+    for change in [
+        "UPDATE action SET runtime = 'http', http = '{\"method\":\"GET\",\"url\":\"http://203.0.113.7/\"}' WHERE ref = 'core.echo'",
+        "UPDATE action SET entrypoint = 'x.sh'",
+        "DELETE FROM action",
+        "UPDATE pack SET path = '/tmp'",
+        "INSERT INTO pack (ref, version, path) VALUES ('evil', '1', '/tmp')",
+        "UPDATE execution SET parameters = '{\"message\":{\"$secret\":\"shop\"}}'",
+        "UPDATE execution SET action_ref = 'core.python_echo', runtime = 'python'",
+        "UPDATE execution SET submitted_by = NULL",
+        "INSERT INTO execution (action_ref, parameters) VALUES ('core.echo', '{\"message\":{\"$secret\":\"shop\"}}')",
+        "DELETE FROM audit_event",
+        "INSERT INTO audit_event_archive (actor, method, route, path, status) VALUES ('x', 'CLI', 'r', 'p', 0)",
+        "UPDATE audit_retention SET min_age = interval '0'",
+        "DELETE FROM _sqlx_migrations",
+    ] {
+        assert_eq!(refused(sqlx::query(sqlx::AssertSqlSafe(change)).execute(&executor).await, change), "42501", "{change}");
+    }
+    // an insert of a first attempt through the definer functions is refused too
+    let dressed_up = sqlx::query("SELECT * FROM execution_insert_retry($1, 'requested', 'action_failed', NULL, '{}')")
+        .bind(first.id)
+        .fetch_all(&executor)
+        .await;
+    assert_eq!(refused(dressed_up, "a retry of a run that has not failed"), "22023");
+
+    // what it does do: move an execution along, and retry a failed one with its parent's request
+    sqlx::query("UPDATE execution SET status = 'failed', finished = now(), failure_kind = 'action_failed' WHERE id = $1")
+        .bind(first.id)
+        .execute(&executor)
+        .await
+        .expect("the executors record an outcome");
+    let failed = attune_common::db::execution::get(&db.pool, first.id).await.unwrap().unwrap();
+    let mut asked = attune_common::db::execution::NewExecution::retry_of(
+        &failed,
+        attune_core::ExecutionStatus::Delayed,
+        attune_core::FailureKind::ActionFailed,
+        Some(json!({"message": {"$secret": "shop"}})),
+        Some(chrono::Utc::now()),
+    );
+    asked.action_ref = "core.python_echo".into();
+    let retry = attune_common::db::execution::insert_retry(&executor, &asked).await.expect("the executors retry");
+    assert_eq!(
+        (retry.action_ref.as_str(), &retry.parameters, retry.original_execution, retry.retry_count),
+        ("core.echo", &failed.parameters, Some(first.id), 1),
+        "a retry is its parent's request, whatever the executor asked"
+    );
+    assert_eq!(retry.config["retry_of"], first.id);
+    let again = attune_common::db::execution::insert_retry(&executor, &asked).await;
+    assert_eq!(refused(again, "a second retry of one parent"), "23505");
+
+    // audit events: none younger than the floor goes, whatever age is asked
+    sqlx::query(
+        "INSERT INTO audit_event (actor, method, route, path, status, at) VALUES \
+         ('x', 'CLI', 'r', 'p', 0, now() - interval '1 hour'), ('x', 'CLI', 'r', 'p', 0, now() - interval '400 days')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let removed = attune_common::db::audit::prune(&executor, 0.0, 100, false).await.expect("the executors prune");
+    assert_eq!(removed, 1, "only the event past the retention floor goes");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_event").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(left, 1, "the hour-old event is kept");
     db.drop_database().await;
 }

@@ -139,15 +139,19 @@ pub async fn list(db: &PgPool, filter: &Filter) -> Result<Vec<Event>, sqlx::Erro
 }
 
 /// Removes (or moves into `audit_event_archive`) up to `batch` events older than `age_secs`,
-/// oldest first. Returns how many.
+/// oldest first, through `audit_prune`, which never removes one younger than the database's
+/// `audit_retention.min_age` (the executors' login deletes no audit row itself). Returns how many.
 pub async fn prune(db: &PgPool, age_secs: f64, batch: i64, archive: bool) -> Result<u64, sqlx::Error> {
-    let archive_step = if archive { ", archived AS (INSERT INTO audit_event_archive SELECT * FROM gone)" } else { "" };
-    let sql = format!(
-        "WITH gone AS (DELETE FROM audit_event WHERE id IN ( \
-            SELECT id FROM audit_event WHERE at < now() - make_interval(secs => $1) ORDER BY at LIMIT $2) \
-            RETURNING *){archive_step} \
-         SELECT count(*) FROM gone"
-    );
-    let removed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(age_secs).bind(batch).fetch_one(db).await?;
+    let removed: i64 = sqlx::query_scalar("SELECT audit_prune($1, $2, $3)")
+        .bind(age_secs)
+        .bind(batch)
+        .bind(archive)
+        .fetch_one(db)
+        .await?;
     Ok(removed as u64)
+}
+
+/// The youngest an audit event may be for `prune` to remove it (`audit_retention.min_age`).
+pub async fn retention_floor_secs(db: &PgPool) -> Result<f64, sqlx::Error> {
+    sqlx::query_scalar("SELECT extract(epoch FROM min_age)::float8 FROM audit_retention").fetch_one(db).await
 }

@@ -185,6 +185,24 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execu
     insert_submitted(db, new, None).await
 }
 
+/// Inserts the retry `new` (`NewExecution::retry_of`) through `execution_insert_retry`, which
+/// copies the request (action, parameters, runtime, who asked) from the parent's row: the
+/// executors' login inserts no execution of its own (issue 47). Only `new`'s status, wait, reason
+/// and config are its own; a parent that has not ended without success is refused (`22023`).
+pub async fn insert_retry(db: impl PgExecutor<'_>, new: &NewExecution) -> Result<Execution, sqlx::Error> {
+    let Some(parent) = new.original_execution else {
+        return Err(sqlx::Error::Protocol("insert_retry: a retry names its parent".into()));
+    };
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM execution_insert_retry($1, $2, $3, $4, $5)")))
+        .bind(parent)
+        .bind(new.status)
+        .bind(&new.retry_reason)
+        .bind(new.not_before)
+        .bind(new.recorded_config())
+        .fetch_one(db)
+        .await
+}
+
 /// Inserts `new`, submitted by the API token `submitted_by`; `None`: a retry's parent's.
 pub async fn insert_submitted(
     db: impl PgExecutor<'_>,

@@ -295,21 +295,13 @@ pub async fn run_due(db: &PgPool, batch: i64, default_timeout_secs: i32) -> Resu
         let mut last: Option<(DateTime<Utc>, i64)> = None;
         for occurrence in due.run {
             let made: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO execution (action, action_ref, runtime, parameters, config, status, max_retries, \
-                    timeout_seconds, retry_count, idempotency_key, submitted_by, schedule, scheduled_for) \
-                 SELECT a.id, s.action_ref, a.runtime, s.parameters, \
-                    jsonb_build_object('max_retries', COALESCE(a.max_retries, 0), 'retry_count', 0, \
-                        'schedule', s.name, 'scheduled_for', $2::timestamptz), \
-                    'requested', COALESCE(a.max_retries, 0), COALESCE(a.timeout_seconds, $3), 0, \
-                    gen_random_uuid()::text, s.created_by, s.id, $2 \
-                 FROM schedule s LEFT JOIN action a ON a.ref = s.action_ref WHERE s.id = $1 \
-                 ON CONFLICT (schedule, scheduled_for) WHERE schedule IS NOT NULL AND original_execution IS NULL \
-                 DO NOTHING RETURNING id",
+                // made from the schedule's own row (the executors insert no execution of theirs)
+                "SELECT schedule_fire($1, $2, $3)",
             )
             .bind(schedule.id)
             .bind(occurrence)
             .bind(default_timeout_secs)
-            .fetch_optional(&mut *tx)
+            .fetch_one(&mut *tx)
             .await?;
             if let Some(execution) = made {
                 look.ran.push(Ran {
