@@ -32,6 +32,8 @@ done
 log "migrating the database (attune migrate, as $ATTUNE_DB_USER)"
 target/debug/attune migrate
 ensure_service_logins
+# a worker's login serves only the runtimes its owner grants it (attune worker-login)
+target/debug/attune worker-login allow attune_worker_login shell python builtin http >/dev/null
 log "creating the broker's users (vhost $ATTUNE_VHOST)"
 ensure_broker_users
 

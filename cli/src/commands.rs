@@ -104,6 +104,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Token(command) => crate::tokens::run(command, out, cli.reason.as_deref()).await,
+        Command::WorkerLogin(command) => crate::worker_logins::run(command, out).await,
         Command::Audit(AuditCommand::List { actor, route, target, since, limit }) => {
             let mut query = vec![("limit", limit.to_string())];
             for (name, value) in [("actor", actor), ("route", route), ("target", target), ("since", since)] {

@@ -2,6 +2,7 @@
 
 mod commands;
 mod tokens;
+mod worker_logins;
 mod up;
 
 use attune_cli::{client, output};
@@ -113,6 +114,11 @@ pub enum Command {
     /// Manage API tokens and their roles (talks to the database directly: DATABASE_URL)
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Which runtimes each worker's database login may serve (talks to the database directly:
+    /// DATABASE_URL, the schema's owner): a worker offers, claims and opens the secrets of only
+    /// those runtimes' executions
+    #[command(subcommand, name = "worker-login")]
+    WorkerLogin(WorkerLoginCommand),
     /// Pause an action or a whole runtime (its requests wait until it is resumed; nothing
     /// running is touched); needs --reason
     Pause {
@@ -327,6 +333,21 @@ pub enum PackCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+#[derive(Subcommand)]
+pub enum WorkerLoginCommand {
+    /// Let a worker login serve these runtimes (shell, python, builtin, http)
+    Allow {
+        login: String,
+        #[arg(required = true)]
+        runtimes: Vec<String>,
+    },
+    /// Take these runtimes back from a worker login (all of them when none is named); its
+    /// workers stop offering them at their next start, and claim none of their runs from now on
+    Deny { login: String, runtimes: Vec<String> },
+    /// Every login's runtimes
+    List,
 }
 
 #[derive(Subcommand)]

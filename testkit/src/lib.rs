@@ -76,6 +76,7 @@ impl TestDb {
         let db = Self::empty_on(admin_url).await;
         attune_common::db::migrate(&db.pool).await.expect("migrate test database");
         ensure_service_logins_on(admin_url).await;
+        grant_test_worker_runtimes(&db.pool).await;
         db
     }
 
@@ -151,6 +152,18 @@ pub fn service_login_password() -> String {
                 })
         })
         .clone()
+}
+
+/// Every runtime attune knows, for the tests' worker logins (`worker_login_runtime`): a test of
+/// what a login may serve takes some back.
+pub const RUNTIMES: [&str; 4] = ["shell", "python", "builtin", "http"];
+
+/// Lets both test worker logins serve every runtime in `pool`'s database.
+pub async fn grant_test_worker_runtimes(pool: &PgPool) {
+    let runtimes: Vec<String> = RUNTIMES.iter().map(|r| r.to_string()).collect();
+    for login in ["attune_test_worker", "attune_test_worker_b"] {
+        attune_common::db::worker::allow_runtimes(pool, login, &runtimes).await.expect("grant the test worker runtimes");
+    }
 }
 
 /// Makes the service logins where they are missing, if the tests' admin may (`scripts/test.sh`

@@ -396,3 +396,109 @@ async fn the_executor_s_login_changes_nothing_that_runs_and_erases_no_recent_aud
     assert_eq!(left, 1, "the hour-old event is kept");
     db.drop_database().await;
 }
+
+/// A worker's login serves only the runtimes the schema's owner granted it (issue 47): before, a
+/// second worker login advertising every runtime received other runtimes' runs and opened their
+/// secrets. Its row may not advertise another runtime, it neither sees nor claims such a run
+/// placed on it, `run_secrets` opens nothing of it, and a worker asked to run only ungranted
+/// runtimes refuses to start, naming the setting and the command that grants them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_s_login_serves_only_the_runtimes_it_is_granted() {
+    let db = TestDb::new().await;
+    let core = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
+    attune_common::db::pack::register(&db.pool, &attune_common::pack::load_pack(&core).unwrap()).await.unwrap();
+    let taken = attune_common::db::worker::deny_runtimes(&db.pool, "attune_test_worker_b", &["python".into()])
+        .await
+        .unwrap();
+    assert_eq!(taken, 1);
+    let worker = log_in(&db, "attune_test_worker_b").await;
+
+    let everything = json!({"runtimes": ["shell", "python"]});
+    let code = refused(
+        sqlx::query("INSERT INTO worker (name, status, capabilities) VALUES ('greedy', 'inactive', $1)")
+            .bind(&everything)
+            .execute(&worker)
+            .await,
+        "a row advertising an ungranted runtime",
+    );
+    assert_eq!(code, "42501");
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO worker (name, status, capabilities) VALUES ('modest', 'active', '{\"runtimes\": [\"shell\"]}') RETURNING id",
+    )
+    .fetch_one(&worker)
+    .await
+    .expect("a row advertising granted runtimes");
+    let code = refused(
+        sqlx::query("UPDATE worker SET capabilities = $2 WHERE id = $1").bind(id).bind(&everything).execute(&worker).await,
+        "a heartbeat advertising an ungranted runtime",
+    );
+    assert_eq!(code, "42501");
+
+    // a python run and a shell run, each with a secret, placed on its worker
+    sqlx::query("INSERT INTO secret (name, sealed) VALUES ('shop', '\\x01')").execute(&db.pool).await.unwrap();
+    let mut placed = Vec::new();
+    for action in ["core.python_echo", "core.echo"] {
+        let action = attune_common::db::action::get_by_ref(&db.pool, action).await.unwrap().unwrap();
+        let new = attune_common::db::execution::NewExecution {
+            parameters: json!({"message": {"$secret": "shop"}}),
+            ..attune_testkit::echo_execution(&action)
+        };
+        let execution = attune_common::db::execution::insert(&db.pool, &new).await.unwrap().id;
+        attune_testkit::force_status(&db.pool, execution, attune_core::ExecutionStatus::Scheduled, Some(id)).await;
+        placed.push(execution);
+    }
+    let (python, shell) = (placed[0], placed[1]);
+    let seen = |execution: i64| {
+        let worker = worker.clone();
+        async move {
+            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM execution WHERE id = $1")
+                .bind(execution)
+                .fetch_one(&worker)
+                .await
+                .unwrap();
+            let claimed = sqlx::query("UPDATE execution SET status = 'running', started = now() WHERE id = $1")
+                .bind(execution)
+                .execute(&worker)
+                .await
+                .unwrap()
+                .rows_affected();
+            let opened: Vec<String> = sqlx::query_scalar("SELECT name FROM run_secrets($1, ARRAY['shop'])")
+                .bind(execution)
+                .fetch_all(&worker)
+                .await
+                .unwrap();
+            (rows, claimed, opened)
+        }
+    };
+    assert_eq!(seen(python).await, (0, 0, vec![]), "an ungranted runtime's run: not seen, claimed or opened");
+    assert_eq!(seen(shell).await, (1, 1, vec!["shop".to_string()]), "a granted runtime's run");
+
+    // the worker process: only ungranted runtimes asked for is a refusal that says what to do
+    let out = Command::new(attune_testkit::workspace_binary("attune-worker"))
+        .env("DATABASE_URL", db.url_as("attune_test_worker_b"))
+        .env("AMQP_URL", attune_testkit::amqp_url())
+        .env("ATTUNE_WORKER_NAME", "python-only")
+        .env("ATTUNE_WORKER_RUNTIMES", "python")
+        .output()
+        .unwrap();
+    let told = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{told}");
+    assert!(told.contains("ATTUNE_WORKER_RUNTIMES") && told.contains("attune worker-login allow"), "{told}");
+
+    // the owner's view and grant, through the CLI
+    let cli = |args: &[&str]| {
+        let out = Command::new(attune_testkit::workspace_binary("attune"))
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "attune {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    cli(&["worker-login", "allow", "attune_test_worker_b", "python"]);
+    let listed: serde_json::Value = serde_json::from_str(&cli(&["worker-login", "list", "--output", "json"])).unwrap();
+    let grant = listed.as_array().unwrap().iter().find(|g| g["login"] == "attune_test_worker_b").unwrap().clone();
+    assert_eq!(grant["runtimes"], json!(["builtin", "http", "python", "shell"]), "{listed}");
+    assert_eq!(seen(python).await.0, 1, "granted again, the python run is its own");
+    db.drop_database().await;
+}

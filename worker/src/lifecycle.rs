@@ -70,13 +70,45 @@ pub(crate) async fn claim_name(pool: &PgPool, settings: &Settings) -> Result<i64
     }
 }
 
+/// The runtimes of `ATTUNE_WORKER_RUNTIMES` this worker's login may serve (`worker_login_runtime`,
+/// kept by the operator): its row may advertise no other, nor may it claim or open the secrets
+/// of another's runs. One the login is not granted is left out, with a warning; none at all is
+/// an error naming the login.
+async fn granted(pool: &PgPool, settings: &Settings) -> Result<Vec<String>, Error> {
+    let Some(granted) = db::worker::granted_runtimes(pool).await? else {
+        return Ok(settings.runtimes.clone());
+    };
+    let (kept, refused): (Vec<String>, Vec<String>) =
+        settings.runtimes.iter().cloned().partition(|runtime| granted.contains(runtime));
+    if kept.is_empty() {
+        return Err(Error::Config(ConfigError {
+            name: "ATTUNE_WORKER_RUNTIMES".into(),
+            value: settings.runtimes.join(","),
+            reason: format!(
+                "this worker's database login may serve none of them (granted: {}): the schema's owner grants them \
+                 with `attune worker-login allow <login> <runtime>...`",
+                if granted.is_empty() { "none".to_string() } else { granted.join(", ") }
+            ),
+        }));
+    }
+    if !refused.is_empty() {
+        tracing::warn!(
+            refused = ?refused,
+            granted = ?granted,
+            "runtimes this worker's database login is not granted are not offered (`attune worker-login allow`)"
+        );
+    }
+    Ok(kept)
+}
+
 /// Runs a worker until `shutdown` fires.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
     protect_process();
     let pool =
         db::connect_checking(&settings.common.database_url, 4, Duration::from_secs(60), db::Check::AfterIdle).await?;
     db::check_schema(&pool).await?;
-    let runtimes = Runtimes::detect(&settings.runtimes, settings.supervisor.clone(), settings.http_allow.clone())
+    let wanted = granted(&pool, &settings).await?;
+    let runtimes = Runtimes::detect(&wanted, settings.supervisor.clone(), settings.http_allow.clone())
         .await
         .packs_under(settings.common.packs_dir.clone())
         .as_users(settings.action_uids.clone().map(runner::ActionUsers::new));

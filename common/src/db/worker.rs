@@ -527,3 +527,57 @@ mod name_tests {
         assert!(still_held("active", Some(1.0), 30.0, Some(&before_reboot), &me, dead), "another boot's pid");
     }
 }
+
+/// The runtimes the session's login may serve (`worker_login_runtime`): `None` when it is not a
+/// worker login (the owner, a single-role set-up), which row-level security does not bound.
+pub async fn granted_runtimes(db: &PgPool) -> Result<Option<Vec<String>>, sqlx::Error> {
+    let (worker_login, granted): (bool, Vec<String>) = sqlx::query_as(
+        "SELECT worker_login(session_user), COALESCE(array_agg(runtime ORDER BY runtime), '{}') \
+         FROM worker_login_runtime WHERE login = session_user",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(worker_login.then_some(granted))
+}
+
+/// One login's grant of runtimes, as `attune worker-login list` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct RuntimeGrant {
+    pub login: String,
+    pub runtimes: Vec<String>,
+    /// whether the login exists and is a member of attune_worker
+    pub worker_login: bool,
+}
+
+/// Every login's grant of runtimes, by login.
+pub async fn runtime_grants(db: &PgPool) -> Result<Vec<RuntimeGrant>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT login::text AS login, array_agg(runtime ORDER BY runtime) AS runtimes, worker_login(login) AS worker_login \
+         FROM worker_login_runtime GROUP BY login ORDER BY login",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Lets `login` serve `runtimes` (the schema's owner only); how many were new.
+pub async fn allow_runtimes(db: &PgPool, login: &str, runtimes: &[String]) -> Result<u64, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO worker_login_runtime (login, runtime) SELECT $1, r FROM unnest($2::text[]) AS r \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(login)
+    .bind(runtimes)
+    .execute(db)
+    .await
+    .map(|done| done.rows_affected())
+}
+
+/// Takes back `runtimes` from `login` (all of them when empty); how many went.
+pub async fn deny_runtimes(db: &PgPool, login: &str, runtimes: &[String]) -> Result<u64, sqlx::Error> {
+    sqlx::query("DELETE FROM worker_login_runtime WHERE login = $1 AND (cardinality($2::text[]) = 0 OR runtime = ANY($2))")
+        .bind(login)
+        .bind(runtimes)
+        .execute(db)
+        .await
+        .map(|done| done.rows_affected())
+}
