@@ -12,6 +12,7 @@ pub mod openapi;
 pub mod roles;
 pub mod routes;
 pub mod server;
+pub mod streams;
 pub mod submissions;
 
 use std::net::SocketAddr;
@@ -54,9 +55,9 @@ pub struct Settings {
     /// `ATTUNE_API_MAX_CONFIG_BYTES` (16384): how large a submission's `config` may be as JSON
     /// (each retry copies it).
     pub max_config_bytes: usize,
-    /// `ATTUNE_API_OUTPUT_STREAM_MAX_SECS` (3600): how long a live output stream
-    /// (`GET /executions/{id}/output`) lasts at most.
-    pub output_stream_max: Duration,
+    /// How many live output streams (`GET /executions/{id}/output`) may be open, and how long
+    /// one lasts (`streams`).
+    pub streams: streams::StreamSettings,
     /// `ATTUNE_SCHEDULE_MIN_INTERVAL_SECS` (1): the shortest time a schedule may leave between runs.
     pub schedule_min_interval: Duration,
     /// `ATTUNE_SCHEDULES_PER_TOKEN` (100): the most schedules that may run as one token.
@@ -88,7 +89,7 @@ impl FromEnv for Settings {
                 value_bytes: read(source, "ATTUNE_API_MAX_PARAMETER_VALUE_BYTES")?,
             },
             max_config_bytes: read(source, "ATTUNE_API_MAX_CONFIG_BYTES")?,
-            output_stream_max: Duration::from_secs(read(source, "ATTUNE_API_OUTPUT_STREAM_MAX_SECS")?),
+            streams: streams::StreamSettings::from_source(source)?,
             schedule_min_interval: Duration::from_secs(read(source, "ATTUNE_SCHEDULE_MIN_INTERVAL_SECS")?),
             schedules_per_token: read(source, "ATTUNE_SCHEDULES_PER_TOKEN")?,
             http: server::HttpSettings::from_source(source)?,
@@ -113,6 +114,8 @@ pub struct AppState {
     pub followers: routes::executions::output::Followers,
     /// Fires when the API stops: live output streams end (they would hold the shutdown).
     pub streams_stop: CancellationToken,
+    /// The live output streams open, by token (`streams`).
+    pub streams: Arc<streams::StreamBudget>,
     /// Requests that change state, each carried out with its audit row apart from its
     /// connection (`audit::record`): waited for when the API stops.
     pub changes: tokio_util::task::TaskTracker,
@@ -181,6 +184,7 @@ pub async fn state(settings: Settings) -> Result<State, Error> {
         scraped_gauges: Default::default(),
         followers,
         streams_stop: CancellationToken::new(),
+        streams: streams::StreamBudget::new(settings.streams.clone()),
         changes: tokio_util::task::TaskTracker::new(),
         settings,
     }))

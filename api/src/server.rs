@@ -16,7 +16,10 @@
 //!   and a client is waiting, the oldest connection that has never carried a valid token is
 //!   closed to make room (`Registry`): connections without a token cannot keep out one with a
 //!   token, nor newer ones of their own kind. Connections that carried a token are never closed
-//!   for another: when they take every slot, the next client waits in turn.
+//!   for another: when they take every slot, the next client waits in turn. A connection that
+//!   starts a long-lived stream (live output) gives its slot back (`ConnectionSlot`) and closes
+//!   once the stream ends: streams have a budget of their own (`crate::streams`), and never keep
+//!   a client, `/healthz` or `/readyz` out.
 //! - Bodies: a body over `ATTUNE_API_MAX_BODY_BYTES` is answered 413 `payload_too_large`: at once
 //!   when its `Content-Length` says so (before authentication, nothing read), or when reading it
 //!   passes the limit (a chunked body). Below it, the routes' own limits (the parameters') apply.
@@ -291,6 +294,7 @@ pub async fn serve(
             },
         };
         let entry = registry.open(&abort);
+        let slot = ConnectionSlot::new(permit);
         let connection = Connection {
             http: http.clone(),
             app: app.clone(),
@@ -300,7 +304,7 @@ pub async fn serve(
             max_requests: settings.max_requests_per_connection,
             shutdown: shutdown.clone(),
             entry,
-            _permit: permit,
+            slot,
         };
         connections.spawn(connection.run(stream));
     }
@@ -425,7 +429,34 @@ impl Drop for Entry {
     }
 }
 
-/// One accepted connection and what serving it needs; its permit is given back when it ends.
+/// A connection's hold on one of the `ATTUNE_API_MAX_CONNECTIONS` slots, in each of its
+/// requests' extensions. A handler that answers with a long-lived stream gives the slot back
+/// (`release`): the next client takes it, and the connection closes once its answer (the
+/// stream) is sent, so it never holds a slot again. Otherwise the slot is given back when the
+/// connection ends.
+#[derive(Clone)]
+pub struct ConnectionSlot(Arc<SlotHold>);
+
+struct SlotHold {
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    released: CancellationToken,
+}
+
+impl ConnectionSlot {
+    fn new(permit: OwnedSemaphorePermit) -> Self {
+        ConnectionSlot(Arc::new(SlotHold { permit: Mutex::new(Some(permit)), released: CancellationToken::new() }))
+    }
+
+    /// Gives the slot back for another client; the connection closes after the answer in
+    /// progress.
+    pub fn release(&self) {
+        self.0.permit.lock().expect("slot poisoned").take();
+        self.0.released.cancel();
+    }
+}
+
+/// One accepted connection and what serving it needs; its slot is given back when it ends (or
+/// before: `ConnectionSlot`).
 struct Connection {
     http: http1::Builder,
     app: Router,
@@ -435,7 +466,7 @@ struct Connection {
     max_requests: u64,
     shutdown: CancellationToken,
     entry: Entry,
-    _permit: OwnedSemaphorePermit,
+    slot: ConnectionSlot,
 }
 
 impl Connection {
@@ -458,25 +489,28 @@ impl Connection {
     }
 
     async fn serve<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, stream: I) {
+        let released = self.slot.0.released.clone();
         let service = PerConnection {
             app: self.app,
             trust: self.entry.trust.clone(),
+            slot: self.slot.clone(),
             served: Arc::new(AtomicU64::new(0)),
             max_requests: self.max_requests,
         };
         let connection = self.http.serve_connection(TokioIo::new(stream), service);
         let mut connection = std::pin::pin!(connection);
         let close = self.entry.close.clone();
-        let result = tokio::select! {
-            result = connection.as_mut() => result,
-            _ = close.cancelled() => return,
-            _ = self.shutdown.cancelled() => {
-                connection.as_mut().graceful_shutdown();
-                tokio::select! {
-                    result = connection.as_mut() => result,
-                    _ = close.cancelled() => return,
-                }
+        // stopping, or the slot given back: the answer in progress is finished, then the
+        // connection closes
+        let mut closing = false;
+        let result = loop {
+            tokio::select! {
+                result = connection.as_mut() => break result,
+                _ = close.cancelled() => return,
+                _ = self.shutdown.cancelled(), if !closing => closing = true,
+                _ = released.cancelled(), if !closing => closing = true,
             }
+            connection.as_mut().graceful_shutdown();
         };
         if let Err(error) = result {
             // a header or write timeout, a client gone, a malformed request: the client's business
@@ -490,6 +524,7 @@ impl Connection {
 struct PerConnection {
     app: Router,
     trust: ConnectionTrust,
+    slot: ConnectionSlot,
     served: Arc<AtomicU64>,
     max_requests: u64,
 }
@@ -501,6 +536,7 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for PerConne
 
     fn call(&self, mut request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         request.extensions_mut().insert(self.trust.clone());
+        request.extensions_mut().insert(self.slot.clone());
         let last = self.served.fetch_add(1, Ordering::Relaxed) + 1 >= self.max_requests;
         let answer = tower_service::Service::call(&mut self.app.clone(), request.map(axum::body::Body::new));
         Box::pin(async move {

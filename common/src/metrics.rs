@@ -130,6 +130,11 @@ pub const SETTING_MISMATCHES: Metric = Metric {
     help: "Services heard from whose setting differs from this one's where they must agree (ATTUNE_HEARTBEAT_MAX_AGE_SECS), by setting.",
     kind: Kind::Counter,
 };
+pub const LIVE_OUTPUT_DROPPED: Metric = Metric {
+    name: "attune_api_live_output_dropped_total",
+    help: "Live output messages a stream dropped: their user_id was not the broker user of the worker the execution runs on.",
+    kind: Kind::Counter,
+};
 pub const LEASE_HOLDS: Metric = Metric {
     name: "attune_worker_lease_holds_total",
     help: "Times a worker's runs went on past its lease because no executor could take it for dead (every executor cut off from the database too).",
@@ -195,7 +200,7 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 22] = [
+const ALL: [&Metric; 23] = [
     &EXECUTIONS_FINISHED,
     &FAILURES,
     &RETRIES_CREATED,
@@ -215,6 +220,7 @@ const ALL: [&Metric; 22] = [
     &BROKER_DELIVERIES,
     &SETTING_MISMATCHES,
     &LEASE_HOLDS,
+    &LIVE_OUTPUT_DROPPED,
     &DATABASE_HOST_MOVES,
     &SCHEDULED_RUNS,
     &SCHEDULED_MISSED,

@@ -328,7 +328,10 @@ impl OutputStream {
 }
 
 /// Worker → one follower (`ns.output`, routing key the follower's queue): an execution's live
-/// output. Not believed beyond showing it: nothing is stored from it.
+/// output. Not believed beyond showing it: nothing is stored from it. Its `user_id` property is
+/// the worker's broker user (`Publisher::publish_transient`; RabbitMQ refuses a message whose
+/// `user_id` is not its connection's user), and a follower shows only what carries the broker
+/// user recorded on the row of the worker the execution runs on (`db::worker::broker_user_running`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum LiveOutput {
@@ -577,6 +580,15 @@ pub fn nodes(url: &str) -> Vec<&str> {
     if nodes.is_empty() { vec![url] } else { nodes }
 }
 
+/// The broker user `url` logs in as: its first node's (every node of a cluster's `AMQP_URL` is
+/// expected to name the same user), percent-decoded, `guest` when the URL names none (AMQP's
+/// default). Live output carries it as `user_id`, which RabbitMQ checks against the publishing
+/// connection's user (`LiveOutput`).
+pub fn broker_user(url: &str) -> String {
+    let node = nodes(url)[0];
+    node.parse::<lapin::uri::AMQPUri>().map(|uri| uri.authority.userinfo.username).unwrap_or_else(|_| "guest".into())
+}
+
 /// A node's URL without its password, for errors and logs.
 fn shown(node: &str) -> String {
     match (node.find("://"), node.rfind('@')) {
@@ -632,6 +644,11 @@ impl Publisher {
 
     pub fn topology(&self) -> &Topology {
         &self.topology
+    }
+
+    /// The broker user this publisher logs in as (`broker_user`).
+    pub fn broker_user(&self) -> String {
+        broker_user(&self.url)
     }
 
     async fn channel(&self) -> Result<Channel, MqError> {
@@ -757,10 +774,16 @@ impl Publisher {
     }
 
     /// Publishes `payload` to `exchange` as a transient message (live output: lost with the
-    /// broker, never written to disk) and waits for the confirm; unroutable (nobody follows any
-    /// more) is `MqError::Unroutable`.
+    /// broker, never written to disk) with this publisher's broker user as its `user_id` (which
+    /// RabbitMQ checks, so a follower knows who sent it) and waits for the confirm; unroutable
+    /// (nobody follows any more) is `MqError::Unroutable`.
     pub async fn publish_transient(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
-        match tokio::time::timeout(PUBLISH_TIMEOUT, self.publish_confirmed(exchange, routing_key, payload, 1)).await {
+        let properties = BasicProperties::default()
+            .with_delivery_mode(1)
+            .with_content_type("application/json".into())
+            .with_user_id(self.broker_user().as_str().into());
+        let publish = self.publish_with_properties(exchange, routing_key, payload, properties, true);
+        match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
             Ok(result) => result,
             Err(_) => Err(MqError::Timeout(PUBLISH_TIMEOUT)),
         }
@@ -979,6 +1002,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_broker_user_is_the_first_node_s_decoded_or_guest() {
+        let cluster = "amqp://attune-worker-a:pw@h1:5672/attune, amqp://attune-worker-a:pw@h2/attune";
+        assert_eq!(broker_user(cluster), "attune-worker-a");
+        assert_eq!(broker_user("amqps://w%40host:p%2Cw@h/%2f"), "w@host");
+        assert_eq!(broker_user("amqp://h:5672/%2f"), "guest", "AMQP's default user");
+    }
 
     #[test]
     fn result_status_names_match_their_serialized_form() {

@@ -138,9 +138,27 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: "ATTUNE_API_OUTPUT_STREAM_MAX_SECS",
-        default: Value("3600"),
+        default: Value("900"),
         read_by: &[Api],
         doc: "a live output stream (`GET /api/v1/executions/{id}/output`, `attune execution tail`) lasts at most this long, then ends with a `closed` event (the request timeout does not cut it)",
+    },
+    Setting {
+        name: "ATTUNE_API_OUTPUT_STREAM_IDLE_SECS",
+        default: Value("300"),
+        read_by: &[Api],
+        doc: "a live output stream on which nothing was sent this long, or whose client took no event this long, ends with a `closed` event",
+    },
+    Setting {
+        name: "ATTUNE_API_OUTPUT_STREAMS_PER_TOKEN",
+        default: Value("8"),
+        read_by: &[Api],
+        doc: "live output streams one token may have open at once; one more is refused (`429 too_many_streams`). Streams do not take the `ATTUNE_API_MAX_CONNECTIONS` slots",
+    },
+    Setting {
+        name: "ATTUNE_API_OUTPUT_STREAMS",
+        default: Value("256"),
+        read_by: &[Api],
+        doc: "live output streams open at once, of all tokens (each holds a connection beside the `ATTUNE_API_MAX_CONNECTIONS` slots); one more is refused (`429 too_many_streams`)",
     },
     Setting {
         name: "ATTUNE_SCHEDULE_MIN_INTERVAL_SECS",

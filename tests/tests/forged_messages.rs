@@ -460,3 +460,106 @@ async fn each_service_works_with_the_broker_permissions_the_docs_give_it() {
     drop(users);
     system.stop().await;
 }
+
+/// Live output that another broker user than the executing worker's publishes into a follower's
+/// queue is not shown (issue 47): a worker sets `user_id` on its live output (which RabbitMQ checks
+/// against the publishing connection's user) and records its broker user on its worker row; the
+/// API shows only chunks whose `user_id` is the broker user of the worker the execution runs on.
+/// The forger here is another worker's broker user, which learns the follower's queue from the
+/// follow request on the control exchange, as any worker does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_output_from_another_worker_s_broker_user_is_not_shown() {
+    use futures_util::StreamExt;
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueBindOptions, QueueDeclareOptions};
+    let system = with_e2e().worker("w1", &[]).start().await;
+    let users = BrokerUsers::create(&system.namespace.name);
+    let gate = TempDir::new("forged-live");
+    let gate_file = gate.path().join("gate");
+    let running = id(&system.submit("e2e.gate", json!({"gate": gate_file})).await);
+    wait_running(&system, running).await;
+
+    // a spy on the control exchange, as every worker's control queue is bound to it
+    let spy = attune_common::mq::connect(&attune_testkit::amqp_url(), "attune-test-spy").await.unwrap();
+    let channel = spy.create_channel().await.unwrap();
+    let exclusive = QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() };
+    let queue = channel.queue_declare("".into(), exclusive, Default::default()).await.unwrap();
+    let control = format!("{}.control", system.namespace.name);
+    channel
+        .queue_bind(
+            queue.name().clone(),
+            control.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let no_ack = BasicConsumeOptions { no_ack: true, ..Default::default() };
+    let mut follows =
+        channel.basic_consume(queue.name().clone(), "spy".into(), no_ack, Default::default()).await.unwrap();
+
+    // a follower: the API's stream, and the follow request naming its queue
+    let response = system
+        .http
+        .get(format!("{}/api/v1/executions/{running}/output", system.api_url))
+        .bearer_auth(&system.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let follower = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let delivery = follows.next().await.expect("the spy's consumer ends").unwrap();
+            if let Ok(attune_common::mq::ControlMessage::Follow(request)) =
+                attune_common::mq::ControlMessage::parse(&delivery.data)
+                && request.execution_id == running
+            {
+                return request.follower;
+            }
+        }
+    })
+    .await
+    .expect("a follow request for the execution");
+
+    // another worker's broker user publishes a chunk into the follower's queue
+    let forged = json!({"kind": "chunk", "execution_id": running, "stream": "stdout", "offset": 0, "length": 24,
+        "text": "FORGED by another worker\n"})
+    .to_string();
+    let forger = attune_common::mq::connect(&users.url("worker"), "attune-test-forger").await.unwrap();
+    let output = format!("{}.output", system.namespace.name);
+    let publish = |properties: lapin::BasicProperties| {
+        let (forger, output, follower, forged) = (&forger, &output, &follower, &forged);
+        async move {
+            let channel = forger.create_channel().await.unwrap();
+            channel.confirm_select(Default::default()).await.unwrap();
+            let confirm = channel
+                .basic_publish(
+                    output.as_str().into(),
+                    follower.as_str().into(),
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
+                    forged.as_bytes(),
+                    properties.with_delivery_mode(1),
+                )
+                .await?
+                .await?;
+            Ok::<_, lapin::Error>(confirm)
+        }
+    };
+    let confirm = publish(lapin::BasicProperties::default()).await.expect("the forger may publish live output");
+    assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "the forged chunk was not routed: {confirm:?}");
+    // and it cannot claim to be the executing worker's user: the broker refuses the message
+    let worker_user = reqwest::Url::parse(&attune_testkit::amqp_url()).unwrap().username().to_string();
+    let impersonated = publish(lapin::BasicProperties::default().with_user_id(worker_user.as_str().into())).await;
+    assert!(impersonated.is_err(), "the broker took a message with another user's user_id: {impersonated:?}");
+
+    std::fs::write(&gate_file, "").unwrap();
+    let body = tokio::time::timeout(DEADLINE, response.text()).await.expect("the stream ends").unwrap();
+    assert!(body.contains(r#""status":"completed""#), "{body}");
+    assert!(!body.contains("FORGED"), "the follower was shown another worker's chunk:\n{body}");
+    let dropped = format!("live output dropped: not from the executing worker's broker user execution_id={running}");
+    assert!(system.log("api").contains(&dropped), "{}", system.log("api"));
+    let _ = forger.close(200, "done".into()).await;
+    let _ = spy.close(200, "done".into()).await;
+    drop(users);
+    system.stop().await;
+}

@@ -163,3 +163,88 @@ async fn a_connection_answers_at_most_its_share_of_pipelined_requests_then_close
     assert!(answers.to_ascii_lowercase().contains("connection: close"), "the last answer says it closes");
     api.stop().await;
 }
+
+/// A token of `role` made in `api`'s database.
+async fn token_of(api: &Api, role: attune_common::db::token::Role) -> String {
+    attune_common::db::token::create_with(&api.db.pool, &format!("{role}-streams"), role, None).await.unwrap().1
+}
+
+/// An execution that stays unfinished: nothing runs beside this API.
+async fn unfinished(api: &Api) -> i64 {
+    let (status, execution) =
+        api.post("/api/v1/executions", &serde_json::json!({"action_ref": "core.noop"}), None).await;
+    assert_eq!(status, 201, "{execution}");
+    execution["id"].as_i64().unwrap()
+}
+
+/// `GET /api/v1/executions/{id}/output` with `token`, its answer's head within 10 s (the body
+/// is left to stream).
+async fn open_stream(api: &Api, id: i64, token: &str) -> Result<reqwest::Response, String> {
+    let request = api.http.get(format!("{}/api/v1/executions/{id}/output", api.url)).bearer_auth(token);
+    tokio::time::timeout(Duration::from_secs(10), request.send())
+        .await
+        .map_err(|_| "no answer within 10 s".to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// The review's repro (issue 47): with 4 connection slots, 4 live output streams of a read token
+/// held every slot, and the admin's requests and `/healthz` waited for ever. Streams have a
+/// budget of their own now, apart from the request slots: the probes and other clients are
+/// answered, and a stream over the token's budget is refused with a 429 naming the setting.
+#[tokio::test]
+async fn live_output_streams_of_a_read_token_do_not_starve_healthz_or_other_clients() {
+    use attune_common::db::token::Role;
+    let api =
+        Api::start(&[("ATTUNE_API_MAX_CONNECTIONS", "4"), ("ATTUNE_API_OUTPUT_STREAMS_PER_TOKEN", "4")], None).await;
+    let read = token_of(&api, Role::Read).await;
+    let execution = unfinished(&api).await;
+    let mut streams = Vec::new();
+    for n in 0..4 {
+        let stream = open_stream(&api, execution, &read).await.unwrap_or_else(|e| panic!("stream {n}: {e}"));
+        assert_eq!(stream.status(), 200, "stream {n}");
+        streams.push(stream);
+    }
+    assert_eq!(healthz(&api, Duration::from_secs(5)).await, Ok(200), "GET /healthz while 4 streams are open");
+    let ready = api.http.get(format!("{}/readyz", api.url)).timeout(Duration::from_secs(5)).send().await;
+    assert_eq!(ready.map(|r| r.status().as_u16()).ok(), Some(200), "GET /readyz while 4 streams are open");
+    let whoami = api
+        .http
+        .get(format!("{}/api/v1/whoami", api.url))
+        .bearer_auth(&api.token)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .map(|r| r.status().as_u16());
+    assert_eq!(whoami.ok(), Some(200), "the admin's GET /whoami while 4 streams are open");
+    // one stream more of the same token: refused, naming the limit; another token's: served
+    let refused = open_stream(&api, execution, &read).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_streams", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("ATTUNE_API_OUTPUT_STREAMS_PER_TOKEN"), "{body}");
+    let admin = open_stream(&api, execution, &api.token).await.unwrap();
+    assert_eq!(admin.status(), 200, "another token's stream");
+    drop((streams, admin));
+    api.stop().await;
+}
+
+/// A stream nothing is sent on for `ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` ends with `closed`
+/// naming the setting, and gives its place in the budget back.
+#[tokio::test]
+async fn an_idle_live_output_stream_is_closed_and_its_budget_given_back() {
+    let api =
+        Api::start(&[("ATTUNE_API_OUTPUT_STREAM_IDLE_SECS", "2"), ("ATTUNE_API_OUTPUT_STREAMS_PER_TOKEN", "1")], None)
+            .await;
+    let execution = unfinished(&api).await;
+    let stream = open_stream(&api, execution, &api.token).await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(30), stream.text())
+        .await
+        .expect("an idle stream is closed (within 30 s)")
+        .unwrap();
+    assert!(body.contains("event: closed") && body.contains("ATTUNE_API_OUTPUT_STREAM_IDLE_SECS"), "{body}");
+    let again = open_stream(&api, execution, &api.token).await.unwrap();
+    assert_eq!(again.status(), 200, "the closed stream's place in the token's budget is free again");
+    drop(again);
+    api.stop().await;
+}

@@ -139,6 +139,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         Err(e) => tracing::warn!(error = %e, "could not read the executors' heartbeat limit"),
     }
     let worker_id = claim_name(&pool, &settings).await?;
+    // before it can run anything: followers believe live output only from this user
+    db::worker::record_broker_user(&pool, worker_id, &publisher.broker_user()).await?;
     let queue = topology.worker_queue(worker_id);
     // The queue must exist before any executor can dispatch to this worker.
     publisher.declare_worker_queue(worker_id).await?;

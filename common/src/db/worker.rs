@@ -172,6 +172,29 @@ pub async fn deactivate(db: &PgPool, worker_id: i64) -> Result<(), sqlx::Error> 
         .map(|_| ())
 }
 
+/// Records the broker user worker `worker_id` publishes live output as (`mq::broker_user`).
+pub async fn record_broker_user(db: &PgPool, worker_id: i64, broker_user: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE worker SET broker_user = $2 WHERE id = $1")
+        .bind(worker_id)
+        .bind(broker_user)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+/// The broker user of the worker execution `execution_id` runs on, when it is running and that
+/// worker recorded one: the only `user_id` a follower believes live output from.
+pub async fn broker_user_running(db: &PgPool, execution_id: i64) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT w.broker_user FROM execution e JOIN worker w ON w.id = e.worker \
+         WHERE e.id = $1 AND e.status = 'running'",
+    )
+    .bind(execution_id)
+    .fetch_optional(db)
+    .await
+    .map(Option::flatten)
+}
+
 /// The queue a worker of this name declared last time it ran, if it ever did.
 pub async fn queue_of(db: &PgPool, name: &str) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar("SELECT capabilities->>'queue' FROM worker WHERE name = $1")

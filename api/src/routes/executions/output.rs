@@ -11,10 +11,20 @@
 //! gap (a follower that came late to a long output, or a full queue) is said (`skipped`). The row
 //! is read every second as the backstop (the worker may die): the stream ends with `end` when
 //! the database has the execution finished, after the stored output of each stream nothing
-//! was streamed of (a run shorter than the first follow). Nothing is written per line. A stream
-//! lasts at most `ATTUNE_API_OUTPUT_STREAM_MAX_SECS` (then `closed`), and ends (`closed`) when
-//! the API shuts down; the request timeout does not cut it (it bounds the handler, which answers
-//! at once).
+//! was streamed of (a run shorter than the first follow). Nothing is written per line.
+//!
+//! Only the executing worker's live output is shown: a message whose `user_id` (which RabbitMQ
+//! checks against the publishing connection's user) is not the broker user recorded on the row
+//! of the worker the execution runs on is dropped, counted
+//! (`attune_api_live_output_dropped_total`) and logged once per stream; an execution whose
+//! worker recorded none is not followed live (its stored output is shown at its end).
+//!
+//! An unfinished execution's stream takes a place in the streams' budget (`crate::streams`: per
+//! token and in all, else `429 too_many_streams`) and gives its connection's request slot back
+//! (`server::ConnectionSlot`). It ends (`closed`) when nothing was sent on it for
+//! `ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` or its client takes no event that long, after
+//! `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, and when the API shuts down; the request timeout does not
+//! cut it (it bounds the handler, which answers at once).
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -24,6 +34,7 @@ use attune_common::mq::{
     ControlMessage, FOLLOW_RENEW, FollowRequest, LiveOutput, MqError, OutputStream, Topology, connect,
 };
 use attune_core::ExecutionStatus;
+use axum::Extension;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -35,6 +46,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::ApiError;
+use crate::auth::Caller;
+use crate::server::ConnectionSlot;
+use crate::streams::{IDLE, MAX, StreamPermit};
 
 /// How often the row is read while the stream is open.
 const POLL: Duration = Duration::from_secs(1);
@@ -64,20 +78,36 @@ pub struct OutputEvent {
     params(("id" = i64, Path, description = "Execution id")),
     responses(
         (status = 200, content_type = "text/event-stream", body = OutputEvent,
-            description = "Server-Sent Events: `stdout` and `stderr` (`{\"offset\", \"text\"}`: the bytes from `offset` of that stream, redacted as the stored output is), `skipped` (`{\"stream\", \"bytes\"}` not shown), `capped` (`{\"stream\", \"limit_bytes\"}`: no more of that stream live), then `end` (`{\"status\", \"exit_code\", \"failure_kind\"}`) when the execution has ended, or `closed` (`{\"reason\"}`) when the stream ends first (`ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, or the API stopping). A finished execution: its stored output and `end` at once"),
+            description = "Server-Sent Events: `stdout` and `stderr` (`{\"offset\", \"text\"}`: the bytes from `offset` of that stream, redacted as the stored output is), `skipped` (`{\"stream\", \"bytes\"}` not shown), `capped` (`{\"stream\", \"limit_bytes\"}`: no more of that stream live), then `end` (`{\"status\", \"exit_code\", \"failure_kind\"}`) when the execution has ended, or `closed` (`{\"reason\"}`) when the stream ends first (`ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` with nothing sent or taken, `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, or the API stopping). Only the executing worker's live output is shown. A finished execution: its stored output and `end` at once"),
         (status = 400, description = "The id is not an integer; `parameter` names it", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
+        (status = 429, description = "`too_many_streams`: the token has `ATTUNE_API_OUTPUT_STREAMS_PER_TOKEN` streams open, or the API `ATTUNE_API_OUTPUT_STREAMS` in all; the message names the limit, `limit` its value", body = crate::openapi::ErrorBody),
     ))]
 pub async fn output(
     State(state): State<crate::State>,
+    Extension(caller): Extension<Caller>,
+    slot: Option<Extension<ConnectionSlot>>,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let Path(id) = id?;
     let execution = db::execution::get(&state.db, id)
         .await?
         .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))?;
+    // a finished execution is answered at once; an unfinished one streams on, apart from the
+    // request slots
+    let permit = match execution.status.is_terminal() {
+        true => None,
+        false => {
+            let permit = state.streams.take(caller.token_id)?;
+            if let Some(Extension(slot)) = slot {
+                slot.release();
+            }
+            Some(permit)
+        }
+    };
     let (sender, receiver) = mpsc::channel::<Event>(16);
-    tokio::spawn(follow(state, execution, sender));
+    let outlet = Outlet { sender, idle: state.settings.streams.idle, last_sent: Instant::now(), _permit: permit };
+    tokio::spawn(follow(state, execution, outlet));
     let events = futures_util::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|event| (Ok(event), receiver))
     });
@@ -207,13 +237,56 @@ impl Forwarded {
     }
 }
 
-async fn follow(state: crate::State, execution: db::execution::Execution, sender: mpsc::Sender<Event>) {
+/// Where a stream's events go: the client's body, within the idle bound (`ATTUNE_API_OUTPUT_STREAM_IDLE_SECS`),
+/// holding the stream's place in the budget until the stream ends.
+struct Outlet {
+    sender: mpsc::Sender<Event>,
+    idle: Duration,
+    last_sent: Instant,
+    _permit: Option<StreamPermit>,
+}
+
+impl Outlet {
+    /// Sends `event`; `false` when the client is gone or took no event for the idle bound (the
+    /// stream ends).
+    async fn send(&mut self, event: Event) -> bool {
+        match tokio::time::timeout(self.idle, self.sender.send(event)).await {
+            Ok(Ok(())) => {
+                self.last_sent = Instant::now();
+                true
+            }
+            Ok(Err(_)) => false,
+            Err(_) => {
+                tracing::debug!(idle_secs = self.idle.as_secs(), "a live output stream's client took no event: closed");
+                false
+            }
+        }
+    }
+
+    /// Ends the stream with `closed` and why.
+    async fn close(mut self, reason: &str) {
+        self.send(data("closed", json!({"reason": reason}))).await;
+    }
+
+    /// When the stream is idle: nothing was sent on it for the idle bound.
+    fn idle_at(&self) -> Instant {
+        self.last_sent + self.idle
+    }
+}
+
+/// Whether a live output message comes from the executing worker: its `user_id` is the broker
+/// user recorded for that worker (none recorded, or not read yet: nothing is believed).
+fn from_executing_worker(user_id: Option<&str>, worker_user: Option<&str>) -> bool {
+    worker_user.is_some() && user_id == worker_user
+}
+
+async fn follow(state: crate::State, execution: db::execution::Execution, mut outlet: Outlet) {
     let id = execution.id;
     if execution.status.is_terminal() {
-        finish(&sender, execution, &Forwarded::default()).await;
+        finish(&mut outlet, execution, &Forwarded::default()).await;
         return;
     }
-    let deadline = Instant::now() + state.settings.output_stream_max;
+    let deadline = Instant::now() + state.settings.streams.max;
     let mut follower = match state.followers.open().await {
         Ok(follower) => Some(follower),
         Err(e) => {
@@ -223,6 +296,11 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
     };
     let mut forwarded = Forwarded::default();
     let mut heard_from_worker = false;
+    // the broker user of the worker the execution runs on (read once it runs): live output is
+    // believed only from it; how many messages from anyone else were dropped
+    let mut worker_user: Option<String> = None;
+    let mut no_worker_user_said = false;
+    let mut dropped: u64 = 0;
     // the worker's `End` (after its last chunk), and when the row was first seen finished: a
     // stream the worker was sending ends after its `End`, or `END_GRACE` after the row finished
     let mut worker_ended = false;
@@ -240,18 +318,32 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
             }
         };
         tokio::select! {
-            _ = sender.closed() => return,
-            _ = stop.cancelled() => {
-                let _ = sender.send(data("closed", json!({"reason": "the API is stopping"}))).await;
-                return;
-            }
+            _ = outlet.sender.closed() => return,
+            _ = stop.cancelled() => return outlet.close("the API is stopping").await,
             _ = tokio::time::sleep_until(deadline.into()) => {
-                let reason = "the stream lasted ATTUNE_API_OUTPUT_STREAM_MAX_SECS: open it again to go on following";
-                let _ = sender.send(data("closed", json!({"reason": reason}))).await;
-                return;
+                let reason = format!("the stream lasted {MAX}: open it again to go on following");
+                return outlet.close(&reason).await;
+            }
+            _ = tokio::time::sleep_until(outlet.idle_at().into()) => {
+                let reason = format!("nothing was sent for {IDLE}: open it again to go on following");
+                return outlet.close(&reason).await;
             }
             delivery = delivery => match delivery {
                 Some(Ok(delivery)) => {
+                    let user_id = delivery.properties.user_id().as_ref().map(|user| user.as_str());
+                    if !from_executing_worker(user_id, worker_user.as_deref()) {
+                        dropped += 1;
+                        attune_common::metrics::increment(&attune_common::metrics::LIVE_OUTPUT_DROPPED, &[], 1);
+                        if dropped == 1 {
+                            tracing::warn!(
+                                execution_id = id,
+                                user_id = user_id.unwrap_or("(none)"),
+                                worker_user = worker_user.as_deref().unwrap_or("(not known)"),
+                                "live output dropped: not from the executing worker's broker user"
+                            );
+                        }
+                        continue;
+                    }
                     heard_from_worker = true;
                     let events = match serde_json::from_slice::<LiveOutput>(&delivery.data) {
                         Ok(LiveOutput::Chunk { execution_id, stream, offset, length, text }) if execution_id == id => {
@@ -271,7 +363,7 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
                         _ => Vec::new(),
                     };
                     for (name, value) in events {
-                        if sender.send(data(&name, value)).await.is_err() {
+                        if !outlet.send(data(&name, value)).await {
                             return;
                         }
                     }
@@ -291,10 +383,7 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
                         }
                     };
                 match status {
-                    None => {
-                        let _ = sender.send(data("closed", json!({"reason": "the execution was deleted"}))).await;
-                        return;
-                    }
+                    None => return outlet.close("the execution was deleted").await,
                     Some(status) if status.is_terminal() => {
                         // the row can say finished before the last chunks the worker sent arrive
                         let since = *finished_at.get_or_insert_with(Instant::now);
@@ -303,6 +392,17 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
                         }
                     }
                     Some(ExecutionStatus::Running) => {
+                        if worker_user.is_none() && follower.is_some() {
+                            match db::worker::broker_user_running(&state.db, id).await {
+                                Ok(Some(user)) => worker_user = Some(user),
+                                Ok(None) if !no_worker_user_said => {
+                                    no_worker_user_said = true;
+                                    tracing::warn!(execution_id = id, "the execution's worker recorded no broker user (an earlier version): not followed live, its stored output is shown at its end");
+                                }
+                                Ok(None) => {}
+                                Err(e) => tracing::debug!(execution_id = id, error = %e, "could not read the executing worker's broker user"),
+                            }
+                        }
                         let first = *first_follow.get_or_insert_with(Instant::now);
                         let every = if heard_from_worker || first.elapsed() >= FIRST_FOLLOW_WINDOW {
                             FOLLOW_RENEW
@@ -310,6 +410,7 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
                             FIRST_FOLLOW_RETRY
                         };
                         if let Some(follower) = &follower
+                            && worker_user.is_some()
                             && last_follow.is_none_or(|last| last.elapsed() >= every)
                         {
                             last_follow = Some(Instant::now());
@@ -327,30 +428,38 @@ async fn follow(state: crate::State, execution: db::execution::Execution, sender
     }
     drop(follower);
     match db::execution::get(&state.db, id).await {
-        Ok(Some(execution)) => finish(&sender, execution, &forwarded).await,
-        _ => {
-            let _ = sender.send(data("closed", json!({"reason": "the execution could not be read"}))).await;
-        }
+        Ok(Some(execution)) => finish(&mut outlet, execution, &forwarded).await,
+        _ => outlet.close("the execution could not be read").await,
     }
 }
 
 /// The stored output of each stream nothing was streamed of, then `end`.
-async fn finish(sender: &mpsc::Sender<Event>, execution: db::execution::Execution, forwarded: &Forwarded) {
+async fn finish(outlet: &mut Outlet, execution: db::execution::Execution, forwarded: &Forwarded) {
     for (stream, stored) in [(OutputStream::Stdout, &execution.stdout), (OutputStream::Stderr, &execution.stderr)] {
         if let Some(text) = stored.as_deref().filter(|text| !text.is_empty())
             && !forwarded.streamed[stream_index(stream)]
+            && !outlet.send(data(stream.as_str(), json!({"offset": 0, "text": text}))).await
         {
-            let _ = sender.send(data(stream.as_str(), json!({"offset": 0, "text": text}))).await;
+            return;
         }
     }
     let end =
         json!({"status": execution.status, "exit_code": execution.exit_code, "failure_kind": execution.failure_kind});
-    let _ = sender.send(data("end", end)).await;
+    outlet.send(data("end", end)).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_output_is_believed_only_from_the_executing_worker_s_broker_user() {
+        assert!(from_executing_worker(Some("attune-worker-a"), Some("attune-worker-a")));
+        assert!(!from_executing_worker(Some("attune-worker-b"), Some("attune-worker-a")), "another worker's user");
+        assert!(!from_executing_worker(None, Some("attune-worker-a")), "no user_id");
+        assert!(!from_executing_worker(Some("attune-worker-a"), None), "the worker recorded none");
+        assert!(!from_executing_worker(None, None));
+    }
 
     #[test]
     fn what_was_forwarded_is_not_again_and_a_gap_is_said() {
