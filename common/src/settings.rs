@@ -371,6 +371,18 @@ pub const SETTINGS: &[Setting] = &[
         doc: "the most file descriptors a worker grants an action (never above the worker's own hard limit)",
     },
     Setting {
+        name: "ATTUNE_ACTION_PROCESSES",
+        default: Value("256"),
+        read_by: &[Worker],
+        doc: "the most processes (and threads) of an action run as a user of its own (`RLIMIT_NPROC`, counted per user id, so the run's alone); a fork past it fails in the action",
+    },
+    Setting {
+        name: "ATTUNE_ACTION_FILE_SIZE_MB",
+        default: Value("1024"),
+        read_by: &[Worker],
+        doc: "the largest file an action run as a user of its own may write, in MiB (`RLIMIT_FSIZE`); a write past it raises SIGXFSZ, and a run its signal ends fails as `resource_limit`",
+    },
+    Setting {
         name: "ATTUNE_ACTION_MAX_OUTPUT_KB",
         default: Value("1024"),
         read_by: &[Worker],

@@ -28,9 +28,11 @@
 //!
 //! The rooms: `settings`, `lifecycle` (start, drain, stop), `heartbeat` (and the lease),
 //! `slots` (what runs and what is held), `dispatch` (a dispatch's claim and run), `record` (its
-//! outcome), `control` (cancels and follow requests), `live` (live output to followers); `runner`, `supervise` and `http` run actions, `destination`
-//! bounds where HTTP actions go.
+//! outcome), `control` (cancels and follow requests), `live` (live output to followers); `runner`, `supervise` and `http` run actions, `action_users`
+//! gives each its own user id (and kills what it leaves behind), `destination` bounds where HTTP
+//! actions go.
 
+mod action_users;
 mod control;
 pub mod destination;
 mod dispatch;

@@ -111,7 +111,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let runtimes = Runtimes::detect(&wanted, settings.supervisor.clone(), settings.http_allow.clone())
         .await
         .packs_under(settings.common.packs_dir.clone())
-        .as_users(settings.action_uids.clone().map(runner::ActionUsers::new));
+        .as_users(settings.action_uids.clone().map(|range| runner::ActionUsers::new(range, settings.action_limits())));
     if let Some(reason) = runtimes.packs_closed() {
         return Err(Error::Config(ConfigError {
             name: "ATTUNE_PACKS_DIR".into(),

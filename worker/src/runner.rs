@@ -195,6 +195,13 @@ pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
     {
         return failure(FailureKind::ResourceLimit, report.error());
     }
+    // the kernel's file size limit (`RLIMIT_FSIZE`, a run as a user of its own) ended it
+    if finished.exit_code.is_none() && finished.signal == Some(libc::SIGXFSZ) {
+        return failure(
+            FailureKind::ResourceLimit,
+            "the action wrote past its file size limit (ATTUNE_ACTION_FILE_SIZE_MB) and was killed by SIGXFSZ".into(),
+        );
+    }
     let says_transient =
         result.as_ref().and_then(|r| r.pointer("/attune/transient")).and_then(Value::as_bool) == Some(true);
     match (finished.exit_code, finished.signal) {
@@ -226,69 +233,10 @@ pub struct Runtimes {
     /// The worker's `ATTUNE_PACKS_DIR`: a script runs only from a pack under it (`packs_under`).
     packs_root: Option<PathBuf>,
     /// The user ids actions run as, one of its own for each running action (`users`).
-    users: Option<ActionUsers>,
+    users: Option<std::sync::Arc<ActionUsers>>,
 }
 
-/// User ids for actions, one per running action, so that actions cannot read each other's
-/// `/proc/<pid>` entries (environment, memory) nor signal each other or the worker (which runs as
-/// root to use them). The group id is the user id; neither needs a passwd entry. A user id is
-/// held with a lock file (`/run/attune-action-uids/<uid>`, `flock`) for as long as its run lasts,
-/// so that several workers on one host never share one; ids are taken in turn through the range
-/// (starting at a random one), not the lowest free, so that a process an action left behind
-/// (`setsid`) rarely meets the next action under its id.
-#[derive(Debug)]
-pub struct ActionUsers {
-    range: std::ops::RangeInclusive<u32>,
-    next: std::sync::atomic::AtomicU64,
-    locks: PathBuf,
-}
-
-/// A user id taken for one run, given back (its lock released) when dropped.
-pub struct ActionUser {
-    pub uid: u32,
-    _lock: std::fs::File,
-}
-
-impl ActionUsers {
-    pub fn new(range: std::ops::RangeInclusive<u32>) -> ActionUsers {
-        ActionUsers::with_locks(range, PathBuf::from("/run/attune-action-uids"))
-    }
-
-    fn with_locks(range: std::ops::RangeInclusive<u32>, locks: PathBuf) -> ActionUsers {
-        use std::os::unix::fs::DirBuilderExt;
-        // made once; a run that finds it missing says so (`take`)
-        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&locks);
-        let size = u64::from(range.end() - range.start()) + 1;
-        ActionUsers { range, next: std::sync::atomic::AtomicU64::new(rand::random::<u64>() % size), locks }
-    }
-
-    fn take(&self) -> Result<ActionUser, String> {
-        let (first, size) = (*self.range.start(), u64::from(self.range.end() - self.range.start()) + 1);
-        for _ in 0..size.min(4096) {
-            let offset = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % size;
-            let uid = first + offset as u32;
-            let path = self.locks.join(uid.to_string());
-            let lock = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(|e| format!("cannot open the user id lock {}: {e}", path.display()))?;
-            if locked(&lock) {
-                return Ok(ActionUser { uid, _lock: lock });
-            }
-        }
-        Err("no user id of ATTUNE_WORKER_ACTION_UIDS is free (each is held by a running action)".into())
-    }
-}
-
-/// Takes an exclusive `flock` on `file` without waiting; `false` if another holds it.
-#[allow(unsafe_code)]
-fn locked(file: &std::fs::File) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a file descriptor this function borrows; it has no memory effects
-    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
-}
+pub use crate::action_users::{ActionUser, ActionUsers, UserLimits};
 
 impl Runtimes {
     /// The runtimes of `wanted` this host can run; http actions may reach global addresses and
@@ -331,7 +279,7 @@ impl Runtimes {
                 None
             };
         }
-        self.users = users;
+        self.users = users.map(std::sync::Arc::new);
         self
     }
 
@@ -415,13 +363,31 @@ impl Runtimes {
         let Some(interpreter) = interpreter else {
             return not_started(format!("this worker does not offer runtime '{}'", run.runtime));
         };
-        let user = match self.users.as_ref().map(ActionUsers::take).transpose() {
-            Ok(user) => user,
-            Err(error) => return not_started(error),
+        // (a look through /proc, more if something of the id still ran: off the runtime's threads)
+        let mut user = match self.users.clone() {
+            Some(users) => match tokio::task::spawn_blocking(move || users.take()).await {
+                Ok(Ok(user)) => Some(user),
+                Ok(Err(error)) => return not_started(error),
+                Err(e) => return not_started(format!("could not take a user id for the action: {e}")),
+            },
+            None => None,
         };
-        let uid = user.as_ref().map(|user| user.uid);
         let shared = self.shared.as_deref();
-        run_process(interpreter, self.supervisor.as_deref(), shared, self.packs_root.as_deref(), uid, run, abort).await
+        let finished = run_process(
+            interpreter,
+            self.supervisor.as_deref(),
+            shared,
+            self.packs_root.as_deref(),
+            &mut user,
+            run,
+            abort,
+        )
+        .await;
+        // its processes killed (if the end did not), its temp directory removed, the id given back
+        if let Some(user) = user {
+            let _ = tokio::task::spawn_blocking(move || drop(user)).await;
+        }
+        finished
     }
 }
 
@@ -517,13 +483,20 @@ pub fn resolve_entrypoint(packs_root: Option<&Path>, pack_path: &Path, entrypoin
 }
 
 /// The whole environment of a process action, in order (a later entry of the same name wins):
-/// the allow-list of the worker's own (`INHERITED_ENV`), the run's `ATTUNE_*` and its
+/// the allow-list of the worker's own (`INHERITED_ENV`), the private temp directory of a run
+/// as a user of its own (`TMPDIR`, `TMP`, `TEMP` and `HOME`), the run's `ATTUNE_*` and its
 /// parameters, as data.
-fn action_env(run: &ActionRun<'_>) -> Vec<(String, String)> {
+fn action_env(run: &ActionRun<'_>, user: Option<&ActionUser>) -> Vec<(String, String)> {
     let mut env = Vec::new();
     for name in INHERITED_ENV {
         if let Ok(value) = std::env::var(name) {
             env.push((name.to_string(), value));
+        }
+    }
+    if let Some(user) = user {
+        let dir = user.temp_dir.display().to_string();
+        for name in ["TMPDIR", "TMP", "TEMP", "HOME"] {
+            env.push((name.to_string(), dir.clone()));
         }
     }
     env.push(("ATTUNE_EXECUTION_ID".into(), run.execution_id.to_string()));
@@ -562,7 +535,7 @@ async fn run_process(
     supervisor: Option<&Path>,
     shared: Option<&Supervisor>,
     packs_root: Option<&Path>,
-    uid: Option<u32>,
+    user: &mut Option<ActionUser>,
     run: &ActionRun<'_>,
     abort: &CancellationToken,
 ) -> Finished {
@@ -580,7 +553,7 @@ async fn run_process(
         Err(error) => return not_started(format!("this worker's limit settings are invalid: {error}")),
     };
     if let Some(shared) = shared
-        && let Some(finished) = run_supervised(shared, interpreter, &script, uid, &limits, run, abort).await
+        && let Some(finished) = run_supervised(shared, interpreter, &script, user, &limits, run, abort).await
     {
         return finished;
     }
@@ -597,16 +570,35 @@ async fn run_process(
             if let Some(lease_file) = crate::supervise::lease_file() {
                 command.arg(format!("--lease-file={}", lease_file.display()));
             }
-            if let Some(uid) = uid {
-                command.arg(format!("--uid={uid}"));
+            if let Some(user) = user.as_ref() {
+                command.arg(format!("--uid={}", user.uid));
+                command.arg(format!("--processes={}", user.limits.processes));
+                command.arg(format!("--file-size-bytes={}", user.limits.file_size_bytes));
             }
             command.arg(interpreter);
             command
         }
         None => {
             let mut command = tokio::process::Command::new(interpreter);
-            if let Some(uid) = uid {
-                command.uid(uid).gid(uid);
+            if let Some(user) = user.as_ref() {
+                command.uid(user.uid).gid(user.uid);
+                let (processes, file_size) = (user.limits.processes, user.limits.file_size_bytes);
+                // SAFETY: the closure runs in the forked child before exec and makes only
+                // async-signal-safe system calls (umask, setrlimit) on values copied before the
+                // fork; it allocates nothing.
+                #[allow(unsafe_code)]
+                unsafe {
+                    command.pre_exec(move || {
+                        libc::umask(0o077);
+                        for (resource, limit) in [(libc::RLIMIT_NPROC, processes), (libc::RLIMIT_FSIZE, file_size)] {
+                            let limit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                            if libc::setrlimit(resource, &limit) != 0 {
+                                return Err(std::io::Error::last_os_error());
+                            }
+                        }
+                        Ok(())
+                    });
+                }
             }
             command
         }
@@ -620,7 +612,7 @@ async fn run_process(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    command.envs(action_env(run));
+    command.envs(action_env(run, user.as_ref()));
     let mut child = match command.spawn() {
         Ok(child) => child,
         // the parameters (as environment variables) are more than the system passes to a program
@@ -665,10 +657,12 @@ async fn run_process(
             terminate(&mut child, process_group).await
         }
     };
-    // Grandchildren that kept the pipes open are gone with the group; stop waiting after a bound.
+    // Grandchildren that kept the pipes open are gone with the group (and with the user's
+    // sweep, those that left it); stop waiting after a bound.
     if let Some(pgid) = process_group {
         signal_group(pgid, libc::SIGKILL);
     }
+    sweep_user(user).await;
     feed.abort();
     finished.stdout = tokio::time::timeout(KILL_GRACE, stdout).await.ok().and_then(Result::ok).unwrap_or_default();
     finished.stderr = tokio::time::timeout(KILL_GRACE, stderr).await.ok().and_then(Result::ok).unwrap_or_default();
@@ -686,21 +680,24 @@ async fn run_supervised(
     supervisor: &Supervisor,
     interpreter: &Path,
     script: &Path,
-    uid: Option<u32>,
+    user: &mut Option<ActionUser>,
     limits: &attune_core::pack::Limits,
     run: &ActionRun<'_>,
     abort: &CancellationToken,
 ) -> Option<Finished> {
+    let user_limits = user.as_ref().map(|user| user.limits);
     let request = SpawnRequest {
         program: interpreter.into(),
         args: vec![script.into()],
         cwd: run.pack_path.clone().into(),
-        env: action_env(run).into_iter().map(|(name, value)| format!("{name}={value}").into()).collect(),
+        env: action_env(run, user.as_ref()).into_iter().map(|(name, value)| format!("{name}={value}").into()).collect(),
         lease_file: crate::supervise::lease_file().map(Into::into),
         memory_mb: Some(limits.memory_mb).filter(|mb| *mb > 0),
         cpu_secs: limits.cpu_secs.filter(|secs| *secs > 0),
         open_files: Some(limits.open_files).filter(|files| *files > 0),
-        uid,
+        uid: user.as_ref().map(|user| user.uid),
+        processes: user_limits.map(|limits| limits.processes),
+        file_size_bytes: user_limits.map(|limits| limits.file_size_bytes),
     };
     let pipes = (crate::supervise::pipe(), crate::supervise::pipe(), crate::supervise::pipe());
     let ((stdin, stdin_writer), (stdout_reader, stdout), (stderr_reader, stderr)) = match pipes {
@@ -777,7 +774,9 @@ async fn run_supervised(
             terminate_supervised(&mut child).await
         }
     };
-    // (the supervisor SIGKILLed the rest of the group before it reaped the action)
+    // (the supervisor SIGKILLed the rest of the group before it reaped the action; the sweep
+    // kills what left the group, so that its copies of the output pipes close)
+    sweep_user(user).await;
     feed.abort();
     finished.stdout = tokio::time::timeout(KILL_GRACE, stdout).await.ok().and_then(Result::ok).unwrap_or_default();
     finished.stderr = tokio::time::timeout(KILL_GRACE, stderr).await.ok().and_then(Result::ok).unwrap_or_default();
@@ -795,6 +794,20 @@ async fn run_supervised(
         }
     }
     Some(finished)
+}
+
+/// Kills every process of the run's user once its process has ended (blocking, off the
+/// runtime's threads): what it left behind lets go of the output pipes at once, and is gone
+/// before the run's result is reported.
+async fn sweep_user(user: &mut Option<ActionUser>) {
+    if let Some(mut taken) = user.take() {
+        *user = tokio::task::spawn_blocking(move || {
+            taken.sweep();
+            taken
+        })
+        .await
+        .ok();
+    }
 }
 
 /// What a run whose start was given up says on its stderr.
@@ -904,6 +917,11 @@ mod tests {
             ),
             (Finished { signal: Some(9), ..Default::default() }, ResultStatus::Failed, Some(FailureKind::ActionFailed)),
             (
+                Finished { signal: Some(libc::SIGXFSZ), ..Default::default() },
+                ResultStatus::Failed,
+                Some(FailureKind::ResourceLimit),
+            ),
+            (
                 Finished { spawn_error: Some(StartFailure::Worker("x".into())), ..Default::default() },
                 ResultStatus::Failed,
                 Some(FailureKind::ActionNotFound),
@@ -944,24 +962,6 @@ mod tests {
     fn parameter_names_become_env_names() {
         assert_eq!(param_env_name("message"), "ATTUNE_PARAM_MESSAGE");
         assert_eq!(param_env_name("max-count.v2"), "ATTUNE_PARAM_MAX_COUNT_V2");
-    }
-
-    #[test]
-    fn a_user_id_is_held_by_one_run_at_a_time_across_workers() {
-        let locks = std::env::temp_dir().join(format!("attune-uids-{}", rand::random::<u64>()));
-        // two workers of one host, a range of three ids
-        let (a, b) = (ActionUsers::with_locks(70..=72, locks.clone()), ActionUsers::with_locks(70..=72, locks.clone()));
-        let taken = [a.take().unwrap(), b.take().unwrap(), a.take().unwrap()];
-        let mut uids: Vec<u32> = taken.iter().map(|u| u.uid).collect();
-        uids.sort();
-        assert_eq!(uids, [70, 71, 72], "three runs, three ids");
-        assert!(b.take().is_err(), "a fourth waits for one to end");
-        let freed = taken[1].uid;
-        drop(taken);
-        let again = b.take().unwrap();
-        assert!((70..=72).contains(&again.uid));
-        let _ = freed;
-        std::fs::remove_dir_all(locks).unwrap();
     }
 
     #[test]

@@ -47,6 +47,12 @@ pub struct Settings {
     /// running action (`runner::ActionUsers`); by default `DEFAULT_ACTION_UIDS` when the worker
     /// runs as root, and none (the worker's own user) otherwise or with `off`.
     pub action_uids: Option<std::ops::RangeInclusive<u32>>,
+    /// `ATTUNE_ACTION_PROCESSES`: the most processes of an action run as a user of its own
+    /// (`RLIMIT_NPROC`, per user: the run's alone; default 256).
+    pub action_processes: u64,
+    /// `ATTUNE_ACTION_FILE_SIZE_MB`: the largest file an action run as a user of its own may
+    /// write (`RLIMIT_FSIZE`, default 1024 MiB).
+    pub action_file_size_mb: u64,
     /// The program that supervises each action (`supervise`): the worker's own binary, set by
     /// `attune-worker`; `None` runs actions directly (their process group still dies with a
     /// timeout or a cancel, but not with the worker).
@@ -95,6 +101,8 @@ impl FromEnv for Settings {
             },
             sealer: attune_common::secrets::Sealer::from_source(source)?,
             action_uids: action_uids(source, running_as_root())?,
+            action_processes: at_least_one(source, ACTION_PROCESSES)?,
+            action_file_size_mb: at_least_one(source, ACTION_FILE_SIZE_MB)?,
             supervisor: None,
         };
         let lease = settings.lease();
@@ -124,6 +132,14 @@ impl Settings {
         attune_common::fence::lease(self.health.heartbeat_max_age())
     }
 
+    /// The limits of an action run as a user of its own (`action_users`).
+    pub fn action_limits(&self) -> crate::runner::UserLimits {
+        crate::runner::UserLimits {
+            processes: self.action_processes,
+            file_size_bytes: self.action_file_size_mb.saturating_mul(1 << 20),
+        }
+    }
+
     /// The most executions this worker takes at once, started or not.
     pub fn max_slots(&self) -> u16 {
         self.concurrency.saturating_add(self.prefetch)
@@ -139,6 +155,18 @@ impl Settings {
 /// not set: a range no account uses on a usual system (below 2^31).
 pub const DEFAULT_ACTION_UIDS: std::ops::RangeInclusive<u32> = 1_900_000_000..=1_900_065_535;
 pub(crate) const ACTION_UIDS: &str = "ATTUNE_WORKER_ACTION_UIDS";
+const ACTION_PROCESSES: &str = "ATTUNE_ACTION_PROCESSES";
+const ACTION_FILE_SIZE_MB: &str = "ATTUNE_ACTION_FILE_SIZE_MB";
+
+/// A count setting that must be 1 or more (0 would let an action start nothing, or write
+/// nothing).
+fn at_least_one(source: &dyn Source, name: &str) -> Result<u64, ConfigError> {
+    let value: u64 = read(source, name)?;
+    if value == 0 {
+        return Err(ConfigError { name: name.into(), value: "0".into(), reason: "expected 1 or more".into() });
+    }
+    Ok(value)
+}
 
 #[allow(unsafe_code)]
 pub(crate) fn running_as_root() -> bool {
@@ -204,6 +232,28 @@ mod settings_tests {
         for bad in ["0-10", "10-5", "x", "5", "-5"] {
             let vars: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(ACTION_UIDS, bad)]));
             assert_eq!(action_uids(&Vars(vars), true).unwrap_err().name, ACTION_UIDS, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_action_users_processes_and_file_size_default_and_a_bad_value_is_named() {
+        use attune_common::settings::Vars;
+        let defaults = Settings::from_source(&Defaults).unwrap();
+        assert_eq!((defaults.action_processes, defaults.action_file_size_mb), (256, 1024));
+        assert_eq!(defaults.action_limits(), crate::runner::UserLimits { processes: 256, file_size_bytes: 1 << 30 });
+        let set = Settings::from_source(&Vars(&[(ACTION_PROCESSES, "16"), (ACTION_FILE_SIZE_MB, "1")])).unwrap();
+        assert_eq!(set.action_limits(), crate::runner::UserLimits { processes: 16, file_size_bytes: 1 << 20 });
+        for (name, bad) in [
+            (ACTION_PROCESSES, "0"),
+            (ACTION_PROCESSES, "many"),
+            (ACTION_FILE_SIZE_MB, "0"),
+            (ACTION_FILE_SIZE_MB, "-1"),
+            (ACTION_FILE_SIZE_MB, "1.5"),
+        ] {
+            let vars: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(name, bad)]));
+            let error = Settings::from_source(&Vars(vars)).unwrap_err();
+            assert_eq!(error.name, name, "{bad}: {error}");
+            assert!(error.to_string().contains(bad), "{error}");
         }
     }
 

@@ -269,8 +269,13 @@ struct Enforced {
     /// passed, so that a worker that stalls (and stops renewing it) runs nothing on.
     lease_file: Option<OsString>,
     /// The user (and group) id the action runs as (`runner::ActionUsers`), when the worker drops
-    /// root for it; its supplementary groups are dropped too.
+    /// root for it; its supplementary groups are dropped too. It starts with umask 077.
     uid: Option<u32>,
+    /// `RLIMIT_NPROC`, for a run as a user of its own (`action_users`), whose processes are its
+    /// alone.
+    processes: Option<u64>,
+    /// `RLIMIT_FSIZE`, in bytes: a write past it raises SIGXFSZ (`resource_limit`).
+    file_size_bytes: Option<u64>,
 }
 
 /// `[worker pid, options..., program, args...]`.
@@ -295,6 +300,8 @@ fn parse_args(args: &[OsString]) -> Option<(i32, Enforced, &OsString, &[OsString
             "memory-mb" => enforced.memory_mb = value,
             "cpu-secs" => enforced.cpu_secs = value,
             "open-files" => enforced.open_files = value,
+            "processes" => enforced.processes = value,
+            "file-size-bytes" => enforced.file_size_bytes = value,
             _ => return None,
         }
         rest = &rest[1..];
@@ -310,7 +317,8 @@ fn supervise(args: &[OsString]) -> i32 {
     let Some((parent, enforced, program, program_args)) = parse_args(args) else {
         eprintln!(
             "attune-worker {MODE}: usage: attune-worker {MODE} <worker pid> [--memory-mb=N] [--cpu-secs=N] \
-             [--open-files=N] [--lease-file=PATH] [--uid=N] <program> [args...]"
+             [--open-files=N] [--lease-file=PATH] [--uid=N] [--processes=N] [--file-size-bytes=N] <program> \
+             [args...]"
         );
         return 2;
     };
@@ -320,6 +328,7 @@ fn supervise(args: &[OsString]) -> i32 {
         return CANNOT_START;
     }
     let rlimits = rlimits(&enforced);
+    let own_user = enforced.uid.is_some();
     let mut command = std::process::Command::new(program);
     command.args(program_args);
     if let Some(uid) = enforced.uid {
@@ -327,10 +336,14 @@ fn supervise(args: &[OsString]) -> i32 {
         // before the limits below and the exec
         command.uid(uid).gid(uid);
     }
-    // SAFETY: the closure runs in the forked child before exec and calls only setrlimit, which
-    // is async-signal-safe, on values computed before the fork; it allocates nothing.
+    // SAFETY: the closure runs in the forked child before exec and calls only umask and
+    // setrlimit, which are async-signal-safe, on values computed before the fork; it allocates
+    // nothing.
     unsafe {
         command.pre_exec(move || {
+            if own_user {
+                libc::umask(0o077);
+            }
             for (resource, limit) in &rlimits {
                 if libc::setrlimit(*resource, limit) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -422,7 +435,8 @@ fn watch_signals() -> libc::sigset_t {
 }
 
 /// The rlimits the action's process starts with: the backstops for memory and CPU time (see the
-/// module's comment) and the open files, each at most the supervisor's own hard limit (which an
+/// module's comment), the open files, and for a run as a user of its own its processes and the
+/// size of a file it writes, each at most the supervisor's own hard limit (which an
 /// ordinary user cannot raise).
 #[allow(unsafe_code)]
 fn rlimits(enforced: &Enforced) -> Vec<(libc::__rlimit_resource_t, libc::rlimit)> {
@@ -431,6 +445,8 @@ fn rlimits(enforced: &Enforced) -> Vec<(libc::__rlimit_resource_t, libc::rlimit)
         (libc::RLIMIT_AS, enforced.memory_mb.map(|mb| (mb.saturating_mul(2 * MIB).saturating_add(1024 * MIB), 0))),
         (libc::RLIMIT_CPU, enforced.cpu_secs.map(|secs| (secs.saturating_add(1), 1))),
         (libc::RLIMIT_NOFILE, enforced.open_files.map(|files| (files, 0))),
+        (libc::RLIMIT_NPROC, enforced.processes.map(|processes| (processes, 0))),
+        (libc::RLIMIT_FSIZE, enforced.file_size_bytes.map(|bytes| (bytes, 0))),
     ];
     let mut limits = Vec::new();
     for (resource, value) in wanted {
@@ -665,7 +681,7 @@ mod tests {
         assert_eq!((parent, program.to_str(), rest), (42, Some("/usr/bin/python3"), &os(&["--x=1"])[..]));
         assert_eq!(
             enforced,
-            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None, uid: None }
+            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), ..Enforced::default() }
         );
         let leased = os(&["42", "--lease-file=/run/w.lease", "--memory-mb=8", "/bin/sh"]);
         let (_, enforced, _, _) = parse_args(&leased).unwrap();
@@ -673,8 +689,16 @@ mod tests {
             enforced,
             Enforced { memory_mb: Some(8), lease_file: Some(OsString::from("/run/w.lease")), ..Enforced::default() }
         );
-        let as_user = os(&["42", "--uid=1900000001", "/bin/sh"]);
-        assert_eq!(parse_args(&as_user).unwrap().1, Enforced { uid: Some(1_900_000_001), ..Enforced::default() });
+        let as_user = os(&["42", "--uid=1900000001", "--processes=256", "--file-size-bytes=1024", "/bin/sh"]);
+        assert_eq!(
+            parse_args(&as_user).unwrap().1,
+            Enforced {
+                uid: Some(1_900_000_001),
+                processes: Some(256),
+                file_size_bytes: Some(1024),
+                ..Enforced::default()
+            }
+        );
         assert!(parse_args(&os(&["42", "--uid=0", "/bin/sh"])).is_none(), "never root by option");
         let plain = os(&["42", "/bin/sh", "run.sh"]);
         let (_, enforced, program, _) = parse_args(&plain).unwrap();
@@ -690,7 +714,7 @@ mod tests {
         let args: Vec<OsString> = args.into_iter().map(OsString::from).collect();
         assert_eq!(
             parse_args(&args).unwrap().1,
-            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), lease_file: None, uid: None }
+            Enforced { memory_mb: Some(128), cpu_secs: Some(1), open_files: Some(16), ..Enforced::default() }
         );
     }
 
@@ -740,8 +764,7 @@ mod tests {
 
     #[test]
     fn the_first_limit_passed_is_reported() {
-        let enforced =
-            Enforced { memory_mb: Some(100), cpu_secs: Some(2), open_files: None, lease_file: None, uid: None };
+        let enforced = Enforced { memory_mb: Some(100), cpu_secs: Some(2), ..Enforced::default() };
         let group = |mb: u64, secs: f64| Group { members: vec![], resident_bytes: mb << 20, cpu_secs: secs };
         assert_eq!(exceeded(&enforced, &group(100, 1.99)), None, "at the limit is within it");
         assert_eq!(exceeded(&enforced, &group(101, 1.0)).unwrap().limit, LimitKind::MemoryMb);
@@ -778,14 +801,17 @@ mod tests {
             memory_mb: Some(128),
             cpu_secs: Some(1),
             open_files: Some(16),
-            lease_file: None,
-            uid: None,
+            processes: Some(256),
+            file_size_bytes: Some(1 << 30),
+            ..Enforced::default()
         });
         let of = |resource| limits.iter().find(|(r, _)| *r == resource).map(|(_, l)| (l.rlim_cur, l.rlim_max));
         // (the test's own hard limits are far above these)
         assert_eq!(of(libc::RLIMIT_AS), Some(((256 + 1024) << 20, (256 + 1024) << 20)));
         assert_eq!(of(libc::RLIMIT_CPU), Some((2, 3)), "SIGXCPU a second past the limit, SIGKILL one more");
         assert_eq!(of(libc::RLIMIT_NOFILE), Some((16, 16)));
+        assert_eq!(of(libc::RLIMIT_NPROC), Some((256, 256)));
+        assert_eq!(of(libc::RLIMIT_FSIZE), Some((1 << 30, 1 << 30)));
         assert!(rlimits(&Enforced::default()).is_empty());
     }
 }

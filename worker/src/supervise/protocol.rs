@@ -56,6 +56,10 @@ pub struct SpawnRequest {
     pub open_files: Option<u64>,
     /// The user (and group) id the action runs as.
     pub uid: Option<u32>,
+    /// `RLIMIT_NPROC` (a run as a user of its own: `action_users`).
+    pub processes: Option<u64>,
+    /// `RLIMIT_FSIZE`, in bytes.
+    pub file_size_bytes: Option<u64>,
 }
 
 impl SpawnRequest {
@@ -74,7 +78,8 @@ impl SpawnRequest {
                 bytes(&mut out, item.as_bytes());
             }
         }
-        for number in [self.memory_mb, self.cpu_secs, self.open_files, self.uid.map(u64::from)] {
+        let uid = self.uid.map(u64::from);
+        for number in [self.memory_mb, self.cpu_secs, self.open_files, uid, self.processes, self.file_size_bytes] {
             out.extend_from_slice(&number.unwrap_or(0).to_le_bytes());
         }
         out
@@ -104,6 +109,7 @@ impl SpawnRequest {
         let mut number =
             || Some(u64::from_le_bytes(take(&mut input, 8)?.try_into().ok()?)).map(|n| (n > 0).then_some(n));
         let (memory_mb, cpu_secs, open_files, uid) = (number()?, number()?, number()?, number()?);
+        let (processes, file_size_bytes) = (number()?, number()?);
         Some(SpawnRequest {
             program,
             args,
@@ -114,6 +120,8 @@ impl SpawnRequest {
             cpu_secs,
             open_files,
             uid: uid.map(u32::try_from).transpose().ok()?,
+            processes,
+            file_size_bytes,
         })
     }
 }
@@ -253,6 +261,8 @@ mod tests {
             cpu_secs: None,
             open_files: Some(16),
             uid: Some(1_900_000_001),
+            processes: Some(256),
+            file_size_bytes: Some(1 << 30),
         };
         assert_eq!(SpawnRequest::decode(&request.encode()), Some(request.clone()));
         let plain = SpawnRequest { program: "/bin/sh".into(), ..SpawnRequest::default() };

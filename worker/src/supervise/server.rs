@@ -400,6 +400,8 @@ impl Supervisor {
             open_files: request.open_files,
             lease_file: request.lease_file.clone(),
             uid: request.uid,
+            processes: request.processes,
+            file_size_bytes: request.file_size_bytes,
         };
         if request.lease_file.is_some() && request.lease_file != self.lease_file {
             self.lease_file = request.lease_file.clone();

@@ -10,7 +10,7 @@
 //! the clone: it allocates nothing and takes no lock. In order, as
 //! std's `Command` does them: its stdin, stdout and stderr; its group, supplementary groups and
 //! user (raw system calls, for this one process alone, with no inheritable or ambient capability),
-//! and then not dumpable; its directory; a process group of its own; the rlimits;
+//! and then not dumpable, with umask 077; its directory; a process group of its own; the rlimits;
 //! `PR_SET_PDEATHSIG` (SIGKILL) and a check that the supervisor is still its parent; the default
 //! action for SIGPIPE and for every signal the supervisor handles; an empty signal mask; the exec.
 //! Every signal is blocked in the supervisor across the clone, so that none is handled in the
@@ -262,6 +262,10 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
             if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
                 return errno();
             }
+            // (what it makes in its private temp directory, or anywhere, is its own alone; the
+            // umask is this child's, which shares the supervisor's memory, not its file system
+            // state)
+            libc::umask(0o077);
         }
         if libc::chdir(spawn.cwd.as_ptr()) != 0 || libc::setpgid(0, 0) != 0 {
             return errno();
