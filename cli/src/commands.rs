@@ -135,12 +135,18 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             });
             Ok(0)
         }
-        Command::Secret(SecretCommand::Set { name }) => {
+        Command::Secret(SecretCommand::Set { name, users }) => {
             let mut value = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut value).context("reading the value from stdin")?;
             let value = value.strip_suffix('\n').unwrap_or(&value);
-            let set = client.put(&format!("/api/v1/secrets/{name}"), &json!({"value": value})).await?;
-            print(out, &set, |s| format!("secret {} set at {}", text(&s["name"]), text(&s["updated"])));
+            let mut body = json!({"value": value});
+            if let Some(users) = users {
+                body["users"] = json!(users);
+            }
+            let set = client.put(&format!("/api/v1/secrets/{name}"), &body).await?;
+            print(out, &set, |s| {
+                format!("secret {} set at {}, for {}", text(&s["name"]), text(&s["updated"]), users_of(s))
+            });
             Ok(0)
         }
         Command::Secret(SecretCommand::List) => {
@@ -149,10 +155,13 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 let rows: Vec<Vec<String>> = list
                     .as_array()
                     .map(|items| {
-                        items.iter().map(|s| vec![text(&s["name"]), text(&s["created"]), text(&s["updated"])]).collect()
+                        items
+                            .iter()
+                            .map(|s| vec![text(&s["name"]), users_of(s), text(&s["created"]), text(&s["updated"])])
+                            .collect()
                     })
                     .unwrap_or_default();
-                output::table(&["name", "created", "updated"], &rows)
+                output::table(&["name", "users", "created", "updated"], &rows)
             });
             Ok(0)
         }
@@ -689,4 +698,10 @@ mod tests {
         assert!(parse_params(&declared, &["count=three".into()]).unwrap_err().to_string().contains("count"));
         assert!(parse_params(&declared, &["novalue".into()]).is_err());
     }
+}
+
+/// A listed secret's users, comma-separated.
+fn users_of(secret: &Value) -> String {
+    let users: Vec<String> = secret["users"].as_array().map(|u| u.iter().map(text).collect()).unwrap_or_default();
+    users.join(",")
 }

@@ -317,8 +317,14 @@ pub enum WorkerCommand {
 pub enum SecretCommand {
     /// Set a secret (admin): its value is read from stdin (never the command line, which other
     /// users of the machine can see), one trailing newline dropped
-    Set { name: String },
-    /// The secrets' names and when they were set (operator); never a value
+    Set {
+        name: String,
+        /// The actions that may be given it, comma-separated: action refs (pack.name), packs
+        /// (pack) or * (any); required for a new secret, kept when omitted
+        #[arg(long, value_delimiter = ',')]
+        users: Option<Vec<String>>,
+    },
+    /// The secrets' names, users and when they were set (operator); never a value
     List,
     /// Delete a secret (admin)
     Delete { name: String },

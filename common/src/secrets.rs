@@ -218,7 +218,7 @@ pub async fn open(
             let (_, bytes) = stored
                 .iter()
                 .find(|(stored, _)| stored == secret)
-                .ok_or_else(|| format!("parameter '{name}': the secret '{secret}' is not set"))?;
+                .ok_or_else(|| format!("parameter '{name}': the secret '{secret}' is not set, or not for {action_ref}"))?;
             let plain =
                 sealer.open(secret, bytes).map_err(|e| format!("parameter '{name}': secret '{secret}': {e}"))?;
             Some(plain)

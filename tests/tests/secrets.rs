@@ -69,7 +69,7 @@ async fn secrets_reach_the_actions_that_need_them_and_nothing_else() {
 
     // an admin sets the secret; the answer holds no value
     let (status, set) =
-        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": STORED})), Some(&system.token)).await;
+        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": STORED, "users": ["vault"]})), Some(&system.token)).await;
     assert_eq!(status, 200, "{set}");
     assert_eq!(set["name"], "shop");
     let mut answers = vec![set.to_string()];
@@ -230,7 +230,7 @@ async fn a_lost_answer_from_the_secret_store_is_read_again_and_the_run_goes_on()
     system.restart_with("w1", &[("DATABASE_URL", &cut.url(&system.db.url))]);
     system.wait_consuming("w1").await;
     let (status, _) =
-        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": STORED})), Some(&system.token)).await;
+        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": STORED, "users": ["vault.show"]})), Some(&system.token)).await;
     assert_eq!(status, 200);
     cut.arm("run_secrets");
     let submitted = system.submit("vault.show", json!({"token": "plain"})).await;
@@ -309,7 +309,7 @@ parameters:
     let set = |value: &'static str| {
         let system = &system;
         async move {
-            let body = json!({"value": value});
+            let body = json!({"value": value, "users": ["ship"]});
             let (status, answer) =
                 system.request(Method::PUT, "/api/v1/secrets/strategy", Some(&body), Some(&system.token)).await;
             assert_eq!(status, 200, "{answer}");
@@ -337,5 +337,71 @@ parameters:
     let ran = system.wait_terminal(ran["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
     assert_eq!(ran["status"], "completed", "{ran:#}");
     assert_eq!(ran["stdout"], "ran with [redacted]\n", "{ran:#}");
+    system.stop().await;
+}
+
+/// A secret reaches only the actions it names as its users (issue 47): before, an operator
+/// could pass any stored secret to any action, `core.echo` say, and read it in the output. A new
+/// secret must name them; a reference in the parameters of another action is refused at the
+/// door, naming the parameter, and a worker opens no such secret even for an execution written
+/// past the API (`run_secrets`), which fails as `invalid_parameters`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_reaches_only_the_actions_it_names_as_its_users() {
+    let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH)]);
+    let system = System::builder().secrets_key().pack(pack.path()).worker("w1", &[]).start().await;
+    let put = |body: Value| {
+        let system = &system;
+        async move { system.request(Method::PUT, "/api/v1/secrets/shop", Some(&body), Some(&system.token)).await }
+    };
+    let (status, refused) = put(json!({"value": STORED})).await;
+    assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("users")), "{refused}");
+    let (status, refused) = put(json!({"value": STORED, "users": ["not an action!"]})).await;
+    assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("users")), "{refused}");
+    let (status, set) = put(json!({"value": STORED, "users": ["vault.show"]})).await;
+    assert_eq!((status, &set["users"]), (200, &json!(["vault.show"])), "{set}");
+    // set again without users, it keeps them
+    let (status, set) = put(json!({"value": STORED})).await;
+    assert_eq!((status, &set["users"]), (200, &json!(["vault.show"])), "{set}");
+
+    // another action's reference: refused at the door, for a submission and a schedule alike
+    let elsewhere = json!({"message": {"$secret": "shop"}});
+    let (status, refused) = system
+        .request(
+            Method::POST,
+            "/api/v1/executions",
+            Some(&json!({"action_ref": "core.echo", "parameters": elsewhere})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("parameters.message")), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("not for core.echo"), "{refused}");
+    let at = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let (status, refused) = system
+        .request(
+            Method::POST,
+            "/api/v1/schedules",
+            Some(&json!({"name": "leak", "action_ref": "core.echo", "parameters": elsewhere, "at": at})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("parameters.message")), "{refused}");
+
+    // written past the API, the worker opens nothing of it
+    let echo = attune_common::db::action::get_by_ref(&system.db.pool, "core.echo").await.unwrap().unwrap();
+    let new = attune_common::db::execution::NewExecution {
+        parameters: elsewhere.clone(),
+        ..attune_testkit::echo_execution(&echo)
+    };
+    let forged = attune_common::db::execution::insert(&system.db.pool, &new).await.unwrap().id;
+    let failed = system.wait_terminal(forged, Duration::from_secs(60)).await;
+    assert_eq!((failed["status"].as_str(), failed["failure_kind"].as_str()), (Some("failed"), Some("invalid_parameters")), "{failed}");
+    assert!(failed["error"].as_str().unwrap().contains("not set, or not for core.echo"), "{failed}");
+    assert_absent("the forged run", &failed.to_string());
+
+    // its own user gets it
+    let done = system.submit("vault.show", json!({"token": "plain"})).await;
+    let done = system.wait_terminal(done["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(done["stdout"].as_str().unwrap().contains(&format!("/{}", rot13(STORED))), "{done}");
     system.stop().await;
 }

@@ -245,7 +245,7 @@ async fn a_worker_s_login_reads_no_token_and_touches_no_execution_but_its_own() 
     assert_eq!(refused(sqlx::query("SELECT * FROM secret").fetch_all(&executor).await, "executor secrets"), "42501");
 
     // the secret store: not read, but for the secrets its own runs refer to
-    sqlx::query("INSERT INTO secret (name, sealed) VALUES ('mine', '\\x01'), ('theirs', '\\x02'), ('unused', '\\x03')")
+    sqlx::query("INSERT INTO secret (name, sealed, users) VALUES ('mine', '\\x01', '{*}'), ('theirs', '\\x02', '{*}'), ('unused', '\\x03', '{*}')")
         .execute(&system.db.pool)
         .await
         .unwrap();
@@ -435,7 +435,7 @@ async fn a_worker_s_login_serves_only_the_runtimes_it_is_granted() {
     assert_eq!(code, "42501");
 
     // a python run and a shell run, each with a secret, placed on its worker
-    sqlx::query("INSERT INTO secret (name, sealed) VALUES ('shop', '\\x01')").execute(&db.pool).await.unwrap();
+    sqlx::query("INSERT INTO secret (name, sealed, users) VALUES ('shop', '\\x01', '{core}')").execute(&db.pool).await.unwrap();
     let mut placed = Vec::new();
     for action in ["core.python_echo", "core.echo"] {
         let action = attune_common::db::action::get_by_ref(&db.pool, action).await.unwrap().unwrap();

@@ -163,6 +163,7 @@ pub(crate) async fn plan(state: &crate::AppState, body: CreateExecution) -> Resu
     let resolved = params::validate(&specs, &given)
         .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
     within_limits(state, &resolved)?;
+    secrets_for(state, &action.action_ref, &resolved).await?;
     let resolved = sealed(state, &action.action_ref, &specs, resolved)?;
     Ok(NewExecution {
         action: Some(action.id),
@@ -231,6 +232,28 @@ fn count_manual_retry(execution: &Execution) {
     if let Some(retried) = execution.original_execution {
         tracing::info!(execution_id = execution.id, retried, "manual retry requested");
         attune_common::metrics::increment(&attune_common::metrics::RETRIES_CREATED, &[("reason", "manual_retry")], 1);
+    }
+}
+
+/// Refuses a reference to a stored secret that is not for `action_ref` (its `users`), naming the
+/// parameter: the workers are held to the same rule (`run_secrets` opens no such secret).
+async fn secrets_for(state: &crate::AppState, action_ref: &str, resolved: &Map<String, Value>) -> Result<(), ApiError> {
+    let references: Vec<(&String, &str)> =
+        resolved.iter().filter_map(|(name, value)| params::secret_reference(value).map(|s| (name, s))).collect();
+    if references.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = references.iter().map(|(_, secret)| secret.to_string()).collect();
+    let refused = db::secret::not_for(&state.db, action_ref, &names).await?;
+    match references.iter().find_map(|(name, secret)| refused.iter().find(|(s, _)| s == secret).map(|r| (name, r))) {
+        Some((name, (secret, users))) => Err(ApiError::invalid(
+            &format!("parameters.{name}"),
+            format!(
+                "parameter '{name}': the secret '{secret}' is not for {action_ref} (it is for: {}); an admin adds users with `attune secret set {secret} --users ...`",
+                users.join(", ")
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -466,6 +489,7 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
             let resolved = params::validate(&specs, &given)
                 .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
             within_limits(state, &resolved)?;
+            secrets_for(state, &parent.action_ref, &resolved).await?;
             Some(Value::Object(sealed(state, &parent.action_ref, &specs, resolved)?))
         }
         None => None,

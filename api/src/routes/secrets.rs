@@ -1,5 +1,6 @@
 //! The secret store (`attune_common::secrets`): an admin sets and deletes named secrets; an
-//! operator lists their names to refer to them (`{"$secret": "<name>"}` as a parameter's value).
+//! operator lists their names to refer to them (`{"$secret": "<name>"}` as a parameter's value),
+//! only in the parameters of the actions the secret names as its users.
 //! No route answers a value: it is sealed with `ATTUNE_SECRETS_KEY_FILE` before it is written.
 
 use attune_common::db::{self, secret::SecretInfo};
@@ -21,6 +22,37 @@ pub struct SetSecret {
     /// The value (1 to 16384 characters); sealed before it is stored, never answered.
     #[schema(min_length = 1, max_length = 16384, pattern = r"^[^\x00]*$")]
     pub value: String,
+    /// The actions it may be given to: action refs (`pack.name`), packs (`pack`, each of its
+    /// actions) or `"*"` (any action); 1 to 64. Required for a new secret; without it a secret
+    /// set again keeps its users.
+    #[schema(min_items = 1, max_items = 64)]
+    pub users: Option<Vec<String>>,
+}
+
+/// The most users one secret may name.
+pub const MAX_SECRET_USERS: usize = 64;
+
+fn checked_users(users: &[String]) -> Result<(), ApiError> {
+    let valid_name = |part: &str| {
+        (1..=128).contains(&part.len()) && part.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+    };
+    if users.is_empty() || users.len() > MAX_SECRET_USERS {
+        return Err(ApiError::invalid("users", format!("'users' names 1 to {MAX_SECRET_USERS} actions or packs")));
+    }
+    for user in users {
+        let valid = user == "*"
+            || match user.split_once('.') {
+                Some((pack, action)) => valid_name(pack) && valid_name(action),
+                None => valid_name(user),
+            };
+        if !valid {
+            return Err(ApiError::invalid(
+                "users",
+                format!("{user:?} is neither an action ('pack.name'), a pack ('pack') nor '*' (any action)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Every secret's name and when it was set; never a value.
@@ -60,8 +92,21 @@ pub async fn set(
     let sealer = state.settings.sealer.as_ref().ok_or_else(|| {
         ApiError::invalid("value", format!("this API has no {} to seal secrets with", attune_common::secrets::KEY_FILE))
     })?;
+    if let Some(users) = &body.users {
+        checked_users(users)?;
+    }
     let mut transaction = state.db.begin().await?;
-    let info = db::secret::set(&mut *transaction, &name, &sealer.seal(&name, &body.value), caller.token_id).await?;
+    let sealed = sealer.seal(&name, &body.value);
+    let info = db::secret::set(&mut *transaction, &name, &sealed, body.users.as_deref(), caller.token_id)
+        .await?
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "users",
+                format!(
+                    "secret '{name}' is new: name the actions that may use it, 'users': [\"pack.action\", \"pack\", or \"*\" for any]"
+                ),
+            )
+        })?;
     let target = asking.commit(transaction, StatusCode::OK, Default::default()).await?;
     tracing::info!(name = %info.name, by = caller.token_id, "secret set");
     Ok((target, Json(info)))

@@ -12,25 +12,63 @@ pub struct SecretInfo {
     pub updated: DateTime<Utc>,
     /// The token that set it last.
     pub updated_by: Option<i64>,
+    /// The actions that may be given it: action refs (`pack.name`), packs (`pack`) or `*` (any).
+    pub users: Vec<String>,
 }
 
-/// Sets secret `name` to `sealed` (made or replaced); returns it as listed.
-pub async fn set(db: impl sqlx::PgExecutor<'_>, name: &str, sealed: &[u8], by: i64) -> Result<SecretInfo, sqlx::Error> {
-    sqlx::query_as(
-        "INSERT INTO secret (name, sealed, updated_by) VALUES ($1, $2, $3) \
-         ON CONFLICT (name) DO UPDATE SET sealed = EXCLUDED.sealed, updated = now(), updated_by = EXCLUDED.updated_by \
-         RETURNING name, created, updated, updated_by",
-    )
+const INFO: &str = "name, created, updated, updated_by, users";
+
+/// Sets secret `name` to `sealed` (made or replaced), for `users` (`None`: the users it has; a
+/// new secret must be given them); returns it as listed, `None` when it is new and `users` is.
+pub async fn set(
+    db: impl sqlx::PgExecutor<'_>,
+    name: &str,
+    sealed: &[u8],
+    users: Option<&[String]>,
+    by: i64,
+) -> Result<Option<SecretInfo>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH kept AS (UPDATE secret SET sealed = $2, updated = now(), updated_by = $3 \
+                       WHERE name = $1 AND $4::text[] IS NULL RETURNING {INFO}), \
+              made AS (INSERT INTO secret (name, sealed, updated_by, users) SELECT $1, $2, $3, $4 WHERE $4 IS NOT NULL \
+                       ON CONFLICT (name) DO UPDATE SET sealed = EXCLUDED.sealed, updated = now(), \
+                           updated_by = EXCLUDED.updated_by, users = EXCLUDED.users \
+                       RETURNING {INFO}) \
+         SELECT {INFO} FROM kept UNION ALL SELECT {INFO} FROM made"
+    )))
     .bind(name)
     .bind(sealed)
     .bind(by)
-    .fetch_one(db)
+    .bind(users)
+    .fetch_optional(db)
     .await
+}
+
+/// Whether `users` is a valid list of a secret's users (the table's `secret_users_form`).
+pub async fn users_valid(db: &PgPool, users: &[String]) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT secret_users_form($1)").bind(users).fetch_one(db).await
+}
+
+/// Of the secrets `names`, those that are set but not for the action `action_ref`, with their
+/// users (`secret_for`, which `run_secrets` holds the workers to as well).
+pub async fn not_for(
+    db: &PgPool,
+    action_ref: &str,
+    names: &[String],
+) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as("SELECT name, users FROM secret WHERE name = ANY($2) AND NOT secret_for(users, $1) ORDER BY name")
+        .bind(action_ref)
+        .bind(names)
+        .fetch_all(db)
+        .await
 }
 
 /// Every secret, by name.
 pub async fn list(db: &PgPool) -> Result<Vec<SecretInfo>, sqlx::Error> {
-    sqlx::query_as("SELECT name, created, updated, updated_by FROM secret ORDER BY name").fetch_all(db).await
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {INFO} FROM secret ORDER BY name"))).fetch_all(db).await
 }
 
 /// Deletes secret `name`; `false` if there was none.
