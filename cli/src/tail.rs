@@ -8,7 +8,8 @@
 //!
 //! Exit status: 0 when the execution completed, 2 when it ended otherwise (failed, timeout,
 //! canceled, abandoned), 1 for an API error or a stream that ended before the execution did
-//! (`closed`: `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, or the API stopping; run it again).
+//! (`closed`: `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, `ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` with
+//! nothing sent, or the API stopping; run it again), or one refused (`429 too_many_streams`).
 
 use std::io::Write;
 
