@@ -27,12 +27,7 @@ bench: ## the full benchmark on a fresh database (a few minutes); writes docs/be
 	scripts/bench.sh $(ARGS)
 
 down: ## stop the attune started by quickstart
-	@stopped=0; for pidfile in .attune/*.pid; do \
-		[ -f "$$pidfile" ] || continue; \
-		if kill -0 $$(cat $$pidfile) 2>/dev/null; then \
-			kill $$(cat $$pidfile) && echo "stopped $$(basename $$pidfile .pid) (pid $$(cat $$pidfile))" && stopped=1; \
-		fi; rm -f $$pidfile; \
-	done; [ $$stopped = 1 ] || echo "attune is not running"
+	@bash -c '. scripts/lib.sh && { stop_started || echo "attune is not running"; }'
 
 settings-doc: ## rewrite the book's settings table (book/src/settings.md) from common/src/settings.rs
 	ATTUNE_BLESS=1 cargo test -p attune-common --test settings_doc

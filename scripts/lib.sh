@@ -276,3 +276,75 @@ ensure_services() {
     export DATABASE_URL=${DATABASE_URL:-postgres://$ATTUNE_DB_USER:$ATTUNE_DB_PASSWORD@$PGHOST_ADDR:$PGPORT/$ATTUNE_DB_NAME}
     export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f}
 }
+
+# The quickstart never runs an action as root, nor as the user whose checkout holds .attune/ (the
+# owner's password, the secrets key, the admin token): its workers run as root (through sudo when
+# this is not root) and each action as a user id of its own (ATTUNE_WORKER_ACTION_UIDS, the
+# worker's default range). Those users must read the packs: a packs directory closed to them (a
+# checkout under /root, or a home of mode 0750) is copied to ATTUNE_SHARED_PACKS, owned by this
+# user and readable by all, copied over at each run (a pack added there stays), and becomes
+# ATTUNE_PACKS_DIR.
+ATTUNE_SHARED_PACKS=${ATTUNE_SHARED_PACKS:-/var/lib/attune/packs}
+plan_action_users() {
+    case "${ATTUNE_WORKER_ACTION_UIDS:-}" in
+    off) die "ATTUNE_WORKER_ACTION_UIDS=off would run every action as the workers' user (root, or you, beside .attune/): the quickstart runs each as a user id of its own; unset it, or give a range (<first>-<last>)" ;;
+    esac
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null || die "the workers must run as root, so that each action runs as a user id of its own and not as you (who can read .attune/): run this as root, or install sudo"
+        log "the workers run as root (through sudo), so that each action runs as a user id of its own and not as you (who can read .attune/)"
+        sudo true || die "sudo refused: the workers must run as root (run this as root, or with sudo rights)"
+    fi
+    if ! as_root runuser -u nobody -- test -r "$ATTUNE_PACKS_DIR/core/actions/echo.sh" 2>/dev/null; then
+        case "$ATTUNE_SHARED_PACKS" in
+        /?*/?*) ;;
+        *) die "ATTUNE_SHARED_PACKS=$ATTUNE_SHARED_PACKS: expected a directory two levels or more below /" ;;
+        esac
+        log "$ATTUNE_PACKS_DIR is closed to other users (a checkout under /root, or a home of mode 0750): the packs are copied to $ATTUNE_SHARED_PACKS (ATTUNE_PACKS_DIR from here on), where the actions' users may read them"
+        as_root mkdir -p "$ATTUNE_SHARED_PACKS"
+        as_root cp -R "$ATTUNE_PACKS_DIR/." "$ATTUNE_SHARED_PACKS/"
+        as_root chown -R "$(id -u):$(id -g)" "$ATTUNE_SHARED_PACKS"
+        chmod -R u+rwX,go=rX "$ATTUNE_SHARED_PACKS"
+        as_root chmod o+x "$(dirname "$ATTUNE_SHARED_PACKS")"
+        as_root runuser -u nobody -- test -r "$ATTUNE_SHARED_PACKS/core/actions/echo.sh" \
+            || die "other users cannot read $ATTUNE_SHARED_PACKS either (a directory above it is closed): set ATTUNE_SHARED_PACKS to a directory they can reach"
+        export ATTUNE_PACKS_DIR=$ATTUNE_SHARED_PACKS
+    fi
+}
+
+# Starts one of attune's binaries in the background as root (through sudo when this is not root),
+# with PATH, LANG, this shell's ATTUNE_* and RUST_LOG settings but no password, and the extra
+# VAR=value arguments; its pid (the binary's own, not sudo's) in .attune/<name>.pid.
+start_as_root() { # name binary VAR=value ...
+    local name=$1 binary=$2 settings=() variable
+    shift 2
+    for variable in $(compgen -e); do
+        # (not the passwords ensure_credentials exports: a worker is given its own URLs)
+        case $variable in *_PASSWORD) ;; ATTUNE_* | RUST_LOG) settings+=("$variable=${!variable}") ;; esac
+    done
+    rm -f ".attune/$name.pid"
+    as_root env -i PATH="$PATH" ${LANG:+LANG="$LANG"} "${settings[@]}" "$@" sh -c 'echo $$ >"$0"; exec nohup "$1"' ".attune/$name.pid" "target/debug/$binary" \
+        >".attune/$name.log" 2>&1 </dev/null &
+    local waited=0
+    while [ ! -s ".attune/$name.pid" ] && [ $waited -lt 100 ]; do sleep 0.1; waited=$((waited + 1)); done
+    [ -s ".attune/$name.pid" ] || die "$name did not start (.attune/$name.log)"
+}
+
+# Stops each attune service a quickstart started (.attune/*.pid), as root where it runs as root;
+# a pid that is no longer one of attune's binaries is left alone. Says whether any was running.
+stop_started() {
+    local pidfile pid stopped=1
+    for pidfile in .attune/*.pid; do
+        [ -f "$pidfile" ] || continue
+        pid=$(cat "$pidfile")
+        case "$(ps -o comm= -p "$pid" 2>/dev/null)" in
+        attune*)
+            log "stopping $(basename "$pidfile" .pid) (pid $pid)"
+            if [ "$(ps -o uid= -p "$pid" | tr -d ' ')" = "$(id -u)" ]; then kill "$pid"; else as_root kill "$pid"; fi
+            while ps -p "$pid" >/dev/null 2>&1; do sleep 0.1; done
+            stopped=0
+            ;;
+        esac
+        rm -f "$pidfile"
+    done
+    return $stopped
+}

@@ -11,21 +11,14 @@ ensure_rust
 ensure_tools
 ensure_services
 mkdir -p .attune
+# (the actions' users must not read the credentials, the key, the token or the logs)
+chmod 700 .attune
 
 log "building"
 cargo build --workspace --bins
 
 # what an earlier run started (this script's services, or an `attune up` of an older version)
-for pidfile in .attune/*.pid; do
-    [ -f "$pidfile" ] || continue
-    pid=$(cat "$pidfile")
-    if kill -0 "$pid" 2>/dev/null; then
-        log "stopping $(basename "$pidfile" .pid) started earlier (pid $pid)"
-        kill "$pid"
-        while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-    fi
-    rm -f "$pidfile"
-done
+stop_started || true
 
 # The schema, changed by its owner alone; then each service logs in as its own login (database)
 # and its own user (broker), with random passwords kept in .attune/credentials (0600).
@@ -41,12 +34,8 @@ export ATTUNE_API_ADDR=${ATTUNE_API_ADDR:-127.0.0.1:8080}
 export ATTUNE_API_URL=${ATTUNE_API_URL:-http://$ATTUNE_API_ADDR}
 export ATTUNE_PACKS_DIR=${ATTUNE_PACKS_DIR:-$PWD/packs}
 export ATTUNE_SECRETS_KEY_FILE=${ATTUNE_SECRETS_KEY_FILE:-$PWD/.attune/secrets.key}
-# as root, workers run each action as a user id of its own, who must be able to read the packs
-if [ "$(id -u)" = 0 ] && [ -z "${ATTUNE_WORKER_ACTION_UIDS:-}" ] \
-    && ! runuser -u nobody -- test -r "$ATTUNE_PACKS_DIR/core/actions/echo.sh" 2>/dev/null; then
-    log "$ATTUNE_PACKS_DIR is closed to other users (a checkout under /root?): actions run as root here (ATTUNE_WORKER_ACTION_UIDS=off); move the checkout, or open it (chmod o+rx), to run each as a user of its own"
-    export ATTUNE_WORKER_ACTION_UIDS=off
-fi
+# workers run as root and each action as a user id of its own, never as root or as this user
+plan_action_users
 db_url() { echo "postgres://attune_$1_login:$2@$PGHOST_ADDR:$PGPORT/$ATTUNE_DB_NAME"; }
 mq_url() { echo "amqp://attune-$1:$2@127.0.0.1:$AMQP_PORT/$ATTUNE_VHOST"; }
 start() { # name binary service db-password mq-password [VAR=value ...]
@@ -59,13 +48,14 @@ start() { # name binary service db-password mq-password [VAR=value ...]
 log "starting attune: executor, 2 workers, api (logs: .attune/*.log)"
 start executor attune-executor executor "$ATTUNE_DB_EXECUTOR_PASSWORD" "$ATTUNE_MQ_EXECUTOR_PASSWORD"
 for i in 1 2; do
-    start "worker-$i" attune-worker worker "$ATTUNE_DB_WORKER_PASSWORD" "$ATTUNE_MQ_WORKER_PASSWORD" ATTUNE_WORKER_NAME="local-$i"
+    start_as_root "worker-$i" attune-worker DATABASE_URL="$(db_url worker "$ATTUNE_DB_WORKER_PASSWORD")" \
+        AMQP_URL="$(mq_url worker "$ATTUNE_MQ_WORKER_PASSWORD")" ATTUNE_WORKER_NAME="local-$i"
 done
 start api attune-api api "$ATTUNE_DB_API_PASSWORD" "$ATTUNE_MQ_API_PASSWORD"
 for _ in $(seq 1 300); do
     curl -sf "$ATTUNE_API_URL/readyz" >/dev/null 2>&1 && break
     for pidfile in .attune/*.pid; do
-        kill -0 "$(cat "$pidfile")" 2>/dev/null || { tail -n 30 ".attune/$(basename "$pidfile" .pid).log" >&2; die "$(basename "$pidfile" .pid) exited"; }
+        ps -p "$(cat "$pidfile")" >/dev/null 2>&1 || { tail -n 30 ".attune/$(basename "$pidfile" .pid).log" >&2; die "$(basename "$pidfile" .pid) exited"; }
     done
     sleep 0.2
 done
@@ -83,6 +73,7 @@ export ATTUNE_API_URL=$ATTUNE_API_URL
 export ATTUNE_TOKEN=$ATTUNE_TOKEN
 export DATABASE_URL=$DATABASE_URL
 export PGHOST=$PGHOST_ADDR PGPORT=$PGPORT PGUSER=$ATTUNE_DB_USER PGPASSWORD=$ATTUNE_DB_PASSWORD PGDATABASE=$ATTUNE_DB_NAME
+export ATTUNE_PACKS_DIR=$ATTUNE_PACKS_DIR
 ENV
 )
 
@@ -93,6 +84,7 @@ cat >&2 <<MSG
 
 attune is running (api on $ATTUNE_API_URL, executor and 2 workers; pids in .attune/*.pid), each
 service logged into PostgreSQL and RabbitMQ as its own user (passwords in .attune/credentials).
+The workers run as root, each action as a user id of its own; packs are in $ATTUNE_PACKS_DIR.
   . .attune/env    # ATTUNE_TOKEN, DATABASE_URL and PG* for the CLI and psql
   target/debug/attune run core.python_echo message=hi --wait
   target/debug/attune worker list
