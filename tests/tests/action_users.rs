@@ -322,10 +322,11 @@ async fn each_run_has_a_private_temp_directory_gone_after_it() {
         .await;
     let dir = shared_dir("temps");
     let held = system.submit("temps.temp", json!({"dir": dir.to_str().unwrap(), "name": "hold"})).await;
-    let first: Value = wait_for("the first run to say where its temp directory is", Duration::from_secs(30), || async {
-        serde_json::from_str(&std::fs::read_to_string(dir.join("hold.json")).ok()?).ok()
-    })
-    .await;
+    let first: Value =
+        wait_for("the first run to say where its temp directory is", Duration::from_secs(30), || async {
+            serde_json::from_str(&std::fs::read_to_string(dir.join("hold.json")).ok()?).ok()
+        })
+        .await;
     let first_dir = first["tmpdir"].as_str().unwrap().to_string();
     let other = system
         .submit("temps.temp", json!({"dir": dir.to_str().unwrap(), "name": "look", "other": first_dir.clone()}))

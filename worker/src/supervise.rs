@@ -41,6 +41,9 @@
 //!   SIGKILL a second after that) is the kernel's backstop, per process.
 //! - open files: `RLIMIT_NOFILE`, per process (never above the supervisor's own hard limit); an
 //!   open past it fails in the action (EMFILE), which fails with its own error (`action_failed`).
+//! - processes and file size, for a run as a user of its own (`action_users`): `RLIMIT_NPROC`,
+//!   which the kernel counts per user id (so the run's processes alone), and `RLIMIT_FSIZE` (a
+//!   write past it raises SIGXFSZ, which `runner::classify` takes for `resource_limit`).
 //!
 //! A look is one walk of `/proc` for every run that is due (each process's `stat` read once and
 //! counted to its group). A run is looked at every 50 ms for its first 2 s, then every twentieth
@@ -67,9 +70,10 @@
 //! supervisor. The worker library used without a supervisor (`Settings::supervisor` unset: unit
 //! tests) runs actions directly, in groups of their own.
 //!
-//! A cgroup per action would also catch processes that leave the group with `setsid`, and count
-//! memory exactly; it needs a delegated cgroup hierarchy, which a worker running as an ordinary
-//! user rarely has.
+//! A process that leaves the group with `setsid` escapes the group's kills; a run as a user of its
+//! own is swept by its user id at its end (`action_users`). A cgroup per action would catch such
+//! processes of any run, and count memory exactly; it needs a delegated cgroup hierarchy, which a
+//! worker running as an ordinary user rarely has.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Write;

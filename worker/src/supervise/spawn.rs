@@ -30,11 +30,11 @@
 //! change of user (or when a step after its change of group fails), since the kernel then sets
 //! the memory's dumpability to `fs.suid_dumpable`.
 //!
-//! One window stays, as it did when such runs were forked: a process of that user (one an earlier
-//! action left behind with `setsid`) may signal the child, and could stop it before its exec, while
-//! its starter waits for that exec. That start then holds its starter, as a stalled exec does;
-//! the supervisor's loop goes on for every other run, and the worker gives the run up as the
-//! platform's loss after `ANSWER_PATIENCE` (`client`).
+//! No other process of that user runs meanwhile: the worker kills every process of a user id
+//! before it hands the id out again (`action_users`), so nothing an earlier action left behind
+//! with `setsid` can signal the child and stop it before its exec. (Were one to, that start would
+//! hold its starter, as a stalled exec does; the loop goes on for every other run, and the
+//! worker gives the run up as the platform's loss after `ANSWER_PATIENCE`, `client`.)
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
