@@ -62,6 +62,51 @@ pub struct ParamSpec {
     /// worker only to run the action (`attune_common::secrets`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub secret: bool,
+    /// For a string: a regular expression the whole value must match (`^(?:pattern)$`; matching
+    /// takes time linear in the value, whatever the pattern).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// For a string: the fewest characters it may have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_length: Option<usize>,
+    /// For a string: the most characters it may have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_length: Option<usize>,
+}
+
+/// The most characters a parameter's `pattern` may have.
+pub const MAX_PATTERN_CHARS: usize = 1024;
+
+impl ParamSpec {
+    /// The `pattern` compiled, anchored to the whole value.
+    fn compiled_pattern(&self) -> Option<Result<regex_lite::Regex, regex_lite::Error>> {
+        self.pattern.as_ref().map(|pattern| {
+            regex_lite::RegexBuilder::new(&format!("^(?:{pattern})$")).size_limit(1 << 20).build()
+        })
+    }
+
+    /// What a string value is held to besides its type: its length and pattern. The reason
+    /// names the rule, never the value.
+    fn check_string(&self, value: &str) -> Result<(), String> {
+        let chars = value.chars().count();
+        if let Some(min) = self.min_length
+            && chars < min
+        {
+            return Err(format!("must be at least {min} characters long (it has {chars})"));
+        }
+        if let Some(max) = self.max_length
+            && chars > max
+        {
+            return Err(format!("must be at most {max} characters long (it has {chars})"));
+        }
+        match self.compiled_pattern() {
+            Some(Ok(pattern)) if !pattern.is_match(value) => {
+                Err(format!("does not match the pattern {:?}", self.pattern.as_deref().unwrap_or_default()))
+            }
+            Some(Err(e)) => Err(format!("its declared pattern does not compile: {e}")),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The key of a reference to a stored secret, `{"$secret": "<name>"}`, which a string
@@ -97,6 +142,23 @@ impl ParamError {
 pub fn check_spec(name: &str, spec: &ParamSpec) -> Result<(), ParamError> {
     if spec.secret && spec.param_type != ParamType::String {
         return Err(ParamError::new(name, "a secret parameter must be of type string"));
+    }
+    let string_rules = spec.pattern.is_some() || spec.min_length.is_some() || spec.max_length.is_some();
+    if string_rules && spec.param_type != ParamType::String {
+        return Err(ParamError::new(name, "'pattern', 'min_length' and 'max_length' apply to a string parameter"));
+    }
+    if let (Some(min), Some(max)) = (spec.min_length, spec.max_length)
+        && min > max
+    {
+        return Err(ParamError::new(name, format!("'min_length' ({min}) is more than 'max_length' ({max})")));
+    }
+    if let Some(pattern) = &spec.pattern {
+        if pattern.chars().count() > MAX_PATTERN_CHARS {
+            return Err(ParamError::new(name, format!("'pattern' is longer than {MAX_PATTERN_CHARS} characters")));
+        }
+        if let Some(Err(e)) = spec.compiled_pattern() {
+            return Err(ParamError::new(name, format!("'pattern' is not a regular expression: {e}")));
+        }
     }
     if let Some(default) = &spec.default {
         if spec.secret && secret_reference(default).is_none() {
@@ -134,12 +196,15 @@ fn check_value(name: &str, spec: &ParamSpec, value: &Value) -> Result<(), ParamE
         let options: Vec<String> = allowed.iter().map(Value::to_string).collect();
         return Err(ParamError::new(name, format!("must be one of {}", options.join(", "))));
     }
+    if let Some(text) = value.as_str() {
+        spec.check_string(text).map_err(|reason| ParamError::new(name, reason))?;
+    }
     Ok(())
 }
 
 /// Checks the value a secret parameter stood for once the worker has opened it (a reference to a
-/// stored secret, or a value the API sealed): what a value given plainly is held to, its `enum`.
-/// The reason never shows the value.
+/// stored secret, or a value the API sealed): what a value given plainly is held to, its `enum`,
+/// length and pattern. The reason never shows the value.
 pub fn check_opened(name: &str, spec: &ParamSpec, value: &str) -> Result<(), ParamError> {
     if let Some(allowed) = &spec.allowed
         && !allowed.iter().any(|option| option.as_str() == Some(value))
@@ -150,7 +215,7 @@ pub fn check_opened(name: &str, spec: &ParamSpec, value: &str) -> Result<(), Par
             format!("the secret's value is not one of the values the parameter allows ({})", options.join(", ")),
         ));
     }
-    Ok(())
+    spec.check_string(value).map_err(|reason| ParamError::new(name, format!("the secret's value {reason}")))
 }
 
 fn json_type(value: &Value) -> &'static str {
@@ -284,6 +349,32 @@ mod tests {
 
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_string_is_held_to_its_length_and_whole_pattern_and_an_opened_secret_alike() {
+        let spec = |yaml: &str| serde_yaml_ng::from_str::<ParamSpec>(yaml).unwrap();
+        let host = spec("{type: string, pattern: '[a-z0-9-]+', min_length: 3, max_length: 10}");
+        assert!(check_spec("host", &host).is_ok());
+        assert!(check_value("host", &host, &json!("web-01")).is_ok());
+        let error = check_value("host", &host, &json!("web-01; rm -rf /")).unwrap_err();
+        assert!(error.reason.contains("at most 10"), "{error}");
+        let error = check_value("host", &host, &json!("WEB")).unwrap_err();
+        assert!(error.reason.contains("pattern"), "{error}");
+        assert!(check_value("host", &host, &json!("ab")).unwrap_err().reason.contains("at least 3"));
+        // the whole value: a pattern matching a part is not enough
+        assert!(check_value("host", &spec("{type: string, pattern: 'web'}"), &json!("a web b")).is_err());
+        // an opened secret meets the same rules; the reason never shows the value
+        let opened = check_opened("host", &host, "Hunter2-Secret").unwrap_err();
+        assert!(opened.reason.starts_with("the secret's value") && !opened.to_string().contains("Hunter2"), "{opened}");
+        assert!(check_opened("host", &host, "db-7").is_ok());
+        // a reference is checked when it is opened, not as the reference it is
+        assert!(check_value("host", &host, &json!({"$secret": "x"})).is_ok());
+        // the rules themselves
+        assert!(check_spec("n", &spec("{type: integer, pattern: '[0-9]+'}")).is_err());
+        assert!(check_spec("s", &spec("{type: string, pattern: '(unclosed'}")).unwrap_err().reason.contains("pattern"));
+        assert!(check_spec("s", &spec("{type: string, min_length: 5, max_length: 2}")).is_err());
+        assert!(check_spec("s", &spec("{type: string, default: UPPER, pattern: '[a-z]+'}")).is_err(), "a default meets them");
+    }
 
     fn specs() -> ParamSpecs {
         serde_json::from_value(json!({

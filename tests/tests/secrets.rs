@@ -405,3 +405,56 @@ async fn a_secret_reaches_only_the_actions_it_names_as_its_users() {
     assert!(done["stdout"].as_str().unwrap().contains(&format!("/{}", rot13(STORED))), "{done}");
     system.stop().await;
 }
+
+/// A secret reference is checked like the value it stands for (issue 47): a parameter's
+/// `pattern` and length hold a plain value at the door and an opened secret at the worker, which
+/// fails the run as `invalid_parameters` before the action starts, without showing the value.
+/// Before, the pack format had no pattern or length, so a `{"$secret": …}` reached a command
+/// word's parameter whatever it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_s_value_is_held_to_its_parameter_s_pattern_and_length() {
+    const RESTART: &str = "name: restart
+runtime: shell
+entrypoint: actions/restart.sh
+max_retries: 0
+parameters:
+  unit: {type: string, pattern: '[a-z][a-z0-9-]*', max_length: 16, required: true}
+";
+    const RESTART_SH: &str = "#!/bin/sh\necho \"restarting $ATTUNE_PARAM_UNIT\"\n";
+    let pack = TempPack::new("svc", &[("restart.yaml", RESTART), ("restart.sh", RESTART_SH)]);
+    let system = System::builder().secrets_key().pack(pack.path()).worker("w1", &[]).start().await;
+    // a plain value: at the door
+    let (status, refused) = system
+        .request(
+            Method::POST,
+            "/api/v1/executions",
+            Some(&json!({"action_ref": "svc.restart", "parameters": {"unit": "nginx; curl evil"}})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("parameters.unit")), "{refused}");
+    // an opened secret: at the worker
+    for (value, rule) in [("nginx;curl-evil", "pattern"), ("a-unit-name-far-too-long", "at most 16")] {
+        let body = json!({"value": value, "users": ["svc"]});
+        let (status, _) = system.request(Method::PUT, "/api/v1/secrets/unit", Some(&body), Some(&system.token)).await;
+        assert_eq!(status, 200);
+        let run = system.submit("svc.restart", json!({"unit": {"$secret": "unit"}})).await;
+        let run = system.wait_terminal(run["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+        assert_eq!(
+            (run["status"].as_str(), run["failure_kind"].as_str()),
+            (Some("failed"), Some("invalid_parameters")),
+            "{run:#}"
+        );
+        let error = run["error"].as_str().unwrap_or_default();
+        assert!(error.contains("parameter 'unit'") && error.contains(rule), "{run:#}");
+        assert!(!run.to_string().contains(value), "the value is not shown: {run:#}");
+        assert_eq!(run["stdout"].as_str().unwrap_or_default(), "", "the action did not run: {run:#}");
+    }
+    let body = json!({"value": "nginx-main"});
+    let (status, _) = system.request(Method::PUT, "/api/v1/secrets/unit", Some(&body), Some(&system.token)).await;
+    assert_eq!(status, 200);
+    let ran = system.submit("svc.restart", json!({"unit": {"$secret": "unit"}})).await;
+    let ran = system.wait_terminal(ran["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!((ran["status"].as_str(), ran["stdout"].as_str()), (Some("completed"), Some("restarting [redacted]\n")), "{ran:#}");
+    system.stop().await;
+}
