@@ -26,7 +26,9 @@ const FORBIDDEN_APIS: [&str; 16] = [
 ];
 
 /// Dependencies the manifest may list (the optional ones only derive traits behind features).
-const ALLOWED_DEPENDENCIES: [&str; 6] = ["thiserror", "serde", "serde_json", "serde_yaml_ng", "chrono", "rand"];
+// (regex-lite: parameters' `pattern`, pure computation with no dependencies of its own)
+const ALLOWED_DEPENDENCIES: [&str; 7] =
+    ["thiserror", "serde", "serde_json", "serde_yaml_ng", "chrono", "rand", "regex-lite"];
 const OPTIONAL_ONLY: [&str; 2] = ["sqlx", "utoipa"];
 
 fn crate_dir() -> PathBuf {
