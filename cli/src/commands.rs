@@ -135,6 +135,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             });
             Ok(0)
         }
+        Command::Secret(SecretCommand::Reseal) => crate::reseal::run(out, cli.reason.as_deref()).await,
         Command::Secret(SecretCommand::Set { name, users }) => {
             let mut value = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut value).context("reading the value from stdin")?;

@@ -2,6 +2,7 @@
 
 mod commands;
 mod tokens;
+mod reseal;
 mod worker_logins;
 mod up;
 
@@ -328,6 +329,11 @@ pub enum SecretCommand {
     List,
     /// Delete a secret (admin)
     Delete { name: String },
+    /// Seal every stored secret and every execution's sealed parameters again with the key in
+    /// force (ATTUNE_SECRETS_KEY_FILE), opening them with it or a previous one
+    /// (ATTUNE_SECRETS_PREVIOUS_KEY_FILES): the step of a key rotation after which the previous
+    /// keys can go. Talks to the database directly (DATABASE_URL, the schema's owner)
+    Reseal,
 }
 
 #[derive(Subcommand)]

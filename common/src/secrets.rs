@@ -25,14 +25,18 @@ use serde_json::{Map, Value};
 use crate::config::{ConfigError, Source, read_optional};
 
 pub const KEY_FILE: &str = "ATTUNE_SECRETS_KEY_FILE";
+/// Keys that open what an earlier key sealed, while the key is rotated (comma-separated files).
+pub const PREVIOUS_KEY_FILES: &str = "ATTUNE_SECRETS_PREVIOUS_KEY_FILES";
 /// What stands in a record or an answer for a secret value.
 pub const REDACTED: &str = "[redacted]";
 pub use attune_core::params::{SEALED_KEY, SECRET_KEY};
 
-/// The operator's key: seals and opens secret values.
+/// The operator's key: seals and opens secret values; while it is rotated, the previous keys
+/// open what they sealed (`ATTUNE_SECRETS_PREVIOUS_KEY_FILES`) and seal nothing.
 #[derive(Clone)]
 pub struct Sealer {
     key: Arc<LessSafeKey>,
+    previous: Arc<Vec<LessSafeKey>>,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -49,20 +53,46 @@ pub struct Unopenable;
 impl Sealer {
     /// `ATTUNE_SECRETS_KEY_FILE`, if set: a file holding 32 random bytes as 64 hex digits (make
     /// one with `od -An -N32 -tx1 /dev/urandom | tr -d ' \n'`); errors name the setting and file.
+    /// With `ATTUNE_SECRETS_PREVIOUS_KEY_FILES` (files of the same form, comma-separated), the
+    /// keys that open what they sealed before this one (see "Rotating the key" in the book's
+    /// security page); it needs `ATTUNE_SECRETS_KEY_FILE`.
     pub fn from_source(source: &dyn Source) -> Result<Option<Sealer>, ConfigError> {
-        let Some(path) = read_optional(source, KEY_FILE) else { return Ok(None) };
-        let path = path.trim().to_string();
-        let error = |reason: String| ConfigError { name: KEY_FILE.into(), value: path.clone(), reason };
-        let text = std::fs::read_to_string(Path::new(&path)).map_err(|e| error(format!("cannot read it: {e}")))?;
-        let bytes = from_hex(text.trim())
-            .filter(|bytes| bytes.len() == 32)
-            .ok_or_else(|| error("must hold 32 bytes as 64 hex digits (od -An -N32 -tx1 /dev/urandom)".into()))?;
-        Ok(Some(Sealer::from_key(&bytes)))
+        let previous = read_optional(source, PREVIOUS_KEY_FILES).filter(|p| !p.trim().is_empty());
+        let Some(path) = read_optional(source, KEY_FILE) else {
+            return match previous {
+                Some(previous) => Err(ConfigError {
+                    name: PREVIOUS_KEY_FILES.into(),
+                    value: previous,
+                    reason: format!("previous keys open only beside the key in force: set {KEY_FILE} too"),
+                }),
+                None => Ok(None),
+            };
+        };
+        let mut sealer = Sealer::from_key(&read_key(KEY_FILE, &path)?);
+        let previous: Vec<LessSafeKey> = previous
+            .iter()
+            .flat_map(|files| files.split(','))
+            .map(str::trim)
+            .filter(|file| !file.is_empty())
+            .map(|file| read_key(PREVIOUS_KEY_FILES, file).map(|bytes| aes_key(&bytes)))
+            .collect::<Result<_, _>>()?;
+        sealer.previous = Arc::new(previous);
+        Ok(Some(sealer))
     }
 
     pub fn from_key(key: &[u8]) -> Sealer {
-        let key = UnboundKey::new(&AES_256_GCM, key).expect("an AES-256 key is 32 bytes");
-        Sealer { key: Arc::new(LessSafeKey::new(key)) }
+        Sealer { key: Arc::new(aes_key(key)), previous: Arc::new(Vec::new()) }
+    }
+
+    /// This sealer, also opening what `previous` sealed.
+    pub fn with_previous(mut self, previous: &[&[u8]]) -> Sealer {
+        self.previous = Arc::new(previous.iter().map(|key| aes_key(key)).collect());
+        self
+    }
+
+    /// Whether `sealed` opens with the key in force (not only with a previous one).
+    pub fn sealed_with_current(&self, context: &str, sealed: &[u8]) -> bool {
+        open_with(&self.key, context, sealed).is_ok()
     }
 
     /// `plaintext` sealed for `context` (a secret's name, or `parameter`): nonce then ciphertext.
@@ -76,16 +106,25 @@ impl Sealer {
         [nonce.as_slice(), &sealed].concat()
     }
 
+    /// `sealed` opened with the key in force, else with a previous one.
     pub fn open(&self, context: &str, sealed: &[u8]) -> Result<String, Unopenable> {
-        if sealed.len() < NONCE_LEN {
-            return Err(Unopenable);
+        std::iter::once(self.key.as_ref())
+            .chain(self.previous.iter())
+            .find_map(|key| open_with(key, context, sealed).ok())
+            .ok_or(Unopenable)
+    }
+
+    /// A sealed parameter value (`{"$sealed": hex}` of `name` of `action_ref`) sealed again with
+    /// the key in force; `None` when it is sealed with it already, `Err` when no key opens it.
+    pub fn reseal_parameter(&self, action_ref: &str, name: &str, value: &Value) -> Result<Option<Value>, Unopenable> {
+        let Some(bytes) = sealed(value) else { return Ok(None) };
+        let bytes = bytes.ok_or(Unopenable)?;
+        let context = parameter_context(action_ref, name);
+        if self.sealed_with_current(&context, &bytes) {
+            return Ok(None);
         }
-        let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| Unopenable)?;
-        let mut buffer = ciphertext.to_vec();
-        let opened =
-            self.key.open_in_place(nonce, Aad::from(context.as_bytes()), &mut buffer).map_err(|_| Unopenable)?;
-        String::from_utf8(opened.to_vec()).map_err(|_| Unopenable)
+        let plain = self.open(&context, &bytes)?;
+        Ok(Some(self.seal_parameter(action_ref, name, &plain)))
     }
 
     /// A secret parameter's value as the record keeps it: `{"$sealed": "<hex>"}`, sealed for
@@ -97,6 +136,31 @@ impl Sealer {
         sealed.insert(SEALED_KEY.into(), Value::String(to_hex(&self.seal(&context, plaintext))));
         Value::Object(sealed)
     }
+}
+
+fn aes_key(key: &[u8]) -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("an AES-256 key is 32 bytes"))
+}
+
+/// The key in file `path` (setting `name`): 32 bytes as 64 hex digits; errors name both.
+fn read_key(name: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
+    let path = path.trim().to_string();
+    let error = |reason: String| ConfigError { name: name.into(), value: path.clone(), reason };
+    let text = std::fs::read_to_string(Path::new(&path)).map_err(|e| error(format!("cannot read it: {e}")))?;
+    from_hex(text.trim())
+        .filter(|bytes| bytes.len() == 32)
+        .ok_or_else(|| error("must hold 32 bytes as 64 hex digits (od -An -N32 -tx1 /dev/urandom)".into()))
+}
+
+fn open_with(key: &LessSafeKey, context: &str, sealed: &[u8]) -> Result<String, Unopenable> {
+    if sealed.len() < NONCE_LEN {
+        return Err(Unopenable);
+    }
+    let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
+    let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| Unopenable)?;
+    let mut buffer = ciphertext.to_vec();
+    let opened = key.open_in_place(nonce, Aad::from(context.as_bytes()), &mut buffer).map_err(|_| Unopenable)?;
+    String::from_utf8(opened.to_vec()).map_err(|_| Unopenable)
 }
 
 /// The associated data of a sealed parameter: the action's ref and the parameter's name.
@@ -565,6 +629,24 @@ mod tests {
         fn var(&self, name: &str) -> Option<String> {
             self.0.clone().filter(|_| name == KEY_FILE)
         }
+    }
+
+    #[test]
+    fn a_rotated_key_seals_and_the_previous_one_still_opens_until_resealed() {
+        let (old, new) = ([1u8; 32], [2u8; 32]);
+        let before = Sealer::from_key(&old);
+        let stored = before.seal("shop", "v4lue");
+        let parameter = before.seal_parameter("core.echo", "token", "t0ken");
+        let rotating = Sealer::from_key(&new).with_previous(&[&old]);
+        assert_eq!(rotating.open("shop", &stored).unwrap(), "v4lue", "the previous key opens");
+        assert!(!rotating.sealed_with_current("shop", &stored));
+        let resealed = rotating.reseal_parameter("core.echo", "token", &parameter).unwrap().expect("resealed");
+        assert_eq!(rotating.reseal_parameter("core.echo", "token", &resealed).unwrap(), None, "once");
+        let after = Sealer::from_key(&new);
+        assert!(after.open("shop", &stored).is_err(), "without the previous key");
+        let bytes = from_hex(resealed[SEALED_KEY].as_str().unwrap()).unwrap();
+        assert_eq!(after.open(&parameter_context("core.echo", "token"), &bytes).unwrap(), "t0ken");
+        assert_eq!(Sealer::from_key(&[3u8; 32]).reseal_parameter("core.echo", "token", &parameter), Err(Unopenable));
     }
 
     #[test]

@@ -217,8 +217,14 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "ATTUNE_SECRETS_KEY_FILE",
         default: Described("— (no secrets: setting one, or a secret parameter, is refused)"),
-        read_by: &[Api, Worker],
+        read_by: &[Api, Worker, Cli],
         doc: "a file (mode 0600) holding the key that seals secrets: 32 random bytes as 64 hex digits (`od -An -N32 -tx1 /dev/urandom | tr -d ' \\n'`); the API seals with it, workers open with it",
+    },
+    Setting {
+        name: "ATTUNE_SECRETS_PREVIOUS_KEY_FILES",
+        default: Described("— (none)"),
+        read_by: &[Api, Worker, Cli],
+        doc: "while the key is rotated: files of the keys in force before `ATTUNE_SECRETS_KEY_FILE`, comma-separated, which open what they sealed and seal nothing; `attune secret reseal` seals it all again with the key in force (see the book's security page)",
     },
     Setting {
         name: "ATTUNE_TOKEN_DEFAULT_EXPIRY",

@@ -131,13 +131,7 @@ impl SystemBuilder {
             system.spawn(name, "attune-worker", &env);
         }
         system.token = attune_common::db::token::create(&system.db.pool, "test").await.unwrap();
-        let http = system.http.clone();
-        let ready = format!("{}/readyz", system.api_url);
-        wait_for("the API to be ready", Duration::from_secs(60), || {
-            let (http, ready) = (http.clone(), ready.clone());
-            async move { http.get(&ready).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
-        })
-        .await;
+        system.wait_ready().await;
         let expected = self.workers.len() as i64;
         let pool = system.db.pool.clone();
         wait_for("the workers to register and consume", Duration::from_secs(60), || {
@@ -405,6 +399,17 @@ impl System {
             done(self.count_on(worker_id, statuses).await).then_some(())
         })
         .await
+    }
+
+    /// Waits until the API answers `/readyz` with a success (after a start or `restart_with`).
+    pub async fn wait_ready(&self) {
+        let http = self.http.clone();
+        let ready = format!("{}/readyz", self.api_url);
+        wait_for("the API to be ready", Duration::from_secs(60), || {
+            let (http, ready) = (http.clone(), ready.clone());
+            async move { http.get(&ready).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
+        })
+        .await;
     }
 
     /// Waits until the worker called `name` is active, consuming, and heartbeating (its last

@@ -458,3 +458,77 @@ parameters:
     assert_eq!((ran["status"].as_str(), ran["stdout"].as_str()), (Some("completed"), Some("restarting [redacted]\n")), "{ran:#}");
     system.stop().await;
 }
+
+fn key_file(tag: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("attune-{tag}-key-{:016x}", rand::random::<u64>()));
+    let key: String = (0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+    std::fs::write(&path, key).unwrap();
+    path
+}
+
+/// The key rotates without downtime (issue 47): the services take the new key with the old one
+/// as a previous key (`ATTUNE_SECRETS_PREVIOUS_KEY_FILES`), one at a time; `attune secret reseal`
+/// seals the store and every execution's sealed parameters again with the new key; then the old
+/// key goes, and a run that waited through the rotation and a retry of one that finished before
+/// it still get their values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_rotates_without_downtime_and_the_old_key_goes() {
+    let (old, new) = (key_file("old"), key_file("new"));
+    let (old, new) = (old.to_str().unwrap().to_string(), new.to_str().unwrap().to_string());
+    let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH)]);
+    let mut system =
+        System::builder().env("ATTUNE_SECRETS_KEY_FILE", &old).pack(pack.path()).worker("w1", &[]).start().await;
+    let body = json!({"value": STORED, "users": ["vault"]});
+    let (status, _) = system.request(Method::PUT, "/api/v1/secrets/shop", Some(&body), Some(&system.token)).await;
+    assert_eq!(status, 200);
+    let before = system.submit("vault.show", json!({"token": PARAMETER})).await["id"].as_i64().unwrap();
+    assert_eq!(system.wait_terminal(before, Duration::from_secs(60)).await["status"], "completed");
+    // one waits through the rotation, sealed with the old key
+    system.cli(&["pause", "action", "vault.show", "--reason", "key rotation"]);
+    let waiting = system.submit("vault.show", json!({"token": PARAMETER})).await["id"].as_i64().unwrap();
+
+    // one service at a time: the worker, then the API, each with the new key and the old one
+    let rotating = [("ATTUNE_SECRETS_KEY_FILE", new.as_str()), ("ATTUNE_SECRETS_PREVIOUS_KEY_FILES", old.as_str())];
+    system.restart_with("w1", &rotating);
+    system.wait_consuming("w1").await;
+    system.restart_with("api", &rotating);
+    system.wait_ready().await;
+    let reseal = |keys: &[(&str, &str)]| {
+        let mut command = std::process::Command::new(attune_testkit::workspace_binary("attune"));
+        command.args(["secret", "reseal", "--output", "json"]).env("DATABASE_URL", &system.db.url);
+        command.env_remove("ATTUNE_SECRETS_PREVIOUS_KEY_FILES");
+        for (name, value) in keys {
+            command.env(name, value);
+        }
+        command.output().unwrap()
+    };
+    let out = reseal(&rotating);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let done: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((done["secrets"].as_u64(), done["unopenable"].as_array().map(Vec::len)), (Some(1), Some(0)), "{done}");
+    assert_eq!(done["parameters"], 2, "the finished run's and the waiting one's sealed token: {done}");
+    let again: Value = serde_json::from_slice(&reseal(&rotating).stdout).unwrap();
+    assert_eq!((again["secrets"].as_u64(), again["parameters"].as_u64()), (Some(0), Some(0)), "{again}");
+    // sealed with the old key alone, nothing opens any more
+    let out = reseal(&[("ATTUNE_SECRETS_KEY_FILE", old.as_str())]);
+    assert!(!out.status.success(), "the old key opens nothing now");
+
+    // the old key goes everywhere
+    let after = [("ATTUNE_SECRETS_KEY_FILE", new.as_str())];
+    system.restart_with("w1", &after);
+    system.wait_consuming("w1").await;
+    system.restart_with("api", &after);
+    system.wait_ready().await;
+    std::fs::remove_file(&old).unwrap();
+    system.cli(&["resume", "action", "vault.show"]);
+    let (status, retry) =
+        system.request(Method::POST, &format!("/api/v1/executions/{before}/retry"), None, Some(&system.token)).await;
+    assert_eq!(status, 201, "{retry}");
+    for id in [waiting, retry["id"].as_i64().unwrap()] {
+        let done = system.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!(done["status"], "completed", "{done:#}");
+        let stdout = done["stdout"].as_str().unwrap();
+        assert!(stdout.contains(&format!("rot13={}/{}", rot13(PARAMETER), rot13(STORED))), "{stdout}");
+    }
+    system.stop().await;
+}

@@ -89,3 +89,55 @@ pub async fn sealed_values(
     }
     sqlx::query_as("SELECT name, sealed FROM run_secrets($1, $2)").bind(execution_id).bind(names).fetch_all(db).await
 }
+
+/// Every stored secret's name and sealed value, by name (for `attune secret reseal`, as the
+/// schema's owner).
+pub async fn all_sealed(db: &PgPool) -> Result<Vec<(String, Vec<u8>)>, sqlx::Error> {
+    sqlx::query_as("SELECT name, sealed FROM secret ORDER BY name").fetch_all(db).await
+}
+
+/// Replaces secret `name`'s sealed value `was` with `now`, unless it changed meanwhile (a secret
+/// set again is sealed with the key in force already); whether it was replaced.
+pub async fn reseal(db: &PgPool, name: &str, was: &[u8], now: &[u8]) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query("UPDATE secret SET sealed = $3 WHERE name = $1 AND sealed = $2")
+        .bind(name)
+        .bind(was)
+        .bind(now)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Up to `limit` executions after id `after` whose parameters hold a sealed value
+/// (`{"$sealed": …}`), by id: their id, action and parameters.
+pub async fn executions_with_sealed(
+    db: &PgPool,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<(i64, String, serde_json::Value)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, action_ref, parameters FROM execution \
+         WHERE id > $1 AND jsonb_typeof(parameters) = 'object' AND parameters @? '$.*.\"$sealed\"' \
+         ORDER BY id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Replaces execution `id`'s parameters `was` with `now`, unless they changed meanwhile.
+pub async fn reseal_parameters(
+    db: &PgPool,
+    id: i64,
+    was: &serde_json::Value,
+    now: &serde_json::Value,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query("UPDATE execution SET parameters = $3 WHERE id = $1 AND parameters = $2")
+        .bind(id)
+        .bind(was)
+        .bind(now)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
