@@ -14,8 +14,12 @@ prefix=${ATTUNE_MQ_USER_PREFIX:-attune}
 ctl() { rabbitmqctl -q "$@"; }
 
 ctl list_vhosts | grep -qx "$vhost" || ctl add_vhost "$vhost" >/dev/null
-for service in api executor worker; do
-    variable="ATTUNE_MQ_$(echo "$service" | tr a-z A-Z)_PASSWORD"
+# the workers' users: ATTUNE_MQ_WORKERS names them (default `worker`: <prefix>-worker with
+# ATTUNE_MQ_WORKER_PASSWORD; `worker-shell worker-python`: one each, with
+# ATTUNE_MQ_WORKER_SHELL_PASSWORD, ...), all with the workers' permissions below
+workers=${ATTUNE_MQ_WORKERS:-worker}
+for service in api executor $workers; do
+    variable="ATTUNE_MQ_$(echo "$service" | tr a-z- A-Z_)_PASSWORD"
     password=${!variable:?set $variable}
     if ctl list_users | awk '{print $1}' | grep -qx "$prefix-$service"; then
         ctl change_password "$prefix-$service" "$password" >/dev/null
@@ -38,6 +42,8 @@ ctl set_permissions -p "$vhost" "$prefix-api" "^$ns(\.($shared|$follower))?\$" \
 ctl set_permissions -p "$vhost" "$prefix-executor" "^$ns(\.($shared))?\$" \
     "^$ns(\.(dlx|control|dlq|parked|execution\.requests|execution\.results))?\$" \
     "^$ns(\.(dlx|dlq|execution\.requests|execution\.results))?\$" >/dev/null
-ctl set_permissions -p "$vhost" "$prefix-worker" "^$ns(\.($shared|$own))?\$" \
-    "^$ns(\.(dlx|dlq|parked|output|execution\.requests|execution\.results|$own))?\$" \
-    "^$ns(\.(dlx|control|execution\.requests|execution\.results|$own))?\$" >/dev/null
+for worker in $workers; do
+    ctl set_permissions -p "$vhost" "$prefix-$worker" "^$ns(\.($shared|$own))?\$" \
+        "^$ns(\.(dlx|dlq|parked|output|execution\.requests|execution\.results|$own))?\$" \
+        "^$ns(\.(dlx|control|execution\.requests|execution\.results|$own))?\$" >/dev/null
+done

@@ -38,7 +38,7 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
     let command = migrate["command"].as_sequence().expect("a command");
     assert_eq!(command[..2], [Value::from("sh"), Value::from("-c")]);
     assert!(
-        command[2].as_str().unwrap().starts_with("attune migrate && attune worker-login allow attune_worker_login "),
+        command[2].as_str().unwrap().starts_with("attune migrate && attune worker-login allow "),
         "{command:?}"
     );
     assert_eq!(
@@ -46,8 +46,9 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
         "postgres://attune:${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD, see book/src/docker.md}@postgres:5432/attune"
     );
     assert!(volumes.iter().any(|v| v.starts_with("./scripts/compose/postgres-logins.sh:/docker-entrypoint-initdb.d/")));
+    // (each worker service its own login and broker user: one taken worker reaches only its runs)
     for (service, own) in
-        [("api", "api"), ("executor", "executor"), ("worker-shell", "worker"), ("worker-python", "worker")]
+        [("api", "api"), ("executor", "executor"), ("worker-shell", "worker_shell"), ("worker-python", "worker_python")]
     {
         let s = &compose["services"][service];
         assert_eq!(s["depends_on"]["postgres"]["condition"], "service_healthy", "{service}");
@@ -65,18 +66,30 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
         assert_eq!(
             s["environment"]["AMQP_URL"].as_str().unwrap(),
             format!(
-                "amqp://attune-{own}:${{RABBITMQ_{upper}_PASSWORD:?set RABBITMQ_{upper}_PASSWORD, see book/src/docker.md}}@rabbitmq:5672/attune"
+                "amqp://attune-{}:${{RABBITMQ_{upper}_PASSWORD:?set RABBITMQ_{upper}_PASSWORD, see book/src/docker.md}}@rabbitmq:5672/attune",
+                own.replace('_', "-")
             ),
             "{service}"
         );
         let mounts: Vec<&str> = s["volumes"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
         assert!(mounts.iter().any(|m| m.starts_with("./packs:/packs")), "{service} mounts ./packs");
     }
-    // the secret store is on: every service reads the key the one-shot `keys` makes in its volume
+    // the secret store is on: the API and the workers read the key the one-shot `keys` makes in
+    // its volume; the executor, which opens no secret, has none
     let keys = &compose["services"]["keys"];
     assert_eq!(keys["restart"], "no");
     assert!(keys["command"][2].as_str().unwrap().contains("chmod 0400 /keys/secrets.key"), "{:?}", keys["command"]);
-    for service in ["api", "executor", "worker-shell", "worker-python"] {
+    let executor = &compose["services"]["executor"];
+    let mounts: Vec<&str> = executor["volumes"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(!mounts.iter().any(|m| m.starts_with("attune-keys")), "the executor holds no key: {mounts:?}");
+    assert!(executor["depends_on"]["keys"].is_null(), "{:?}", executor["depends_on"]);
+    // the broker makes one user per worker service, and the migration grants each its runtimes
+    let broker = &compose["services"]["rabbitmq"]["environment"];
+    assert_eq!(broker["ATTUNE_MQ_WORKERS"], "worker-shell worker-python");
+    let grants = command[2].as_str().unwrap();
+    assert!(grants.contains("allow attune_worker_shell_login shell builtin http"), "{grants}");
+    assert!(grants.contains("allow attune_worker_python_login python"), "{grants}");
+    for service in ["api", "worker-shell", "worker-python"] {
         let s = &compose["services"][service];
         assert_eq!(s["environment"]["ATTUNE_SECRETS_KEY_FILE"], "/keys/secrets.key", "{service}");
         assert_eq!(s["depends_on"]["keys"]["condition"], "service_completed_successfully", "{service}");

@@ -305,10 +305,21 @@ impl BrokerUsers {
             .env("ATTUNE_VHOST", &users.vhost)
             .env("ATTUNE_MQ_NAMESPACE", namespace)
             .env("ATTUNE_MQ_USER_PREFIX", namespace)
-            .envs(["API", "EXECUTOR", "WORKER"].map(|s| (format!("ATTUNE_MQ_{s}_PASSWORD"), "secret")))
+            // two workers' users, as compose makes one per worker service
+            .env("ATTUNE_MQ_WORKERS", "worker worker-b")
+            .envs(["API", "EXECUTOR", "WORKER", "WORKER_B"].map(|s| (format!("ATTUNE_MQ_{s}_PASSWORD"), "secret")))
             .status()
             .expect("run scripts/broker-users.sh");
         assert!(status.success(), "scripts/broker-users.sh failed");
+        let permissions = |user: &str| {
+            let out = std::process::Command::new("rabbitmqctl")
+                .args(["-q", "list_user_permissions", user])
+                .output()
+                .expect("rabbitmqctl list_user_permissions");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        let (first, second) = (permissions(&users.user("worker")), permissions(&users.user("worker-b")));
+        assert!(first.contains(&users.vhost) && first == second, "each worker's user, the workers' rights: {first} / {second}");
         users
     }
 
@@ -327,7 +338,7 @@ impl BrokerUsers {
 
 impl Drop for BrokerUsers {
     fn drop(&mut self) {
-        for service in ["api", "executor", "worker"] {
+        for service in ["api", "executor", "worker", "worker-b"] {
             let _ = std::process::Command::new("rabbitmqctl").args(["-q", "delete_user", &self.user(service)]).output();
         }
     }
