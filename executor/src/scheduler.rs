@@ -257,6 +257,11 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             let reason = format!("action '{}' did not exist when it was submitted", execution.action_ref);
             fail(context, &execution, FailureKind::ActionNotFound, reason).await?;
         }
+        if db::worker::any_keyless(&context.db).await? {
+            for runtime in &runtimes {
+                fail_without_key(context, runtime).await?;
+            }
+        }
     }
     // (a runtime whose workers were full is looked at when its wait is over, or room came free)
     runtimes.retain(|runtime| !state.full.contains_key(runtime));
@@ -448,6 +453,25 @@ async fn fail_unplaceable(context: &Context, runtime: &str) -> Result<usize, cra
     for execution in &stranded {
         metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", runtime)], 1);
         let reason = format!("no healthy or degraded active worker offered runtime '{runtime}' for {wait:?}");
+        fail(context, execution, FailureKind::WorkerUnavailable, reason).await?;
+    }
+    Ok(stranded.len())
+}
+
+/// Fails the requests for `runtime` whose parameters need the secrets key and that waited
+/// `ATTUNE_WORKER_WAIT_SECS` while only workers without the key offer it, as `worker_unavailable`
+/// (retriable): a worker without `ATTUNE_SECRETS_KEY_FILE` is given no such run.
+async fn fail_without_key(context: &Context, runtime: &str) -> Result<usize, crate::Error> {
+    let wait = context.settings.worker_wait;
+    let max_age = context.settings.health.heartbeat_max_age_secs.max(0) as f64;
+    let stranded =
+        db::execution::waiting_for_key_longer_than(&context.db, runtime, wait.as_secs_f64(), max_age, BATCH as i64)
+            .await?;
+    for execution in &stranded {
+        metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", runtime)], 1);
+        let reason = format!(
+            "its parameters hold secrets, and no worker with ATTUNE_SECRETS_KEY_FILE offered runtime '{runtime}' for {wait:?}"
+        );
         fail(context, execution, FailureKind::WorkerUnavailable, reason).await?;
     }
     Ok(stranded.len())

@@ -187,7 +187,8 @@ async fn secrets_reach_the_actions_that_need_them_and_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_key_secrets_are_refused_at_the_door_and_a_missing_secret_fails_the_run() {
     let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH)]);
-    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let system =
+        System::builder().env("ATTUNE_WORKER_WAIT_SECS", "2").pack(pack.path()).worker("w1", &[]).start().await;
     let (status, refused) =
         system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": "v"})), Some(&system.token)).await;
     assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("value")), "{refused}");
@@ -201,7 +202,9 @@ async fn without_a_key_secrets_are_refused_at_the_door_and_a_missing_secret_fail
         )
         .await;
     assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("parameters.token")), "{refused}");
-    // a reference to a secret that is not set (and no key on the worker): the run fails, naming it
+    // a reference (here to a secret that is not set) with no key on any worker: no worker is given
+    // the run, which fails as the platform's fault once it waited ATTUNE_WORKER_WAIT_SECS, naming
+    // the key
     let (status, submitted) = system
         .request(
             Method::POST,
@@ -212,9 +215,9 @@ async fn without_a_key_secrets_are_refused_at_the_door_and_a_missing_secret_fail
         .await;
     assert_eq!(status, 201, "{submitted}");
     let done = system.wait_terminal(submitted["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
-    assert_eq!((done["status"].as_str(), done["failure_kind"].as_str()), (Some("failed"), Some("invalid_parameters")));
+    assert_eq!((done["status"].as_str(), done["failure_kind"].as_str()), (Some("failed"), Some("worker_unavailable")));
     assert!(done["error"].as_str().unwrap().contains("ATTUNE_SECRETS_KEY_FILE"), "{done}");
-    let _: Value = done;
+    assert_eq!(done["worker"], Value::Null, "no worker was given it: {done}");
     system.stop().await;
 }
 
@@ -530,5 +533,77 @@ async fn the_key_rotates_without_downtime_and_the_old_key_goes() {
         let stdout = done["stdout"].as_str().unwrap();
         assert!(stdout.contains(&format!("rot13={}/{}", rot13(PARAMETER), rot13(STORED))), "{stdout}");
     }
+    system.stop().await;
+}
+
+/// The secrets key is needed only by the workers that run secrets (issue 47): a worker without
+/// `ATTUNE_SECRETS_KEY_FILE` says so (`opens_secrets: false`) and is given only runs whose
+/// parameters need no key; one that needs it waits for a worker with the key, and fails as the
+/// retriable `worker_unavailable`, naming the setting, when none offers its runtime for
+/// `ATTUNE_WORKER_WAIT_SECS`. Before, such a run reached a keyless worker and failed as
+/// `invalid_parameters`, the request's fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_workers_with_the_key_are_given_runs_that_need_it() {
+    let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH)]);
+    let mut system = System::builder()
+        .secrets_key()
+        .env("ATTUNE_WORKER_WAIT_SECS", "3")
+        .pack(pack.path())
+        .worker("keyed", &[])
+        .worker("keyless", &[("ATTUNE_SECRETS_KEY_FILE", "")])
+        .start()
+        .await;
+    let body = json!({"value": STORED, "users": ["vault"]});
+    let (status, _) = system.request(Method::PUT, "/api/v1/secrets/shop", Some(&body), Some(&system.token)).await;
+    assert_eq!(status, 200);
+    let workers: Vec<(String, i64, Option<Value>)> =
+        sqlx::query_as("SELECT name, id, capabilities->'opens_secrets' FROM worker ORDER BY name")
+            .fetch_all(&system.db.pool)
+            .await
+            .unwrap();
+    let keyed = workers[0].1;
+
+    // runs with secrets, all at once: every one on the worker with the key
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        ids.push(system.submit("vault.show", json!({"token": PARAMETER})).await["id"].as_i64().unwrap());
+    }
+    for id in ids {
+        let done = system.wait_terminal(id, Duration::from_secs(60)).await;
+        assert_eq!((done["status"].as_str(), done["worker"].as_i64()), (Some("completed"), Some(keyed)), "{done:#}");
+    }
+    assert_eq!(
+        workers.iter().map(|(n, _, o)| (n.as_str(), o.clone())).collect::<Vec<_>>(),
+        [("keyed", Some(json!(true))), ("keyless", Some(json!(false)))],
+        "each worker says whether it holds the key"
+    );
+
+    // with the key on no worker: plain runs go on, one with secrets fails as the platform's fault
+    system.restart_with("keyed", &[("ATTUNE_SECRETS_KEY_FILE", "")]);
+    let pool = system.db.pool.clone();
+    attune_testkit::wait_for("the restarted worker to say it has no key", Duration::from_secs(60), || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT true FROM worker WHERE name = 'keyed' AND status = 'active' \
+                 AND capabilities->>'opens_secrets' = 'false' AND capabilities->>'consuming' = 'true'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .ok()
+            .flatten()
+        }
+    })
+    .await;
+    let plain = system.submit("core.echo", json!({"message": "plain"})).await["id"].as_i64().unwrap();
+    assert_eq!(system.wait_terminal(plain, Duration::from_secs(60)).await["status"], "completed");
+    let stranded = system.submit("vault.show", json!({"token": PARAMETER})).await["id"].as_i64().unwrap();
+    let stranded = system.wait_terminal(stranded, Duration::from_secs(60)).await;
+    assert_eq!(
+        (stranded["status"].as_str(), stranded["failure_kind"].as_str(), stranded["worker"].as_i64()),
+        (Some("failed"), Some("worker_unavailable"), None),
+        "{stranded:#}"
+    );
+    assert!(stranded["error"].as_str().unwrap().contains("ATTUNE_SECRETS_KEY_FILE"), "{stranded:#}");
     system.stop().await;
 }

@@ -322,6 +322,8 @@ pub(crate) fn capabilities(
         "consuming": consuming,
         "queue": queue,
         "health": health.report(),
+        // without the key, it is given only runs whose parameters need none
+        "opens_secrets": settings.sealer.is_some(),
     })
 }
 

@@ -1325,6 +1325,36 @@ pub async fn waiting_longer_than(
     .await
 }
 
+/// Waiting executions of `runtime` whose parameters need the secrets key, waiting longer than
+/// `secs`, while no worker with the key (active or draining, its heartbeat younger than
+/// `max_age_secs`) offers the runtime: only keyless workers could take them, and those are given
+/// none (`execution_claim`). Paused ones are left out. Oldest first.
+pub async fn waiting_for_key_longer_than(
+    db: &PgPool,
+    runtime: &str,
+    secs: f64,
+    max_age_secs: f64,
+    limit: i64,
+) -> Result<Vec<Execution>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM execution e WHERE status = 'requested' AND runtime = $1 \
+         AND COALESCE(not_before, created) < now() - make_interval(secs => $2) \
+         AND parameters_need_key(e.parameters) \
+         AND NOT EXISTS (SELECT 1 FROM worker w WHERE w.status IN ('active', 'draining') \
+                         AND w.last_heartbeat > now() - make_interval(secs => $3) \
+                         AND w.capabilities->'runtimes' ? $1 AND worker_opens_secrets(w.capabilities)) \
+         AND NOT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = $1) \
+                         OR (p.kind = 'action' AND p.name = e.action_ref)) \
+         ORDER BY COALESCE(not_before, created), id LIMIT $4"
+    )))
+    .bind(runtime)
+    .bind(secs)
+    .bind(max_age_secs)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
 /// The oldest waiting executions of `runtime` whose action has no concurrency policy in force,
 /// not paused (for the scheduler's claim one at a time, which is past the claim's count of what
 /// runs: an action with a policy waits for the next batch claim).

@@ -328,6 +328,16 @@ pub async fn draining_offers(db: &PgPool, runtime: &str, max_age: std::time::Dur
     .await
 }
 
+/// Whether an active worker runs without the secrets key (`capabilities.opens_secrets: false`):
+/// only then may a request that needs the key wait with no worker to take it.
+pub async fn any_keyless(db: &PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM worker WHERE status = 'active' AND NOT worker_opens_secrets(capabilities))",
+    )
+    .fetch_one(db)
+    .await
+}
+
 /// Active workers as scheduling candidates, with their in-flight counts and the database's clock.
 pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), sqlx::Error> {
     let mut candidates = fleet(db).await?;
