@@ -336,7 +336,9 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
     let revoked = change(&api, &admin, (Method::DELETE, &path, None), "revoke", &[]).await;
     expect("revoke".into(), revoked, StatusCode::OK, None);
     let secret = "/api/v1/secrets/db_password";
-    let set = change(&api, &admin, (Method::PUT, secret, Some(json!({"value": "hunter2", "users": ["*"]}))), "secret", &[]).await;
+    let set =
+        change(&api, &admin, (Method::PUT, secret, Some(json!({"value": "hunter2", "users": ["*"]}))), "secret", &[])
+            .await;
     expect("secret".into(), set, StatusCode::OK, None);
     let deleted = change(&api, &admin, (Method::DELETE, secret, None), "unsecret", &[]).await;
     expect("unsecret".into(), deleted, StatusCode::NO_CONTENT, None);

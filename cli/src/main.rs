@@ -1,10 +1,10 @@
 //! `attune`: the command line for API clients and operators.
 
 mod commands;
-mod tokens;
 mod reseal;
-mod worker_logins;
+mod tokens;
 mod up;
+mod worker_logins;
 
 use attune_cli::{client, output};
 

@@ -279,10 +279,9 @@ pub async fn open(
     let mut values = Vec::new();
     for (name, value) in given {
         let plain = if let Some(secret) = reference(value) {
-            let (_, bytes) = stored
-                .iter()
-                .find(|(stored, _)| stored == secret)
-                .ok_or_else(|| format!("parameter '{name}': the secret '{secret}' is not set, or not for {action_ref}"))?;
+            let (_, bytes) = stored.iter().find(|(stored, _)| stored == secret).ok_or_else(|| {
+                format!("parameter '{name}': the secret '{secret}' is not set, or not for {action_ref}")
+            })?;
             let plain =
                 sealer.open(secret, bytes).map_err(|e| format!("parameter '{name}': secret '{secret}': {e}"))?;
             Some(plain)

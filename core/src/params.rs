@@ -80,9 +80,9 @@ pub const MAX_PATTERN_CHARS: usize = 1024;
 impl ParamSpec {
     /// The `pattern` compiled, anchored to the whole value.
     fn compiled_pattern(&self) -> Option<Result<regex_lite::Regex, regex_lite::Error>> {
-        self.pattern.as_ref().map(|pattern| {
-            regex_lite::RegexBuilder::new(&format!("^(?:{pattern})$")).size_limit(1 << 20).build()
-        })
+        self.pattern
+            .as_ref()
+            .map(|pattern| regex_lite::RegexBuilder::new(&format!("^(?:{pattern})$")).size_limit(1 << 20).build())
     }
 
     /// What a string value is held to besides its type: its length and pattern. The reason
@@ -373,7 +373,10 @@ mod tests {
         assert!(check_spec("n", &spec("{type: integer, pattern: '[0-9]+'}")).is_err());
         assert!(check_spec("s", &spec("{type: string, pattern: '(unclosed'}")).unwrap_err().reason.contains("pattern"));
         assert!(check_spec("s", &spec("{type: string, min_length: 5, max_length: 2}")).is_err());
-        assert!(check_spec("s", &spec("{type: string, default: UPPER, pattern: '[a-z]+'}")).is_err(), "a default meets them");
+        assert!(
+            check_spec("s", &spec("{type: string, default: UPPER, pattern: '[a-z]+'}")).is_err(),
+            "a default meets them"
+        );
     }
 
     fn specs() -> ParamSpecs {

@@ -162,7 +162,9 @@ pub const RUNTIMES: [&str; 4] = ["shell", "python", "builtin", "http"];
 pub async fn grant_test_worker_runtimes(pool: &PgPool) {
     let runtimes: Vec<String> = RUNTIMES.iter().map(|r| r.to_string()).collect();
     for login in ["attune_test_worker", "attune_test_worker_b"] {
-        attune_common::db::worker::allow_runtimes(pool, login, &runtimes).await.expect("grant the test worker runtimes");
+        attune_common::db::worker::allow_runtimes(pool, login, &runtimes)
+            .await
+            .expect("grant the test worker runtimes");
     }
 }
 

@@ -37,10 +37,7 @@ fn the_compose_file_has_what_the_quick_reference_uses() {
     let migrate = &compose["services"]["migrate"];
     let command = migrate["command"].as_sequence().expect("a command");
     assert_eq!(command[..2], [Value::from("sh"), Value::from("-c")]);
-    assert!(
-        command[2].as_str().unwrap().starts_with("attune migrate && attune worker-login allow "),
-        "{command:?}"
-    );
+    assert!(command[2].as_str().unwrap().starts_with("attune migrate && attune worker-login allow "), "{command:?}");
     assert_eq!(
         migrate["environment"]["DATABASE_URL"],
         "postgres://attune:${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD, see book/src/docker.md}@postgres:5432/attune"

@@ -319,7 +319,10 @@ impl BrokerUsers {
             String::from_utf8_lossy(&out.stdout).to_string()
         };
         let (first, second) = (permissions(&users.user("worker")), permissions(&users.user("worker-b")));
-        assert!(first.contains(&users.vhost) && first == second, "each worker's user, the workers' rights: {first} / {second}");
+        assert!(
+            first.contains(&users.vhost) && first == second,
+            "each worker's user, the workers' rights: {first} / {second}"
+        );
         users
     }
 

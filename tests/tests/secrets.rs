@@ -68,8 +68,14 @@ async fn secrets_reach_the_actions_that_need_them_and_nothing_else() {
     server.script("/echo", [Reply::status(200).json(&json!({"you_sent": format!("Bearer {STORED}")}))]);
 
     // an admin sets the secret; the answer holds no value
-    let (status, set) =
-        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": STORED, "users": ["vault"]})), Some(&system.token)).await;
+    let (status, set) = system
+        .request(
+            Method::PUT,
+            "/api/v1/secrets/shop",
+            Some(&json!({"value": STORED, "users": ["vault"]})),
+            Some(&system.token),
+        )
+        .await;
     assert_eq!(status, 200, "{set}");
     assert_eq!(set["name"], "shop");
     let mut answers = vec![set.to_string()];
@@ -232,8 +238,14 @@ async fn a_lost_answer_from_the_secret_store_is_read_again_and_the_run_goes_on()
     let cut = PgCut::start("127.0.0.1:5432").await;
     system.restart_with("w1", &[("DATABASE_URL", &cut.url(&system.db.url))]);
     system.wait_consuming("w1").await;
-    let (status, _) =
-        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": STORED, "users": ["vault.show"]})), Some(&system.token)).await;
+    let (status, _) = system
+        .request(
+            Method::PUT,
+            "/api/v1/secrets/shop",
+            Some(&json!({"value": STORED, "users": ["vault.show"]})),
+            Some(&system.token),
+        )
+        .await;
     assert_eq!(status, 200);
     cut.arm("run_secrets");
     let submitted = system.submit("vault.show", json!({"token": "plain"})).await;
@@ -397,7 +409,11 @@ async fn a_secret_reaches_only_the_actions_it_names_as_its_users() {
     };
     let forged = attune_common::db::execution::insert(&system.db.pool, &new).await.unwrap().id;
     let failed = system.wait_terminal(forged, Duration::from_secs(60)).await;
-    assert_eq!((failed["status"].as_str(), failed["failure_kind"].as_str()), (Some("failed"), Some("invalid_parameters")), "{failed}");
+    assert_eq!(
+        (failed["status"].as_str(), failed["failure_kind"].as_str()),
+        (Some("failed"), Some("invalid_parameters")),
+        "{failed}"
+    );
     assert!(failed["error"].as_str().unwrap().contains("not set, or not for core.echo"), "{failed}");
     assert_absent("the forged run", &failed.to_string());
 
@@ -458,7 +474,11 @@ parameters:
     assert_eq!(status, 200);
     let ran = system.submit("svc.restart", json!({"unit": {"$secret": "unit"}})).await;
     let ran = system.wait_terminal(ran["id"].as_i64().unwrap(), Duration::from_secs(60)).await;
-    assert_eq!((ran["status"].as_str(), ran["stdout"].as_str()), (Some("completed"), Some("restarting [redacted]\n")), "{ran:#}");
+    assert_eq!(
+        (ran["status"].as_str(), ran["stdout"].as_str()),
+        (Some("completed"), Some("restarting [redacted]\n")),
+        "{ran:#}"
+    );
     system.stop().await;
 }
 

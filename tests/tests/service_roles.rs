@@ -348,7 +348,11 @@ async fn the_executor_s_login_changes_nothing_that_runs_and_erases_no_recent_aud
         "UPDATE audit_retention SET min_age = interval '0'",
         "DELETE FROM _sqlx_migrations",
     ] {
-        assert_eq!(refused(sqlx::query(sqlx::AssertSqlSafe(change)).execute(&executor).await, change), "42501", "{change}");
+        assert_eq!(
+            refused(sqlx::query(sqlx::AssertSqlSafe(change)).execute(&executor).await, change),
+            "42501",
+            "{change}"
+        );
     }
     // an insert of a first attempt through the definer functions is refused too
     let dressed_up = sqlx::query("SELECT * FROM execution_insert_retry($1, 'requested', 'action_failed', NULL, '{}')")
@@ -358,11 +362,13 @@ async fn the_executor_s_login_changes_nothing_that_runs_and_erases_no_recent_aud
     assert_eq!(refused(dressed_up, "a retry of a run that has not failed"), "22023");
 
     // what it does do: move an execution along, and retry a failed one with its parent's request
-    sqlx::query("UPDATE execution SET status = 'failed', finished = now(), failure_kind = 'action_failed' WHERE id = $1")
-        .bind(first.id)
-        .execute(&executor)
-        .await
-        .expect("the executors record an outcome");
+    sqlx::query(
+        "UPDATE execution SET status = 'failed', finished = now(), failure_kind = 'action_failed' WHERE id = $1",
+    )
+    .bind(first.id)
+    .execute(&executor)
+    .await
+    .expect("the executors record an outcome");
     let failed = attune_common::db::execution::get(&db.pool, first.id).await.unwrap().unwrap();
     let mut asked = attune_common::db::execution::NewExecution::retry_of(
         &failed,
@@ -407,9 +413,8 @@ async fn a_worker_s_login_serves_only_the_runtimes_it_is_granted() {
     let db = TestDb::new().await;
     let core = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
     attune_common::db::pack::register(&db.pool, &attune_common::pack::load_pack(&core).unwrap()).await.unwrap();
-    let taken = attune_common::db::worker::deny_runtimes(&db.pool, "attune_test_worker_b", &["python".into()])
-        .await
-        .unwrap();
+    let taken =
+        attune_common::db::worker::deny_runtimes(&db.pool, "attune_test_worker_b", &["python".into()]).await.unwrap();
     assert_eq!(taken, 1);
     let worker = log_in(&db, "attune_test_worker_b").await;
 
@@ -429,13 +434,20 @@ async fn a_worker_s_login_serves_only_the_runtimes_it_is_granted() {
     .await
     .expect("a row advertising granted runtimes");
     let code = refused(
-        sqlx::query("UPDATE worker SET capabilities = $2 WHERE id = $1").bind(id).bind(&everything).execute(&worker).await,
+        sqlx::query("UPDATE worker SET capabilities = $2 WHERE id = $1")
+            .bind(id)
+            .bind(&everything)
+            .execute(&worker)
+            .await,
         "a heartbeat advertising an ungranted runtime",
     );
     assert_eq!(code, "42501");
 
     // a python run and a shell run, each with a secret, placed on its worker
-    sqlx::query("INSERT INTO secret (name, sealed, users) VALUES ('shop', '\\x01', '{core}')").execute(&db.pool).await.unwrap();
+    sqlx::query("INSERT INTO secret (name, sealed, users) VALUES ('shop', '\\x01', '{core}')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let mut placed = Vec::new();
     for action in ["core.python_echo", "core.echo"] {
         let action = attune_common::db::action::get_by_ref(&db.pool, action).await.unwrap().unwrap();

@@ -607,10 +607,12 @@ pub async fn allow_runtimes(db: &PgPool, login: &str, runtimes: &[String]) -> Re
 
 /// Takes back `runtimes` from `login` (all of them when empty); how many went.
 pub async fn deny_runtimes(db: &PgPool, login: &str, runtimes: &[String]) -> Result<u64, sqlx::Error> {
-    sqlx::query("DELETE FROM worker_login_runtime WHERE login = $1 AND (cardinality($2::text[]) = 0 OR runtime = ANY($2))")
-        .bind(login)
-        .bind(runtimes)
-        .execute(db)
-        .await
-        .map(|done| done.rows_affected())
+    sqlx::query(
+        "DELETE FROM worker_login_runtime WHERE login = $1 AND (cardinality($2::text[]) = 0 OR runtime = ANY($2))",
+    )
+    .bind(login)
+    .bind(runtimes)
+    .execute(db)
+    .await
+    .map(|done| done.rows_affected())
 }
