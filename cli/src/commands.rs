@@ -685,6 +685,12 @@ fn encode(text: &str) -> String {
         .collect()
 }
 
+/// A listed secret's users, comma-separated.
+fn users_of(secret: &Value) -> String {
+    let users: Vec<String> = secret["users"].as_array().map(|u| u.iter().map(text).collect()).unwrap_or_default();
+    users.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,10 +705,4 @@ mod tests {
         assert!(parse_params(&declared, &["count=three".into()]).unwrap_err().to_string().contains("count"));
         assert!(parse_params(&declared, &["novalue".into()]).is_err());
     }
-}
-
-/// A listed secret's users, comma-separated.
-fn users_of(secret: &Value) -> String {
-    let users: Vec<String> = secret["users"].as_array().map(|u| u.iter().map(text).collect()).unwrap_or_default();
-    users.join(",")
 }
