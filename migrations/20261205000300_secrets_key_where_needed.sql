@@ -150,6 +150,8 @@ BEGIN
         SELECT array_agg(q.worker ORDER BY q.n) INTO keyless
             FROM unnest(p_plan) WITH ORDINALITY AS q(worker, n) JOIN worker w ON w.id = q.worker
             WHERE NOT worker_opens_secrets(w.capabilities);
+        -- (a heartbeat may have changed a worker's word since the look above)
+        keyless := COALESCE(keyless, '{}');
         RETURN QUERY SELECT * FROM execution_claim_slots(p_runtime, keyless, limited, fitting, true);
         RETURN QUERY SELECT * FROM execution_claim_slots(p_runtime,
             ARRAY(SELECT q.worker FROM unnest(p_plan) WITH ORDINALITY AS q(worker, n)

@@ -322,8 +322,14 @@ start_as_root() { # name binary VAR=value ...
         case $variable in *_PASSWORD) ;; ATTUNE_* | RUST_LOG) settings+=("$variable=${!variable}") ;; esac
     done
     rm -f ".attune/$name.pid"
-    as_root env -i PATH="$PATH" ${LANG:+LANG="$LANG"} "${settings[@]}" "$@" sh -c 'echo $$ >"$0"; exec nohup "$1"' ".attune/$name.pid" "target/debug/$binary" \
-        >".attune/$name.log" 2>&1 </dev/null &
+    # the settings (the URLs hold passwords) go through a file of the user's (0600) that the root
+    # shell reads and removes, never on a command line: sudo stays the worker's parent, and its
+    # /proc/<pid>/cmdline is everyone's to read, the action users' too
+    local settings_file
+    settings_file=$(umask 077 && mktemp .attune/start.XXXXXX)
+    for variable in "${settings[@]}" "$@"; do printf 'export %q\n' "$variable"; done >"$settings_file"
+    as_root env -i PATH="$PATH" ${LANG:+LANG="$LANG"} bash -c '. "$1" && rm -f "$1" && echo $$ >"$0" && exec nohup "$2"' \
+        ".attune/$name.pid" "$settings_file" "target/debug/$binary" >".attune/$name.log" 2>&1 </dev/null &
     local waited=0
     while [ ! -s ".attune/$name.pid" ] && [ $waited -lt 100 ]; do sleep 0.1; waited=$((waited + 1)); done
     [ -s ".attune/$name.pid" ] || die "$name did not start (.attune/$name.log)"

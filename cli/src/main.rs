@@ -356,7 +356,7 @@ pub enum WorkerLoginCommand {
         runtimes: Vec<String>,
     },
     /// Take these runtimes back from a worker login (all of them when none is named); its
-    /// workers stop offering them at their next start, and claim none of their runs from now on
+    /// workers advertise them no more from their next heartbeat, and claim none of their runs
     Deny { login: String, runtimes: Vec<String> },
     /// Every login's runtimes
     List,

@@ -1,7 +1,8 @@
 //! `attune secret reseal`: the step of a key rotation that seals everything again with the key in
 //! force (`ATTUNE_SECRETS_KEY_FILE`), opening it with that key or a previous one
 //! (`ATTUNE_SECRETS_PREVIOUS_KEY_FILES`): the stored secrets, and the sealed parameters of every
-//! execution (a retry of a finished one runs with them again). Through the database as the
+//! schedule (each of its runs is given them) and every execution (a retry of a finished one runs
+//! with them again). Through the database as the
 //! schema's owner (`DATABASE_URL`). A value changed meanwhile (a secret set again, sealed with the
 //! key in force already) is left as it is; a value no key opens is named and counted, and makes
 //! the command fail: the previous keys must stay until it is dealt with.
@@ -21,7 +22,10 @@ const BATCH: i64 = 500;
 #[derive(Debug, Default, serde::Serialize)]
 struct Resealed {
     secrets: u64,
+    /// sealed parameters of executions
     parameters: u64,
+    /// sealed parameters of schedules
+    schedule_parameters: u64,
     /// already sealed with the key in force
     current: u64,
     /// what no key opens: `secret:<name>`, `execution:<id>.<parameter>`
@@ -52,24 +56,18 @@ pub async fn run(out: Output, reason: Option<&str>) -> anyhow::Result<i32> {
             Err(_) => done.unopenable.push(format!("secret:{name}")),
         }
     }
+    for (id, action_ref, parameters) in secret::schedules_with_sealed(&pool).await? {
+        let (now, changed) = resealed(&sealer, action_ref.as_str(), &parameters, &format!("schedule:{id}"), &mut done);
+        if changed > 0 && secret::reseal_schedule_parameters(&pool, id, &parameters, &now).await? {
+            done.schedule_parameters += changed;
+        }
+    }
     let mut after = 0;
     loop {
         let batch = secret::executions_with_sealed(&pool, after, BATCH).await?;
         for (id, action_ref, parameters) in &batch {
-            let Some(given) = parameters.as_object() else { continue };
-            let mut now = given.clone();
-            let mut changed = 0;
-            for (name, value) in given {
-                match sealer.reseal_parameter(action_ref, name, value) {
-                    Ok(Some(resealed)) => {
-                        now.insert(name.clone(), resealed);
-                        changed += 1;
-                    }
-                    Ok(None) => done.current += u64::from(value.get(attune_common::secrets::SEALED_KEY).is_some()),
-                    Err(_) => done.unopenable.push(format!("execution:{id}.{name}")),
-                }
-            }
-            if changed > 0 && secret::reseal_parameters(&pool, *id, parameters, &Value::Object(now)).await? {
+            let (now, changed) = resealed(&sealer, action_ref, parameters, &format!("execution:{id}"), &mut done);
+            if changed > 0 && secret::reseal_parameters(&pool, *id, parameters, &now).await? {
                 done.parameters += changed;
             }
         }
@@ -82,15 +80,36 @@ pub async fn run(out: Output, reason: Option<&str>) -> anyhow::Result<i32> {
     match out {
         Output::Json => println!("{}", json!(done)),
         Output::Table => println!(
-            "resealed with the key in force: {} secrets, {} sealed parameters ({} were already); {} open with no key{}",
+            "resealed with the key in force: {} secrets, {} sealed parameters of executions and {} of schedules ({} were already); {} open with no key{}",
             done.secrets,
             done.parameters,
+            done.schedule_parameters,
             done.current,
             done.unopenable.len(),
             if done.unopenable.is_empty() { String::new() } else { format!(": {}", done.unopenable.join(", ")) }
         ),
     }
     Ok(if done.unopenable.is_empty() { 0 } else { 1 })
+}
+
+/// `parameters` (of `action_ref`, named `what` in a report) with each sealed value sealed again
+/// with the key in force, and how many were; those already sealed with it, and those no key
+/// opens, are counted in `done`.
+fn resealed(sealer: &Sealer, action_ref: &str, parameters: &Value, what: &str, done: &mut Resealed) -> (Value, u64) {
+    let Some(given) = parameters.as_object() else { return (parameters.clone(), 0) };
+    let mut now = given.clone();
+    let mut changed = 0;
+    for (name, value) in given {
+        match sealer.reseal_parameter(action_ref, name, value) {
+            Ok(Some(resealed)) => {
+                now.insert(name.clone(), resealed);
+                changed += 1;
+            }
+            Ok(None) => done.current += u64::from(value.get(attune_common::secrets::SEALED_KEY).is_some()),
+            Err(_) => done.unopenable.push(format!("{what}.{name}")),
+        }
+    }
+    (Value::Object(now), changed)
 }
 
 /// The audit row of the reseal, by `cli:<the user running the command>`.
@@ -104,7 +123,7 @@ async fn audit(pool: &sqlx::PgPool, done: &Resealed, reason: Option<&str>) -> an
         route: "secret reseal".into(),
         path: "attune secret reseal".into(),
         status: 0,
-        target: Some(format!("secrets:{}+{}", done.secrets, done.parameters)),
+        target: Some(format!("secrets:{}+{}+{}", done.secrets, done.parameters, done.schedule_parameters)),
         reason: reason.map(str::to_string),
     };
     attune_common::db::audit::insert_many(pool, &[event]).await.context("writing the audit event")?;

@@ -168,6 +168,16 @@ fn parameter_context(action_ref: &str, name: &str) -> String {
     format!("parameter\u{0}{action_ref}\u{0}{name}")
 }
 
+/// Whether `parameters` hold a value only the key opens (a reference or a sealed value, at the
+/// top level): what the database's `parameters_need_key` says, for a claim made here.
+pub fn needs_key(parameters: &Value) -> bool {
+    parameters.as_object().is_some_and(|given| {
+        given
+            .values()
+            .any(|value| value.as_object().is_some_and(|o| o.contains_key(SECRET_KEY) || o.contains_key(SEALED_KEY)))
+    })
+}
+
 /// The name `value` refers to, when it is a reference `{"$secret": "<name>"}`.
 pub fn reference(value: &Value) -> Option<&str> {
     attune_core::params::secret_reference(value)

@@ -405,9 +405,13 @@ async fn claim_one_by_one(
     use attune_common::db::execution::Transition;
     let waiting = db::execution::waiting_unlimited(&context.db, runtime, plan.len() as i64).await?;
     let mut claimed = Vec::new();
-    let mut workers = plan.iter();
+    // a worker without the secrets key takes only a run whose parameters need none, as in the claim
+    let keyless = db::worker::keyless_among(&context.db, plan).await?;
+    let mut slots: Vec<i64> = plan.to_vec();
     for execution in waiting {
-        let Some(&worker_id) = workers.next() else { break };
+        let needs_key = attune_common::secrets::needs_key(&execution.parameters);
+        let Some(slot) = slots.iter().position(|worker| !needs_key || !keyless.contains(worker)) else { continue };
+        let worker_id = slots.remove(slot);
         let assign =
             Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).assign_worker(worker_id);
         match db::execution::transition(&context.db, execution.id, &assign).await {

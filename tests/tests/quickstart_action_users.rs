@@ -69,3 +69,49 @@ fn the_quickstart_runs_actions_as_users_of_their_own_even_from_a_closed_checkout
     assert_eq!(packs_dir, packs.to_str().unwrap());
     std::fs::remove_dir_all(&scratch).unwrap();
 }
+
+/// `start_as_root` gives a worker its settings (its URLs hold its passwords) without putting them
+/// on any command line (review of issue 47): as another user it goes through sudo, which stays
+/// the worker's parent for its whole life with its arguments in `/proc/<pid>/cmdline`, which
+/// every user reads, the actions' users too. Here a stand-in for sudo that waits on its child as
+/// sudo does; the started program says what it was given.
+#[test]
+fn a_worker_started_as_root_has_its_passwords_on_no_command_line() {
+    let scratch = std::env::temp_dir().join(format!("attune-qs-start-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(scratch.join(".attune")).unwrap();
+    std::fs::create_dir_all(scratch.join("target/debug")).unwrap();
+    let given = scratch.join("given");
+    let fake = scratch.join("target/debug/attune-fake-worker");
+    std::fs::write(&fake, format!("#!/bin/sh\nprintf '%s' \"$DATABASE_URL\" >{}\nexec sleep 60\n", given.display()))
+        .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let password = format!("pw{:016x}", rand::random::<u64>());
+    let url = format!("postgres://attune_worker_login:{password}@127.0.0.1:5432/attune");
+    let lib = repo_root().join("scripts/lib.sh");
+    let script = format!(
+        ". '{}' && as_root() {{ python3 -c 'import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))' \"$@\"; }} \
+         && start_as_root fake attune-fake-worker DATABASE_URL=\"$WORKER_URL\"",
+        lib.display()
+    );
+    // (the URL reaches the script as the quickstart's do: in its environment, not its arguments)
+    let out =
+        Command::new("bash").arg("-c").arg(&script).current_dir(&scratch).env("WORKER_URL", &url).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_to_string(&given).unwrap_or_default() != url {
+        assert!(std::time::Instant::now() < deadline, "the worker was not given its URL: {out:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let shown: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| std::fs::read(entry.ok()?.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(&password))
+        .collect();
+    let pid = std::fs::read_to_string(scratch.join(".attune/fake.pid")).unwrap();
+    let _ = Command::new("kill").arg(pid.trim()).status();
+    assert!(shown.is_empty(), "a password on a command line: {shown:?}");
+    let left: Vec<_> = std::fs::read_dir(scratch.join(".attune")).unwrap().filter_map(Result::ok).collect();
+    assert!(left.iter().all(|e| !e.file_name().to_string_lossy().starts_with("start.")), "the settings file stays");
+    let _ = std::fs::remove_dir_all(&scratch);
+}

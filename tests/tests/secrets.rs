@@ -491,9 +491,9 @@ fn key_file(tag: &str) -> std::path::PathBuf {
 
 /// The key rotates without downtime (issue 47): the services take the new key with the old one
 /// as a previous key (`ATTUNE_SECRETS_PREVIOUS_KEY_FILES`), one at a time; `attune secret reseal`
-/// seals the store and every execution's sealed parameters again with the new key; then the old
-/// key goes, and a run that waited through the rotation and a retry of one that finished before
-/// it still get their values.
+/// seals the store and every schedule's and execution's sealed parameters again with the new
+/// key; then the old key goes, and a run that waited through the rotation, a retry of one that
+/// finished before it and a schedule's next run still get their values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_rotates_without_downtime_and_the_old_key_goes() {
     let (old, new) = (key_file("old"), key_file("new"));
@@ -509,6 +509,12 @@ async fn the_key_rotates_without_downtime_and_the_old_key_goes() {
     // one waits through the rotation, sealed with the old key
     system.cli(&["pause", "action", "vault.show", "--reason", "key rotation"]);
     let waiting = system.submit("vault.show", json!({"token": PARAMETER})).await["id"].as_i64().unwrap();
+    // and a schedule, whose runs are given its sealed token
+    let at = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339();
+    let schedule = json!({"name": "nightly", "action_ref": "vault.show", "parameters": {"token": PARAMETER}, "at": at});
+    let (status, schedule) =
+        system.request(Method::POST, "/api/v1/schedules", Some(&schedule), Some(&system.token)).await;
+    assert_eq!(status, 201, "{schedule}");
 
     // one service at a time: the worker, then the API, each with the new key and the old one
     let rotating = [("ATTUNE_SECRETS_KEY_FILE", new.as_str()), ("ATTUNE_SECRETS_PREVIOUS_KEY_FILES", old.as_str())];
@@ -530,8 +536,13 @@ async fn the_key_rotates_without_downtime_and_the_old_key_goes() {
     let done: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((done["secrets"].as_u64(), done["unopenable"].as_array().map(Vec::len)), (Some(1), Some(0)), "{done}");
     assert_eq!(done["parameters"], 2, "the finished run's and the waiting one's sealed token: {done}");
+    assert_eq!(done["schedule_parameters"], 1, "the schedule's sealed token: {done}");
     let again: Value = serde_json::from_slice(&reseal(&rotating).stdout).unwrap();
-    assert_eq!((again["secrets"].as_u64(), again["parameters"].as_u64()), (Some(0), Some(0)), "{again}");
+    assert_eq!(
+        (again["secrets"].as_u64(), again["parameters"].as_u64(), again["schedule_parameters"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{again}"
+    );
     // sealed with the old key alone, nothing opens any more
     let out = reseal(&[("ATTUNE_SECRETS_KEY_FILE", old.as_str())]);
     assert!(!out.status.success(), "the old key opens nothing now");
@@ -547,7 +558,13 @@ async fn the_key_rotates_without_downtime_and_the_old_key_goes() {
     let (status, retry) =
         system.request(Method::POST, &format!("/api/v1/executions/{before}/retry"), None, Some(&system.token)).await;
     assert_eq!(status, 201, "{retry}");
-    for id in [waiting, retry["id"].as_i64().unwrap()] {
+    // the schedule's next run (made now, as its executor would when it is due)
+    let fired: i64 = sqlx::query_scalar("SELECT schedule_fire($1, now(), 300)")
+        .bind(schedule["id"].as_i64().unwrap())
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+    for id in [waiting, retry["id"].as_i64().unwrap(), fired] {
         let done = system.wait_terminal(id, Duration::from_secs(60)).await;
         assert_eq!(done["status"], "completed", "{done:#}");
         let stdout = done["stdout"].as_str().unwrap();

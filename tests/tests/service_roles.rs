@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use attune_testkit::{System, TestDb};
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 
 async fn log_in(db: &TestDb, login: &str) -> PgPool {
@@ -388,6 +388,46 @@ async fn the_executor_s_login_changes_nothing_that_runs_and_erases_no_recent_aud
     let again = attune_common::db::execution::insert_retry(&executor, &asked).await;
     assert_eq!(refused(again, "a second retry of one parent"), "23505");
 
+    // a finished run stays finished: set back to waiting, a worker would open its secrets again
+    let reopened = sqlx::query("UPDATE execution SET status = 'requested', finished = NULL WHERE id = $1")
+        .bind(first.id)
+        .execute(&executor)
+        .await;
+    assert_eq!(refused(reopened, "a failed run set back to waiting"), "42501");
+
+    // a schedule fires only while it is not paused, its token live, for an occurrence that is due
+    let token = attune_common::db::token::create_with(&db.pool, "ops", attune_common::db::token::Role::Operator, None)
+        .await
+        .unwrap()
+        .0
+        .id;
+    let schedule: i64 = sqlx::query_scalar(
+        "INSERT INTO schedule (name, action_ref, parameters, at, created_by) \
+         VALUES ('nightly', 'core.echo', '{\"message\": \"hi\"}', now(), $1) RETURNING id",
+    )
+    .bind(token)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let fire = |at: &'static str| {
+        let executor = executor.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<i64>>(sqlx::AssertSqlSafe(format!("SELECT schedule_fire($1, {at}, 300)")))
+                .bind(schedule)
+                .fetch_one(&executor)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(fire("now() + interval '1 hour'").await, None, "an occurrence not due");
+    sqlx::query("UPDATE schedule SET paused = true WHERE id = $1").bind(schedule).execute(&db.pool).await.unwrap();
+    assert_eq!(fire("now() - interval '1 minute'").await, None, "a paused schedule");
+    sqlx::query("UPDATE schedule SET paused = false WHERE id = $1").bind(schedule).execute(&db.pool).await.unwrap();
+    sqlx::query("UPDATE api_token SET revoked = now() WHERE id = $1").bind(token).execute(&db.pool).await.unwrap();
+    assert_eq!(fire("now() - interval '1 minute'").await, None, "a revoked token's schedule");
+    sqlx::query("UPDATE api_token SET revoked = NULL WHERE id = $1").bind(token).execute(&db.pool).await.unwrap();
+    assert!(fire("now() - interval '1 minute'").await.is_some(), "a due occurrence of a live schedule");
+
     // audit events: none younger than the floor goes, whatever age is asked
     sqlx::query(
         "INSERT INTO audit_event (actor, method, route, path, status, at) VALUES \
@@ -418,30 +458,41 @@ async fn a_worker_s_login_serves_only_the_runtimes_it_is_granted() {
     assert_eq!(taken, 1);
     let worker = log_in(&db, "attune_test_worker_b").await;
 
-    let everything = json!({"runtimes": ["shell", "python"]});
-    let code = refused(
-        sqlx::query("INSERT INTO worker (name, status, capabilities) VALUES ('greedy', 'inactive', $1)")
-            .bind(&everything)
-            .execute(&worker)
-            .await,
-        "a row advertising an ungranted runtime",
-    );
-    assert_eq!(code, "42501");
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO worker (name, status, capabilities) VALUES ('modest', 'active', '{\"runtimes\": [\"shell\"]}') RETURNING id",
+    // what its rows advertise is held to the grant: the rest is left out, whatever it writes
+    let everything = json!({"runtimes": ["shell", "python"], "slots": 4});
+    let advertised: Value = sqlx::query_scalar(
+        "INSERT INTO worker (name, status, capabilities) VALUES ('greedy', 'active', $1) RETURNING capabilities",
     )
+    .bind(&everything)
     .fetch_one(&worker)
     .await
-    .expect("a row advertising granted runtimes");
-    let code = refused(
-        sqlx::query("UPDATE worker SET capabilities = $2 WHERE id = $1")
+    .expect("a row of its own");
+    assert_eq!(advertised, json!({"runtimes": ["shell"], "slots": 4}), "an ungranted runtime advertised");
+    let id: i64 = sqlx::query_scalar("SELECT id FROM worker WHERE name = 'greedy'").fetch_one(&db.pool).await.unwrap();
+    for forged in [everything.clone(), json!({"runtimes": "python"}), json!(["python"])] {
+        let advertised: Value =
+            sqlx::query_scalar("UPDATE worker SET capabilities = $2 WHERE id = $1 RETURNING capabilities")
+                .bind(id)
+                .bind(&forged)
+                .fetch_one(&worker)
+                .await
+                .expect("a heartbeat goes on");
+        assert!(
+            advertised["runtimes"].as_array().is_some_and(|r| r.iter().all(|r| r == "shell")),
+            "{forged} advertised {advertised}"
+        );
+    }
+    // a runtime taken back from a running worker: its next heartbeat lands, without it
+    attune_common::db::worker::deny_runtimes(&db.pool, "attune_test_worker_b", &["shell".into()]).await.unwrap();
+    let advertised: Value =
+        sqlx::query_scalar("UPDATE worker SET capabilities = $2 WHERE id = $1 RETURNING capabilities")
             .bind(id)
             .bind(&everything)
-            .execute(&worker)
-            .await,
-        "a heartbeat advertising an ungranted runtime",
-    );
-    assert_eq!(code, "42501");
+            .fetch_one(&worker)
+            .await
+            .expect("the heartbeat after a deny lands");
+    assert_eq!(advertised["runtimes"], json!([]));
+    attune_common::db::worker::allow_runtimes(&db.pool, "attune_test_worker_b", &["shell".into()]).await.unwrap();
 
     // a python run and a shell run, each with a secret, placed on its worker
     sqlx::query("INSERT INTO secret (name, sealed, users) VALUES ('shop', '\\x01', '{core}')")

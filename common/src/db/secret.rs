@@ -141,3 +141,30 @@ pub async fn reseal_parameters(
         .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// Every schedule whose parameters hold a sealed value: its id, action and parameters (what
+/// each of its runs is given, `schedule_fire`).
+pub async fn schedules_with_sealed(db: &PgPool) -> Result<Vec<(i64, String, serde_json::Value)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, action_ref, parameters FROM schedule \
+         WHERE jsonb_typeof(parameters) = 'object' AND parameters @? '$.*.\"$sealed\"' ORDER BY id",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Replaces schedule `id`'s parameters `was` with `now`, unless they changed meanwhile.
+pub async fn reseal_schedule_parameters(
+    db: &PgPool,
+    id: i64,
+    was: &serde_json::Value,
+    now: &serde_json::Value,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query("UPDATE schedule SET parameters = $3 WHERE id = $1 AND parameters = $2")
+        .bind(id)
+        .bind(was)
+        .bind(now)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -338,6 +338,16 @@ pub async fn any_keyless(db: &PgPool) -> Result<bool, sqlx::Error> {
     .await
 }
 
+/// Those of `workers` that run without the secrets key (`worker_opens_secrets`).
+pub async fn keyless_among(db: &PgPool, workers: &[i64]) -> Result<std::collections::HashSet<i64>, sqlx::Error> {
+    let ids: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM worker WHERE id = ANY($1) AND NOT worker_opens_secrets(capabilities)")
+            .bind(workers)
+            .fetch_all(db)
+            .await?;
+    Ok(ids.into_iter().collect())
+}
+
 /// Active workers as scheduling candidates, with their in-flight counts and the database's clock.
 pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), sqlx::Error> {
     let mut candidates = fleet(db).await?;
