@@ -58,7 +58,7 @@ pub async fn run(out: Output, reason: Option<&str>) -> anyhow::Result<i32> {
     }
     for (id, action_ref, parameters) in secret::schedules_with_sealed(&pool).await? {
         let (now, changed) = resealed(&sealer, action_ref.as_str(), &parameters, &format!("schedule:{id}"), &mut done);
-        if changed > 0 && secret::reseal_schedule_parameters(&pool, id, &parameters, &now).await? {
+        if changed > 0 && secret::reseal_parameters(&pool, secret::Holder::Schedule(id), &parameters, &now).await? {
             done.schedule_parameters += changed;
         }
     }
@@ -67,7 +67,7 @@ pub async fn run(out: Output, reason: Option<&str>) -> anyhow::Result<i32> {
         let batch = secret::executions_with_sealed(&pool, after, BATCH).await?;
         for (id, action_ref, parameters) in &batch {
             let (now, changed) = resealed(&sealer, action_ref, parameters, &format!("execution:{id}"), &mut done);
-            if changed > 0 && secret::reseal_parameters(&pool, *id, parameters, &now).await? {
+            if changed > 0 && secret::reseal_parameters(&pool, secret::Holder::Execution(*id), parameters, &now).await? {
                 done.parameters += changed;
             }
         }
@@ -114,18 +114,8 @@ fn resealed(sealer: &Sealer, action_ref: &str, parameters: &Value, what: &str, d
 
 /// The audit row of the reseal, by `cli:<the user running the command>`.
 async fn audit(pool: &sqlx::PgPool, done: &Resealed, reason: Option<&str>) -> anyhow::Result<()> {
-    let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into());
-    let event = attune_common::db::audit::NewEvent {
-        token_id: None,
-        role: None,
-        actor: Some(format!("cli:{user}")),
-        method: "CLI".into(),
-        route: "secret reseal".into(),
-        path: "attune secret reseal".into(),
-        status: 0,
-        target: Some(format!("secrets:{}+{}+{}", done.secrets, done.parameters, done.schedule_parameters)),
-        reason: reason.map(str::to_string),
-    };
+    let target = format!("secrets:{}+{}+{}", done.secrets, done.parameters, done.schedule_parameters);
+    let event = crate::tokens::cli_event("secret reseal", &target, reason);
     attune_common::db::audit::insert_many(pool, &[event]).await.context("writing the audit event")?;
     Ok(())
 }

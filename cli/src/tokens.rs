@@ -75,8 +75,15 @@ async fn audit(
     token_id: i64,
     reason: Option<&str>,
 ) -> anyhow::Result<()> {
+    let event = cli_event(what, &format!("token:{token_id}"), reason);
+    attune_common::db::audit::insert_many(transaction, &[event]).await.context("writing the audit event")?;
+    Ok(())
+}
+
+/// The audit event of `attune <what>`, changing `target`, by `cli:<the user running the command>`.
+pub(crate) fn cli_event(what: &str, target: &str, reason: Option<&str>) -> attune_common::db::audit::NewEvent {
     let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into());
-    let event = attune_common::db::audit::NewEvent {
+    attune_common::db::audit::NewEvent {
         token_id: None,
         role: None,
         actor: Some(format!("cli:{user}")),
@@ -84,11 +91,9 @@ async fn audit(
         route: what.into(),
         path: format!("attune {what}"),
         status: 0,
-        target: Some(format!("token:{token_id}")),
+        target: Some(target.to_string()),
         reason: reason.map(str::to_string),
-    };
-    attune_common::db::audit::insert_many(transaction, &[event]).await.context("writing the audit event")?;
-    Ok(())
+    }
 }
 
 async fn database() -> anyhow::Result<PgPool> {

@@ -126,19 +126,25 @@ pub async fn executions_with_sealed(
     .await
 }
 
-/// Replaces execution `id`'s parameters `was` with `now`, unless they changed meanwhile.
+/// What holds sealed parameters: an execution, or a schedule (which gives them to each run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    Execution(i64),
+    Schedule(i64),
+}
+
+/// Replaces `holder`'s parameters `was` with `now`, unless they changed meanwhile.
 pub async fn reseal_parameters(
     db: &PgPool,
-    id: i64,
+    holder: Holder,
     was: &serde_json::Value,
     now: &serde_json::Value,
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query("UPDATE execution SET parameters = $3 WHERE id = $1 AND parameters = $2")
-        .bind(id)
-        .bind(was)
-        .bind(now)
-        .execute(db)
-        .await?;
+    let (sql, id) = match holder {
+        Holder::Execution(id) => ("UPDATE execution SET parameters = $3 WHERE id = $1 AND parameters = $2", id),
+        Holder::Schedule(id) => ("UPDATE schedule SET parameters = $3 WHERE id = $1 AND parameters = $2", id),
+    };
+    let done = sqlx::query(sql).bind(id).bind(was).bind(now).execute(db).await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -151,20 +157,4 @@ pub async fn schedules_with_sealed(db: &PgPool) -> Result<Vec<(i64, String, serd
     )
     .fetch_all(db)
     .await
-}
-
-/// Replaces schedule `id`'s parameters `was` with `now`, unless they changed meanwhile.
-pub async fn reseal_schedule_parameters(
-    db: &PgPool,
-    id: i64,
-    was: &serde_json::Value,
-    now: &serde_json::Value,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query("UPDATE schedule SET parameters = $3 WHERE id = $1 AND parameters = $2")
-        .bind(id)
-        .bind(was)
-        .bind(now)
-        .execute(db)
-        .await?;
-    Ok(done.rows_affected() == 1)
 }
