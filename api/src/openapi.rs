@@ -179,6 +179,16 @@ pub fn document_storable_json(openapi: utoipa::openapi::OpenApi) -> serde_json::
             "description": description,
         });
     }
+    // a secret's users: each an action, a pack or `*` (`routes::secrets::checked_users`)
+    let users = &mut schemas["SetSecret"]["properties"]["users"];
+    let description = users["description"].clone();
+    *users = json!({
+        "type": ["array", "null"],
+        "items": {"type": "string", "pattern": crate::routes::secrets::USER_PATTERN},
+        "minItems": 1,
+        "maxItems": crate::routes::secrets::MAX_SECRET_USERS,
+        "description": description,
+    });
     document
 }
 

@@ -31,6 +31,9 @@ pub struct SetSecret {
 
 /// The most users one secret may name.
 pub const MAX_SECRET_USERS: usize = 64;
+/// What each of a secret's users is: an action (`pack.name`), a pack, or `*` (the form the
+/// table's `secret_users_form` holds them to; the OpenAPI document states it).
+pub const USER_PATTERN: &str = r"^(\*|[A-Za-z0-9_-]{1,128}(\.[A-Za-z0-9_-]{1,128})?)$";
 
 fn checked_users(users: &[String]) -> Result<(), ApiError> {
     let valid_name = |part: &str| {
