@@ -67,7 +67,8 @@ pub async fn run(out: Output, reason: Option<&str>) -> anyhow::Result<i32> {
         let batch = secret::executions_with_sealed(&pool, after, BATCH).await?;
         for (id, action_ref, parameters) in &batch {
             let (now, changed) = resealed(&sealer, action_ref, parameters, &format!("execution:{id}"), &mut done);
-            if changed > 0 && secret::reseal_parameters(&pool, secret::Holder::Execution(*id), parameters, &now).await? {
+            if changed > 0 && secret::reseal_parameters(&pool, secret::Holder::Execution(*id), parameters, &now).await?
+            {
                 done.parameters += changed;
             }
         }
