@@ -183,7 +183,7 @@ pub fn document_storable_json(openapi: utoipa::openapi::OpenApi) -> serde_json::
     let users = &mut schemas["SetSecret"]["properties"]["users"];
     let description = users["description"].clone();
     *users = json!({
-        "type": ["array", "null"],
+        "type": "array",
         "items": {"type": "string", "pattern": crate::routes::secrets::USER_PATTERN},
         "minItems": 1,
         "maxItems": crate::routes::secrets::MAX_SECRET_USERS,

@@ -140,10 +140,21 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let mut value = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut value).context("reading the value from stdin")?;
             let value = value.strip_suffix('\n').unwrap_or(&value);
-            let mut body = json!({"value": value});
-            if let Some(users) = users {
-                body["users"] = json!(users);
-            }
+            // without --users, the users it has (a new secret must be given them)
+            let users = match users {
+                Some(users) => users,
+                None => {
+                    let listed = client.get("/api/v1/secrets", &[]).await?;
+                    let known = listed.as_array().and_then(|all| all.iter().find(|s| s["name"] == name.as_str()));
+                    match known.and_then(|s| s["users"].as_array()) {
+                        Some(users) => users.iter().map(text).collect(),
+                        None => bail!(
+                            "secret {name} is new: name the actions that may use it, --users pack.action,pack (or '*' for any)"
+                        ),
+                    }
+                }
+            };
+            let body = json!({"value": value, "users": users});
             let set = client.put(&format!("/api/v1/secrets/{name}"), &body).await?;
             print(out, &set, |s| {
                 format!("secret {} set at {}, for {}", text(&s["name"]), text(&s["updated"]), users_of(s))

@@ -195,8 +195,14 @@ async fn without_a_key_secrets_are_refused_at_the_door_and_a_missing_secret_fail
     let pack = TempPack::new("vault", &[("show.yaml", SHOW), ("show.sh", SHOW_SH)]);
     let system =
         System::builder().env("ATTUNE_WORKER_WAIT_SECS", "2").pack(pack.path()).worker("w1", &[]).start().await;
-    let (status, refused) =
-        system.request(Method::PUT, "/api/v1/secrets/shop", Some(&json!({"value": "v"})), Some(&system.token)).await;
+    let (status, refused) = system
+        .request(
+            Method::PUT,
+            "/api/v1/secrets/shop",
+            Some(&json!({"value": "v", "users": ["vault"]})),
+            Some(&system.token),
+        )
+        .await;
     assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("value")), "{refused}");
     assert!(refused["error"]["message"].as_str().unwrap().contains("ATTUNE_SECRETS_KEY_FILE"), "{refused}");
     let (status, refused) = system
@@ -374,9 +380,20 @@ async fn a_secret_reaches_only_the_actions_it_names_as_its_users() {
     assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("users")), "{refused}");
     let (status, set) = put(json!({"value": STORED, "users": ["vault.show"]})).await;
     assert_eq!((status, &set["users"]), (200, &json!(["vault.show"])), "{set}");
-    // set again without users, it keeps them
-    let (status, set) = put(json!({"value": STORED})).await;
-    assert_eq!((status, &set["users"]), (200, &json!(["vault.show"])), "{set}");
+    // `attune secret set` again without --users keeps them (the API is always told them)
+    let mut cli = system.command("attune");
+    cli.args(["secret", "set", "shop", "--output", "json"])
+        .env("ATTUNE_API_URL", &system.api_url)
+        .env("ATTUNE_TOKEN", &system.token)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cli.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), STORED.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let set: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(set["users"], json!(["vault.show"]), "{set}");
 
     // another action's reference: refused at the door, for a submission and a schedule alike
     let elsewhere = json!({"message": {"$secret": "shop"}});
@@ -469,7 +486,7 @@ parameters:
         assert!(!run.to_string().contains(value), "the value is not shown: {run:#}");
         assert_eq!(run["stdout"].as_str().unwrap_or_default(), "", "the action did not run: {run:#}");
     }
-    let body = json!({"value": "nginx-main"});
+    let body = json!({"value": "nginx-main", "users": ["svc"]});
     let (status, _) = system.request(Method::PUT, "/api/v1/secrets/unit", Some(&body), Some(&system.token)).await;
     assert_eq!(status, 200);
     let ran = system.submit("svc.restart", json!({"unit": {"$secret": "unit"}})).await;

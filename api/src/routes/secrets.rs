@@ -23,10 +23,10 @@ pub struct SetSecret {
     #[schema(min_length = 1, max_length = 16384, pattern = r"^[^\x00]*$")]
     pub value: String,
     /// The actions it may be given to: action refs (`pack.name`), packs (`pack`, each of its
-    /// actions) or `"*"` (any action); 1 to 64. Required for a new secret; without it a secret
-    /// set again keeps its users.
+    /// actions) or `"*"` (any action); 1 to 64. (`attune secret set` without `--users` sends the
+    /// users the secret has.)
     #[schema(min_items = 1, max_items = 64)]
-    pub users: Option<Vec<String>>,
+    pub users: Vec<String>,
 }
 
 /// The most users one secret may name.
@@ -95,21 +95,10 @@ pub async fn set(
     let sealer = state.settings.sealer.as_ref().ok_or_else(|| {
         ApiError::invalid("value", format!("this API has no {} to seal secrets with", attune_common::secrets::KEY_FILE))
     })?;
-    if let Some(users) = &body.users {
-        checked_users(users)?;
-    }
+    checked_users(&body.users)?;
     let mut transaction = state.db.begin().await?;
     let sealed = sealer.seal(&name, &body.value);
-    let info = db::secret::set(&mut *transaction, &name, &sealed, body.users.as_deref(), caller.token_id)
-        .await?
-        .ok_or_else(|| {
-            ApiError::invalid(
-                "users",
-                format!(
-                    "secret '{name}' is new: name the actions that may use it, 'users': [\"pack.action\", \"pack\", or \"*\" for any]"
-                ),
-            )
-        })?;
+    let info = db::secret::set(&mut *transaction, &name, &sealed, &body.users, caller.token_id).await?;
     let target = asking.commit(transaction, StatusCode::OK, Default::default()).await?;
     tracing::info!(name = %info.name, by = caller.token_id, "secret set");
     Ok((target, Json(info)))

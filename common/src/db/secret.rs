@@ -18,35 +18,26 @@ pub struct SecretInfo {
 
 const INFO: &str = "name, created, updated, updated_by, users";
 
-/// Sets secret `name` to `sealed` (made or replaced), for `users` (`None`: the users it has; a
-/// new secret must be given them); returns it as listed, `None` when it is new and `users` is.
+/// Sets secret `name` to `sealed` (made or replaced), for `users`; returns it as listed.
 pub async fn set(
     db: impl sqlx::PgExecutor<'_>,
     name: &str,
     sealed: &[u8],
-    users: Option<&[String]>,
+    users: &[String],
     by: i64,
-) -> Result<Option<SecretInfo>, sqlx::Error> {
+) -> Result<SecretInfo, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "WITH kept AS (UPDATE secret SET sealed = $2, updated = now(), updated_by = $3 \
-                       WHERE name = $1 AND $4::text[] IS NULL RETURNING {INFO}), \
-              made AS (INSERT INTO secret (name, sealed, updated_by, users) SELECT $1, $2, $3, $4 WHERE $4 IS NOT NULL \
-                       ON CONFLICT (name) DO UPDATE SET sealed = EXCLUDED.sealed, updated = now(), \
-                           updated_by = EXCLUDED.updated_by, users = EXCLUDED.users \
-                       RETURNING {INFO}) \
-         SELECT {INFO} FROM kept UNION ALL SELECT {INFO} FROM made"
+        "INSERT INTO secret (name, sealed, updated_by, users) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (name) DO UPDATE SET sealed = EXCLUDED.sealed, updated = now(), \
+             updated_by = EXCLUDED.updated_by, users = EXCLUDED.users \
+         RETURNING {INFO}"
     )))
     .bind(name)
     .bind(sealed)
     .bind(by)
     .bind(users)
-    .fetch_optional(db)
+    .fetch_one(db)
     .await
-}
-
-/// Whether `users` is a valid list of a secret's users (the table's `secret_users_form`).
-pub async fn users_valid(db: &PgPool, users: &[String]) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT secret_users_form($1)").bind(users).fetch_one(db).await
 }
 
 /// Of the secrets `names`, those that are set but not for the action `action_ref`, with their
