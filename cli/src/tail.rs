@@ -6,10 +6,15 @@
 //! terminals, answer with keystrokes) are shown escaped, `\x1b`, but for newline, tab and a
 //! carriage return before a newline; `--raw` prints the bytes as they came.
 //!
+//! A stream the API ends at one of its bounds (`ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, or
+//! `ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` with nothing sent: `closed` with `open_again`) is opened
+//! again where it was (`stdout_from`, `stderr_from`: nothing is printed twice), so a long or
+//! quiet action is followed to its end.
+//!
 //! Exit status: 0 when the execution completed, 2 when it ended otherwise (failed, timeout,
-//! canceled, abandoned), 1 for an API error or a stream that ended before the execution did
-//! (`closed`: `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, `ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` with
-//! nothing sent, or the API stopping; run it again), or one refused (`429 too_many_streams`).
+//! canceled, abandoned), 1 for an API error or a stream that ended before the execution did and
+//! is not to be opened again (the API stopping; run it again), or one refused
+//! (`429 too_many_streams`).
 
 use std::io::Write;
 
@@ -99,54 +104,83 @@ pub async fn tail(client: &Client, id: i64, json: bool, raw: bool) -> anyhow::Re
         let text = data["text"].as_str().unwrap_or_default();
         if raw { text.to_string() } else { escaped(text).into_owned() }
     };
-    let mut response = client.open_stream(&format!("/api/v1/executions/{id}/output")).await?;
-    let mut parser = SseParser::default();
-    while let Some(bytes) = response.chunk().await? {
-        for event in parser.push(&bytes) {
-            let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
-            if json {
-                println!("{}", serde_json::json!({"event": event.event, "data": data}));
-            }
-            match event.event.as_str() {
-                "stdout" if !json => {
-                    let mut out = std::io::stdout().lock();
-                    out.write_all(show(&data).as_bytes())?;
-                    out.flush()?;
+    // where each stream is: the `next` of its last chunk, to open the stream again from
+    let mut from = [0u64; 2];
+    'open: loop {
+        let path = match from {
+            [0, 0] => format!("/api/v1/executions/{id}/output"),
+            [stdout, stderr] => format!("/api/v1/executions/{id}/output?stdout_from={stdout}&stderr_from={stderr}"),
+        };
+        let mut response = client.open_stream(&path).await?;
+        let mut parser = SseParser::default();
+        while let Some(bytes) = response.chunk().await? {
+            for event in parser.push(&bytes) {
+                let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
+                if let (Some(i), Some(next)) = (stream_index(&event.event), data["next"].as_u64()) {
+                    from[i] = from[i].max(next);
                 }
-                "stderr" if !json => {
-                    let mut err = std::io::stderr().lock();
-                    err.write_all(show(&data).as_bytes())?;
-                    err.flush()?;
+                if json {
+                    println!("{}", serde_json::json!({"event": event.event, "data": data}));
                 }
-                "skipped" if !json => {
-                    eprintln!("[attune: {} bytes of {} not shown]", data["bytes"], text(&data["stream"]))
-                }
-                "capped" if !json => eprintln!(
-                    "[attune: no more {} live past {} bytes; the stored tail: attune execution get {id}]",
-                    text(&data["stream"]),
-                    data["limit_bytes"]
-                ),
-                "end" => {
-                    if !json {
-                        eprintln!(
-                            "[attune: execution {id} {}{}]",
-                            text(&data["status"]),
-                            data["exit_code"].as_i64().map(|code| format!(", exit code {code}")).unwrap_or_default()
-                        );
+                match event.event.as_str() {
+                    "stdout" if !json => {
+                        let mut out = std::io::stdout().lock();
+                        out.write_all(show(&data).as_bytes())?;
+                        out.flush()?;
                     }
-                    return Ok(exit_status(&data));
-                }
-                "closed" => {
-                    if !json {
-                        eprintln!("[attune: the stream ended before the execution: {}]", text(&data["reason"]));
+                    "stderr" if !json => {
+                        let mut err = std::io::stderr().lock();
+                        err.write_all(show(&data).as_bytes())?;
+                        err.flush()?;
                     }
-                    return Ok(1);
+                    "skipped" if !json => {
+                        eprintln!("[attune: {} bytes of {} not shown]", data["bytes"], text(&data["stream"]))
+                    }
+                    "capped" if !json => eprintln!(
+                        "[attune: no more {} live past {} bytes; the stored tail: attune execution get {id}]",
+                        text(&data["stream"]),
+                        data["limit_bytes"]
+                    ),
+                    "end" => {
+                        if !json {
+                            eprintln!(
+                                "[attune: execution {id} {}{}]",
+                                text(&data["status"]),
+                                data["exit_code"]
+                                    .as_i64()
+                                    .map(|code| format!(", exit code {code}"))
+                                    .unwrap_or_default()
+                            );
+                        }
+                        return Ok(exit_status(&data));
+                    }
+                    "closed" if data["open_again"] == true => {
+                        if !json {
+                            eprintln!("[attune: {}; following again]", text(&data["reason"]));
+                        }
+                        continue 'open;
+                    }
+                    "closed" => {
+                        if !json {
+                            eprintln!("[attune: the stream ended before the execution: {}]", text(&data["reason"]));
+                        }
+                        return Ok(1);
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
         }
+        return Err(anyhow!("the stream of execution {id} ended without its end (the connection was lost)"));
     }
-    Err(anyhow!("the stream of execution {id} ended without its end (the connection was lost)"))
+}
+
+/// The index of an output event's stream (`stdout` 0, `stderr` 1).
+fn stream_index(event: &str) -> Option<usize> {
+    match event {
+        "stdout" => Some(0),
+        "stderr" => Some(1),
+        _ => None,
+    }
 }
 
 fn text(value: &Value) -> String {

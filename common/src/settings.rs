@@ -140,13 +140,13 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_API_OUTPUT_STREAM_MAX_SECS",
         default: Value("900"),
         read_by: &[Api],
-        doc: "a live output stream (`GET /api/v1/executions/{id}/output`, `attune execution tail`) lasts at most this long, then ends with a `closed` event (the request timeout does not cut it)",
+        doc: "a live output stream (`GET /api/v1/executions/{id}/output`, `attune execution tail`) lasts at most this long, then ends with a `closed` event that says it may be opened again where it was (`attune execution tail` does; the request timeout does not cut it)",
     },
     Setting {
         name: "ATTUNE_API_OUTPUT_STREAM_IDLE_SECS",
         default: Value("300"),
         read_by: &[Api],
-        doc: "a live output stream on which nothing was sent this long, or whose client took no event this long, ends with a `closed` event",
+        doc: "a live output stream on which nothing was sent this long, or whose client took no event this long, ends with a `closed` event (one with nothing sent says it may be opened again)",
     },
     Setting {
         name: "ATTUNE_API_OUTPUT_STREAMS_PER_TOKEN",

@@ -139,3 +139,33 @@ async fn tail_shows_an_action_s_control_characters_escaped() {
     assert!(String::from_utf8_lossy(&raw.stdout).contains(message), "{raw:?}");
     system.stop().await;
 }
+
+/// `attune execution tail` follows a run that outlasts one stream to its end (issue 47's streams
+/// end at `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, 900 s by default, 1 s here): the API's `closed`
+/// says the stream may be opened again, the CLI opens it again from where each stream was, and
+/// every line shows exactly once. Before, `tail` stopped at the first `closed` with exit status 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_follows_a_run_longer_than_one_stream_and_shows_each_line_once() {
+    const TICK: &str = "name: tick\nruntime: shell\nentrypoint: actions/tick.sh\nmax_retries: 0\n";
+    const TICK_SH: &str =
+        "#!/bin/sh\nfor i in 1 2 3 4 5 6 7 8 9 10; do echo \"line $i\"; echo \"err $i\" >&2; sleep 0.35; done\n";
+    let pack = attune_testkit::TempPack::new("clock", &[("tick.yaml", TICK), ("tick.sh", TICK_SH)]);
+    let system = System::builder()
+        .env("ATTUNE_API_OUTPUT_STREAM_MAX_SECS", "1")
+        .pack(pack.path())
+        .worker("w1", &[])
+        .start()
+        .await;
+    let execution = system.submit("clock.tick", json!({})).await;
+    let out = system.cli_output(&["execution", "tail", &id(&execution).to_string()]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let expected: Vec<String> = (1..=10).map(|i| format!("line {i}")).collect();
+    assert_eq!(lines, expected, "each line once, in order; stderr: {stderr}");
+    for i in 1..=10 {
+        assert_eq!(stderr.matches(&format!("err {i}\n")).count(), 1, "err {i} once: {stderr}");
+    }
+    assert!(stderr.contains("following again"), "the run outlasted a stream: {stderr}");
+    system.stop().await;
+}

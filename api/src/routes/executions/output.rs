@@ -25,6 +25,11 @@
 //! `ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` or its client takes no event that long, after
 //! `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, and when the API shuts down; the request timeout does not
 //! cut it (it bounds the handler, which answers at once).
+//!
+//! A client that opens the stream again goes on where it was: each chunk says where it ends
+//! (`next`, a byte offset of its stream), and `?stdout_from=&stderr_from=` (the last `next` of
+//! each) leave out what it has; a stream it had any of is not answered again from the stored
+//! output at the end (`attune execution tail` does this when a stream is `closed`).
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -35,8 +40,8 @@ use attune_common::mq::{
 };
 use attune_core::ExecutionStatus;
 use axum::Extension;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::{Stream, StreamExt};
 use lapin::options::{BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
@@ -70,16 +75,29 @@ pub struct OutputEvent {
     pub event: String,
     /// A JSON object: `{"offset", "text"}` (stdout, stderr), `{"stream", "bytes"}` (skipped),
     /// `{"stream", "limit_bytes"}` (capped), `{"status", "exit_code", "failure_kind"}` (end),
-    /// `{"reason"}` (closed).
+    /// `{"reason", "open_again"}` (closed).
     pub data: String,
 }
 
+/// Where a client opening the stream again goes on from (the last `next` it had of each stream).
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct Resume {
+    /// Leave out stdout before this byte offset.
+    #[param(minimum = 0)]
+    pub stdout_from: Option<u64>,
+    /// Leave out stderr before this byte offset.
+    #[param(minimum = 0)]
+    pub stderr_from: Option<u64>,
+}
+
 #[utoipa::path(get, path = "/executions/{id}/output", operation_id = "follow_execution_output", tag = "executions",
-    params(("id" = i64, Path, description = "Execution id")),
+    params(("id" = i64, Path, description = "Execution id"), Resume),
     responses(
         (status = 200, content_type = "text/event-stream", body = OutputEvent,
-            description = "Server-Sent Events: `stdout` and `stderr` (`{\"offset\", \"text\"}`: the bytes from `offset` of that stream, redacted as the stored output is), `skipped` (`{\"stream\", \"bytes\"}` not shown), `capped` (`{\"stream\", \"limit_bytes\"}`: no more of that stream live), then `end` (`{\"status\", \"exit_code\", \"failure_kind\"}`) when the execution has ended, or `closed` (`{\"reason\"}`) when the stream ends first (`ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` with nothing sent or taken, `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`, or the API stopping). Only the executing worker's live output is shown. A finished execution: its stored output and `end` at once"),
-        (status = 400, description = "The id is not an integer; `parameter` names it", body = crate::openapi::ErrorBody),
+            description = "Server-Sent Events: `stdout` and `stderr` (`{\"offset\", \"next\", \"text\"}`: the bytes from `offset` to `next` of that stream, redacted as the stored output is; `next` is absent from stored output), `skipped` (`{\"stream\", \"bytes\"}` not shown), `capped` (`{\"stream\", \"limit_bytes\"}`: no more of that stream live), then `end` (`{\"status\", \"exit_code\", \"failure_kind\"}`) when the execution has ended, or `closed` (`{\"reason\", \"open_again\"}`) when the stream ends first (`ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` with nothing sent or taken, `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`: `open_again`, with `stdout_from` and `stderr_from` set to the last `next` of each stream; or the API stopping). Only the executing worker's live output is shown. A finished execution: its stored output and `end` at once"),
+        (status = 400, description = "The id, `stdout_from` or `stderr_from` is not a non-negative integer; `parameter` names it", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
         (status = 429, description = "`too_many_streams`: the token has `ATTUNE_API_OUTPUT_STREAMS_PER_TOKEN` streams open, or the API `ATTUNE_API_OUTPUT_STREAMS` in all; the message names the limit, `limit` its value", body = crate::openapi::ErrorBody),
     ))]
@@ -88,8 +106,10 @@ pub async fn output(
     Extension(caller): Extension<Caller>,
     slot: Option<Extension<ConnectionSlot>>,
     id: Result<Path<i64>, PathRejection>,
+    resume: Result<Query<Resume>, QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let Path(id) = id?;
+    let Query(resume) = resume?;
     let execution = db::execution::get(&state.db, id)
         .await?
         .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))?;
@@ -107,7 +127,7 @@ pub async fn output(
     };
     let (sender, receiver) = mpsc::channel::<Event>(16);
     let outlet = Outlet { sender, idle: state.settings.streams.idle, last_sent: Instant::now(), _permit: permit };
-    tokio::spawn(follow(state, execution, outlet));
+    tokio::spawn(follow(state, execution, outlet, Forwarded::from(&resume)));
     let events = futures_util::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|event| (Ok(event), receiver))
     });
@@ -200,6 +220,15 @@ pub struct Forwarded {
     streamed: [bool; 2],
 }
 
+impl From<&Resume> for Forwarded {
+    /// What a client opening the stream again has already: nothing before its offsets, and no
+    /// stored output at the end of a stream it had any of.
+    fn from(resume: &Resume) -> Forwarded {
+        let next = [resume.stdout_from.unwrap_or(0), resume.stderr_from.unwrap_or(0)];
+        Forwarded { next, streamed: next.map(|from| from > 0) }
+    }
+}
+
 impl Forwarded {
     /// The events a chunk makes: nothing for what was forwarded already, `skipped` before a gap.
     pub fn chunk(
@@ -230,7 +259,7 @@ impl Forwarded {
             }
             (offset, text)
         };
-        events.push((name.to_string(), json!({"offset": offset, "text": text})));
+        events.push((name.to_string(), json!({"offset": offset, "next": end, "text": text})));
         self.next[i] = end;
         self.streamed[i] = true;
         events
@@ -265,7 +294,13 @@ impl Outlet {
 
     /// Ends the stream with `closed` and why.
     async fn close(mut self, reason: &str) {
-        self.send(data("closed", json!({"reason": reason}))).await;
+        self.send(data("closed", json!({"reason": reason, "open_again": false}))).await;
+    }
+
+    /// Ends the stream at one of its bounds, with `closed`, why, and `open_again`: the client
+    /// may open it again (with `Resume`) to go on following.
+    async fn close_for_now(mut self, reason: &str) {
+        self.send(data("closed", json!({"reason": reason, "open_again": true}))).await;
     }
 
     /// When the stream is idle: nothing was sent on it for the idle bound.
@@ -280,10 +315,15 @@ fn from_executing_worker(user_id: Option<&str>, worker_user: Option<&str>) -> bo
     worker_user.is_some() && user_id == worker_user
 }
 
-async fn follow(state: crate::State, execution: db::execution::Execution, mut outlet: Outlet) {
+async fn follow(
+    state: crate::State,
+    execution: db::execution::Execution,
+    mut outlet: Outlet,
+    mut forwarded: Forwarded,
+) {
     let id = execution.id;
     if execution.status.is_terminal() {
-        finish(&mut outlet, execution, &Forwarded::default()).await;
+        finish(&mut outlet, execution, &forwarded).await;
         return;
     }
     let deadline = Instant::now() + state.settings.streams.max;
@@ -294,7 +334,6 @@ async fn follow(state: crate::State, execution: db::execution::Execution, mut ou
             None
         }
     };
-    let mut forwarded = Forwarded::default();
     let mut heard_from_worker = false;
     // the broker user of the worker the execution runs on (read once it runs): live output is
     // believed only from it; how many messages from anyone else were dropped
@@ -322,11 +361,11 @@ async fn follow(state: crate::State, execution: db::execution::Execution, mut ou
             _ = stop.cancelled() => return outlet.close("the API is stopping").await,
             _ = tokio::time::sleep_until(deadline.into()) => {
                 let reason = format!("the stream lasted {MAX}: open it again to go on following");
-                return outlet.close(&reason).await;
+                return outlet.close_for_now(&reason).await;
             }
             _ = tokio::time::sleep_until(outlet.idle_at().into()) => {
                 let reason = format!("nothing was sent for {IDLE}: open it again to go on following");
-                return outlet.close(&reason).await;
+                return outlet.close_for_now(&reason).await;
             }
             delivery = delivery => match delivery {
                 Some(Ok(delivery)) => {
@@ -465,13 +504,27 @@ mod tests {
     fn what_was_forwarded_is_not_again_and_a_gap_is_said() {
         let mut forwarded = Forwarded::default();
         let events = forwarded.chunk(OutputStream::Stdout, 0, 4, "one\n");
-        assert_eq!(events, vec![("stdout".to_string(), json!({"offset": 0, "text": "one\n"}))]);
+        assert_eq!(events, vec![("stdout".to_string(), json!({"offset": 0, "next": 4, "text": "one\n"}))]);
         assert!(forwarded.chunk(OutputStream::Stdout, 0, 4, "one\n").is_empty(), "a repeat");
         let events = forwarded.chunk(OutputStream::Stdout, 0, 8, "one\ntwo\n");
-        assert_eq!(events, vec![("stdout".to_string(), json!({"offset": 4, "text": "two\n"}))], "an overlap");
+        assert_eq!(
+            events,
+            vec![("stdout".to_string(), json!({"offset": 4, "next": 8, "text": "two\n"}))],
+            "an overlap"
+        );
         let events = forwarded.chunk(OutputStream::Stdout, 10, 2, "x\n");
         assert_eq!(events[0], ("skipped".to_string(), json!({"stream": "stdout", "bytes": 2})));
         assert_eq!(forwarded.chunk(OutputStream::Stderr, 0, 2, "e\n").len(), 1, "each stream on its own");
         assert!(forwarded.streamed[0] && forwarded.streamed[1]);
+    }
+
+    #[test]
+    fn a_stream_opened_again_goes_on_where_its_client_was() {
+        let mut forwarded = Forwarded::from(&Resume { stdout_from: Some(4), stderr_from: None });
+        assert!(forwarded.chunk(OutputStream::Stdout, 0, 4, "one\n").is_empty(), "what it has");
+        let events = forwarded.chunk(OutputStream::Stdout, 0, 8, "one\ntwo\n");
+        assert_eq!(events, vec![("stdout".to_string(), json!({"offset": 4, "next": 8, "text": "two\n"}))]);
+        assert!(forwarded.streamed[0], "no stored stdout again at the end");
+        assert!(!Forwarded::from(&Resume::default()).streamed[1], "nothing of stderr: its stored output at the end");
     }
 }
