@@ -260,16 +260,31 @@ const UNLIMITED_STATEMENT_BOUND: Duration = Duration::from_secs(60);
 /// kernel would wait out for about fifteen minutes of retransmissions.
 pub fn answer_deadline(db: &PgPool) -> Duration {
     let options = db.connect_options();
-    let statement_timeout = options
-        .get_options()
-        .unwrap_or_default()
-        .split_whitespace()
-        .find_map(|option| option.strip_prefix("statement_timeout="))
-        .and_then(|millis| millis.parse::<u64>().ok())
-        .map(Duration::from_millis)
+    let statement_timeout = statement_timeout_in(options.get_options().unwrap_or_default())
         .filter(|timeout| !timeout.is_zero())
         .unwrap_or(UNLIMITED_STATEMENT_BOUND);
     statement_timeout + ANSWER_MARGIN
+}
+
+/// The `statement_timeout` a session's startup options set (`-c statement_timeout=30s`): the
+/// last one, as PostgreSQL takes it, in its units (none: milliseconds; `us`, `ms`, `s`, `min`,
+/// `h`, `d`); `None` when none is set, or one PostgreSQL would refuse.
+fn statement_timeout_in(options: &str) -> Option<Duration> {
+    let value = options.split_whitespace().rev().find_map(|option| option.strip_prefix("statement_timeout="))?;
+    let value = value.trim_matches(|c| c == '\'' || c == '"');
+    let digits = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
+    let (number, unit) = value.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let millis = match unit.trim() {
+        "" | "ms" => number,
+        "us" => number / 1000,
+        "s" => number.checked_mul(1000)?,
+        "min" => number.checked_mul(60_000)?,
+        "h" => number.checked_mul(3_600_000)?,
+        "d" => number.checked_mul(86_400_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(millis))
 }
 
 /// A connection of a pool lent to one attempt of a write (`answered_within`): it goes back to
@@ -456,4 +471,24 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     let migrated = MIGRATOR.run(&unlimited).await;
     unlimited.close().await;
     migrated
+}
+
+#[cfg(test)]
+mod statement_timeout_tests {
+    use super::statement_timeout_in;
+    use std::time::Duration;
+
+    #[test]
+    fn the_statement_timeout_is_the_last_one_set_in_its_units() {
+        assert_eq!(statement_timeout_in("-c statement_timeout=30000"), Some(Duration::from_secs(30)));
+        assert_eq!(statement_timeout_in("-c statement_timeout=5s -c lock_timeout=1s"), Some(Duration::from_secs(5)));
+        assert_eq!(
+            statement_timeout_in("-c statement_timeout=1000 -c statement_timeout=2min"),
+            Some(Duration::from_secs(120)),
+            "the last one, as PostgreSQL takes it"
+        );
+        assert_eq!(statement_timeout_in("-c statement_timeout=250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(statement_timeout_in("-c lock_timeout=1s"), None);
+        assert_eq!(statement_timeout_in("-c statement_timeout=soon"), None);
+    }
 }
