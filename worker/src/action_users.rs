@@ -398,10 +398,12 @@ mod tests {
             return;
         }
         let (locks, temps) = (scratch("uids"), scratch("temps"));
-        let users = ActionUsers::with_dirs(73..=73, locks.clone(), temps.clone(), LIMITS);
+        // (two ids: a lock file's descriptor is shared for a moment with a child another test
+        // forks before it execs, and a single id would then read as held)
+        let users = ActionUsers::with_dirs(73..=74, locks.clone(), temps.clone(), LIMITS);
         let user = users.take().unwrap();
         let meta = std::fs::metadata(&user.temp_dir).unwrap();
-        assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o7777), (73, 73, 0o700));
+        assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o7777), (user.uid, user.uid, 0o700));
         assert_eq!(std::fs::metadata(&temps).unwrap().mode() & 0o7777, 0o711, "others pass, never list");
         std::fs::create_dir_all(user.temp_dir.join("deep/er")).unwrap();
         std::fs::write(user.temp_dir.join("deep/er/file"), "left").unwrap();
