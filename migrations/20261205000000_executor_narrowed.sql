@@ -57,7 +57,8 @@ REVOKE ALL ON FUNCTION execution_insert_retry(BIGINT, execution_status, TEXT, TI
 GRANT EXECUTE ON FUNCTION execution_insert_retry(BIGINT, execution_status, TEXT, TIMESTAMPTZ, JSONB) TO attune_executor;
 
 -- The occurrence `p_at` of schedule `p_schedule`, made from the schedule's row (its action, its
--- parameters, its owner); `NULL` when it was made already.
+-- parameters, its owner), only while it is not paused, its token live, and `p_at` due; `NULL`
+-- otherwise, or when it was made already.
 CREATE FUNCTION schedule_fire(p_schedule BIGINT, p_at TIMESTAMPTZ, p_default_timeout INTEGER) RETURNS BIGINT
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     INSERT INTO execution (action, action_ref, runtime, parameters, config, status, max_retries,
@@ -67,7 +68,11 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
             'schedule', s.name, 'scheduled_for', p_at),
         'requested', COALESCE(a.max_retries, 0), COALESCE(a.timeout_seconds, p_default_timeout), 0,
         gen_random_uuid()::text, s.created_by, s.id, p_at
-    FROM schedule s LEFT JOIN action a ON a.ref = s.action_ref WHERE s.id = p_schedule
+    FROM schedule s LEFT JOIN action a ON a.ref = s.action_ref
+    WHERE s.id = p_schedule AND NOT s.paused AND p_at <= now()
+      AND (s.created_by IS NULL OR EXISTS (
+          SELECT 1 FROM api_token t WHERE t.id = s.created_by AND t.revoked IS NULL
+             AND (t.expires IS NULL OR t.expires > now())))
     ON CONFLICT (schedule, scheduled_for) WHERE schedule IS NOT NULL AND original_execution IS NULL
     DO NOTHING RETURNING id
 $$;

@@ -8,8 +8,6 @@
 -- * A finished execution stays finished for every service's login: the state machine has no way
 --   out of a terminal state, and the executors' login could otherwise set a run back to
 --   `requested` and have a worker open its secrets again.
--- * A schedule fires only while it is not paused and its token is live, and only for an
---   occurrence that is due.
 -- * The executors' login changes of a worker row only what it decides (its status, its
 --   consuming mark, its not-receiving time), not the login or the broker user it is believed as.
 -- * `audit_schedule_stopped` puts temporary objects last in its search path.
@@ -65,23 +63,6 @@ CREATE TRIGGER execution_stays_finished BEFORE UPDATE OF status ON execution
           AND NEW.status IS DISTINCT FROM OLD.status)
     EXECUTE FUNCTION execution_stays_finished();
 
-CREATE OR REPLACE FUNCTION schedule_fire(p_schedule BIGINT, p_at TIMESTAMPTZ, p_default_timeout INTEGER) RETURNS BIGINT
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    INSERT INTO execution (action, action_ref, runtime, parameters, config, status, max_retries,
-        timeout_seconds, retry_count, idempotency_key, submitted_by, schedule, scheduled_for)
-    SELECT a.id, s.action_ref, a.runtime, s.parameters,
-        jsonb_build_object('max_retries', COALESCE(a.max_retries, 0), 'retry_count', 0,
-            'schedule', s.name, 'scheduled_for', p_at),
-        'requested', COALESCE(a.max_retries, 0), COALESCE(a.timeout_seconds, p_default_timeout), 0,
-        gen_random_uuid()::text, s.created_by, s.id, p_at
-    FROM schedule s LEFT JOIN action a ON a.ref = s.action_ref
-    WHERE s.id = p_schedule AND NOT s.paused AND p_at <= now()
-      AND (s.created_by IS NULL OR EXISTS (
-          SELECT 1 FROM api_token t WHERE t.id = s.created_by AND t.revoked IS NULL
-             AND (t.expires IS NULL OR t.expires > now())))
-    ON CONFLICT (schedule, scheduled_for) WHERE schedule IS NOT NULL AND original_execution IS NULL
-    DO NOTHING RETURNING id
-$$;
 
 REVOKE INSERT, UPDATE ON worker FROM attune_executor;
 GRANT UPDATE (status, updated, capabilities, not_receiving_until) ON worker TO attune_executor;
