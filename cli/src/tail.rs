@@ -111,7 +111,11 @@ pub async fn tail(client: &Client, id: i64, json: bool, raw: bool) -> anyhow::Re
             [0, 0] => format!("/api/v1/executions/{id}/output"),
             [stdout, stderr] => format!("/api/v1/executions/{id}/output?stdout_from={stdout}&stderr_from={stderr}"),
         };
-        let mut response = client.open_stream(&path).await?;
+        let mut response = match client.open_stream(&path).await {
+            // a stream opened again: a connection the API just closed may be the one tried first
+            Err(error) if from != [0, 0] && crate::client::unanswered(&error) => client.open_stream(&path).await?,
+            opened => opened?,
+        };
         let mut parser = SseParser::default();
         while let Some(bytes) = response.chunk().await? {
             for event in parser.push(&bytes) {

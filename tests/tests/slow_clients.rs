@@ -202,6 +202,9 @@ async fn live_output_streams_of_a_read_token_do_not_starve_healthz_or_other_clie
     for n in 0..4 {
         let stream = open_stream(&api, execution, &read).await.unwrap_or_else(|e| panic!("stream {n}: {e}"));
         assert_eq!(stream.status(), 200, "stream {n}");
+        // the connection closes when the stream ends, and the answer says so: a client that
+        // kept it for its next request (opening the stream again) would race that close
+        assert_eq!(stream.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]), "stream {n}");
         streams.push(stream);
     }
     assert_eq!(healthz(&api, Duration::from_secs(5)).await, Ok(200), "GET /healthz while 4 streams are open");

@@ -457,7 +457,7 @@ mod tests {
             eprintln!("skipped: running as another user needs root");
             return;
         }
-        let uid = 74;
+        let uid = 76; // no other test of this module uses it (each test has its ids of its own)
         // a daemon in a session of its own that keeps forking children, and one that ignores
         // every signal it can
         let mut daemons = Vec::new();

@@ -42,8 +42,11 @@ use attune_core::ExecutionStatus;
 use axum::Extension;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
+use axum::http::HeaderValue;
+use axum::http::header::CONNECTION;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use futures_util::{Stream, StreamExt};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use lapin::options::{BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
@@ -107,7 +110,7 @@ pub async fn output(
     slot: Option<Extension<ConnectionSlot>>,
     id: Result<Path<i64>, PathRejection>,
     resume: Result<Query<Resume>, QueryRejection>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     let Path(id) = id?;
     let Query(resume) = resume?;
     let execution = db::execution::get(&state.db, id)
@@ -125,13 +128,21 @@ pub async fn output(
             Some(permit)
         }
     };
+    let outlet_released = permit.is_some();
     let (sender, receiver) = mpsc::channel::<Event>(16);
     let outlet = Outlet { sender, idle: state.settings.streams.idle, last_sent: Instant::now(), _permit: permit };
     tokio::spawn(follow(state, execution, outlet, Forwarded::from(&resume)));
     let events = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|event| (Ok(event), receiver))
+        receiver.recv().await.map(|event| (Ok::<_, Infallible>(event), receiver))
     });
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    let mut response = Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response();
+    // the connection closes once a stream that gave its slot back ends: said in the headers, so
+    // that no client keeps the connection to send its next request on (opening the stream again
+    // would race the close and fail)
+    if outlet_released {
+        response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(response)
 }
 
 /// The broker connection the API's streams open their queues on (one, opened on first use).
