@@ -23,6 +23,7 @@ pub mod selection;
 mod sql;
 pub mod status;
 pub mod template;
+pub mod workflow;
 
 pub use failure::FailureKind;
 pub use status::ExecutionStatus;

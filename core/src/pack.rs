@@ -702,7 +702,7 @@ fn validate_http(http: &HttpSpec, parameters: &ParamSpecs) -> Result<(), (String
     Ok(())
 }
 
-fn validate_retry(retry: &RetryPolicy) -> Result<(), (String, String)> {
+pub(crate) fn validate_retry(retry: &RetryPolicy) -> Result<(), (String, String)> {
     validate_retry_fields(retry).map_err(|(field, reason)| (field.to_string(), reason))?;
     if let Some(attempts) = retry.max_attempts
         && !(0..=101).contains(&attempts)
