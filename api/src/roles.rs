@@ -34,6 +34,7 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::GET, "/api/v1/executions/{id}/chain", Role::Read),
     (Method::GET, "/api/v1/executions/{id}/output", Role::Read),
     (Method::POST, "/api/v1/executions/bulk", Role::Operator),
+    (Method::GET, "/api/v1/workflows/{id}", Role::Read),
     (Method::GET, "/api/v1/actions", Role::Read),
     (Method::GET, "/api/v1/actions/{action_ref}", Role::Read),
     (Method::PUT, "/api/v1/actions/{action_ref}/concurrency", Role::Operator),

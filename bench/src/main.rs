@@ -5,6 +5,7 @@
 
 mod history;
 mod soak;
+mod workflows;
 mod workloads;
 
 #[derive(clap::Parser)]

@@ -25,7 +25,8 @@ pub struct BenchArgs {
     /// echo-rate (core.echo open loop at `--echo-rate`), python (core.python_echo at maximum
     /// rate, `--count`/16 executions), retry, fleet, backlog, load, history (loads
     /// `--history-rows` finished executions into the database and measures before and after: see
-    /// `history`)
+    /// `history`), workflow (never in the default set: 40 sequential steps of core.echo and of
+    /// core.python_echo, and the graph of a run of 10,000 steps; the `bench` pack's workflows)
     #[arg(long, value_delimiter = ',')]
     pub workload: Vec<String>,
     /// Executions per closed-loop workload
@@ -177,6 +178,27 @@ pub(crate) struct Measured {
 }
 
 impl Measured {
+    /// A measurement made outside the loops here (`crate::workflows`).
+    pub(crate) fn new(
+        name: &str,
+        executions: usize,
+        elapsed: f64,
+        latencies_ms: Vec<f64>,
+        not_completed: usize,
+        extra: Value,
+    ) -> Measured {
+        Measured {
+            name: name.to_string(),
+            executions,
+            elapsed,
+            latencies_ms,
+            commits: 0.0,
+            broker: 0.0,
+            not_completed,
+            extra,
+        }
+    }
+
     fn percentile(&self, p: f64) -> f64 {
         let mut sorted = self.latencies_ms.clone();
         sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -537,12 +559,13 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
                 }
                 points
             }
+            "workflow" => crate::workflows::run(&bench, q, 10_000).await?,
             "history" => {
                 let (measured, section) = crate::history::run(&bench, &args).await?;
                 history = Some(section);
                 measured
             }
-            other => bail!("unknown workload '{other}' (expected one of: {}, history)", all.join(", ")),
+            other => bail!("unknown workload '{other}' (expected one of: {}, history, workflow)", all.join(", ")),
         };
         results.extend(measured);
     }

@@ -11,6 +11,7 @@ use crate::client::Client;
 use crate::output::{self, text};
 use crate::{
     AuditCommand, Cli, Command, ExecutionCommand, Output, PackCommand, ScheduleCommand, SecretCommand, WorkerCommand,
+    WorkflowCommand,
 };
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
@@ -230,6 +231,16 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     &rows,
                 )
             });
+            Ok(0)
+        }
+        Command::Workflow(WorkflowCommand::Get { id }) => {
+            let run = client.get(&format!("/api/v1/workflows/{id}"), &[]).await?;
+            print(out, &run, output::workflow_steps);
+            Ok(0)
+        }
+        Command::Workflow(WorkflowCommand::Tree { id }) => {
+            let run = client.get(&format!("/api/v1/workflows/{id}"), &[]).await?;
+            print(out, &run, output::workflow_tree);
             Ok(0)
         }
         Command::Execution(ExecutionCommand::Get { id }) => {

@@ -101,6 +101,9 @@ pub enum Command {
     /// Read executions
     #[command(subcommand)]
     Execution(ExecutionCommand),
+    /// Read workflow runs (a workflow is run like an action: attune run pack.workflow …)
+    #[command(subcommand)]
+    Workflow(WorkflowCommand),
     /// Read workers
     #[command(subcommand)]
     Worker(WorkerCommand),
@@ -306,6 +309,14 @@ pub enum AuditCommand {
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
+}
+
+#[derive(Subcommand)]
+pub enum WorkflowCommand {
+    /// Show a run and each step's state, attempts and timing
+    Get { id: i64 },
+    /// Show a run as a tree: each step, each of its items' executions, their states and errors
+    Tree { id: i64 },
 }
 
 #[derive(Subcommand)]

@@ -228,3 +228,99 @@ mod explain_tests {
         );
     }
 }
+
+/// Seconds between two RFC 3339 times, as `1.234s`; `-` when one is missing.
+fn between(from: &Value, to: &Value) -> String {
+    let at = |v: &Value| v.as_str().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok());
+    match (at(from), at(to)) {
+        (Some(from), Some(to)) => format!("{:.3}s", (to - from).num_milliseconds() as f64 / 1000.0),
+        _ => "-".into(),
+    }
+}
+
+/// A step's items as `done/total` (with what is in flight and failed), or `-`.
+fn items(step: &Value) -> String {
+    let items = &step["items"];
+    if items.is_null() {
+        return "-".into();
+    }
+    format!(
+        "{}/{} ({} running, {} failed)",
+        text(&items["succeeded"]),
+        text(&items["total"]),
+        text(&items["in_flight"]),
+        text(&items["failed"])
+    )
+}
+
+/// `attune workflow get`: the run, then one row per step.
+pub fn workflow_steps(run: &Value) -> String {
+    let head = &run["run"];
+    let mut out = format!(
+        "workflow run {}  {}  {}  (definition {})\n",
+        text(&head["id"]),
+        text(&head["action_ref"]),
+        text(&head["status"]).to_uppercase(),
+        text(&run["definition"]).chars().take(12).collect::<String>()
+    );
+    if let Some(error) = head["error"].as_str() {
+        out.push_str(&format!("error: {}\n", crate::tail::escaped(error)));
+    }
+    let rows: Vec<Vec<String>> = run["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|step| {
+            vec![
+                text(&step["name"]),
+                text(&step["phase"]),
+                text(&step["action"]),
+                text(&step["state"]),
+                text(&step["attempts"]),
+                items(step),
+                between(&step["started"], &step["finished"]),
+                step["reason"].as_str().map(|r| crate::tail::escaped(r).into_owned()).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["step", "phase", "action", "state", "executions", "items", "took", "reason"], &rows));
+    out
+}
+
+/// `attune workflow tree`: each step, and under it each execution it made.
+pub fn workflow_tree(run: &Value) -> String {
+    let head = &run["run"];
+    let mut lines = vec![format!("{} {} [{}]", text(&head["action_ref"]), text(&head["id"]), text(&head["status"]))];
+    let steps: Vec<&Value> = run["steps"].as_array().into_iter().flatten().collect();
+    for (n, step) in steps.iter().enumerate() {
+        let last = n + 1 == steps.len();
+        let (branch, indent) = if last { ("└─", "   ") } else { ("├─", "│  ") };
+        let on_failure = if step["phase"] == "on-failure" { " (on-failure)" } else { "" };
+        lines.push(format!(
+            "{branch} {}{on_failure}: {} [{}]{}",
+            text(&step["name"]),
+            text(&step["action"]),
+            text(&step["state"]),
+            step["reason"].as_str().map(|r| format!(" {}", crate::tail::escaped(r))).unwrap_or_default()
+        ));
+        let executions: Vec<&Value> = step["executions"].as_array().into_iter().flatten().collect();
+        for (m, execution) in executions.iter().enumerate() {
+            let twig = if m + 1 == executions.len() { "└─" } else { "├─" };
+            let item =
+                if step["items"].is_null() { String::new() } else { format!("item {} ", text(&execution["item"])) };
+            let attempt = match execution["retry_count"].as_i64() {
+                Some(0) | None => String::new(),
+                Some(n) => format!(" retry {n}"),
+            };
+            let error =
+                execution["error"].as_str().map(|e| format!(": {}", crate::tail::escaped(e))).unwrap_or_default();
+            lines.push(format!(
+                "{indent}{twig} {item}execution {} [{}]{attempt} {}{error}",
+                text(&execution["id"]),
+                text(&execution["status"]),
+                between(&execution["started"], &execution["finished"])
+            ));
+        }
+    }
+    lines.join("\n")
+}

@@ -1,4 +1,4 @@
-//! Pack loading: reads `pack.yaml` and `actions/*.yaml` from disk and hands their text to
+//! Pack loading: reads `pack.yaml`, `actions/*.yaml` and `workflows/*.yaml` from disk and hands their text to
 //! `attune_core::pack`, which parses and validates it.
 
 use std::path::{Path, PathBuf};
@@ -62,20 +62,8 @@ pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
     let root = std::fs::canonicalize(dir).map_err(|e| PackError::new(dir, None, format!("cannot read: {e}")))?;
     let manifest_file = dir.join("pack.yaml");
     let manifest = parse_manifest(&manifest_file, &read(&root, &manifest_file)?)?;
-    let actions_dir = dir.join("actions");
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(&actions_dir) {
-        Ok(entries) => entries
-            .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            return Err(PackError::new(&actions_dir, None, format!("cannot read: {e}")));
-        }
-    };
-    files.sort();
     let mut actions: Vec<LoadedAction> = Vec::new();
-    for file in files {
+    for file in yaml_files(&dir.join("actions"))? {
         let spec = parse_action(dir, &file, &read(&root, &file)?, |path| {
             std::fs::canonicalize(path).is_ok_and(|resolved| resolved.starts_with(&root) && resolved.is_file())
         })?;
@@ -89,7 +77,46 @@ pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
         }
         actions.push(LoadedAction { action_ref, spec, warnings });
     }
-    Ok(LoadedPack { manifest, path: dir.to_path_buf(), actions })
+    let mut workflows: Vec<LoadedWorkflow> = Vec::new();
+    for file in yaml_files(&dir.join("workflows"))? {
+        let spec = attune_core::workflow::parse(&file, &read(&root, &file)?)?;
+        let workflow_ref = format!("{}.{}", manifest.pack_ref, spec.name);
+        if actions.iter().any(|a| a.action_ref == workflow_ref)
+            || workflows.iter().any(|w| w.workflow_ref == workflow_ref)
+        {
+            return Err(PackError::new(
+                &file,
+                Some("name"),
+                format!("'{workflow_ref}' names an action or workflow already"),
+            ));
+        }
+        for (name, param) in &spec.input {
+            if param.secret {
+                return Err(PackError::new(
+                    &file,
+                    Some(&format!("input.{name}.secret")),
+                    "a workflow's input is not sealed for its steps: pass a stored secret's reference ({\"$secret\": NAME}) \
+                     to a step's secret parameter instead",
+                ));
+            }
+        }
+        workflows.push(LoadedWorkflow { workflow_ref, file, spec });
+    }
+    Ok(LoadedPack { manifest, path: dir.to_path_buf(), actions, workflows })
+}
+
+/// The `.yaml`/`.yml` files of `dir`, sorted; none if it does not exist.
+fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, PackError> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(PackError::new(dir, None, format!("cannot read: {e}"))),
+    };
+    files.sort();
+    Ok(files)
 }
 
 #[cfg(test)]

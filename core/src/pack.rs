@@ -455,6 +455,17 @@ pub struct LoadedPack {
     pub manifest: PackManifest,
     pub path: PathBuf,
     pub actions: Vec<LoadedAction>,
+    pub workflows: Vec<LoadedWorkflow>,
+}
+
+/// A workflow of a pack (`workflows/NAME.yaml`, `crate::workflow`): registered as an action of
+/// runtime `workflow`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedWorkflow {
+    pub workflow_ref: String,
+    /// The file it came from, for the registration's errors.
+    pub file: PathBuf,
+    pub spec: crate::workflow::WorkflowSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -10,6 +10,7 @@
 //! - `dead_letters`: the DLQ handler (expired dispatches, poison messages, parking).
 //! - `monitor`: the singleton timeout monitor (stuck states, dead workers, overdue runs).
 //! - `schedules`: creates the runs of due schedules, each once whatever executors look.
+//! - `workflows`: advances workflow runs, each step an ordinary execution.
 //!
 //! The quick reference's "Configuration" section, as written, is how the executor's two
 //! components are made:
@@ -55,6 +56,7 @@ pub mod retry_manager;
 pub mod retry_timer;
 pub mod scheduler;
 pub mod schedules;
+pub mod workflows;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,6 +163,8 @@ pub struct Context {
     pub publisher: Publisher,
     /// When this executor may take a silent worker for dead (`fence`).
     pub fence: fence::Judging,
+    /// The workflow runs to advance (`workflows`).
+    pub workflows: workflows::Marks,
     pub settings: Settings,
 }
 
@@ -197,6 +201,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         dispatches: tokio_util::task::TaskTracker::new(),
         publisher,
         fence: fence::Judging::new(settings.health.heartbeat_max_age()),
+        workflows: Default::default(),
         settings: settings.clone(),
     });
     tracing::info!(namespace = %topology.namespace, "executor starting");
@@ -235,7 +240,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         })
     };
     let dispatcher = scheduler::run(context.clone(), shutdown.clone());
-    let announcements = scheduler::listen(&settings.common.database_url, &context.waiting, shutdown.clone());
+    let announcements =
+        scheduler::listen(&settings.common.database_url, &context.waiting, &context.workflows, shutdown.clone());
+    let workflows = workflows::run(context.clone(), shutdown.clone());
     let monitor = monitor::run(context.clone(), shutdown.clone());
     let fence = fence::run(context.clone(), shutdown.clone());
     let retry_timer = retry_timer::run(context.clone(), shutdown.clone());
@@ -251,7 +258,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         fence,
         retry_timer,
         history,
-        schedules
+        schedules,
+        workflows
     );
     context.dispatches.close();
     if tokio::time::timeout(Duration::from_secs(20), context.dispatches.wait()).await.is_err() {

@@ -76,12 +76,21 @@ impl RetryManager {
         Ok(after.held_until(spec, now))
     }
 
-    /// The effective policy of the execution's action.
+    /// The effective policy of the execution's action; for a workflow step whose definition
+    /// gives a `retry:` block, the action's with the step's fields over it.
     async fn policy(&self, current: &Execution) -> Result<EffectivePolicy, sqlx::Error> {
-        let stored: Option<Value> = match current.action {
+        let mut stored: Option<Value> = match current.action {
             Some(action) => db::action::retry_policy(&self.pool, action).await?,
             None => None,
         };
+        if let Some(Value::Object(step)) = current.config.get("step_retry") {
+            let mut merged = match stored {
+                Some(Value::Object(action)) => action,
+                _ => serde_json::Map::new(),
+            };
+            merged.extend(step.clone());
+            stored = Some(Value::Object(merged));
+        }
         let policy: Option<RetryPolicy> = stored.and_then(|v| serde_json::from_value(v).ok());
         Ok(EffectivePolicy::resolve(&self.config, policy.as_ref()))
     }

@@ -119,7 +119,12 @@ pub async fn handle(context: &Context, incoming: Incoming) -> Disposition {
 /// Marks the runtimes PostgreSQL announces new requests for, until `shutdown` fires. While the
 /// connection is down (and when it is back) every runtime is marked: announcements sent meanwhile
 /// are lost, and the loop's sweep finds their rows.
-pub async fn listen(database_url: &str, waiting: &Waiting, shutdown: CancellationToken) {
+pub async fn listen(
+    database_url: &str,
+    waiting: &Waiting,
+    workflows: &crate::workflows::Marks,
+    shutdown: CancellationToken,
+) {
     use db::announcements::{Announced, Announcements};
     let mut backoff = Duration::from_millis(100);
     let mut lost = false;
@@ -132,6 +137,7 @@ pub async fn listen(database_url: &str, waiting: &Waiting, shutdown: Cancellatio
             Ok(mut announcements) => {
                 // rows committed before the subscription were not announced to it
                 waiting.mark_all();
+                workflows.all();
                 backoff = Duration::from_millis(100);
                 if std::mem::take(&mut lost) {
                     tracing::info!("listening for new requests again");
@@ -147,7 +153,12 @@ pub async fn listen(database_url: &str, waiting: &Waiting, shutdown: Cancellatio
                                 waiting.mark(runtime);
                             }
                         }
-                        Ok(Announced::Some | Announced::Missed) => waiting.mark_all(),
+                        Ok(Announced::Workflow(run)) => workflows.run(run),
+                        Ok(Announced::Some) => waiting.mark_all(),
+                        Ok(Announced::Missed) => {
+                            waiting.mark_all();
+                            workflows.all();
+                        }
                         Err(e) => break e,
                     }
                 }
@@ -258,10 +269,14 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             fail(context, &execution, FailureKind::ActionNotFound, reason).await?;
         }
         if db::worker::any_keyless(&context.db).await? {
-            for runtime in &runtimes {
+            for runtime in runtimes.iter().filter(|r| *r != attune_core::workflow::RUNTIME) {
                 fail_without_key(context, runtime).await?;
             }
         }
+    }
+    // no worker runs a workflow: its runs are the workflow engine's to start
+    if runtimes.remove(attune_core::workflow::RUNTIME) {
+        context.workflows.waiting();
     }
     // (a runtime whose workers were full is looked at when its wait is over, or room came free)
     runtimes.retain(|runtime| !state.full.contains_key(runtime));

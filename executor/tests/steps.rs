@@ -81,6 +81,7 @@ impl Step {
             actions: db::action::ActionCache::new(settings.action_cache_ttl),
             publisher: Publisher::new(&settings.common.amqp_url, "attune-step-test", topology),
             fence: attune_executor::fence::Judging::new(settings.health.heartbeat_max_age()),
+            workflows: Default::default(),
             settings,
         };
         // the monitor runs alone here: the database's record of the pulses says it may judge
@@ -289,7 +290,8 @@ async fn a_committed_request_marks_its_runtime_for_the_next_look_and_a_lost_list
     let shutdown = tokio_util::sync::CancellationToken::new();
     let listener = {
         let (url, waiting, shutdown) = (step.db.url.clone(), waiting.clone(), shutdown.clone());
-        tokio::spawn(async move { scheduler::listen(&url, &waiting, shutdown).await })
+        let workflows = attune_executor::workflows::Marks::default();
+        tokio::spawn(async move { scheduler::listen(&url, &waiting, &workflows, shutdown).await })
     };
     // the marks taken until `done` holds of what was taken
     let taken_until = |what: &'static str, done: fn(&scheduler::Marked) -> bool| {

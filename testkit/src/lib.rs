@@ -399,6 +399,13 @@ impl TempPack {
         TempPack(dir)
     }
 
+    /// The pack with `workflows/NAME` holding `text`.
+    pub fn workflow(self, name: &str, text: &str) -> TempPack {
+        std::fs::create_dir_all(self.0.join("workflows")).unwrap();
+        std::fs::write(self.0.join("workflows").join(name), text).unwrap();
+        self
+    }
+
     pub fn path(&self) -> &std::path::Path {
         &self.0
     }

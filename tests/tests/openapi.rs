@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 41] = [
+const ROUTES: [(&str, &str); 42] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -18,6 +18,7 @@ const ROUTES: [(&str, &str); 41] = [
     ("get", "/api/v1/executions/{id}/chain"),
     ("get", "/api/v1/executions/{id}/output"),
     ("post", "/api/v1/executions/bulk"),
+    ("get", "/api/v1/workflows/{id}"),
     ("get", "/api/v1/actions"),
     ("get", "/api/v1/actions/{action_ref}"),
     ("put", "/api/v1/actions/{action_ref}/concurrency"),

@@ -178,16 +178,21 @@ export function executionPage(id) {
       api('GET', `/api/v1/executions/${id}/chain?fields=summary`), workerNames(), whoami()]);
     // the action's circuit breaker (gone with a removed action: no badge then)
     const action = await api('GET', `/api/v1/actions/${encodeURIComponent(execution.action_ref)}`).catch(() => null);
+    // a workflow run: its steps as a graph
+    const graph = execution.runtime === 'workflow'
+      ? await api('GET', `/api/v1/workflows/${id}`).catch(() => null) : null;
     if (gen !== generation) throw new LeftPage();
     if (!isTerminal(execution.status) && !live.firstChild) live.append(liveOutput(id));
     // re-render only what changed, so a button is not replaced under the user's pointer
-    const key = JSON.stringify([execution, chain, [...names], action && action.circuit, me.role]);
+    const key = JSON.stringify([execution, chain, [...names], action && action.circuit, me.role, graph]);
     if (key !== shown) {
       shown = key;
       const operate = mayOperate(me.role);
-      fill(body, executionView(execution, chain, names, { retry, cancel, ui, operate }, action));
+      fill(body, executionView(execution, chain, names, { retry, cancel, ui, operate }, action),
+        graph ? workflowView(graph) : null);
     }
-    return chain.attempts.every((a) => isTerminal(a.status)) && isTerminal(execution.status);
+    const stepsDone = !graph || graph.steps.every((s) => s.executions.every((x) => isTerminal(x.status)));
+    return chain.attempts.every((a) => isTerminal(a.status)) && isTerminal(execution.status) && stepsDone;
   };
   // refreshes while anything in the chain is still moving, and stops once all of it is finished
   const follow = () => {
@@ -213,6 +218,26 @@ export function executionPage(id) {
   const retry = () => act('retry', `/api/v1/executions/${id}/retry`);
   const cancel = () => act('cancel', `/api/v1/executions/${id}/cancel`);
   follow();
+}
+
+// A workflow run's steps, in the order written: each with its state, what it needs, its items
+// and every execution it made (each a link), so the run reads as its graph.
+function workflowView(graph) {
+  const rows = graph.steps.map((step) => el('tr', { 'data-step': step.name, 'data-state': step.state },
+    el('td', {}, step.name, step.phase === 'on-failure' ? el('span', { class: 'muted' }, ' (on-failure)') : null),
+    el('td', {}, step.action),
+    el('td', {}, el('span', { class: `badge step-${step.state}`, 'data-badge': step.state }, step.state)),
+    el('td', {}, step.needs.length ? step.needs.join(', ') : '—'),
+    el('td', {}, step.items ? `${step.items.succeeded}/${step.items.total} (${step.items.in_flight} running, ${step.items.failed} failed)` : '—'),
+    el('td', {}, formatSeconds(between(step.started, step.finished))),
+    el('td', {}, step.executions.slice(0, 20).map((x) => [executionLink(x.id), ' ', statusBadge(x.status), ' ']),
+      step.executions.length > 20 ? el('span', { class: 'muted' }, `and ${step.executions.length - 20} more`) : null),
+    el('td', {}, step.reason || '')));
+  return el('section', { id: 'workflow' },
+    el('h2', {}, 'Workflow steps'),
+    graph.resumes ? el('p', { class: 'muted' }, 'resumes ', executionLink(graph.resumes), ': what it completed is not run again') : null,
+    el('table', {}, el('thead', {}, el('tr', {}, ...['step', 'action', 'state', 'needs', 'items', 'took', 'executions', 'reason']
+      .map((h) => el('th', {}, h)))), el('tbody', {}, rows)));
 }
 
 function fact(label, ...value) {
@@ -262,6 +287,8 @@ function executionView(e, chain, names, actions, action) {
     fact('retry reason', e.retry_reason || '—'),
     fact('retry of', e.original_execution !== null ? ['#', executionLink(e.original_execution, String(e.original_execution))] : '—'),
     fact('retried by', e.retried_by !== null ? ['#', executionLink(e.retried_by, String(e.retried_by))] : '—'),
+    e.workflow_run !== null && e.workflow_run !== undefined
+      ? fact('workflow', `step ${e.workflow_step}${e.workflow_item ? ` item ${e.workflow_item}` : ''} of run `, executionLink(e.workflow_run)) : null,
     fact('created', formatTime(e.created)),
     fact('started', formatTime(e.started)),
     fact('finished', formatTime(e.finished)),

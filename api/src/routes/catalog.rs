@@ -87,15 +87,7 @@ pub async fn register_pack(
     let pack = tokio::task::spawn_blocking(move || load_pack(&dir))
         .await
         .map_err(|e| ApiError::internal("pack loading panicked", e))?
-        .map_err(|e| {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_pack", e.to_string()).with_extra(
-                serde_json::json!({
-                    "file": e.file.display().to_string(),
-                    "field": e.field,
-                    "reason": e.reason,
-                }),
-            )
-        })?;
+        .map_err(|e| invalid_pack(&e))?;
     let mut transaction = state.db.begin().await?;
     let registered = if body.force {
         db::pack::register_replacing(&mut *transaction, &pack).await
@@ -117,6 +109,7 @@ pub async fn register_pack(
             error.parameter = Some("path".to_string());
             return Err(error);
         }
+        Err(db::pack::RegisterError::Invalid(e)) => return Err(invalid_pack(&e)),
         Err(db::pack::RegisterError::Database(e)) => return Err(e.into()),
     };
     let target = crate::audit::Target::new(format!("pack:{}", registered.pack_ref));
@@ -230,4 +223,13 @@ pub async fn clear_concurrency(
     let target = asking.commit(transaction, StatusCode::OK, target).await?;
     tracing::info!(action_ref = %action_ref, token_id = caller.token_id, "concurrency policy cleared");
     Ok((target, Json(action)))
+}
+
+/// `422 invalid_pack`, naming the file, the field and the reason.
+fn invalid_pack(e: &attune_common::pack::PackError) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_pack", e.to_string()).with_extra(serde_json::json!({
+        "file": e.file.display().to_string(),
+        "field": e.field,
+        "reason": e.reason,
+    }))
 }

@@ -406,7 +406,7 @@ pub struct RetryBody {
     request_body(content = Option<RetryBody>, description = "Optional replacement parameters (no body, or `null`, keeps the retried execution's)"),
     responses((status = 201, description = "The retry", body = Execution),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
-        (status = 409, description = "Already retried (`retry_execution` names the retry), or not finished", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Already retried (`retry_execution` names the retry), or not finished; or (`workflow_step`) a step of a workflow run, which is retried with its run", body = crate::openapi::ErrorBody),
         (status = 413, description = "The replacement parameters are too large; `parameter` names the one", body = crate::openapi::ErrorBody),
         (status = 422, description = "A parameter is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn retry(
@@ -462,6 +462,19 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
         error.parameter = Some(if request.action_ref.is_some() { "config.retry_of" } else { "id" }.to_string());
         error
     })?;
+    if let (Some(run), Some(step)) = (parent.workflow_run, &parent.workflow_step) {
+        // its run decides what it runs next; a retry of the run starts again from the steps
+        // that did not complete
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "workflow_step",
+            format!(
+                "execution {} is step '{step}' of workflow run {run}: retry the run (POST /api/v1/executions/{run}/retry), \
+                 which runs again only the steps that did not complete",
+                parent.id
+            ),
+        ));
+    }
     let existing_retry = db::execution::retry_of(&state.db, parent.id).await?.map(|e| e.id);
     recovery::manual_retry(&recovery::ManualRetryRequest {
         parent_id: parent.id,

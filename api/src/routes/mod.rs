@@ -11,6 +11,7 @@ pub mod secrets;
 pub mod stats;
 pub mod tokens;
 pub mod workers;
+pub mod workflows;
 
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -28,6 +29,7 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(executions::chain::chain))
         .routes(routes!(executions::output::output))
         .routes(routes!(executions::bulk::bulk))
+        .routes(routes!(workflows::get))
         .routes(routes!(catalog::list_actions))
         .routes(routes!(catalog::get_action))
         .routes(routes!(catalog::set_concurrency, catalog::clear_concurrency))

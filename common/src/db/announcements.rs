@@ -24,6 +24,9 @@ use super::failover::{self, TargetSessionAttrs};
 
 /// The channel the trigger notifies.
 pub const CHANNEL: &str = "attune_requests";
+/// The channel a workflow run's progress is announced on (a step or the run ended; the payload
+/// is the run's id), by `execution_workflow_progress` (migration `20261206000000_workflows.sql`).
+pub const WORKFLOW_CHANNEL: &str = "attune_workflows";
 
 /// What one wait on the listener brought.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +38,8 @@ pub enum Announced {
     Some,
     /// The connection was lost (and is open again): announcements may have been missed.
     Missed,
+    /// A step of this workflow run ended, or the run did.
+    Workflow(i64),
 }
 
 /// How long a listener waits in silence before it checks its connection with a round trip. A
@@ -99,7 +104,7 @@ impl Announcements {
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.ignore_pool_close_event(true);
         listener.eager_reconnect(reconnect);
-        listener.listen(CHANNEL).await?;
+        listener.listen_all([CHANNEL, WORKFLOW_CHANNEL]).await?;
         Ok(listener)
     }
 
@@ -111,6 +116,12 @@ impl Announcements {
             match tokio::time::timeout(self.check_after_silence, self.listener.try_recv()).await {
                 Ok(received) => {
                     return match received? {
+                        Some(notification) if notification.channel() == WORKFLOW_CHANNEL => {
+                            match notification.payload().parse() {
+                                Ok(run) => Ok(Announced::Workflow(run)),
+                                Err(_) => continue,
+                            }
+                        }
                         Some(notification) => Ok(parse(notification.payload())),
                         None if self.target.is_none() => Ok(Announced::Missed),
                         // (not opened again here: to the server it was on)

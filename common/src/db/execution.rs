@@ -68,12 +68,17 @@ pub struct Execution {
     /// its parent's. Null when it was submitted.
     pub schedule: Option<i64>,
     pub scheduled_for: Option<DateTime<Utc>>,
+    /// The workflow run (its execution's id) this is a step of, the step's name and the item
+    /// (0 for a step without `with-items`); a retry keeps its parent's. Null outside workflows.
+    pub workflow_run: Option<i64>,
+    pub workflow_step: Option<String>,
+    pub workflow_item: Option<i32>,
 }
 
 const COLUMNS: &str = "id, action, action_ref, runtime, parameters, config, status, worker, result, failure_kind, \
     error, exit_code, stdout, stderr, retry_count, max_retries, retry_reason, original_execution, \
     not_before, timeout_seconds, started, finished, created, updated, retry_decision, http_status, idempotency_key, \
-    submitted_by, ended_by, trace_parent, schedule, scheduled_for";
+    submitted_by, ended_by, trace_parent, schedule, scheduled_for, workflow_run, workflow_step, workflow_item";
 
 #[derive(Debug, Clone)]
 pub struct NewExecution {
@@ -212,9 +217,10 @@ pub async fn insert_submitted(
     let sql = format!(
         "INSERT INTO execution (action, action_ref, parameters, config, status, max_retries, \
          timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime, idempotency_key, \
-         submitted_by, trace_parent, schedule, scheduled_for) \
+         submitted_by, trace_parent, schedule, scheduled_for, workflow_run, workflow_step, workflow_item) \
          SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text), \
-         COALESCE($14, parent.submitted_by), $15, parent.schedule, parent.scheduled_for \
+         COALESCE($14, parent.submitted_by), $15, parent.schedule, parent.scheduled_for, \
+         parent.workflow_run, parent.workflow_step, parent.workflow_item \
          FROM (SELECT) AS one LEFT JOIN execution parent ON parent.id = $10 \
          RETURNING {COLUMNS}"
     );

@@ -20,6 +20,7 @@ pub mod secret;
 pub mod stats;
 pub mod token;
 pub mod worker;
+pub mod workflow;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -37,6 +37,10 @@ pub enum RegisterError {
         "pack '{pack_ref}' is already registered from {existing}; registering it from another directory needs force"
     )]
     Taken { pack_ref: String, existing: String },
+    /// A workflow's step names an action that is neither in the pack nor registered, or is a
+    /// workflow itself (a step is one action).
+    #[error(transparent)]
+    Invalid(#[from] crate::pack::PackError),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -116,6 +120,10 @@ async fn register_with(
         .await?;
         refs.push(action.action_ref.clone());
     }
+    for workflow in &pack.workflows {
+        register_workflow(&mut tx, pack_id, workflow).await?;
+        refs.push(workflow.workflow_ref.clone());
+    }
     sqlx::query("DELETE FROM action WHERE pack = $1 AND NOT (ref = ANY($2))")
         .bind(pack_id)
         .bind(&refs)
@@ -127,6 +135,67 @@ async fn register_with(
         .await?;
     tx.commit().await?;
     Ok(registered)
+}
+
+/// The workflow as an action of runtime `workflow` (its input as the action's parameters, its
+/// run's timeout), and its definition kept under its hash, which the action names: runs pin the
+/// hash they start with. Every step's action must exist once the pack's own are in.
+async fn register_workflow(
+    tx: &mut sqlx::PgConnection,
+    pack_id: i64,
+    workflow: &crate::pack::LoadedWorkflow,
+) -> Result<(), RegisterError> {
+    use sha2::{Digest, Sha256};
+    let spec = &workflow.spec;
+    for (phase, list) in [("steps", &spec.steps), ("on-failure", &spec.on_failure)] {
+        for step in list {
+            let runtime: Option<String> = sqlx::query_scalar("SELECT runtime FROM action WHERE ref = $1")
+                .bind(&step.action)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let field = format!("{phase}.{}.action", step.name);
+            let problem = match runtime.as_deref() {
+                None => format!("no action '{}' is registered, nor is it in this pack", step.action),
+                Some(attune_core::workflow::RUNTIME) => {
+                    format!("'{}' is a workflow: a step runs one action", step.action)
+                }
+                Some(_) => continue,
+            };
+            return Err(crate::pack::PackError::new(&workflow.file, Some(&field), problem).into());
+        }
+    }
+    let definition = attune_core::workflow::canonical(spec);
+    let hash: String = Sha256::digest(definition.to_string().as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    sqlx::query(
+        "INSERT INTO workflow_definition (hash, ref, definition) VALUES ($1, $2, $3) ON CONFLICT (hash) DO NOTHING",
+    )
+    .bind(&hash)
+    .bind(&workflow.workflow_ref)
+    .bind(&definition)
+    .execute(&mut *tx)
+    .await?;
+    let entrypoint =
+        format!("workflows/{}", workflow.file.file_name().map(|f| f.to_string_lossy()).unwrap_or_default());
+    sqlx::query(
+        "INSERT INTO action (ref, pack, name, description, runtime, entrypoint, parameters, timeout_seconds, \
+            max_retries, workflow) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9) \
+         ON CONFLICT (ref) DO UPDATE SET pack = $2, name = $3, description = $4, runtime = $5, entrypoint = $6, \
+            parameters = $7, timeout_seconds = $8, max_retries = 0, retry_policy = NULL, http = NULL, limits = NULL, \
+            retention = NULL, concurrency = NULL, workflow = $9, updated = now()",
+    )
+    .bind(&workflow.workflow_ref)
+    .bind(pack_id)
+    .bind(&spec.name)
+    .bind(&spec.description)
+    .bind(attune_core::workflow::RUNTIME)
+    .bind(entrypoint)
+    .bind(serde_json::to_value(&spec.input).expect("parameters serialize"))
+    .bind(spec.timeout_seconds())
+    .bind(&hash)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 pub async fn list(db: &PgPool) -> Result<Vec<Pack>, sqlx::Error> {

@@ -524,7 +524,10 @@ mod tests {
         let s = scope();
         assert_eq!(render(&json!("{{ input.hosts }}"), &s), Ok(json!(["a", "b"])));
         assert_eq!(render(&json!("{{input.n}}"), &s), Ok(json!(3)));
-        assert_eq!(render(&json!("restart {{ input.service }} on {{ input.hosts }}"), &s), Ok(json!("restart nginx on [\"a\",\"b\"]")));
+        assert_eq!(
+            render(&json!("restart {{ input.service }} on {{ input.hosts }}"), &s),
+            Ok(json!("restart nginx on [\"a\",\"b\"]"))
+        );
         assert_eq!(
             render(&json!({"host": "{{ steps.check.result.unhealthy.0 }}", "n": [1, "{{ input.n }}"]}), &s),
             Ok(json!({"host": "b", "n": [1, 3]}))

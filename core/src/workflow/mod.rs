@@ -259,10 +259,14 @@ fn validate(spec: &WorkflowSpec) -> Result<(), (String, String)> {
                 return Err((field("max_retries"), "must be between 0 and 100, or -1 for unlimited".into()));
             }
             if step.max_retries.is_some() && step.retry.as_ref().is_some_and(|r| r.max_attempts.is_some()) {
-                return Err((field("max_retries"), "both 'max_retries' and 'retry.max_attempts' are given; give one".into()));
+                return Err((
+                    field("max_retries"),
+                    "both 'max_retries' and 'retry.max_attempts' are given; give one".into(),
+                ));
             }
             if let Some(retry) = &step.retry {
-                crate::pack::validate_retry(retry).map_err(|(name, reason)| (field(&format!("retry.{name}")), reason))?;
+                crate::pack::validate_retry(retry)
+                    .map_err(|(name, reason)| (field(&format!("retry.{name}")), reason))?;
             }
             before.insert(&step.name, known);
             previous = Some(&step.name);
@@ -371,17 +375,41 @@ result: "{{ steps.verify.result }}"
         let cases: [(&str, &str, &str); 10] = [
             ("name: w\nsteps: []\n", "steps", "at least one step"),
             ("name: w\nsteps:\n  - {name: a, action: nodot}\n", "steps.a.action", "not an action reference"),
-            ("name: w\nsteps:\n  - {name: a, action: p.x}\n  - {name: a, action: p.y}\n", "steps.a.name", "a second step"),
+            (
+                "name: w\nsteps:\n  - {name: a, action: p.x}\n  - {name: a, action: p.y}\n",
+                "steps.a.name",
+                "a second step",
+            ),
             (
                 "name: w\nsteps:\n  - {name: a, action: p.x, parameters: {h: '{{ steps.b.result }}'}}\n  - {name: b, action: p.y}\n",
                 "steps.a.parameters.h",
                 "not sure to have ended",
             ),
-            ("name: w\nsteps:\n  - {name: a, action: p.x, parameters: {h: '{{ input.nope }}'}}\n", "steps.a.parameters.h", "not a declared input"),
-            ("name: w\nsteps:\n  - {name: a, action: p.x, parameters: {h: '{{ item }}'}}\n", "steps.a.parameters.h", "only known in a step with 'with-items'"),
-            ("name: w\nsteps:\n  - {name: a, action: p.x, when: '{{ input.x }} =='}\n", "steps.a.when", "ends where a value"),
-            ("name: w\nsteps:\n  - {name: a, action: p.x, needs: [z]}\n", "steps.a.needs", "'z' is not a step written before"),
-            ("name: w\nsteps:\n  - {name: a, action: p.x, with-items: [1], concurrency: 0}\n", "steps.a.concurrency", "between 1 and"),
+            (
+                "name: w\nsteps:\n  - {name: a, action: p.x, parameters: {h: '{{ input.nope }}'}}\n",
+                "steps.a.parameters.h",
+                "not a declared input",
+            ),
+            (
+                "name: w\nsteps:\n  - {name: a, action: p.x, parameters: {h: '{{ item }}'}}\n",
+                "steps.a.parameters.h",
+                "only known in a step with 'with-items'",
+            ),
+            (
+                "name: w\nsteps:\n  - {name: a, action: p.x, when: '{{ input.x }} =='}\n",
+                "steps.a.when",
+                "ends where a value",
+            ),
+            (
+                "name: w\nsteps:\n  - {name: a, action: p.x, needs: [z]}\n",
+                "steps.a.needs",
+                "'z' is not a step written before",
+            ),
+            (
+                "name: w\nsteps:\n  - {name: a, action: p.x, with-items: [1], concurrency: 0}\n",
+                "steps.a.concurrency",
+                "between 1 and",
+            ),
             ("name: w\nsteps:\n  - {name: a, action: p.x, frobnicate: 1}\n", "frobnicate", "unknown field"),
         ];
         for (text, field, reason) in cases {

@@ -153,6 +153,9 @@ pub fn plan(spec: &WorkflowSpec, input: &Value, attempts: &BTreeMap<(String, i32
     let main = evaluate(&spec.steps, Phase::Main, &mut scope, attempts, &mut views);
     let Some(failure) = main.failure else {
         let finish = main.all_done.then(|| finished(spec, &scope));
+        // the on-failure steps wait for a failure; once the run is over, none came
+        let state = if finish.is_some() { StepState::NotRun } else { StepState::Waiting };
+        views.extend(spec.on_failure.iter().map(|s| StepView { state, ..waiting_view(s, Phase::OnFailure) }));
         return Plan { steps: views, start: main.start, finish };
     };
     // nothing more of the main steps starts; the on-failure steps wait for what is in flight
@@ -223,7 +226,8 @@ fn evaluate(
         let needs = step.needs(previous);
         previous = Some(&step.name);
         let mut view = StepView { needs: needs.iter().map(|n| n.to_string()).collect(), ..waiting_view(step, phase) };
-        let needed: Vec<StepState> = needs.iter().map(|n| states.get(n).copied().unwrap_or(StepState::Waiting)).collect();
+        let needed: Vec<StepState> =
+            needs.iter().map(|n| states.get(n).copied().unwrap_or(StepState::Waiting)).collect();
         let (state, step_failure, in_flight) =
             if needed.iter().any(|s| matches!(s, StepState::Failed | StepState::NotRun)) {
                 (StepState::NotRun, None, 0)
@@ -409,7 +413,14 @@ mod tests {
     }
 
     fn done(execution: i64, result: Value) -> Attempt {
-        Attempt { execution, status: ExecutionStatus::Completed, result: Some(result), error: None, exit_code: Some(0), attempts: 1 }
+        Attempt {
+            execution,
+            status: ExecutionStatus::Completed,
+            result: Some(result),
+            error: None,
+            exit_code: Some(0),
+            attempts: 1,
+        }
     }
 
     fn failed(execution: i64, error: &str) -> Attempt {
@@ -441,7 +452,10 @@ mod tests {
         let input = json!({"who": "ops"});
         let mut record = Record::new();
         let first = plan(&spec, &input, &record);
-        assert_eq!(first.start, vec![Start { step: "a".into(), item: 0, action: "p.x".into(), parameters: json!({"m": "hi ops"}) }]);
+        assert_eq!(
+            first.start,
+            vec![Start { step: "a".into(), item: 0, action: "p.x".into(), parameters: json!({"m": "hi ops"}) }]
+        );
         assert_eq!(first.finish, None);
         with(&mut record, "a", 0, running(1));
         assert!(plan(&spec, &input, &record).start.is_empty(), "a is in flight: nothing new");
@@ -451,7 +465,10 @@ mod tests {
         with(&mut record, "b", 0, done(2, json!("ok")));
         let last = plan(&spec, &input, &record);
         assert!(last.start.is_empty());
-        assert_eq!(last.finish, Some(Finish { succeeded: true, result: Some(json!("ok")), error: None, failed_step: None }));
+        assert_eq!(
+            last.finish,
+            Some(Finish { succeeded: true, result: Some(json!("ok")), error: None, failed_step: None })
+        );
         assert!(last.steps.iter().all(|s| s.state == StepState::Succeeded));
     }
 
@@ -469,7 +486,10 @@ mod tests {
         with(&mut record, "each", 1, running(11));
         let next = plan(&spec, &input, &record);
         assert_eq!(next.start.iter().map(|s| s.item).collect::<Vec<_>>(), vec![2], "one slot came free");
-        assert_eq!(next.steps[0].items, Some(ItemState { total: 5, not_started: 3, in_flight: 1, succeeded: 1, failed: 0 }));
+        assert_eq!(
+            next.steps[0].items,
+            Some(ItemState { total: 5, not_started: 3, in_flight: 1, succeeded: 1, failed: 0 })
+        );
         for item in 1..4 {
             with(&mut record, "each", item, done(10 + item as i64, json!(format!("r{item}"))));
         }

@@ -1,0 +1,337 @@
+//! Workflows (issue 48): several actions as one durable run, each step an ordinary execution.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use attune_testkit::{System, TempPack, wait_for};
+use serde_json::{Value, json};
+
+fn id(v: &Value) -> i64 {
+    v["id"].as_i64().unwrap_or_else(|| panic!("no id in {v}"))
+}
+
+const CHECK: &str = "name: check\nruntime: shell\nentrypoint: actions/check.sh\nmax_retries: 0\nparameters:\n  hosts: {type: array, required: true}\n  bad: {type: array, default: []}\n";
+const CHECK_SH: &str =
+    "#!/bin/sh\nprintf '{\"checked\": %s, \"unhealthy\": %s}\\n' \"$ATTUNE_PARAM_HOSTS\" \"$ATTUNE_PARAM_BAD\"\n";
+const RESTART: &str = "name: restart\nruntime: shell\nentrypoint: actions/restart.sh\nmax_retries: 2\nparameters:\n  host: {type: string, required: true}\n  pause: {type: number, default: 0.3}\n";
+const RESTART_SH: &str =
+    "#!/bin/sh\nsleep \"$ATTUNE_PARAM_PAUSE\"\nprintf '{\"restarted\": \"%s\"}\\n' \"$ATTUNE_PARAM_HOST\"\n";
+const FLAKY: &str = "name: flaky\nruntime: shell\nentrypoint: actions/flaky.sh\nmax_retries: 0\nparameters:\n  marker: {type: string, required: true}\n";
+const FLAKY_SH: &str = "#!/bin/sh\ntest -f \"$ATTUNE_PARAM_MARKER\" || { echo 'the marker is not there yet' >&2; exit 3; }\necho '{\"shipped\": true}'\n";
+
+const REMEDIATE: &str = r#"name: remediate
+input:
+  hosts: {type: array, required: true}
+  bad: {type: array, default: []}
+steps:
+  - name: check
+    action: ops.check
+    parameters: {hosts: "{{ input.hosts }}", bad: "{{ input.bad }}"}
+  - name: restart
+    action: ops.restart
+    when: "{{ steps.check.result.unhealthy }} != []"
+    with-items: "{{ steps.check.result.unhealthy }}"
+    concurrency: 2
+    parameters: {host: "{{ item }}"}
+  - name: verify
+    action: core.echo
+    parameters: {message: '{"restarts": "{{ steps.restart.status }}"}'}
+result:
+  checked: "{{ steps.check.result.checked }}"
+  restarted: "{{ steps.restart.result }}"
+  verified: "{{ steps.verify.result.restarts }}"
+"#;
+
+const DELIVER: &str = r#"name: deliver
+input:
+  marker: {type: string, required: true}
+steps:
+  - name: prepare
+    action: core.echo
+    parameters: {message: prepared}
+  - name: ship
+    action: ops.flaky
+    parameters: {marker: "{{ input.marker }}"}
+on-failure:
+  - name: page
+    action: core.echo
+    parameters: {message: "failed at {{ failure.step }}: {{ failure.error }}"}
+"#;
+
+fn ops_pack() -> TempPack {
+    TempPack::new(
+        "ops",
+        &[
+            ("check.yaml", CHECK),
+            ("check.sh", CHECK_SH),
+            ("restart.yaml", RESTART),
+            ("restart.sh", RESTART_SH),
+            ("flaky.yaml", FLAKY),
+            ("flaky.sh", FLAKY_SH),
+        ],
+    )
+    .workflow("remediate.yaml", REMEDIATE)
+    .workflow("deliver.yaml", DELIVER)
+}
+
+async fn graph_of(system: &System, run: i64) -> Value {
+    let (status, body) = system.get(&format!("/api/v1/workflows/{run}")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn step<'a>(graph: &'a Value, name: &str) -> &'a Value {
+    graph["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no step {name}: {graph}"))
+}
+
+fn times(execution: &Value) -> (String, String) {
+    (execution["started"].as_str().unwrap().to_string(), execution["finished"].as_str().unwrap().to_string())
+}
+
+/// The worked example: check, restart each unhealthy host (at most 2 at once), verify; the
+/// run's result is its own. Every step is an ordinary execution linked to its run, and the API
+/// and the CLI show the run as a graph.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_runs_its_steps_in_order_fans_out_within_its_cap_and_joins() {
+    let pack = ops_pack();
+    let system = System::builder().pack(pack.path()).worker("w1", &[("ATTUNE_WORKER_CONCURRENCY", "8")]).start().await;
+    let hosts = json!(["h1", "h2", "h3", "h4", "h5"]);
+    let bad = json!(["h2", "h3", "h4", "h5"]);
+    let run = system.submit("ops.remediate", json!({"hosts": hosts, "bad": bad})).await;
+    let run_id = id(&run);
+    assert_eq!(run["runtime"], "workflow", "{run}");
+    let ended = system.wait_terminal(run_id, Duration::from_secs(60)).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    let restarted: Vec<Value> = ["h2", "h3", "h4", "h5"].iter().map(|h| json!({"restarted": h})).collect();
+    assert_eq!(ended["result"], json!({"checked": hosts, "restarted": restarted, "verified": "succeeded"}));
+
+    let graph = graph_of(&system, run_id).await;
+    for name in ["check", "restart", "verify"] {
+        assert_eq!(step(&graph, name)["state"], "succeeded", "{name}: {graph}");
+    }
+    let restart = step(&graph, "restart");
+    assert_eq!(restart["items"], json!({"total": 4, "not_started": 0, "in_flight": 0, "succeeded": 4, "failed": 0}));
+    let executions = restart["executions"].as_array().unwrap();
+    assert_eq!(executions.iter().map(|e| e["item"].as_i64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    // at most two items at once: no moment is inside three runs
+    let spans: Vec<(String, String)> = executions.iter().map(times).collect();
+    for (start, _) in &spans {
+        let inside = spans.iter().filter(|(s, f)| s <= start && start < f).count();
+        assert!(inside <= 2, "{inside} items ran at once at {start}: {spans:?}");
+    }
+    // the join: verify started after the last item finished
+    let last_item = spans.iter().map(|(_, f)| f.clone()).max().unwrap();
+    let verify = &step(&graph, "verify")["executions"][0];
+    assert!(verify["created"].as_str().unwrap() >= last_item.as_str(), "{verify} before {last_item}");
+    // each step is an ordinary execution, linked to its run
+    let (status, item) = system.get(&format!("/api/v1/executions/{}", executions[1]["id"])).await;
+    assert_eq!(status, 200);
+    assert_eq!((item["workflow_run"].as_i64(), item["workflow_step"].as_str()), (Some(run_id), Some("restart")));
+    assert_eq!(item["parameters"], json!({"host": "h3", "pause": 0.3}), "the action's default filled in");
+
+    let tree = system.cli(&["workflow", "tree", &run_id.to_string()]);
+    for needle in ["ops.remediate", "restart: ops.restart [succeeded]", "item 3 execution", "verify: core.echo"] {
+        assert!(tree.contains(needle), "{needle:?} not in:\n{tree}");
+    }
+    let table = system.cli(&["workflow", "get", &run_id.to_string()]);
+    assert!(table.contains("4/4 (0 running, 0 failed)"), "{table}");
+
+    // nothing unhealthy: the fan-out is skipped, and what needs it runs on
+    let quiet = system.submit("ops.remediate", json!({"hosts": ["h1"]})).await;
+    let ended = system.wait_terminal(id(&quiet), Duration::from_secs(30)).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    assert_eq!(ended["result"], json!({"checked": ["h1"], "restarted": null, "verified": "skipped"}));
+    let graph = graph_of(&system, id(&quiet)).await;
+    assert_eq!(step(&graph, "restart")["state"], "skipped");
+    assert!(step(&graph, "restart")["reason"].as_str().unwrap().contains("'when' is false"), "{graph}");
+    system.stop().await;
+}
+
+/// A step that fails runs the on-failure path, and the run fails naming the step. Retried by
+/// hand, the run starts again from the failed step: what completed is not run again. A step is
+/// not retried alone (409, naming its run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_step_runs_the_on_failure_path_and_a_retry_of_the_run_starts_from_it() {
+    let pack = ops_pack();
+    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let marker = system.packs_dir().join("shipping-marker");
+    let run = system.submit("ops.deliver", json!({"marker": marker.display().to_string()})).await;
+    let first = id(&run);
+    let ended = system.wait_terminal(first, Duration::from_secs(30)).await;
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert_eq!(ended["failure_kind"], "action_failed");
+    let error = ended["error"].as_str().unwrap();
+    assert!(error.starts_with("step 'ship' failed"), "{error}");
+    let graph1 = graph_of(&system, first).await;
+    assert_eq!(step(&graph1, "ship")["state"], "failed");
+    let page = step(&graph1, "page");
+    assert_eq!(page["state"], "succeeded", "{graph1}");
+    let ship_execution = step(&graph1, "ship")["executions"][0]["id"].as_i64().unwrap();
+
+    let (status, refused) = system.post(&format!("/api/v1/executions/{ship_execution}/retry"), &json!({})).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "workflow_step");
+    assert!(refused["error"]["message"].as_str().unwrap().contains(&format!("/executions/{first}/retry")), "{refused}");
+
+    std::fs::write(&marker, "").unwrap();
+    let (status, retry) = system.post(&format!("/api/v1/executions/{first}/retry"), &json!({})).await;
+    assert_eq!(status, 201, "{retry}");
+    let second = id(&retry);
+    let ended = system.wait_terminal(second, Duration::from_secs(30)).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    let graph2 = graph_of(&system, second).await;
+    assert_eq!(graph2["resumes"], first);
+    let prepare = step(&graph2, "prepare");
+    assert_eq!(prepare["state"], "succeeded");
+    assert_eq!(prepare["attempts"], 0, "prepare completed in the first run and is not run again: {graph2}");
+    assert_eq!(step(&graph2, "ship")["attempts"], 1);
+    assert_eq!(step(&graph2, "page")["state"], "not_run");
+    system.stop().await;
+}
+
+const FAN: &str = r#"name: fan
+input:
+  hosts: {type: array, required: true}
+steps:
+  - name: each
+    action: ops.restart
+    with-items: "{{ input.hosts }}"
+    concurrency: 6
+    parameters: {host: "{{ item }}", pause: 0.4}
+  - name: join
+    action: core.echo
+    parameters: {message: '{"count": {{ steps.each.result }}}'}
+"#;
+
+/// The executor and the worker are SIGKILLed in the middle of a fan-out: every item runs (its
+/// first attempt made once; a run cut off with its worker is retried as itself), and the join
+/// runs once, after the last item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_survives_its_executor_and_its_worker_being_killed() {
+    let pack = ops_pack().workflow("fan.yaml", FAN);
+    let mut system = System::builder()
+        .pack(pack.path())
+        .env("ATTUNE_HEARTBEAT_MAX_AGE_SECS", "3")
+        .env("ATTUNE_MONITOR_INTERVAL_SECS", "1")
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "1")
+        .worker("w1", &[("ATTUNE_WORKER_CONCURRENCY", "8")])
+        .start()
+        .await;
+    let hosts: Vec<String> = (0..30).map(|n| format!("h{n}")).collect();
+    let run = id(&system.submit("ops.fan", json!({"hosts": hosts})).await);
+    items_done(&system, run, 6).await;
+    system.signal("executor", 9);
+    system.restart("executor");
+    items_done(&system, run, 14).await;
+    system.signal("w1", 9);
+    system.restart("w1");
+    let ended = system.wait_terminal(run, Duration::from_secs(120)).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    let graph = graph_of(&system, run).await;
+    let each = step(&graph, "each");
+    let mut first_attempts: BTreeMap<i64, usize> = BTreeMap::new();
+    for execution in each["executions"].as_array().unwrap() {
+        if execution["original_execution"].is_null() {
+            *first_attempts.entry(execution["item"].as_i64().unwrap()).or_default() += 1;
+        }
+    }
+    assert_eq!(first_attempts.len(), 30, "every item started: {first_attempts:?}");
+    assert!(first_attempts.values().all(|n| *n == 1), "an item started twice: {first_attempts:?}");
+    let join = step(&graph, "join");
+    assert_eq!(join["attempts"], 1, "{join}");
+    let results = ended["result"]["join"]["count"].as_array().unwrap_or_else(|| panic!("{ended}"));
+    assert_eq!(results.len(), 30);
+    assert!(results.iter().all(|r| r["restarted"].is_string()), "{results:?}");
+    system.stop().await;
+}
+
+async fn items_done(system: &System, run: i64, n: i64) {
+    wait_for(&format!("{n} items done"), Duration::from_secs(60), || async move {
+        let graph = graph_of(system, run).await;
+        (step(&graph, "each")["items"]["succeeded"].as_i64() >= Some(n)).then_some(())
+    })
+    .await
+}
+
+/// Registering the pack again changes no run that exists: a run follows the definition it
+/// pinned when it was made, a new run the new one. A canceled run cancels the steps it had in
+/// flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_keeps_the_definition_it_started_with_and_a_cancel_stops_its_steps() {
+    const V1: &str = "name: pinned\nsteps:\n  - {name: wait, action: core.sleep, parameters: {seconds: 2}}\n  - {name: say, action: core.echo, parameters: {message: '{\"version\": 1}'}}\nresult: '{{ steps.say.result.version }}'\n";
+    let pack = ops_pack().workflow("pinned.yaml", V1);
+    let dir_name = pack.path().file_name().unwrap().to_string_lossy().into_owned();
+    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let old = id(&system.submit("ops.pinned", json!({})).await);
+    wait_for("the first step to run", Duration::from_secs(20), || async {
+        (step(&graph_of(&system, old).await, "wait")["state"] == "running").then_some(())
+    })
+    .await;
+    let v2 = V1.replace("\"version\": 1", "\"version\": 2");
+    assert_ne!(v2, V1);
+    std::fs::write(system.packs_dir().join(&dir_name).join("workflows/pinned.yaml"), &v2).unwrap();
+    let (status, body) = system.post("/api/v1/packs", &json!({"path": dir_name})).await;
+    assert_eq!(status, 201, "{body}");
+    let new = id(&system.submit("ops.pinned", json!({})).await);
+    assert_eq!(system.wait_terminal(old, Duration::from_secs(30)).await["result"], 1);
+    assert_eq!(system.wait_terminal(new, Duration::from_secs(30)).await["result"], 2);
+
+    let canceled = id(&system.submit("ops.pinned", json!({})).await);
+    let sleeping = wait_for("the first step to run", Duration::from_secs(20), || async {
+        let graph = graph_of(&system, canceled).await;
+        let wait = step(&graph, "wait");
+        (wait["state"] == "running" && wait["executions"][0]["status"] == "running")
+            .then(|| wait["executions"][0]["id"].as_i64().unwrap())
+    })
+    .await;
+    let (status, body) = system.post(&format!("/api/v1/executions/{canceled}/cancel"), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let step_ended = system.wait_terminal(sleeping, Duration::from_secs(20)).await;
+    assert_eq!(step_ended["status"], "canceled", "{step_ended}");
+    assert!(step_ended["error"].as_str().unwrap().contains(&format!("workflow run {canceled} ended")), "{step_ended}");
+    let graph = graph_of(&system, canceled).await;
+    assert_eq!(step(&graph, "say")["state"], "not_run", "{graph}");
+    system.stop().await;
+}
+
+/// A workflow file's mistakes are named by file and field when the pack is registered, and a
+/// step naming an action that does not exist is refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_workflow_is_refused_at_registration_naming_its_file_and_field() {
+    let system = System::builder().start().await;
+    let dir = system.packs_dir().join("broken");
+    std::fs::create_dir_all(dir.join("workflows")).unwrap();
+    std::fs::write(dir.join("pack.yaml"), "ref: broken\nversion: 1.0.0\n").unwrap();
+    let cases = [
+        (
+            "name: w\nsteps:\n  - {name: a, action: core.echo, parameters: {message: '{{ steps.b.result }}'}}\n",
+            "steps.a.parameters.message",
+            "there is no step 'b'",
+        ),
+        (
+            "name: w\nsteps:\n  - {name: a, action: core.nothing}\n",
+            "steps.a.action",
+            "no action 'core.nothing' is registered",
+        ),
+        (
+            "name: w\ninput:\n  token: {type: string, secret: true}\nsteps:\n  - {name: a, action: core.echo}\n",
+            "input.token.secret",
+            "stored secret's reference",
+        ),
+    ];
+    for (text, field, reason) in cases {
+        std::fs::write(dir.join("workflows/w.yaml"), text).unwrap();
+        let (status, body) = system.post("/api/v1/packs", &json!({"path": "broken"})).await;
+        assert_eq!(status, 422, "{text}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_pack");
+        assert_eq!(body["error"]["field"], field, "{body}");
+        assert!(body["error"]["reason"].as_str().unwrap().contains(reason), "{body}");
+        assert!(body["error"]["file"].as_str().unwrap().ends_with("workflows/w.yaml"), "{body}");
+    }
+    system.stop().await;
+}
