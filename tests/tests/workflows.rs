@@ -19,6 +19,9 @@ const RESTART_SH: &str =
 const FLAKY: &str = "name: flaky\nruntime: shell\nentrypoint: actions/flaky.sh\nmax_retries: 0\nparameters:\n  marker: {type: string, required: true}\n";
 const FLAKY_SH: &str = "#!/bin/sh\ntest -f \"$ATTUNE_PARAM_MARKER\" || { echo 'the marker is not there yet' >&2; exit 3; }\necho '{\"shipped\": true}'\n";
 
+const COUNTED: &str = "name: counted\nruntime: shell\nentrypoint: actions/counted.sh\nmax_retries: 0\nparameters:\n  counter: {type: string, required: true}\n  succeed_at: {type: integer, required: true}\n";
+const COUNTED_SH: &str = "#!/bin/sh\necho x >> \"$ATTUNE_PARAM_COUNTER\"\nn=$(wc -l < \"$ATTUNE_PARAM_COUNTER\")\n[ \"$n\" -ge \"$ATTUNE_PARAM_SUCCEED_AT\" ] || { echo \"attempt $n: not yet\" >&2; exit 75; }\necho \"{\\\"attempts\\\": $n}\"\n";
+
 const REMEDIATE: &str = r#"name: remediate
 input:
   hosts: {type: array, required: true}
@@ -68,6 +71,8 @@ fn ops_pack() -> TempPack {
             ("restart.sh", RESTART_SH),
             ("flaky.yaml", FLAKY),
             ("flaky.sh", FLAKY_SH),
+            ("counted.yaml", COUNTED),
+            ("counted.sh", COUNTED_SH),
         ],
     )
     .workflow("remediate.yaml", REMEDIATE)
@@ -332,6 +337,46 @@ async fn a_bad_workflow_is_refused_at_registration_naming_its_file_and_field() {
         assert_eq!(body["error"]["field"], field, "{body}");
         assert!(body["error"]["reason"].as_str().unwrap().contains(reason), "{body}");
         assert!(body["error"]["file"].as_str().unwrap().ends_with("workflows/w.yaml"), "{body}");
+    }
+    system.stop().await;
+}
+
+const PERSIST: &str = r#"name: persist
+input:
+  counter: {type: string, required: true}
+steps:
+  - name: tasker
+    action: ops.counted
+    retry: {max_attempts: 3, base_delay_secs: 0.1}
+    parameters: {counter: "{{ input.counter }}-a", succeed_at: 3}
+  - name: argyll
+    action: ops.counted
+    work_config: {max_retries: 2, init_backoff: 100, backoff_type: fixed}
+    parameters: {counter: "{{ input.counter }}-b", succeed_at: 3}
+result:
+  tasker: "{{ steps.tasker.result.attempts }}"
+  argyll: "{{ steps.argyll.result.attempts }}"
+"#;
+
+/// A step's own retries (Tasker's `max_attempts` in `retry:`, Argyll's `work_config`) lie over
+/// its action's (`max_retries: 0` here): each step's executions are a retry chain of the
+/// RetryManager's, and the step is done when its last attempt completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_s_own_retry_forms_lie_over_its_action_s() {
+    let pack = ops_pack().workflow("persist.yaml", PERSIST);
+    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let counter = system.packs_dir().join("attempts");
+    let run = id(&system.submit("ops.persist", json!({"counter": counter.display().to_string()})).await);
+    let ended = system.wait_terminal(run, Duration::from_secs(60)).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    assert_eq!(ended["result"], json!({"tasker": 3, "argyll": 3}));
+    let graph = graph_of(&system, run).await;
+    for name in ["tasker", "argyll"] {
+        let executions = step(&graph, name)["executions"].as_array().unwrap().clone();
+        let statuses: Vec<&str> = executions.iter().map(|e| e["status"].as_str().unwrap()).collect();
+        assert_eq!(statuses, ["failed", "failed", "completed"], "{name}: {executions:?}");
+        assert_eq!(executions[2]["retry_count"], 2);
+        assert_eq!(executions[2]["original_execution"], executions[1]["id"]);
     }
     system.stop().await;
 }

@@ -113,6 +113,56 @@ pub struct StepSpec {
     /// `retryable`, rules by exit code, kind or result).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Argyll's form of a step's retries: folded into `max_retries` and `retry` when the file is
+    /// loaded (`WorkConfig::fold`), so what is stored and run is one form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_config: Option<WorkConfig>,
+}
+
+/// Argyll's `work_config`: `max_retries` (-1 unlimited, 0 the global default), `init_backoff`
+/// and `max_backoff` in milliseconds (0: the global default), `backoff_type` (`fixed`, `linear`,
+/// `exponential`; empty: the global default).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkConfig {
+    #[serde(default)]
+    pub max_retries: i32,
+    #[serde(default)]
+    pub init_backoff: u64,
+    #[serde(default)]
+    pub max_backoff: u64,
+    #[serde(default)]
+    pub backoff_type: String,
+}
+
+impl WorkConfig {
+    /// The step's `max_retries` and `retry` block this stands for.
+    fn fold(&self) -> Result<(Option<i32>, RetryPolicy), (&'static str, String)> {
+        use crate::pack::BackoffKind;
+        let backoff = match self.backoff_type.as_str() {
+            "" => None,
+            "fixed" => Some(BackoffKind::Fixed),
+            "linear" => Some(BackoffKind::Linear),
+            "exponential" => Some(BackoffKind::Exponential),
+            other => {
+                return Err((
+                    "backoff_type",
+                    format!("unknown backoff type '{other}' (expected fixed, linear or exponential)"),
+                ));
+            }
+        };
+        if !(-1..=100).contains(&self.max_retries) {
+            return Err(("max_retries", "must be between 0 and 100, or -1 for unlimited".into()));
+        }
+        let secs = |ms: u64| (ms > 0).then_some(ms as f64 / 1000.0);
+        let retry = RetryPolicy {
+            backoff,
+            base_delay_secs: secs(self.init_backoff),
+            max_delay_secs: secs(self.max_backoff),
+            ..RetryPolicy::default()
+        };
+        Ok(((self.max_retries != 0).then_some(self.max_retries), retry))
+    }
 }
 
 impl StepSpec {
@@ -162,9 +212,28 @@ impl WorkflowSpec {
 /// field (`steps.restart.with-items`). Whether each step's action exists is the registration's
 /// check (it may be in another pack).
 pub fn parse(file: &FilePath, text: &str) -> Result<WorkflowSpec, PackError> {
-    let spec: WorkflowSpec = parse_yaml(file, text)?;
+    let mut spec: WorkflowSpec = parse_yaml(file, text)?;
+    fold_work_configs(&mut spec).map_err(|(field, reason)| PackError::new(file, Some(&field), reason))?;
     validate(&spec).map_err(|(field, reason)| PackError::new(file, Some(&field), reason))?;
     Ok(spec)
+}
+
+/// Each step's Argyll `work_config`, as the `max_retries` and `retry` it stands for.
+fn fold_work_configs(spec: &mut WorkflowSpec) -> Result<(), (String, String)> {
+    for (prefix, list) in [("steps", &mut spec.steps), ("on-failure", &mut spec.on_failure)] {
+        for step in list.iter_mut() {
+            let Some(work) = step.work_config.take() else { continue };
+            let field = |name: &str| format!("{prefix}.{}.{name}", step.name);
+            if step.retry.is_some() || step.max_retries.is_some() {
+                return Err((field("work_config"), "give 'work_config' or 'retry'/'max_retries', not both".into()));
+            }
+            let (max_retries, retry) =
+                work.fold().map_err(|(name, reason)| (field(&format!("work_config.{name}")), reason))?;
+            step.max_retries = max_retries;
+            step.retry = Some(retry);
+        }
+    }
+    Ok(())
 }
 
 fn validate(spec: &WorkflowSpec) -> Result<(), (String, String)> {
@@ -420,6 +489,26 @@ result: "{{ steps.verify.result }}"
         }
         let error = error_of("name: w\nsteps:\n  - {name: a, action: p.x}\nresult: '{{ failure.step }}'\n");
         assert_eq!(error.field.as_deref(), Some("result"), "{error}");
+    }
+
+    #[test]
+    fn argyll_s_work_config_is_a_step_s_retries() {
+        let text = "name: w\nsteps:\n  - name: charge\n    action: p.x\n    work_config: {max_retries: 3, init_backoff: 1000, max_backoff: 30000, backoff_type: exponential}\n";
+        let spec = parse(FilePath::new("w.yaml"), text).unwrap();
+        let step = &spec.steps[0];
+        assert_eq!(step.max_retries, Some(3));
+        let retry = step.retry.as_ref().unwrap();
+        assert_eq!((retry.base_delay_secs, retry.max_delay_secs), (Some(1.0), Some(30.0)));
+        assert_eq!(retry.backoff, Some(crate::pack::BackoffKind::Exponential));
+        assert_eq!(step.work_config, None, "stored in one form");
+        // 0 and empty: the global defaults
+        let spec =
+            parse(FilePath::new("w.yaml"), "name: w\nsteps:\n  - {name: a, action: p.x, work_config: {}}\n").unwrap();
+        assert_eq!((spec.steps[0].max_retries, spec.steps[0].retry.clone()), (None, Some(RetryPolicy::default())));
+        let error = error_of("name: w\nsteps:\n  - {name: a, action: p.x, work_config: {backoff_type: random}}\n");
+        assert_eq!(error.field.as_deref(), Some("steps.a.work_config.backoff_type"), "{error}");
+        let error = error_of("name: w\nsteps:\n  - {name: a, action: p.x, max_retries: 1, work_config: {}}\n");
+        assert_eq!(error.field.as_deref(), Some("steps.a.work_config"), "{error}");
     }
 
     #[test]
