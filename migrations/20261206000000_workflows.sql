@@ -81,7 +81,9 @@ CREATE TRIGGER execution_workflow_progress
 -- action, timeout and retries from there, its owner and trace from the run; the executors give
 -- only its parameters, rendered from the run's input and earlier results (`p_failure`: they
 -- did not fit the action's declared parameters, and the item is recorded failed with that
--- reason, never run). `NULL` when the item was started already.
+-- reason, never run). `NULL` when the item was started already. What the executors cannot
+-- choose through it: the action, another step's, a sealed value, a stored secret the run's
+-- input or definition does not name, an item past the most a step may have.
 CREATE FUNCTION workflow_step_start(p_run BIGINT, p_step TEXT, p_item INTEGER, p_parameters JSONB,
     p_failure TEXT, p_default_timeout INTEGER) RETURNS BIGINT
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -103,10 +105,25 @@ BEGIN
     IF step IS NULL THEN
         RAISE EXCEPTION 'workflow run % has no step %', p_run, p_step USING ERRCODE = '22023';
     END IF;
-    IF p_item < 0 OR (step->'with-items' IS NULL AND p_item <> 0) THEN
+    IF p_item < 0 OR p_item >= 10000 OR (step->'with-items' IS NULL AND p_item <> 0) THEN
         RAISE EXCEPTION 'step % of workflow run % has no item %', p_step, p_run, p_item USING ERRCODE = '22023';
     END IF;
+    -- a value only the API seals never comes from the executors; a stored secret's reference
+    -- only as the run's input or the definition hold it (what a step printed chooses none)
+    IF jsonb_path_exists(p_parameters, 'strict $.**."$sealed"') THEN
+        RAISE EXCEPTION 'a step is given no sealed value' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_path_query(p_parameters, 'strict $.**."$secret"') AS given(name)
+               WHERE NOT jsonb_path_exists(run.parameters, 'strict $.**."$secret" ? (@ == $n)', jsonb_build_object('n', given.name))
+                 AND NOT jsonb_path_exists(step->'parameters', 'strict $.**."$secret" ? (@ == $n)', jsonb_build_object('n', given.name))) THEN
+        RAISE EXCEPTION 'a step of workflow run % is given a secret neither its input nor its definition names', p_run
+            USING ERRCODE = '22023';
+    END IF;
     SELECT * INTO act FROM action WHERE ref = step->>'action';
+    IF act.runtime = 'workflow' THEN
+        RAISE EXCEPTION 'step % of workflow run % names workflow %: a step runs one action', p_step, p_run, act.ref
+            USING ERRCODE = '22023';
+    END IF;
     retries := CASE
         WHEN (step->'retry'->>'retryable')::boolean IS FALSE THEN 0
         WHEN step ? 'max_retries' THEN (step->>'max_retries')::integer
@@ -159,6 +176,11 @@ BEGIN
     END IF;
 END
 $$;
+
+-- a workflow run may be paused alone (`pause` of kind `run`, named by its id): it starts no new
+-- step until it is resumed
+ALTER TABLE pause DROP CONSTRAINT pause_kind;
+ALTER TABLE pause ADD CONSTRAINT pause_kind CHECK (kind IN ('action', 'runtime', 'run'));
 
 -- what the executors read and may not write
 REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON workflow_definition, workflow_run FROM attune_executor;

@@ -124,16 +124,17 @@ pub enum Command {
     #[command(subcommand, name = "worker-login")]
     WorkerLogin(WorkerLoginCommand),
     /// Pause an action or a whole runtime (its requests wait until it is resumed; nothing
-    /// running is touched); needs --reason
+    /// running is touched), or a workflow run (it starts no new step); needs --reason
     Pause {
-        #[arg(value_parser = ["action", "runtime"])]
+        #[arg(value_parser = ["action", "runtime", "run"])]
         kind: String,
-        /// The action's ref (pack.name) or the runtime's name
+        /// The action's ref (pack.name), the runtime's name, or a workflow run's id (it starts no
+        /// new step)
         name: String,
     },
-    /// Resume a paused action or runtime
+    /// Resume a paused action, runtime or workflow run
     Resume {
-        #[arg(value_parser = ["action", "runtime"])]
+        #[arg(value_parser = ["action", "runtime", "run"])]
         kind: String,
         name: String,
     },

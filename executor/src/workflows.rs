@@ -14,9 +14,9 @@
 //! decides the same again: no step is lost, none starts twice, a join waits for every item.
 //!
 //! A run ended by a client (cancel, fail), by its timeout or by its last step has its steps
-//! that are still unfinished canceled, and the workers running them told to stop. A run whose
-//! workflow (or the `workflow` runtime) is paused starts no new step until it is resumed;
-//! what runs, runs on.
+//! that are still unfinished canceled, and the workers running them told to stop. A run that
+//! is paused (`pause` of kind `run`, its id), or whose workflow or the `workflow` runtime is,
+//! starts no new step until it is resumed; what runs, runs on.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -137,7 +137,7 @@ pub async fn advance(
             return stop_steps(context, id, status).await;
         }
         ExecutionStatus::Requested => {
-            if db::workflow::paused(&mut *tx, &execution.action_ref).await? {
+            if db::workflow::paused(&mut *tx, id, &execution.action_ref).await? {
                 return Ok(());
             }
             // (through `scheduled`, the state machine's way to `running`, in one transaction:
@@ -170,10 +170,10 @@ pub async fn advance(
         }
     };
     let resumed = db::workflow::resumed(&mut *tx, id).await?;
-    let attempts = db::workflow::attempts(&mut tx, id, &resumed).await?;
+    let attempts = db::workflow::attempts(&mut tx, id, &resumed, &spec.main_steps()).await?;
     let plan = workflow::plan(&spec, &execution.parameters, &attempts);
     let mut again = false;
-    if !plan.start.is_empty() && !db::workflow::paused(&mut *tx, &execution.action_ref).await? {
+    if !plan.start.is_empty() && !db::workflow::paused(&mut *tx, id, &execution.action_ref).await? {
         let default_timeout = context.settings.common.default_timeout_secs;
         for start in &plan.start {
             let (parameters, failure) = match checked_parameters(context, start).await? {

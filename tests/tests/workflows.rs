@@ -94,8 +94,12 @@ fn step<'a>(graph: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no step {name}: {graph}"))
 }
 
-fn times(execution: &Value) -> (String, String) {
-    (execution["started"].as_str().unwrap().to_string(), execution["finished"].as_str().unwrap().to_string())
+fn at(value: &Value) -> chrono::DateTime<chrono::FixedOffset> {
+    chrono::DateTime::parse_from_rfc3339(value.as_str().unwrap_or_else(|| panic!("not a time: {value}"))).unwrap()
+}
+
+fn times(execution: &Value) -> (chrono::DateTime<chrono::FixedOffset>, chrono::DateTime<chrono::FixedOffset>) {
+    (at(&execution["started"]), at(&execution["finished"]))
 }
 
 /// The worked example: check, restart each unhealthy host (at most 2 at once), verify; the
@@ -124,15 +128,17 @@ async fn a_workflow_runs_its_steps_in_order_fans_out_within_its_cap_and_joins() 
     let executions = restart["executions"].as_array().unwrap();
     assert_eq!(executions.iter().map(|e| e["item"].as_i64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
     // at most two items at once: no moment is inside three runs
-    let spans: Vec<(String, String)> = executions.iter().map(times).collect();
+    let spans: Vec<_> = executions.iter().map(times).collect();
     for (start, _) in &spans {
         let inside = spans.iter().filter(|(s, f)| s <= start && start < f).count();
         assert!(inside <= 2, "{inside} items ran at once at {start}: {spans:?}");
     }
-    // the join: verify started after the last item finished
-    let last_item = spans.iter().map(|(_, f)| f.clone()).max().unwrap();
+    // the join: verify started after the last item finished (a row's times are its
+    // transaction's start; the claim of verify began after the commit that made it, which came
+    // after the commit of the last item)
+    let last_item = spans.iter().map(|(_, f)| *f).max().unwrap();
     let verify = &step(&graph, "verify")["executions"][0];
-    assert!(verify["created"].as_str().unwrap() >= last_item.as_str(), "{verify} before {last_item}");
+    assert!(at(&verify["started"]) > last_item, "{verify} before {last_item}");
     // each step is an ordinary execution, linked to its run
     let (status, item) = system.get(&format!("/api/v1/executions/{}", executions[1]["id"])).await;
     assert_eq!(status, 200);
@@ -199,14 +205,28 @@ async fn a_failed_step_runs_the_on_failure_path_and_a_retry_of_the_run_starts_fr
     assert_eq!(refused["error"]["code"], "workflow_step");
     assert!(refused["error"]["message"].as_str().unwrap().contains(&format!("/executions/{first}/retry")), "{refused}");
 
-    std::fs::write(&marker, "").unwrap();
+    // retried while the marker is still missing: it fails again, and pages again (a retry
+    // takes over what its parent's main steps completed, never its on-failure steps)
     let (status, retry) = system.post(&format!("/api/v1/executions/{first}/retry"), &json!({})).await;
+    assert_eq!(status, 201, "{retry}");
+    let again = id(&retry);
+    assert_eq!(system.wait_terminal(again, Duration::from_secs(30)).await["status"], "failed");
+    let graph_again = graph_of(&system, again).await;
+    assert_eq!(step(&graph_again, "page")["attempts"], 1, "the second failure pages too: {graph_again}");
+    assert_eq!(step(&graph_again, "prepare")["attempts"], 0);
+    // a run is retried with its own input
+    let (status, body) =
+        system.post(&format!("/api/v1/executions/{again}/retry"), &json!({"parameters": {"marker": "/x"}})).await;
+    assert_eq!((status, body["error"]["parameter"].as_str()), (422, Some("parameters")), "{body}");
+
+    std::fs::write(&marker, "").unwrap();
+    let (status, retry) = system.post(&format!("/api/v1/executions/{again}/retry"), &json!({})).await;
     assert_eq!(status, 201, "{retry}");
     let second = id(&retry);
     let ended = system.wait_terminal(second, Duration::from_secs(30)).await;
     assert_eq!(ended["status"], "completed", "{ended}");
     let graph2 = graph_of(&system, second).await;
-    assert_eq!(graph2["resumes"], first);
+    assert_eq!(graph2["resumes"], again);
     let prepare = step(&graph2, "prepare");
     assert_eq!(prepare["state"], "succeeded");
     assert_eq!(prepare["attempts"], 0, "prepare completed in the first run and is not run again: {graph2}");
@@ -359,6 +379,15 @@ async fn a_bad_workflow_is_refused_at_registration_naming_its_file_and_field() {
             "stored secret's reference",
         ),
     ];
+    // an action that becomes a workflow naming itself as its step
+    std::fs::create_dir_all(dir.join("actions")).unwrap();
+    std::fs::write(dir.join("actions/w.yaml"), "name: w\nruntime: builtin\nentrypoint: noop\n").unwrap();
+    let (status, body) = system.post("/api/v1/packs", &json!({"path": "broken"})).await;
+    assert_eq!(status, 201, "{body}");
+    std::fs::remove_file(dir.join("actions/w.yaml")).unwrap();
+    let cases = [("name: w\nsteps:\n  - {name: a, action: broken.w}\n", "steps.a.action", "is a workflow")]
+        .into_iter()
+        .chain(cases);
     for (text, field, reason) in cases {
         std::fs::write(dir.join("workflows/w.yaml"), text).unwrap();
         let (status, body) = system.post("/api/v1/packs", &json!({"path": "broken"})).await;
@@ -408,5 +437,60 @@ async fn a_step_s_own_retry_forms_lie_over_its_action_s() {
         assert_eq!(executions[2]["retry_count"], 2);
         assert_eq!(executions[2]["original_execution"], executions[1]["id"]);
     }
+    system.stop().await;
+}
+
+/// A run paused alone (`PUT /pauses/run/{id}`) starts no new step: its step in flight runs to
+/// its end, the engine looks again and makes nothing; resumed, the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_run_starts_no_new_step_until_it_is_resumed() {
+    const TWO: &str = "name: two\nsteps:\n  - {name: first, action: core.sleep, parameters: {seconds: 1}}\n  - {name: second, action: core.echo, parameters: {message: done}}\n";
+    let pack = ops_pack().workflow("two.yaml", TWO);
+    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let run = id(&system.submit("ops.two", json!({})).await);
+    wait_for("the first step to run", Duration::from_secs(20), || async {
+        (step(&graph_of(&system, run).await, "first")["state"] == "running").then_some(())
+    })
+    .await;
+    let pause = json!({"reason": "looking at it"});
+    let (status, body) = system
+        .request(reqwest::Method::PUT, &format!("/api/v1/pauses/run/{run}"), Some(&pause), Some(&system.token))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // the first step ends, and the engine has looked since
+    let looked = wait_for("an advance after the first step ended", Duration::from_secs(20), || async {
+        let graph = graph_of(&system, run).await;
+        let time = |v: &Value| v.as_str().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok());
+        let finished = time(&step(&graph, "first")["finished"])?;
+        (time(&graph["advanced"])? > finished).then_some(graph)
+    })
+    .await;
+    assert_eq!(step(&looked, "second")["attempts"], 0, "a paused run made a step: {looked}");
+    assert_eq!(looked["run"]["status"], "running");
+    // the executors' login makes steps only as the definition says (issue 47's narrowing holds)
+    let executor = sqlx::PgPool::connect(&system.db.url_as("attune_test_executor")).await.unwrap();
+    for (item, parameters, refused) in [
+        (0, json!({"message": {"$sealed": "00"}}), "no sealed value"),
+        (0, json!({"message": {"$secret": "not-in-the-input"}}), "neither its input nor its definition"),
+        (10_000, json!({"message": "x"}), "has no item"),
+    ] {
+        let made = sqlx::query("SELECT workflow_step_start($1, 'second', $2, $3, NULL, 30)")
+            .bind(run)
+            .bind(item)
+            .bind(&parameters)
+            .execute(&executor)
+            .await;
+        let error = made.expect_err("refused").to_string();
+        assert!(error.contains(refused), "{parameters}: {error}");
+    }
+    executor.close().await;
+    let (status, body) =
+        system.request(reqwest::Method::DELETE, &format!("/api/v1/pauses/run/{run}"), None, Some(&system.token)).await;
+    assert_eq!(status, 200, "{body}");
+    let ended = system.wait_terminal(run, Duration::from_secs(30)).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    let (status, body) =
+        system.request(reqwest::Method::PUT, "/api/v1/pauses/run/nope", Some(&pause), Some(&system.token)).await;
+    assert_eq!((status, body["error"]["parameter"].as_str()), (422, Some("name")), "{body}");
     system.stop().await;
 }

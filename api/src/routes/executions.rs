@@ -475,6 +475,17 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
             ),
         ));
     }
+    if parent.runtime.as_deref() == Some(attune_core::workflow::RUNTIME) && request.parameters.is_some() {
+        // its completed steps stand in the retry: they ran with its input
+        return Err(ApiError::invalid(
+            "parameters",
+            format!(
+                "execution {} is a workflow run: a retry keeps its input, and what its steps completed stands; \
+                 submit a new run for other input",
+                parent.id
+            ),
+        ));
+    }
     let existing_retry = db::execution::retry_of(&state.db, parent.id).await?.map(|e| e.id);
     recovery::manual_retry(&recovery::ManualRetryRequest {
         parent_id: parent.id,

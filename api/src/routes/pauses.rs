@@ -27,8 +27,8 @@ pub async fn list(State(state): State<crate::State>) -> Result<Json<Vec<Pause>>,
 
 /// The kind and name of a pause's path, checked.
 fn target(kind: &str, name: &str) -> Result<PauseKind, ApiError> {
-    let kind =
-        PauseKind::parse(kind).ok_or_else(|| ApiError::invalid("kind", "'kind' must be 'action' or 'runtime'"))?;
+    let kind = PauseKind::parse(kind)
+        .ok_or_else(|| ApiError::invalid("kind", "'kind' must be 'action', 'runtime' or 'run'"))?;
     crate::error::storable("name", name)?;
     if name.is_empty() || name.chars().count() > 255 {
         return Err(ApiError::invalid("name", "'name' must be 1 to 255 characters"));
@@ -37,13 +37,13 @@ fn target(kind: &str, name: &str) -> Result<PauseKind, ApiError> {
 }
 
 #[utoipa::path(put, path = "/pauses/{kind}/{name}", operation_id = "pause", tag = "pauses",
-    params(("kind" = String, Path, description = "`action` or `runtime`", pattern = "^(action|runtime)$"),
-        ("name" = String, Path, min_length = 1, max_length = 255, description = "The action's ref (`pack.name`) or the runtime's name")),
+    params(("kind" = String, Path, description = "`action`, `runtime` or `run` (a workflow run, by its id: it starts no new step)", pattern = "^(action|runtime|run)$"),
+        ("name" = String, Path, min_length = 1, max_length = 255, description = "The action's ref (`pack.name`), the runtime's name, or the workflow run's id")),
     request_body = PauseBody,
     responses((status = 201, description = "Paused: its requests wait from the executors' next claim", body = Pause),
         (status = 200, description = "Already paused: the reason is replaced, the pause keeps its start", body = Pause),
-        (status = 404, description = "No such action", body = crate::openapi::ErrorBody),
-        (status = 422, description = "`kind`, `name` (an unknown runtime) or `reason` is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
+        (status = 404, description = "No such action, or (kind `run`) no such workflow run", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`kind`, `name` (an unknown runtime, or a run named by other than its id) or `reason` is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]
 pub async fn pause(
     State(state): State<crate::State>,
     Extension(caller): Extension<crate::auth::Caller>,
@@ -58,11 +58,24 @@ pub async fn pause(
         return Err(ApiError::not_found("action", format!("action '{name}' does not exist")));
     }
     let runtimes = attune_core::pack::RUNTIMES;
-    if kind == PauseKind::Runtime && !runtimes.contains(&name.as_str()) {
+    if kind == PauseKind::Runtime && !runtimes.contains(&name.as_str()) && name != attune_core::workflow::RUNTIME {
         return Err(ApiError::invalid(
             "name",
-            format!("unknown runtime '{name}' (expected one of: {})", runtimes.join(", ")),
+            format!(
+                "unknown runtime '{name}' (expected one of: {}, {})",
+                runtimes.join(", "),
+                attune_core::workflow::RUNTIME
+            ),
         ));
+    }
+    if kind == PauseKind::Run {
+        let run = name.parse::<i64>().ok().filter(|id| *id > 0);
+        let Some(run) = run else {
+            return Err(ApiError::invalid("name", "a run's pause is named by the workflow run's id (an execution id)"));
+        };
+        if db::workflow::get(&state.db, run).await?.is_none() {
+            return Err(ApiError::not_found("workflow run", format!("execution {run} is not a workflow run")));
+        }
     }
     let mut transaction = state.db.begin().await?;
     let (pause, new, handed_back) =
@@ -77,8 +90,8 @@ pub async fn pause(
 }
 
 #[utoipa::path(delete, path = "/pauses/{kind}/{name}", operation_id = "resume", tag = "pauses",
-    params(("kind" = String, Path, description = "`action` or `runtime`", pattern = "^(action|runtime)$"),
-        ("name" = String, Path, min_length = 1, max_length = 255, description = "The action's ref (`pack.name`) or the runtime's name")),
+    params(("kind" = String, Path, description = "`action`, `runtime` or `run` (a workflow run, by its id: it starts no new step)", pattern = "^(action|runtime|run)$"),
+        ("name" = String, Path, min_length = 1, max_length = 255, description = "The action's ref (`pack.name`), the runtime's name, or the workflow run's id")),
     responses((status = 200, description = "Resumed: the pause it ended; its requests are claimed again within a second", body = Pause),
         (status = 404, description = "Not paused", body = crate::openapi::ErrorBody),
         (status = 422, description = "`kind` or `name` is invalid; `parameter` names it", body = crate::openapi::ErrorBody),))]

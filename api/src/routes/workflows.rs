@@ -25,6 +25,8 @@ pub struct WorkflowRun {
     pub definition: String,
     /// The run this one retries: the steps that run completed are not run again.
     pub resumes: Option<i64>,
+    /// When an executor last advanced the run (looked at its steps and made what was due).
+    pub advanced: Option<DateTime<Utc>>,
     /// The steps in the order written: main, then on-failure.
     pub steps: Vec<Step>,
 }
@@ -88,7 +90,7 @@ pub async fn get(
         )
     })?;
     let resumed = db::workflow::resumed(&mut *snapshot, id).await?;
-    let attempts = db::workflow::attempts(&mut snapshot, id, &resumed).await?;
+    let attempts = db::workflow::attempts(&mut snapshot, id, &resumed, &spec.main_steps()).await?;
     let mut executions: BTreeMap<String, Vec<StepExecution>> = BTreeMap::new();
     for execution in db::workflow::step_executions(&mut *snapshot, id).await? {
         executions.entry(execution.step.clone()).or_default().push(execution);
@@ -123,5 +125,11 @@ pub async fn get(
             }
         })
         .collect();
-    Ok(Json(WorkflowRun { run, definition: pinned.definition, resumes: pinned.resumes, steps }))
+    Ok(Json(WorkflowRun {
+        run,
+        definition: pinned.definition,
+        resumes: pinned.resumes,
+        advanced: pinned.advanced,
+        steps,
+    }))
 }

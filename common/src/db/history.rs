@@ -53,6 +53,8 @@ pub async fn prune_batch(
     // walk ends there instead of reading every recent row of the status. Then each candidate's
     // chain: up to its first attempt, down to its last; the chain goes if every attempt is past
     // its own status's age (an unfinished status has no age, so any unfinished attempt keeps it).
+    // A workflow step's chain stays as long as its run does: a retry of the run reads what its
+    // steps did, and a run still going reads its finished steps.
     let archive_step = if archive { ", archived AS (INSERT INTO execution_archive SELECT * FROM gone)" } else { "" };
     let statement = format!(
         "WITH RECURSIVE policy AS (SELECT * FROM unnest($1::execution_status[], $2::float8[]) AS p(status, secs)), \
@@ -65,19 +67,21 @@ pub async fn prune_batch(
          up AS (SELECT e.id, e.original_execution FROM execution e WHERE e.id IN (SELECT id FROM candidate) \
                 UNION \
                 SELECT p.id, p.original_execution FROM execution p JOIN up ON p.id = up.original_execution), \
-         down AS (SELECT e.id AS root, e.id, e.status, e.finished, e.action FROM execution e \
+         down AS (SELECT e.id AS root, e.id, e.status, e.finished, e.action, e.workflow_run FROM execution e \
                   WHERE e.id IN (SELECT id FROM up WHERE original_execution IS NULL) \
                   UNION ALL \
-                  SELECT down.root, e.id, e.status, e.finished, e.action FROM execution e \
+                  SELECT down.root, e.id, e.status, e.finished, e.action, e.workflow_run FROM execution e \
                   JOIN down ON e.original_execution = down.id), \
-         aged AS (SELECT down.root, down.finished, \
+         aged AS (SELECT down.root, down.finished, down.workflow_run, \
                          CASE WHEN a.retention ? down.status::text \
                               THEN (a.retention->>down.status::text)::float8 ELSE policy.secs END AS secs \
                   FROM down LEFT JOIN policy ON policy.status = down.status \
                   LEFT JOIN action a ON a.id = down.action), \
          removable AS (SELECT aged.root FROM aged GROUP BY aged.root \
                        HAVING bool_and(aged.finished IS NOT NULL AND aged.secs IS NOT NULL \
-                                       AND aged.finished < now() - make_interval(secs => aged.secs))), \
+                                       AND aged.finished < now() - make_interval(secs => aged.secs) \
+                                       AND (aged.workflow_run IS NULL OR NOT EXISTS ( \
+                                           SELECT 1 FROM execution r WHERE r.id = aged.workflow_run)))), \
          gone AS (DELETE FROM execution WHERE id IN (SELECT id FROM down WHERE root IN (SELECT root FROM removable)) \
                   RETURNING *){archive_step} \
          SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM candidate), (SELECT max(id) FROM candidate)"

@@ -124,6 +124,11 @@ async fn register_with(
         register_workflow(&mut tx, pack_id, workflow).await?;
         refs.push(workflow.workflow_ref.clone());
     }
+    // once every action and workflow of the pack is in: a step naming one of them sees what it
+    // is now
+    for workflow in &pack.workflows {
+        check_steps(&mut tx, workflow).await?;
+    }
     sqlx::query("DELETE FROM action WHERE pack = $1 AND NOT (ref = ANY($2))")
         .bind(pack_id)
         .bind(&refs)
@@ -137,15 +142,8 @@ async fn register_with(
     Ok(registered)
 }
 
-/// The workflow as an action of runtime `workflow` (its input as the action's parameters, its
-/// run's timeout), and its definition kept under its hash, which the action names: runs pin the
-/// hash they start with. Every step's action must exist once the pack's own are in.
-async fn register_workflow(
-    tx: &mut sqlx::PgConnection,
-    pack_id: i64,
-    workflow: &crate::pack::LoadedWorkflow,
-) -> Result<(), RegisterError> {
-    use sha2::{Digest, Sha256};
+/// Every step's action exists and is not a workflow (a step runs one action).
+async fn check_steps(tx: &mut sqlx::PgConnection, workflow: &crate::pack::LoadedWorkflow) -> Result<(), RegisterError> {
     let spec = &workflow.spec;
     for (phase, list) in [("steps", &spec.steps), ("on-failure", &spec.on_failure)] {
         for step in list {
@@ -164,6 +162,19 @@ async fn register_workflow(
             return Err(crate::pack::PackError::new(&workflow.file, Some(&field), problem).into());
         }
     }
+    Ok(())
+}
+
+/// The workflow as an action of runtime `workflow` (its input as the action's parameters, its
+/// run's timeout), and its definition kept under its hash, which the action names: runs pin the
+/// hash they start with.
+async fn register_workflow(
+    tx: &mut sqlx::PgConnection,
+    pack_id: i64,
+    workflow: &crate::pack::LoadedWorkflow,
+) -> Result<(), RegisterError> {
+    use sha2::{Digest, Sha256};
+    let spec = &workflow.spec;
     let definition = attune_core::workflow::canonical(spec);
     let hash: String = Sha256::digest(definition.to_string().as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
     sqlx::query(

@@ -6,12 +6,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-/// What is paused: one action, or every action of a runtime.
+/// What is paused: one action, every action of a runtime, or one workflow run (its next steps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PauseKind {
     Action,
     Runtime,
+    /// A workflow run, by its execution's id: it starts no new step (what runs, runs on).
+    Run,
 }
 
 impl PauseKind {
@@ -19,6 +21,7 @@ impl PauseKind {
         match self {
             PauseKind::Action => "action",
             PauseKind::Runtime => "runtime",
+            PauseKind::Run => "run",
         }
     }
 
@@ -26,6 +29,7 @@ impl PauseKind {
         match text {
             "action" => Some(PauseKind::Action),
             "runtime" => Some(PauseKind::Runtime),
+            "run" => Some(PauseKind::Run),
             _ => None,
         }
     }
@@ -33,9 +37,9 @@ impl PauseKind {
 
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Pause {
-    /// `action` or `runtime`.
+    /// `action`, `runtime` or `run`.
     pub kind: String,
-    /// The action's ref, or the runtime's name.
+    /// The action's ref, the runtime's name, or the workflow run's id.
     pub name: String,
     /// Why it was paused.
     pub reason: String,
@@ -81,7 +85,8 @@ pub async fn pause(
             ON CONFLICT (kind, name) DO UPDATE SET reason = EXCLUDED.reason, paused_by = EXCLUDED.paused_by \
             RETURNING *, (xmax = 0) AS new), \
          back AS (UPDATE execution SET status = $5, worker = NULL, updated = now() \
-            WHERE status = $6 AND CASE $1 WHEN 'action' THEN action_ref = $2 ELSE runtime = $2 END \
+            WHERE status = $6 AND CASE $1 WHEN 'action' THEN action_ref = $2 WHEN 'runtime' THEN runtime = $2 \
+                ELSE false END \
             RETURNING id) \
          SELECT {COLUMNS}, p.new, (SELECT count(*) FROM back) AS handed_back \
          FROM p LEFT JOIN api_token t ON t.id = p.paused_by"

@@ -15,13 +15,16 @@ pub struct Run {
     pub execution: i64,
     pub definition: String,
     pub resumes: Option<i64>,
+    /// When an executor last advanced it.
+    pub advanced: Option<DateTime<Utc>>,
 }
 
 /// Run `id`'s row, locked until the transaction ends: one advance of a run at a time, whatever
 /// the executors.
 pub async fn lock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Run>, sqlx::Error> {
     sqlx::query_as(
-        "UPDATE workflow_run SET advanced = now() WHERE execution = $1 RETURNING execution, definition, resumes",
+        "UPDATE workflow_run SET advanced = now() WHERE execution = $1 \
+         RETURNING execution, definition, resumes, advanced",
     )
     .bind(id)
     .fetch_optional(db)
@@ -29,7 +32,7 @@ pub async fn lock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Run>, sqlx:
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Run>, sqlx::Error> {
-    sqlx::query_as("SELECT execution, definition, resumes FROM workflow_run WHERE execution = $1")
+    sqlx::query_as("SELECT execution, definition, resumes, advanced FROM workflow_run WHERE execution = $1")
         .bind(id)
         .fetch_optional(db)
         .await
@@ -71,8 +74,13 @@ struct AttemptRow {
 pub type Attempts = std::collections::BTreeMap<(String, i32), Attempt>;
 
 /// The latest attempt of each step item of run `id`; where `id` resumes earlier runs, the items
-/// they completed that `id` has not run stand as done (the nearest run's first).
-pub async fn attempts(db: &mut sqlx::PgConnection, id: i64, resumed: &[i64]) -> Result<Attempts, sqlx::Error> {
+/// of `main_steps` they completed that `id` has not run stand as done (the nearest run's first).
+pub async fn attempts(
+    db: &mut sqlx::PgConnection,
+    id: i64,
+    resumed: &[i64],
+    main_steps: &[&str],
+) -> Result<Attempts, sqlx::Error> {
     let mut runs = vec![id];
     runs.extend_from_slice(resumed);
     let rows: Vec<AttemptRow> = sqlx::query_as(
@@ -89,7 +97,9 @@ pub async fn attempts(db: &mut sqlx::PgConnection, id: i64, resumed: &[i64]) -> 
     for run in &runs {
         for row in rows.iter().filter(|r| r.workflow_run == *run) {
             let key = (row.workflow_step.clone(), row.workflow_item);
-            if out.contains_key(&key) || (*run != id && row.status != ExecutionStatus::Completed) {
+            // (a run resumed lends only main steps: its on-failure steps ran for its own failure)
+            let lent = row.status == ExecutionStatus::Completed && main_steps.contains(&row.workflow_step.as_str());
+            if out.contains_key(&key) || (*run != id && !lent) {
                 continue;
             }
             out.insert(
@@ -137,7 +147,7 @@ pub async fn waiting(db: &PgPool, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
         "SELECT id FROM execution e WHERE status = $2 AND runtime = 'workflow' \
          AND COALESCE(not_before, created) <= now() \
          AND NOT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = 'workflow') \
-                         OR (p.kind = 'action' AND p.name = e.action_ref)) \
+                         OR (p.kind = 'action' AND p.name = e.action_ref) OR (p.kind = 'run' AND p.name = e.id::text)) \
          ORDER BY COALESCE(not_before, created), id LIMIT $1",
     )
     .bind(limit)
@@ -146,11 +156,13 @@ pub async fn waiting(db: &PgPool, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
     .await
 }
 
-/// Runs to advance at a sweep: those running, and those ended with a step still unfinished (a
+/// Runs to advance at a sweep: those running, the least recently advanced first (so that every
+/// run is reached however many there are), and those ended with a step still unfinished (a
 /// cancel whose steps were not all stopped yet).
 pub async fn to_sweep(db: &PgPool, limit: i64) -> Result<Vec<i64>, sqlx::Error> {
     sqlx::query_scalar(
-        "(SELECT id FROM execution WHERE status = $2 AND runtime = 'workflow' ORDER BY id LIMIT $1) \
+        "(SELECT r.execution FROM workflow_run r JOIN execution e ON e.id = r.execution \
+          WHERE e.status = $2 ORDER BY r.advanced NULLS FIRST LIMIT $1) \
          UNION \
          (SELECT DISTINCT s.workflow_run FROM execution s JOIN execution r ON r.id = s.workflow_run \
           WHERE s.workflow_run IS NOT NULL AND NOT s.status = ANY($3) AND r.status = ANY($3) LIMIT $1)",
@@ -162,14 +174,15 @@ pub async fn to_sweep(db: &PgPool, limit: i64) -> Result<Vec<i64>, sqlx::Error> 
     .await
 }
 
-/// Whether new steps of runs of `action_ref` wait: the workflow, or the `workflow` runtime, is
-/// paused.
-pub async fn paused(db: impl PgExecutor<'_>, action_ref: &str) -> Result<bool, sqlx::Error> {
+/// Whether run `id` of workflow `action_ref` starts no new step: the run, the workflow, or the
+/// `workflow` runtime is paused.
+pub async fn paused(db: impl PgExecutor<'_>, id: i64, action_ref: &str) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = 'workflow') \
-                        OR (p.kind = 'action' AND p.name = $1))",
+                        OR (p.kind = 'action' AND p.name = $1) OR (p.kind = 'run' AND p.name = $2::text))",
     )
     .bind(action_ref)
+    .bind(id)
     .fetch_one(db)
     .await
 }

@@ -149,7 +149,15 @@ pub fn render(template: &Value, scope: &Value) -> Result<Value, String> {
         Value::String(text) => {
             let pieces = pieces(text)?;
             if let [Piece::Ref(path)] = pieces.as_slice() {
-                return path.lookup(scope).cloned();
+                let value = path.lookup(scope)?;
+                // what a step printed must not choose which secret a later step is given
+                if path.root() != "input" && holds_secret(value) {
+                    return Err(format!(
+                        "{} holds a stored secret's reference: only the run's input passes one to a step",
+                        path.text()
+                    ));
+                }
+                return Ok(value.clone());
             }
             let mut out = String::new();
             for piece in pieces {
@@ -553,10 +561,13 @@ mod tests {
     }
 
     #[test]
-    fn a_secret_passes_only_whole() {
-        let s = json!({"input": {"token": {"$secret": "api"}}});
+    fn a_secret_passes_only_whole_and_only_from_the_input() {
+        let s =
+            json!({"input": {"token": {"$secret": "api"}}, "steps": {"a": {"result": {"t": {"$secret": "other"}}}}});
         assert_eq!(render(&json!("{{ input.token }}"), &s), Ok(json!({"$secret": "api"})));
         assert!(render(&json!("Bearer {{ input.token }}"), &s).unwrap_err().contains("whole value"));
+        let chosen = render(&json!("{{ steps.a.result.t }}"), &s).unwrap_err();
+        assert!(chosen.contains("only the run's input passes one"), "{chosen}");
     }
 
     #[test]

@@ -194,6 +194,11 @@ impl WorkflowSpec {
         self.steps.iter().map(|s| (Phase::Main, s)).chain(self.on_failure.iter().map(|s| (Phase::OnFailure, s)))
     }
 
+    /// The names of its main steps (not the on-failure ones).
+    pub fn main_steps(&self) -> Vec<&str> {
+        self.steps.iter().map(|s| s.name.as_str()).collect()
+    }
+
     pub fn step(&self, name: &str) -> Option<&StepSpec> {
         self.all_steps().map(|(_, s)| s).find(|s| s.name == name)
     }
@@ -297,6 +302,12 @@ fn validate(spec: &WorkflowSpec) -> Result<(), (String, String)> {
             };
             if let Some(when) = &step.when {
                 let condition = Condition::parse(when).map_err(|e| (field("when"), e))?;
+                if condition.paths().iter().any(|p| matches!(p.root(), "item" | "index")) {
+                    return Err((
+                        field("when"),
+                        "'when' decides the whole step, before its items: it cannot refer to 'item' or 'index'".into(),
+                    ));
+                }
                 check(condition.paths(), "when")?;
             }
             if let Some(items) = &step.with_items {
@@ -441,7 +452,7 @@ result: "{{ steps.verify.result }}"
 
     #[test]
     fn each_mistake_names_its_field() {
-        let cases: [(&str, &str, &str); 10] = [
+        let cases: [(&str, &str, &str); 11] = [
             ("name: w\nsteps: []\n", "steps", "at least one step"),
             ("name: w\nsteps:\n  - {name: a, action: nodot}\n", "steps.a.action", "not an action reference"),
             (
@@ -480,6 +491,11 @@ result: "{{ steps.verify.result }}"
                 "between 1 and",
             ),
             ("name: w\nsteps:\n  - {name: a, action: p.x, frobnicate: 1}\n", "frobnicate", "unknown field"),
+            (
+                "name: w\nsteps:\n  - {name: a, action: p.x, with-items: [1], when: '{{ item }}'}\n",
+                "steps.a.when",
+                "cannot refer to 'item'",
+            ),
         ];
         for (text, field, reason) in cases {
             let error = error_of(text);
