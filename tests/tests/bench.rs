@@ -60,3 +60,32 @@ async fn the_quick_benchmark_runs_every_workload() {
     let _ = std::fs::remove_file(&plot);
     system.stop().await;
 }
+
+/// The `workflow` workload (issue 48) on the `bench` pack: 40 sequential steps of echo and of
+/// python, and the graph of a fanned-out run, each reported with its numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quick_workflow_benchmark_reports_per_step_and_graph_times() {
+    let bench_pack = attune_testkit::system::repo_root().join("packs/bench");
+    let system = System::builder().pack(&bench_pack).worker("w1", &[]).start().await;
+    let json = std::env::temp_dir().join(format!("attune-bench-workflow-{}.json", std::process::id()));
+    let out = Command::new(attune_testkit::workspace_binary("attune-bench"))
+        .args(["--quick", "--workload", "workflow", "--json", json.to_str().unwrap()])
+        .env("ATTUNE_API_URL", &system.api_url)
+        .env("ATTUNE_TOKEN", &system.token)
+        .env("DATABASE_URL", &system.db.url)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3, "{report:#}");
+    for result in &results[..2] {
+        assert_eq!(result["not_completed"], 0, "{result}");
+        assert!(result["extra"]["per_step_ms"].as_f64().unwrap() > 0.0, "{result}");
+    }
+    assert_eq!(results[2]["extra"]["status"], "completed", "{report:#}");
+    assert!(results[2]["latency_ms"]["p99"].as_f64().unwrap() > 0.0, "{report:#}");
+    let _ = std::fs::remove_file(&json);
+    system.stop().await;
+}
