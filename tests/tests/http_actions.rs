@@ -248,6 +248,10 @@ fn the_example_pack_loads() {
     assert_eq!(batch.spec.retry.as_ref().unwrap().rules.as_ref().unwrap()[0].when.exit_codes, Some(vec![3]));
     assert_eq!(by_name("sync_files").spec.max_retries_in_force(), 2, "max_attempts: 3");
     assert_eq!(by_name("wait_for_service").spec.max_retries_in_force(), -1);
+    // the book's worked workflow
+    let remediate = pack.workflows.iter().find(|w| w.workflow_ref == "examples.remediate").expect("examples.remediate");
+    let steps: Vec<&str> = remediate.spec.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(steps, ["check", "restart", "verify", "notify"]);
     assert!(by_name("create_order").spec.retry.as_ref().unwrap().circuit.is_some());
     assert!(pack.actions.iter().all(|a| a.warnings.is_empty()), "{:?}", pack.actions);
     assert!(Path::new(&repo_root().join("packs/examples/README.md")).is_file());

@@ -494,3 +494,36 @@ async fn a_paused_run_starts_no_new_step_until_it_is_resumed() {
     assert_eq!((status, body["error"]["parameter"].as_str()), (422, Some("name")), "{body}");
     system.stop().await;
 }
+
+/// The book's worked example, `examples.remediate`, as the book runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_books_worked_example_runs() {
+    let examples = attune_testkit::system::repo_root().join("packs/examples");
+    let system = System::builder().pack(&examples).worker("w1", &[]).start().await;
+    let hosts = json!(["web-1", "web-2", "web-3"]);
+    let run = id(&system.submit("examples.remediate", json!({"hosts": hosts, "unhealthy": ["web-2"]})).await);
+    let ended = system.wait_terminal(run, Duration::from_secs(60)).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    assert_eq!(
+        ended["result"],
+        json!({"restarted": [{"host": "web-2", "service": "nginx", "restarted": true}], "unhealthy_after": []})
+    );
+    let graph = graph_of(&system, run).await;
+    let states: Vec<(&str, &str)> = graph["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), s["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("check", "succeeded"),
+            ("restart", "succeeded"),
+            ("verify", "succeeded"),
+            ("notify", "succeeded"),
+            ("page", "not_run")
+        ]
+    );
+    system.stop().await;
+}
