@@ -216,26 +216,47 @@ pub async fn register_packs(pool: &PgPool, dir: &std::path::Path) -> Result<usiz
         entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("pack.yaml").is_file()).collect();
     dirs.sort();
     let mut first_error = None;
-    for pack_dir in &dirs {
-        // one pack that does not load (or whose ref is registered from elsewhere: only an admin's
-        // force takes a ref over) does not keep the others out
-        let registered = match attune_common::pack::resolve_in_packs_dir(dir, pack_dir)
-            .map_err(PackDirError::from)
-            .and_then(|resolved| attune_common::pack::load_pack(&resolved).map_err(PackDirError::from))
-        {
-            Ok(loaded) => db::pack::register(pool, &loaded).await.map_err(PackDirError::from),
-            Err(e) => Err(e),
-        };
-        match registered {
-            Ok(registered) => {
-                tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered")
+    // a pack whose workflow names another pack's action waits for that pack: packs refused for
+    // a step's action are tried again after the others, for as long as one more goes in
+    let mut pending: Vec<&std::path::PathBuf> = dirs.iter().collect();
+    loop {
+        let attempted = pending.len();
+        let mut waiting = Vec::new();
+        let mut waiting_errors = Vec::new();
+        for pack_dir in std::mem::take(&mut pending) {
+            // one pack that does not load (or whose ref is registered from elsewhere: only an
+            // admin's force takes a ref over) does not keep the others out
+            let registered = match attune_common::pack::resolve_in_packs_dir(dir, pack_dir)
+                .map_err(PackDirError::from)
+                .and_then(|resolved| attune_common::pack::load_pack(&resolved).map_err(PackDirError::from))
+            {
+                Ok(loaded) => db::pack::register(pool, &loaded).await.map_err(PackDirError::from),
+                Err(e) => Err(e),
+            };
+            match registered {
+                Ok(registered) => {
+                    tracing::info!(pack = %registered.pack_ref, actions = registered.action_count, "pack registered")
+                }
+                Err(PackDirError::Register(db::pack::RegisterError::Database(e))) => return Err(e.into()),
+                Err(e @ PackDirError::Register(db::pack::RegisterError::Invalid(_))) => {
+                    waiting.push(pack_dir);
+                    waiting_errors.push(e);
+                }
+                Err(e) => {
+                    tracing::error!(dir = %pack_dir.display(), error = %e, "pack not registered");
+                    first_error.get_or_insert(e);
+                }
             }
-            Err(PackDirError::Register(db::pack::RegisterError::Database(e))) => return Err(e.into()),
-            Err(e) => {
+        }
+        // none went in this time: what is left names what nobody registers
+        if waiting.is_empty() || waiting.len() == attempted {
+            for (pack_dir, e) in waiting.into_iter().zip(waiting_errors) {
                 tracing::error!(dir = %pack_dir.display(), error = %e, "pack not registered");
                 first_error.get_or_insert(e);
             }
+            break;
         }
+        pending = waiting;
     }
     match first_error {
         Some(e) => Err(e),
