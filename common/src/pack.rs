@@ -162,6 +162,22 @@ mod tests {
     }
 
     #[test]
+    fn every_pack_of_the_repository_loads() {
+        let packs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs");
+        let mut loaded = Vec::new();
+        for entry in std::fs::read_dir(&packs).unwrap() {
+            let dir = entry.unwrap().path();
+            if dir.join("pack.yaml").is_file() {
+                let pack = load_pack(&dir).unwrap_or_else(|e| panic!("{e}"));
+                loaded.push((pack.manifest.pack_ref, pack.actions.len() + pack.workflows.len()));
+            }
+        }
+        loaded.sort();
+        let refs: Vec<&str> = loaded.iter().map(|(r, _)| r.as_str()).collect();
+        assert_eq!(refs, ["bench", "core", "examples"], "{loaded:?}");
+    }
+
+    #[test]
     fn the_core_pack_loads() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packs/core");
         let pack = load_pack(&dir).unwrap();
