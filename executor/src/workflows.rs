@@ -169,7 +169,11 @@ pub async fn advance(
             spec
         }
     };
-    let resumed = db::workflow::resumed(&mut *tx, id).await?;
+    // (most runs resume none: no read for them)
+    let resumed = match run.resumes {
+        Some(_) => db::workflow::resumed(&mut *tx, id).await?,
+        None => Vec::new(),
+    };
     let attempts = db::workflow::attempts(&mut tx, id, &resumed, &spec.main_steps()).await?;
     let plan = workflow::plan(&spec, &execution.parameters, &attempts);
     let mut again = false;

@@ -89,13 +89,20 @@ pub async fn get(
             format!("the definition {} of workflow run {id} cannot be read", pinned.definition),
         )
     })?;
-    let resumed = db::workflow::resumed(&mut *snapshot, id).await?;
-    let attempts = db::workflow::attempts(&mut snapshot, id, &resumed, &spec.main_steps()).await?;
+    let made = db::workflow::step_executions(&mut *snapshot, id).await?;
+    // a run that resumes none: its attempts are what it made (one read, not two)
+    let attempts = match pinned.resumes {
+        Some(_) => {
+            let resumed = db::workflow::resumed(&mut *snapshot, id).await?;
+            db::workflow::attempts(&mut snapshot, id, &resumed, &spec.main_steps()).await?
+        }
+        None => db::workflow::latest_attempts(&made),
+    };
+    snapshot.commit().await?;
     let mut executions: BTreeMap<String, Vec<StepExecution>> = BTreeMap::new();
-    for execution in db::workflow::step_executions(&mut *snapshot, id).await? {
+    for execution in made {
         executions.entry(execution.step.clone()).or_default().push(execution);
     }
-    snapshot.commit().await?;
     let plan = workflow::plan(&spec, &run.parameters, &attempts);
     let steps = plan
         .steps

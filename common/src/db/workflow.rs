@@ -118,6 +118,28 @@ pub async fn attempts(
     Ok(out)
 }
 
+/// The latest attempt of each step item among `executions` (those of one run, in step, item and
+/// id order, as `step_executions` reads them).
+pub fn latest_attempts(executions: &[StepExecution]) -> Attempts {
+    let mut out = Attempts::new();
+    for execution in executions {
+        let key = (execution.step.clone(), execution.item);
+        let attempts = out.get(&key).map_or(0, |a: &Attempt| a.attempts) + 1;
+        out.insert(
+            key,
+            Attempt {
+                execution: execution.id,
+                status: execution.status,
+                result: execution.result.clone(),
+                error: execution.error.clone(),
+                exit_code: execution.exit_code,
+                attempts,
+            },
+        );
+    }
+    out
+}
+
 /// Item `item` of step `step` of run `run` (`workflow_step_start`): its id, `None` if it was
 /// started already. `failure`: recorded failed with that reason (`invalid_parameters`), never run.
 pub async fn start_step(
