@@ -679,6 +679,20 @@ impl Publisher {
         self.publish_bytes(&self.topology.exchange(), routing_key, &payload).await
     }
 
+    /// Tells the workers to stop execution `id` if one runs it (a `CancelNotice` on the control
+    /// exchange, fanned out to every worker; none listening is no error). A lost notice leaves
+    /// the action running to its end, and its result is ignored: the record already says how it
+    /// ended.
+    pub async fn send_cancel_notice(&self, id: i64) {
+        let notice = serde_json::to_vec(&CancelNotice { execution_id: id }).expect("notice serializes");
+        match self.publish_bytes(&self.topology().control_exchange(), "", &notice).await {
+            Ok(()) | Err(MqError::Unroutable(_)) => {}
+            Err(e) => {
+                tracing::warn!(execution_id = id, error = %e, "stop notice not sent; the action runs on, its result will be ignored")
+            }
+        }
+    }
+
     /// Publishes raw bytes (a parked dead letter keeps its exact content).
     pub async fn publish_bytes(&self, exchange: &str, routing_key: &str, payload: &[u8]) -> Result<(), MqError> {
         match self.publish_once(exchange, routing_key, payload).await {

@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use attune_common::db::{self, execution::Outcome, execution::Transition};
-use attune_common::mq::{CancelNotice, MqError};
 use attune_core::params::{self, ParamSpecs};
 use attune_core::workflow::{self, WorkflowSpec};
 use attune_core::{ExecutionStatus, FailureKind};
@@ -283,19 +282,8 @@ async fn stop_steps(context: &Context, id: i64, ended: ExecutionStatus) -> Resul
     let cancel = Transition::to(ExecutionStatus::Canceled).outcome(&outcome);
     for (step, worker) in db::workflow::unfinished_steps(&context.db, id).await? {
         if db::execution::transition_brief(&context.db, step, &cancel).await?.is_some() && worker.is_some() {
-            stop_on_worker(context, step).await;
+            context.publisher.send_cancel_notice(step).await;
         }
     }
     Ok(())
-}
-
-async fn stop_on_worker(context: &Context, id: i64) {
-    let topology = context.publisher.topology();
-    let notice = serde_json::to_vec(&CancelNotice { execution_id: id }).expect("notice serializes");
-    match context.publisher.publish_bytes(&topology.control_exchange(), "", &notice).await {
-        Ok(()) | Err(MqError::Unroutable(_)) => {}
-        Err(e) => {
-            tracing::warn!(execution_id = id, error = %e, "stop notice not sent; the step runs on, its result is ignored")
-        }
-    }
 }

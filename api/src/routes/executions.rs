@@ -2,7 +2,6 @@
 //! cancel, fail; a retry chain in `chain`; live output in `output`.
 
 use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
-use attune_common::mq::{CancelNotice, MqError};
 use attune_core::{ExecutionStatus, FailureKind, params, recovery};
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -605,18 +604,9 @@ async fn stop_if_running(state: &crate::AppState, ended: &Execution) {
     }
 }
 
-/// Tells the workers to stop `id` if one runs it (the worker a row names when it changed is the
-/// one that may hold it; its process group is killed). A lost notice leaves the action running
-/// to its end, and its result is ignored: the record already says how it ended.
+/// Tells the workers to stop `id` if one runs it (`Publisher::send_cancel_notice`).
 async fn stop_on_worker(state: &crate::AppState, id: i64) {
-    let topology = state.publisher.topology();
-    let notice = serde_json::to_vec(&CancelNotice { execution_id: id }).expect("notice serializes");
-    match state.publisher.publish_bytes(&topology.control_exchange(), "", &notice).await {
-        Ok(()) | Err(MqError::Unroutable(_)) => {}
-        Err(e) => {
-            tracing::warn!(execution_id = id, error = %e, "stop notice not sent; the action runs on, its result will be ignored")
-        }
-    }
+    state.publisher.send_cancel_notice(id).await;
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
