@@ -238,8 +238,25 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print(out, &run, output::workflow_steps);
             Ok(0)
         }
-        Command::Workflow(WorkflowCommand::Tree { id }) => {
-            let run = client.get(&format!("/api/v1/workflows/{id}"), &[]).await?;
+        Command::Workflow(WorkflowCommand::Tree { id, step, all }) => {
+            let path = format!("/api/v1/workflows/{id}");
+            let query: Vec<(&str, String)> = step.iter().map(|step| ("step", step.clone())).collect();
+            let mut run = client.get(&path, &query).await?;
+            if all {
+                for step in run["steps"].as_array_mut().into_iter().flatten() {
+                    while let Some(after) = step["next_after"].as_i64() {
+                        let name = step["name"].as_str().unwrap_or_default().to_string();
+                        let query = [("step", name), ("after", after.to_string()), ("limit", "10000".into())];
+                        let page = client.get(&path, &query).await?;
+                        let more = &page["steps"][0];
+                        let executions = more["executions"].as_array().cloned().unwrap_or_default();
+                        if let Some(shown) = step["executions"].as_array_mut() {
+                            shown.extend(executions);
+                        }
+                        step["next_after"] = more["next_after"].clone();
+                    }
+                }
+            }
             print(out, &run, output::workflow_tree);
             Ok(0)
         }

@@ -317,7 +317,16 @@ pub enum WorkflowCommand {
     /// Show a run and each step's state, attempts and timing
     Get { id: i64 },
     /// Show a run as a tree: each step, each of its items' executions, their states and errors
-    Tree { id: i64 },
+    /// (the first 100 of each step's executions unless --all)
+    Tree {
+        id: i64,
+        /// Only this step
+        #[arg(long)]
+        step: Option<String>,
+        /// Every execution of each step, page after page
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand)]

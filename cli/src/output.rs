@@ -304,8 +304,9 @@ pub fn workflow_tree(run: &Value) -> String {
             step["reason"].as_str().map(|r| format!(" {}", crate::tail::escaped(r))).unwrap_or_default()
         ));
         let executions: Vec<&Value> = step["executions"].as_array().into_iter().flatten().collect();
+        let hidden = step["attempts"].as_u64().unwrap_or(0).saturating_sub(executions.len() as u64);
         for (m, execution) in executions.iter().enumerate() {
-            let twig = if m + 1 == executions.len() { "└─" } else { "├─" };
+            let twig = if m + 1 == executions.len() && hidden == 0 { "└─" } else { "├─" };
             let item =
                 if step["items"].is_null() { String::new() } else { format!("item {} ", text(&execution["item"])) };
             let attempt = match execution["retry_count"].as_i64() {
@@ -320,6 +321,9 @@ pub fn workflow_tree(run: &Value) -> String {
                 text(&execution["status"]),
                 between(&execution["started"], &execution["finished"])
             ));
+        }
+        if hidden > 0 {
+            lines.push(format!("{indent}└─ … and {hidden} more executions (--all shows them)"));
         }
     }
     lines.join("\n")

@@ -206,7 +206,7 @@ pub const SETTINGS: &[Setting] = &[
         name: "ATTUNE_API_LIST_BUDGET_BYTES",
         default: Value("4194304"),
         read_by: &[Api],
-        doc: "about the most bytes of rows in one page of `GET /api/v1/executions` (and of attempts in one answer of `GET /api/v1/executions/{id}/chain`): a page that would be larger holds fewer rows than its `limit` and says where the next starts",
+        doc: "about the most bytes of rows in one page of `GET /api/v1/executions` (and of attempts in one answer of `GET /api/v1/executions/{id}/chain`, of step executions in one of `GET /api/v1/workflows/{id}`): a page that would be larger holds fewer rows than its `limit` and says where the next starts",
     },
     Setting {
         name: "ATTUNE_WORKER_ACTION_UIDS",

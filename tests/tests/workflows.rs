@@ -79,8 +79,9 @@ fn ops_pack() -> TempPack {
     .workflow("deliver.yaml", DELIVER)
 }
 
+/// Run `run`'s graph with every execution of each step (the largest page).
 async fn graph_of(system: &System, run: i64) -> Value {
-    let (status, body) = system.get(&format!("/api/v1/workflows/{run}")).await;
+    let (status, body) = system.get(&format!("/api/v1/workflows/{run}?limit=10000")).await;
     assert_eq!(status, 200, "{body}");
     body
 }
@@ -151,6 +152,38 @@ async fn a_workflow_runs_its_steps_in_order_fans_out_within_its_cap_and_joins() 
     }
     let table = system.cli(&["workflow", "get", &run_id.to_string()]);
     assert!(table.contains("4/4 (0 running, 0 failed)"), "{table}");
+
+    // a step's executions come a page at a time, by id, with where the next page starts
+    let ids: Vec<i64> = executions.iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    let (status, first) = system.get(&format!("/api/v1/workflows/{run_id}?limit=3")).await;
+    assert_eq!(status, 200, "{first}");
+    let shown = step(&first, "restart");
+    assert_eq!(shown["attempts"], 4, "the counts are the whole step's: {shown}");
+    let page: Vec<i64> = shown["executions"].as_array().unwrap().iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    assert_eq!((page.as_slice(), shown["next_after"].as_i64()), (&ids[..3], Some(ids[2])), "{shown}");
+    assert_eq!(step(&first, "check")["next_after"], Value::Null, "a step shown whole has no next page");
+    let (status, rest) = system.get(&format!("/api/v1/workflows/{run_id}?step=restart&after={}&limit=3", ids[2])).await;
+    assert_eq!(status, 200, "{rest}");
+    let steps = rest["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "only the step asked for: {rest}");
+    assert_eq!(steps[0]["executions"].as_array().unwrap().len(), 1, "{rest}");
+    assert_eq!((steps[0]["executions"][0]["id"].as_i64(), &steps[0]["next_after"]), (Some(ids[3]), &Value::Null));
+    let tree = system.cli(&["workflow", "tree", &run_id.to_string(), "--step", "restart"]);
+    assert!(tree.contains("item 3 execution") && !tree.contains("check:"), "{tree}");
+    for (query, parameter, code) in [
+        ("after=1", "after", 422),
+        ("limit=0", "limit", 422),
+        ("limit=10001", "limit", 422),
+        ("step=nope", "step", 404),
+    ] {
+        let (status, body) = system.get(&format!("/api/v1/workflows/{run_id}?{query}")).await;
+        assert_eq!(status, code, "{query}: {body}");
+        let named = body["error"]["parameter"].as_str().or(body["error"]["resource"].as_str());
+        assert!(
+            named == Some(parameter) || body["error"]["message"].as_str().unwrap().contains(parameter),
+            "{query}: {body}"
+        );
+    }
 
     // nothing unhealthy: the fan-out is skipped, and what needs it runs on
     let quiet = system.submit("ops.remediate", json!({"hosts": ["h1"]})).await;

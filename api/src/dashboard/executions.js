@@ -180,7 +180,7 @@ export function executionPage(id) {
     const action = await api('GET', `/api/v1/actions/${encodeURIComponent(execution.action_ref)}`).catch(() => null);
     // a workflow run: its steps as a graph
     const graph = execution.runtime === 'workflow'
-      ? await api('GET', `/api/v1/workflows/${id}`).catch(() => null) : null;
+      ? await api('GET', `/api/v1/workflows/${id}?limit=20`).catch(() => null) : null;
     if (gen !== generation) throw new LeftPage();
     if (!isTerminal(execution.status) && !live.firstChild) live.append(liveOutput(id));
     // re-render only what changed, so a button is not replaced under the user's pointer
@@ -191,7 +191,9 @@ export function executionPage(id) {
       fill(body, executionView(execution, chain, names, { retry, cancel, ui, operate }, action),
         graph ? workflowView(graph) : null);
     }
-    const stepsDone = !graph || graph.steps.every((s) => s.executions.every((x) => isTerminal(x.status)));
+    // (a step shows a page of its executions: the rest are in its counts)
+  const stepsDone = !graph || graph.steps.every((s) => s.state !== 'running'
+    && (!s.items || s.items.in_flight === 0) && s.executions.every((x) => isTerminal(x.status)));
     return chain.attempts.every((a) => isTerminal(a.status)) && isTerminal(execution.status) && stepsDone;
   };
   // refreshes while anything in the chain is still moving, and stops once all of it is finished
@@ -221,7 +223,7 @@ export function executionPage(id) {
 }
 
 // A workflow run's steps, in the order written: each with its state, what it needs, its items
-// and every execution it made (each a link), so the run reads as its graph.
+// and the first of the executions it made (each a link), so the run reads as its graph.
 function workflowView(graph) {
   const rows = graph.steps.map((step) => el('tr', { 'data-step': step.name, 'data-state': step.state },
     el('td', {}, step.name, step.phase === 'on-failure' ? el('span', { class: 'muted' }, ' (on-failure)') : null),
@@ -230,8 +232,9 @@ function workflowView(graph) {
     el('td', {}, step.needs.length ? step.needs.join(', ') : '—'),
     el('td', {}, step.items ? `${step.items.succeeded}/${step.items.total} (${step.items.in_flight} running, ${step.items.failed} failed)` : '—'),
     el('td', {}, formatSeconds(between(step.started, step.finished))),
-    el('td', {}, step.executions.slice(0, 20).map((x) => [executionLink(x.id), ' ', statusBadge(x.status), ' ']),
-      step.executions.length > 20 ? el('span', { class: 'muted' }, `and ${step.executions.length - 20} more`) : null),
+    el('td', {}, step.executions.map((x) => [executionLink(x.id), ' ', statusBadge(x.status), ' ']),
+      step.attempts > step.executions.length
+        ? el('span', { class: 'muted' }, `and ${step.attempts - step.executions.length} more`) : null),
     el('td', {}, step.reason || '')));
   return el('section', { id: 'workflow' },
     el('h2', {}, 'Workflow steps'),
