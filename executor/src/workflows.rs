@@ -123,7 +123,7 @@ pub async fn advance(
     id: i64,
 ) -> Result<(), crate::Error> {
     let mut tx = context.db.begin().await?;
-    let Some(run) = db::workflow::lock(&mut *tx, id).await? else {
+    let Some((run, paused)) = db::workflow::lock(&mut *tx, id).await? else {
         drop(tx);
         return without_definition(context, id).await;
     };
@@ -136,7 +136,7 @@ pub async fn advance(
             return stop_steps(context, id, status).await;
         }
         ExecutionStatus::Requested => {
-            if db::workflow::paused(&mut *tx, id, &execution.action_ref).await? {
+            if paused {
                 return Ok(());
             }
             // (through `scheduled`, the state machine's way to `running`, in one transaction:
@@ -176,7 +176,7 @@ pub async fn advance(
     let attempts = db::workflow::attempts(&mut tx, id, &resumed, &spec.main_steps()).await?;
     let plan = workflow::plan(&spec, &execution.parameters, &attempts);
     let mut again = false;
-    if !plan.start.is_empty() && !db::workflow::paused(&mut *tx, id, &execution.action_ref).await? {
+    if !plan.start.is_empty() && !paused {
         let default_timeout = context.settings.common.default_timeout_secs;
         for start in &plan.start {
             let (parameters, failure) = match checked_parameters(context, start).await? {

@@ -20,15 +20,25 @@ pub struct Run {
 }
 
 /// Run `id`'s row, locked until the transaction ends: one advance of a run at a time, whatever
-/// the executors.
-pub async fn lock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Run>, sqlx::Error> {
-    sqlx::query_as(
-        "UPDATE workflow_run SET advanced = now() WHERE execution = $1 \
-         RETURNING execution, definition, resumes, advanced",
+/// the executors. With it, whether the run starts no new step (`paused`, read in the same
+/// statement: one round trip fewer on every advance).
+pub async fn lock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<(Run, bool)>, sqlx::Error> {
+    #[derive(sqlx::FromRow)]
+    struct Locked {
+        #[sqlx(flatten)]
+        run: Run,
+        paused: bool,
+    }
+    let locked: Option<Locked> = sqlx::query_as(
+        "UPDATE workflow_run r SET advanced = now() FROM execution e WHERE r.execution = $1 AND e.id = r.execution \
+         RETURNING r.execution, r.definition, r.resumes, r.advanced, \
+            EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = 'workflow') \
+                    OR (p.kind = 'action' AND p.name = e.action_ref) OR (p.kind = 'run' AND p.name = $1::text)) AS paused",
     )
     .bind(id)
     .fetch_optional(db)
-    .await
+    .await?;
+    Ok(locked.map(|locked| (locked.run, locked.paused)))
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Run>, sqlx::Error> {
@@ -193,19 +203,6 @@ pub async fn to_sweep(db: &PgPool, limit: i64) -> Result<Vec<i64>, sqlx::Error> 
     .bind(ExecutionStatus::Running)
     .bind(&ExecutionStatus::TERMINAL[..])
     .fetch_all(db)
-    .await
-}
-
-/// Whether run `id` of workflow `action_ref` starts no new step: the run, the workflow, or the
-/// `workflow` runtime is paused.
-pub async fn paused(db: impl PgExecutor<'_>, id: i64, action_ref: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = 'workflow') \
-                        OR (p.kind = 'action' AND p.name = $1) OR (p.kind = 'run' AND p.name = $2::text))",
-    )
-    .bind(action_ref)
-    .bind(id)
-    .fetch_one(db)
     .await
 }
 
