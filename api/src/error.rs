@@ -187,6 +187,20 @@ pub fn storable_json(field: &str, value: &serde_json::Value) -> Result<(), ApiEr
     }
 }
 
+impl From<axum::extract::rejection::BytesRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::BytesRejection) -> Self {
+        let text = rejection.body_text();
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body too large: {text}"),
+            );
+        }
+        ApiError::bad_request(Some("body"), format!("the body could not be read: {text}"))
+    }
+}
+
 impl From<axum::extract::rejection::QueryRejection> for ApiError {
     fn from(rejection: axum::extract::rejection::QueryRejection) -> Self {
         let text = rejection.body_text();

@@ -136,6 +136,7 @@ pub fn router_and_openapi(state: State) -> (Router<State>, serde_json::Value) {
     let (router, mut document) = utoipa_axum::router::OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .nest("/api/v1", api)
         .merge(routes::probe_routes())
+        .merge(routes::hook_routes())
         .split_for_parts();
     openapi::document_rejections(&mut document);
     (router, openapi::document_storable_json(document))

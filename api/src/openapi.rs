@@ -71,7 +71,10 @@ pub fn document_rejections(openapi: &mut utoipa::openapi::OpenApi) {
         ];
         for (method, operation) in operations {
             let Some(operation) = operation else { continue };
-            if path.starts_with("/api/v1") {
+            // (a webhook's delivery is proven by the webhook's own token or signature: no role,
+            // and the event is its record)
+            let delivery = path == crate::routes::events::DELIVERY_PATH && method == Method::POST;
+            if path.starts_with("/api/v1") && !delivery {
                 let needed = crate::roles::required(&method, path);
                 if needed > Role::Read {
                     let forbidden = format!(
@@ -97,7 +100,7 @@ pub fn document_rejections(openapi: &mut utoipa::openapi::OpenApi) {
                     "No bearer token, a malformed one, or one that is unknown, revoked or expired (`token expired`)",
                 );
             }
-            if path.starts_with("/api/v1") && method != Method::GET {
+            if path.starts_with("/api/v1") && method != Method::GET && !delivery {
                 // every request that could change state is audited, with the reason it gives
                 operation.parameters.get_or_insert_with(Vec::new).push(reason_parameter().into());
             }

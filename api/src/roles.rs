@@ -63,6 +63,12 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::DELETE, "/api/v1/schedules/{name}", Role::Operator),
     (Method::POST, "/api/v1/schedules/{name}/pause", Role::Operator),
     (Method::POST, "/api/v1/schedules/{name}/resume", Role::Operator),
+    (Method::GET, "/api/v1/webhooks", Role::Read),
+    (Method::PUT, "/api/v1/webhooks/{name}/credential", Role::Admin),
+    (Method::GET, "/api/v1/rules", Role::Read),
+    (Method::GET, "/api/v1/events", Role::Read),
+    (Method::GET, "/api/v1/events/{id}", Role::Read),
+    (Method::POST, "/api/v1/events/{id}/replay", Role::Operator),
 ];
 
 /// The role `method` on the route `path` (a template: `/api/v1/executions/{id}`) needs: its entry
@@ -146,6 +152,7 @@ mod tests {
             } else if method == Method::GET {
                 Role::Read
             } else if path.starts_with("/api/v1/executions")
+                || path.starts_with("/api/v1/events")
                 || path.starts_with("/api/v1/pauses")
                 || path.starts_with("/api/v1/schedules")
                 || path.ends_with("/concurrency")

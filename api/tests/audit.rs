@@ -343,6 +343,13 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
     let deleted = change(&api, &admin, (Method::DELETE, secret, None), "unsecret", &[]).await;
     expect("unsecret".into(), deleted, StatusCode::NO_CONTENT, None);
 
+    // (an event and a webhook this test has none of: refused, and audited with the refusal)
+    let replayed = change(&api, &admin, (Method::POST, "/api/v1/events/424242/replay", None), "replay", &[]).await;
+    expect("replay".into(), replayed, StatusCode::NOT_FOUND, None);
+    let credential = (Method::PUT, "/api/v1/webhooks/nope/credential", Some(json!({})));
+    let set_credential = change(&api, &admin, credential, "credential", &[]).await;
+    expect("credential".into(), set_credential, StatusCode::NOT_FOUND, None);
+
     let pause = "/api/v1/pauses/action/core.echo";
     let paused = change(&api, &admin, (Method::PUT, pause, Some(json!({"reason": "r"}))), "pause", &[]).await;
     expect("pause".into(), paused, StatusCode::CREATED, None);

@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 use crate::client::Client;
 use crate::output::{self, text};
 use crate::{
-    AuditCommand, Cli, Command, ExecutionCommand, Output, PackCommand, ScheduleCommand, SecretCommand, WorkerCommand,
-    WorkflowCommand,
+    AuditCommand, Cli, Command, EventCommand, ExecutionCommand, Output, PackCommand, RuleCommand, ScheduleCommand,
+    SecretCommand, WebhookCommand, WorkerCommand, WorkflowCommand,
 };
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
@@ -199,6 +199,101 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 }
                 told
             });
+            Ok(0)
+        }
+        Command::Webhook(WebhookCommand::List) => {
+            let hooks = client.get("/api/v1/webhooks", &[]).await?;
+            print(out, &hooks, |list| {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|w| {
+                        let set = if w["credential_set"].is_null() { "no".into() } else { text(&w["credential_set"]) };
+                        vec![text(&w["name"]), text(&w["pack"]), text(&w["auth"]), text(&w["max_bytes"]), set]
+                    })
+                    .collect();
+                output::table(&["NAME", "PACK", "AUTH", "MAX BYTES", "CREDENTIAL SET"], &rows)
+            });
+            Ok(0)
+        }
+        Command::Webhook(WebhookCommand::Credential { name, value_stdin }) => {
+            let body = if value_stdin {
+                let mut value = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
+                    .context("reading the value from stdin")?;
+                serde_json::json!({"value": value.strip_suffix('\n').unwrap_or(&value)})
+            } else {
+                serde_json::json!({})
+            };
+            let set = client.put(&format!("/api/v1/webhooks/{name}/credential"), &body).await?;
+            print(out, &set, |set| match set["token"].as_str() {
+                Some(token) => format!(
+                    "webhook {name}: token set (shown once; attune keeps only its hash)\n{token}\nsend it as X-Attune-Webhook-Token"
+                ),
+                None => format!("webhook {name}: credential set"),
+            });
+            Ok(0)
+        }
+        Command::Rule(RuleCommand::List) => {
+            let rules = client.get("/api/v1/rules", &[]).await?;
+            print(out, &rules, |list| {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|r| vec![text(&r["ref"]), text(&r["trigger"]), text(&r["action_ref"]), text(&r["enabled"])])
+                    .collect();
+                output::table(&["RULE", "TRIGGER", "ACTION", "ENABLED"], &rows)
+            });
+            Ok(0)
+        }
+        Command::Event(EventCommand::List { trigger, limit }) => {
+            let mut query = vec![("limit", limit.to_string())];
+            query.extend(trigger.map(|t| ("trigger", t)));
+            let events = client.get("/api/v1/events", &query).await?;
+            print(out, &events, |list| {
+                let mut rows = Vec::new();
+                for e in list.as_array().into_iter().flatten() {
+                    let matches: Vec<&Value> = e["matches"].as_array().into_iter().flatten().collect();
+                    if matches.is_empty() {
+                        rows.push(vec![
+                            text(&e["id"]),
+                            text(&e["received"]),
+                            text(&e["trigger"]),
+                            "-".into(),
+                            "no rule".into(),
+                        ]);
+                    }
+                    for m in matches {
+                        let what = match m["execution"].as_i64() {
+                            Some(id) => format!("execution {id}"),
+                            None => m["reason"]
+                                .as_str()
+                                .map(|r| attune_cli::tail::escaped(r).into_owned())
+                                .unwrap_or_default(),
+                        };
+                        rows.push(vec![
+                            text(&e["id"]),
+                            text(&e["received"]),
+                            text(&e["trigger"]),
+                            text(&m["rule"]),
+                            what,
+                        ]);
+                    }
+                }
+                output::table(&["EVENT", "RECEIVED", "TRIGGER", "RULE", "MADE"], &rows)
+            });
+            Ok(0)
+        }
+        Command::Event(EventCommand::Get { id }) => {
+            let event = client.get(&format!("/api/v1/events/{id}"), &[]).await?;
+            print(out, &event, |e| serde_json::to_string_pretty(e).unwrap_or_default());
+            Ok(0)
+        }
+        Command::Event(EventCommand::Replay { id }) => {
+            let recorded = client.post(&format!("/api/v1/events/{id}/replay"), &serde_json::json!({})).await?;
+            print(out, &recorded, |r| format!("event {id} replayed as event {}", text(&r["event"])));
             Ok(0)
         }
         Command::Worker(WorkerCommand::List) => {

@@ -107,6 +107,15 @@ pub enum Command {
     /// Read workers
     #[command(subcommand)]
     Worker(WorkerCommand),
+    /// The packs' webhooks: list them, set a webhook's credential (admin)
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
+    /// The packs' rules
+    #[command(subcommand)]
+    Rule(RuleCommand),
+    /// Events received and what each rule made of them; replay one
+    #[command(subcommand)]
+    Event(EventCommand),
     /// Show the executors' settings in force (retry and health)
     Config,
     /// Register packs
@@ -327,6 +336,42 @@ pub enum WorkflowCommand {
         #[arg(long)]
         all: bool,
     },
+}
+
+#[derive(Subcommand)]
+pub enum WebhookCommand {
+    /// List webhooks, their kind of proof and whether a credential is set
+    List,
+    /// Set a webhook's credential: a token webhook gets a new token (shown once), a signed one
+    /// (github, stripe, hmac) takes its key from stdin
+    Credential {
+        name: String,
+        /// Read the value (a signing key, or a token of your own) from stdin
+        #[arg(long)]
+        value_stdin: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum RuleCommand {
+    /// List rules: trigger, action, enabled
+    List,
+}
+
+#[derive(Subcommand)]
+pub enum EventCommand {
+    /// List events, newest first, with each rule's answer
+    List {
+        /// Only events of this trigger (webhook.NAME)
+        #[arg(long)]
+        trigger: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Show an event: its payload and what each rule made of it
+    Get { id: i64 },
+    /// Record an event's payload again as a new event, answered by the rules as they are now
+    Replay { id: i64 },
 }
 
 #[derive(Subcommand)]

@@ -200,7 +200,22 @@ struct Registry {
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-const ALL: [&Metric; 23] = [
+pub const EVENTS_RECEIVED: Metric = Metric {
+    name: "attune_events_received_total",
+    help: "Webhook deliveries recorded as events (replays included).",
+    kind: Kind::Counter,
+};
+pub const EVENTS_DEDUPLICATED: Metric = Metric {
+    name: "attune_events_deduplicated_total",
+    help: "Webhook deliveries whose delivery id was recorded already (answered as before, nothing made).",
+    kind: Kind::Counter,
+};
+pub const RULE_ANSWERS: Metric = Metric {
+    name: "attune_rule_answers_total",
+    help: "Rules' answers to events, by outcome: matched (an execution made), not_matched, held (cooldown or rate), error.",
+    kind: Kind::Counter,
+};
+const ALL: [&Metric; 26] = [
     &EXECUTIONS_FINISHED,
     &FAILURES,
     &RETRIES_CREATED,
@@ -224,6 +239,9 @@ const ALL: [&Metric; 23] = [
     &DATABASE_HOST_MOVES,
     &SCHEDULED_RUNS,
     &SCHEDULED_MISSED,
+    &EVENTS_RECEIVED,
+    &EVENTS_DEDUPLICATED,
+    &RULE_ANSWERS,
 ];
 
 fn key(metric: &Metric, labels: &[(&'static str, &str)]) -> Series {

@@ -1,4 +1,4 @@
-//! Pack loading: reads `pack.yaml`, `actions/*.yaml` and `workflows/*.yaml` from disk and hands their text to
+//! Pack loading: reads `pack.yaml`, `actions/*.yaml`, `workflows/*.yaml`, `webhooks/*.yaml` and `rules/*.yaml` from disk and hands their text to
 //! `attune_core::pack`, which parses and validates it.
 
 use std::path::{Path, PathBuf};
@@ -102,7 +102,24 @@ pub fn load_pack(dir: &Path) -> Result<LoadedPack, PackError> {
         }
         workflows.push(LoadedWorkflow { workflow_ref, file, spec });
     }
-    Ok(LoadedPack { manifest, path: dir.to_path_buf(), actions, workflows })
+    let mut webhooks: Vec<attune_core::rules::WebhookSpec> = Vec::new();
+    for file in yaml_files(&dir.join("webhooks"))? {
+        let spec = attune_core::rules::parse_webhook(&file, &read(&root, &file)?)?;
+        if webhooks.iter().any(|w| w.name == spec.name) {
+            return Err(PackError::new(&file, Some("name"), format!("duplicate webhook '{}'", spec.name)));
+        }
+        webhooks.push(spec);
+    }
+    let mut rules: Vec<attune_core::pack::LoadedRule> = Vec::new();
+    for file in yaml_files(&dir.join("rules"))? {
+        let spec = attune_core::rules::parse_rule(&file, &read(&root, &file)?)?;
+        let rule_ref = format!("{}.{}", manifest.pack_ref, spec.name);
+        if rules.iter().any(|r| r.rule_ref == rule_ref) {
+            return Err(PackError::new(&file, Some("name"), format!("duplicate rule '{rule_ref}'")));
+        }
+        rules.push(attune_core::pack::LoadedRule { rule_ref, file, spec });
+    }
+    Ok(LoadedPack { manifest, path: dir.to_path_buf(), actions, workflows, webhooks, rules })
 }
 
 /// The `.yaml`/`.yml` files of `dir`, sorted; none if it does not exist.

@@ -19,6 +19,7 @@ pub mod params;
 pub mod recovery;
 pub mod retention;
 pub mod retry;
+pub mod rules;
 pub mod selection;
 mod sql;
 pub mod status;

@@ -456,6 +456,17 @@ pub struct LoadedPack {
     pub path: PathBuf,
     pub actions: Vec<LoadedAction>,
     pub workflows: Vec<LoadedWorkflow>,
+    /// `webhooks/*.yaml` and `rules/*.yaml` (`crate::rules`).
+    pub webhooks: Vec<crate::rules::WebhookSpec>,
+    pub rules: Vec<LoadedRule>,
+}
+
+/// A rule of a pack (`rules/NAME.yaml`): its ref is `pack.name`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedRule {
+    pub rule_ref: String,
+    pub file: PathBuf,
+    pub spec: crate::rules::RuleSpec,
 }
 
 /// A workflow of a pack (`workflows/NAME.yaml`, `crate::workflow`): registered as an action of
@@ -490,7 +501,12 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Re
         // serde names the field in "missing field `x`" / "unknown field `x`"; lift it out so the
         // error has the same shape as the semantic checks below.
         let field = message.split('`').nth(1).filter(|_| message.contains(" field `"));
-        PackError::new(file, field, message.clone())
+        // and where it says where the value was ("auth: unknown variant …"), that path
+        let at = message.split_once(": ").map(|(path, _)| path).filter(|path| {
+            !path.is_empty()
+                && path.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '[' | ']'))
+        });
+        PackError::new(file, field.or(at), message.clone())
     })
 }
 

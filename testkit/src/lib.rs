@@ -406,6 +406,14 @@ impl TempPack {
         self
     }
 
+    /// The pack with the file `path` (under the pack's directory: `rules/r.yaml`) holding `text`.
+    pub fn file(self, path: &str, text: &str) -> TempPack {
+        let at = self.0.join(path);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::fs::write(at, text).unwrap();
+        self
+    }
+
     pub fn path(&self) -> &std::path::Path {
         &self.0
     }

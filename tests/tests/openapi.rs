@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 42] = [
+const ROUTES: [(&str, &str); 49] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -47,6 +47,13 @@ const ROUTES: [(&str, &str); 42] = [
     ("delete", "/api/v1/schedules/{name}"),
     ("post", "/api/v1/schedules/{name}/pause"),
     ("post", "/api/v1/schedules/{name}/resume"),
+    ("get", "/api/v1/webhooks"),
+    ("post", "/api/v1/webhooks/{name}"),
+    ("put", "/api/v1/webhooks/{name}/credential"),
+    ("get", "/api/v1/rules"),
+    ("get", "/api/v1/events"),
+    ("get", "/api/v1/events/{id}"),
+    ("post", "/api/v1/events/{id}/replay"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

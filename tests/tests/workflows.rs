@@ -170,12 +170,9 @@ async fn a_workflow_runs_its_steps_in_order_fans_out_within_its_cap_and_joins() 
     assert_eq!((steps[0]["executions"][0]["id"].as_i64(), &steps[0]["next_after"]), (Some(ids[3]), &Value::Null));
     let tree = system.cli(&["workflow", "tree", &run_id.to_string(), "--step", "restart"]);
     assert!(tree.contains("item 3 execution") && !tree.contains("check:"), "{tree}");
-    for (query, parameter, code) in [
-        ("after=1", "after", 422),
-        ("limit=0", "limit", 422),
-        ("limit=10001", "limit", 422),
-        ("step=nope", "step", 404),
-    ] {
+    for (query, parameter, code) in
+        [("limit=0", "limit", 422), ("limit=10001", "limit", 422), ("step=nope", "step", 404)]
+    {
         let (status, body) = system.get(&format!("/api/v1/workflows/{run_id}?{query}")).await;
         assert_eq!(status, code, "{query}: {body}");
         let named = body["error"]["parameter"].as_str().or(body["error"]["resource"].as_str());

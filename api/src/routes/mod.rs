@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod catalog;
+pub mod events;
 pub mod executions;
 pub mod pauses;
 pub mod probes;
@@ -51,6 +52,17 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(schedules::get, schedules::delete))
         .routes(routes!(schedules::pause))
         .routes(routes!(schedules::resume))
+        .routes(routes!(events::list_webhooks))
+        .routes(routes!(events::set_credential))
+        .routes(routes!(events::list_rules))
+        .routes(routes!(events::list_events))
+        .routes(routes!(events::get_event))
+        .routes(routes!(events::replay))
+}
+
+/// Webhook deliveries: proven by the webhook's own token or signature, not an API token.
+pub fn hook_routes() -> OpenApiRouter<State> {
+    OpenApiRouter::new().routes(routes!(events::deliver))
 }
 
 /// Probes and metrics (no token).

@@ -32,7 +32,7 @@ pub struct GraphQuery {
     /// Only this step (its name), with its executions from `after` on
     #[param(min_length = 1, max_length = 255)]
     pub step: Option<String>,
-    /// With `step`: its executions with ids above this one (the step's `next_after` before)
+    /// Executions with ids above this one (a step's `next_after`; with `step`, that step's)
     pub after: Option<i64>,
     /// At most this many executions per step (1 to 10000; 100 by default), and no more than
     /// `ATTUNE_API_LIST_BUDGET_BYTES` of them in all (then `next_after` says where the rest start)
@@ -105,9 +105,6 @@ pub async fn get(
             .filter(|limit| (1..=MAX_LIMIT).contains(limit))
             .ok_or_else(|| ApiError::invalid("limit", format!("'limit' must be between 1 and {MAX_LIMIT}")))?,
     };
-    if query.after.is_some() && query.step.is_none() {
-        return Err(ApiError::invalid("after", "'after' pages through one step's executions: give 'step' too"));
-    }
     let mut snapshot = db::snapshot(&state.db).await?;
     let run = db::execution::get(&mut *snapshot, id)
         .await?

@@ -6,6 +6,7 @@ pub mod announcements;
 pub mod audit;
 pub mod bench;
 pub mod circuit;
+pub mod events;
 pub mod execution;
 pub mod failover;
 pub mod fence;

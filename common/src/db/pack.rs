@@ -134,6 +134,7 @@ async fn register_with(
         .bind(&refs)
         .execute(&mut *tx)
         .await?;
+    crate::db::events::register(&mut tx, pack).await?;
     let registered = sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE p.id = $1")))
         .bind(pack_id)
         .fetch_one(&mut *tx)

@@ -20,19 +20,38 @@ use serde_json::{Map, Value};
 /// The roots a path may start from.
 pub const ROOTS: [&str; 5] = ["input", "steps", "item", "index", "failure"];
 
+/// Where the language is spoken: the roots its paths may start from, and the one root (if any)
+/// whose values may hold a stored secret's reference to pass on. A workflow's is [`WORKFLOW`]; a
+/// rule's (`crate::rules`) has the event's roots and trusts none of them (a sender chooses what
+/// an event holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dialect {
+    pub roots: &'static [&'static str],
+    pub trusted: Option<&'static str>,
+}
+
+/// A workflow's: [`ROOTS`]; the run's input may pass a stored secret on.
+pub const WORKFLOW: Dialect = Dialect { roots: &ROOTS, trusted: Some("input") };
+
 /// A parsed path: its segments, the root first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Path(pub Vec<String>);
 
 impl Path {
     pub fn parse(text: &str) -> Result<Path, String> {
+        Path::parse_in(text, &WORKFLOW)
+    }
+
+    /// A path of `dialect`.
+    pub fn parse_in(text: &str, dialect: &Dialect) -> Result<Path, String> {
+        let roots = dialect.roots;
         let text = text.trim();
         let segments: Vec<String> = text.split('.').map(str::to_string).collect();
         if segments.iter().any(|s| s.is_empty() || s.contains(char::is_whitespace) || s.contains(['{', '}'])) {
             return Err(format!("'{text}' is not a path (keys or indices joined by '.', e.g. steps.check.result)"));
         }
-        if !ROOTS.contains(&segments[0].as_str()) {
-            return Err(format!("'{text}' starts from no known root (expected one of: {})", ROOTS.join(", ")));
+        if !roots.contains(&segments[0].as_str()) {
+            return Err(format!("'{text}' starts from no known root (expected one of: {})", roots.join(", ")));
         }
         Ok(Path(segments))
     }
@@ -91,7 +110,7 @@ enum Piece<'a> {
     Ref(Path),
 }
 
-fn pieces(text: &str) -> Result<Vec<Piece<'_>>, String> {
+fn pieces<'a>(text: &'a str, dialect: &Dialect) -> Result<Vec<Piece<'a>>, String> {
     let mut pieces = Vec::new();
     let mut rest = text;
     while let Some(open) = rest.find("{{") {
@@ -100,7 +119,7 @@ fn pieces(text: &str) -> Result<Vec<Piece<'_>>, String> {
         }
         let after = &rest[open + 2..];
         let close = after.find("}}").ok_or_else(|| format!("'{{{{' in '{text}' is never closed"))?;
-        pieces.push(Piece::Ref(Path::parse(&after[..close])?));
+        pieces.push(Piece::Ref(Path::parse_in(&after[..close], dialect)?));
         rest = &after[close + 2..];
     }
     if !rest.is_empty() {
@@ -111,22 +130,27 @@ fn pieces(text: &str) -> Result<Vec<Piece<'_>>, String> {
 
 /// Every path a template value refers to (strings anywhere inside it, keys excepted).
 pub fn paths(template: &Value) -> Result<Vec<Path>, String> {
+    paths_in(template, &WORKFLOW)
+}
+
+/// Every path a template value of `dialect` refers to.
+pub fn paths_in(template: &Value, dialect: &Dialect) -> Result<Vec<Path>, String> {
     let mut found = Vec::new();
-    collect(template, &mut found)?;
+    collect(template, dialect, &mut found)?;
     Ok(found)
 }
 
-fn collect(template: &Value, found: &mut Vec<Path>) -> Result<(), String> {
+fn collect(template: &Value, dialect: &Dialect, found: &mut Vec<Path>) -> Result<(), String> {
     match template {
         Value::String(text) => {
-            for piece in pieces(text)? {
+            for piece in pieces(text, dialect)? {
                 if let Piece::Ref(path) = piece {
                     found.push(path);
                 }
             }
         }
-        Value::Array(items) => items.iter().try_for_each(|item| collect(item, found))?,
-        Value::Object(map) => map.values().try_for_each(|value| collect(value, found))?,
+        Value::Array(items) => items.iter().try_for_each(|item| collect(item, dialect, found))?,
+        Value::Object(map) => map.values().try_for_each(|value| collect(value, dialect, found))?,
         _ => {}
     }
     Ok(())
@@ -145,17 +169,29 @@ fn plain(value: &Value) -> String {
 /// (`{"$secret": …}`) is passed on whole; inside other text it is refused, as its text would
 /// be the reference and not the secret.
 pub fn render(template: &Value, scope: &Value) -> Result<Value, String> {
+    render_in(template, scope, &WORKFLOW)
+}
+
+/// `render` in `dialect`: a stored secret's reference is passed on only from its trusted root.
+pub fn render_in(template: &Value, scope: &Value, dialect: &Dialect) -> Result<Value, String> {
     match template {
         Value::String(text) => {
-            let pieces = pieces(text)?;
+            let pieces = pieces(text, dialect)?;
             if let [Piece::Ref(path)] = pieces.as_slice() {
                 let value = path.lookup(scope)?;
-                // what a step printed must not choose which secret a later step is given
-                if path.root() != "input" && holds_secret(value) {
-                    return Err(format!(
-                        "{} holds a stored secret's reference: only the run's input passes one to a step",
-                        path.text()
-                    ));
+                // what a step printed (or a sender sent) must not choose which secret an action
+                // is given
+                if dialect.trusted != Some(path.root()) && holds_secret(value) {
+                    return Err(match dialect.trusted {
+                        Some(root) => format!(
+                            "{} holds a stored secret's reference: only the run's {root} passes one to a step",
+                            path.text()
+                        ),
+                        None => format!(
+                            "{} holds a stored secret's reference: only the definition itself names a secret",
+                            path.text()
+                        ),
+                    });
                 }
                 return Ok(value.clone());
             }
@@ -178,11 +214,13 @@ pub fn render(template: &Value, scope: &Value) -> Result<Value, String> {
             }
             Ok(Value::String(out))
         }
-        Value::Array(items) => items.iter().map(|item| render(item, scope)).collect::<Result<_, _>>().map(Value::Array),
+        Value::Array(items) => {
+            items.iter().map(|item| render_in(item, scope, dialect)).collect::<Result<_, _>>().map(Value::Array)
+        }
         Value::Object(map) => {
             let mut out = Map::new();
             for (key, value) in map {
-                out.insert(key.clone(), render(value, scope)?);
+                out.insert(key.clone(), render_in(value, scope, dialect)?);
             }
             Ok(Value::Object(out))
         }
@@ -224,7 +262,7 @@ enum Token {
 
 const OPERATORS: [&str; 6] = ["==", "!=", "<=", ">=", "<", ">"];
 
-fn tokens(text: &str) -> Result<Vec<Token>, String> {
+fn tokens(text: &str, dialect: &Dialect) -> Result<Vec<Token>, String> {
     let mut out = Vec::new();
     let bytes = text.as_bytes();
     let mut i = 0;
@@ -235,7 +273,7 @@ fn tokens(text: &str) -> Result<Vec<Token>, String> {
             i += 1;
         } else if rest.starts_with("{{") {
             let close = rest.find("}}").ok_or_else(|| format!("'{{{{' at byte {i} is never closed"))?;
-            out.push(Token::Ref(Path::parse(&rest[2..close])?));
+            out.push(Token::Ref(Path::parse_in(&rest[2..close], dialect)?));
             i += close + 2;
         } else if let Some(op) = OPERATORS.iter().find(|op| rest.starts_with(**op)) {
             out.push(Token::Op(op));
@@ -335,7 +373,12 @@ pub enum Operand {
 
 impl Condition {
     pub fn parse(text: &str) -> Result<Condition, String> {
-        let tokens = tokens(text)?;
+        Condition::parse_in(text, &WORKFLOW)
+    }
+
+    /// A condition of `dialect`.
+    pub fn parse_in(text: &str, dialect: &Dialect) -> Result<Condition, String> {
+        let tokens = tokens(text, dialect)?;
         if tokens.is_empty() {
             return Err("is empty".into());
         }

@@ -1,0 +1,339 @@
+//! Webhooks, rules, events and what each rule made of each event (migration
+//! `20261207000000_events.sql`, ADR 0013).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{PgConnection, PgExecutor};
+
+use attune_core::pack::LoadedPack;
+use attune_core::rules::{DEFAULT_MAX_BYTES, RuleSpec};
+
+/// A webhook's row, credentials included (the API's alone: never answered).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Webhook {
+    pub name: String,
+    pub pack: String,
+    pub auth: String,
+    pub max_bytes: i32,
+    pub token_sha256: Option<String>,
+    pub signing_key: Option<Vec<u8>>,
+}
+
+/// A webhook as listed: whether its credential is set, never the credential.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct WebhookInfo {
+    pub name: String,
+    pub pack: String,
+    /// `token`, `github`, `stripe` or `hmac`.
+    pub auth: String,
+    pub max_bytes: i32,
+    pub description: Option<String>,
+    /// When an admin last set its token or key; null: it takes no delivery yet.
+    pub credential_set: Option<DateTime<Utc>>,
+}
+
+/// A rule as listed.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Rule {
+    #[sqlx(rename = "ref")]
+    #[serde(rename = "ref")]
+    pub rule_ref: String,
+    pub pack: String,
+    pub trigger: String,
+    pub action_ref: String,
+    pub enabled: bool,
+    /// The file as loaded: criteria, parameters, cooldown, rate.
+    #[schema(value_type = Object)]
+    pub definition: Value,
+    pub updated: DateTime<Utc>,
+}
+
+/// The webhooks and rules of pack `pack` become `webhooks` and `rules` (in the pack's
+/// registration transaction): others of the pack go; a webhook kept keeps its credential (while
+/// its kind of proof stays the same). A webhook's name is the sender's URL: another pack's is
+/// refused, naming the file.
+pub async fn register(tx: &mut PgConnection, pack: &LoadedPack) -> Result<(), crate::db::pack::RegisterError> {
+    let (pack_ref, webhooks, rules) = (&pack.manifest.pack_ref, &pack.webhooks, &pack.rules);
+    let mut names = Vec::new();
+    for webhook in webhooks {
+        let taken = sqlx::query(
+            "INSERT INTO webhook (name, pack, auth, max_bytes, description) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (name) DO UPDATE SET pack = EXCLUDED.pack, max_bytes = EXCLUDED.max_bytes, \
+                description = EXCLUDED.description, updated = now(), \
+                auth = EXCLUDED.auth, \
+                token_sha256 = CASE WHEN webhook.auth = EXCLUDED.auth THEN webhook.token_sha256 END, \
+                signing_key = CASE WHEN webhook.auth = EXCLUDED.auth THEN webhook.signing_key END, \
+                credential_set = CASE WHEN webhook.auth = EXCLUDED.auth THEN webhook.credential_set END \
+             WHERE webhook.pack = EXCLUDED.pack",
+        )
+        .bind(&webhook.name)
+        .bind(pack_ref)
+        .bind(webhook.auth.as_str())
+        .bind(i64::from(webhook.max_bytes.unwrap_or(DEFAULT_MAX_BYTES)))
+        .bind(&webhook.description)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 0;
+        if taken {
+            let file = pack.path.join("webhooks").join(format!("{}.yaml", webhook.name));
+            let reason = format!("webhook '{}' belongs to another pack", webhook.name);
+            return Err(crate::pack::PackError::new(&file, Some("name"), reason).into());
+        }
+        names.push(webhook.name.clone());
+    }
+    sqlx::query("DELETE FROM webhook WHERE pack = $1 AND NOT (name = ANY($2))")
+        .bind(pack_ref)
+        .bind(&names)
+        .execute(&mut *tx)
+        .await?;
+    let mut refs = Vec::new();
+    for rule in rules {
+        let definition = serde_json::to_value(&rule.spec).unwrap_or(Value::Null);
+        sqlx::query(
+            "INSERT INTO rule (ref, pack, trigger, action_ref, enabled, definition) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (ref) DO UPDATE SET pack = EXCLUDED.pack, trigger = EXCLUDED.trigger, \
+                action_ref = EXCLUDED.action_ref, enabled = EXCLUDED.enabled, definition = EXCLUDED.definition, \
+                updated = now()",
+        )
+        .bind(&rule.rule_ref)
+        .bind(pack_ref)
+        .bind(&rule.spec.trigger)
+        .bind(&rule.spec.action)
+        .bind(rule.spec.enabled)
+        .bind(&definition)
+        .execute(&mut *tx)
+        .await?;
+        refs.push(rule.rule_ref.clone());
+    }
+    sqlx::query("DELETE FROM rule WHERE pack = $1 AND NOT (ref = ANY($2))")
+        .bind(pack_ref)
+        .bind(&refs)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+pub async fn webhook(db: impl PgExecutor<'_>, name: &str) -> Result<Option<Webhook>, sqlx::Error> {
+    sqlx::query_as("SELECT name, pack, auth, max_bytes, token_sha256, signing_key FROM webhook WHERE name = $1")
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn webhooks(db: impl PgExecutor<'_>) -> Result<Vec<WebhookInfo>, sqlx::Error> {
+    sqlx::query_as("SELECT name, pack, auth, max_bytes, description, credential_set FROM webhook ORDER BY name")
+        .fetch_all(db)
+        .await
+}
+
+/// Sets webhook `name`'s token (its SHA-256) or its sealed signing key; `None` if there is no
+/// such webhook.
+pub async fn set_credential(
+    db: impl PgExecutor<'_>,
+    name: &str,
+    token_sha256: Option<&str>,
+    signing_key: Option<&[u8]>,
+) -> Result<Option<WebhookInfo>, sqlx::Error> {
+    sqlx::query_as(
+        "UPDATE webhook SET token_sha256 = $2, signing_key = $3, credential_set = now(), updated = now() \
+         WHERE name = $1 RETURNING name, pack, auth, max_bytes, description, credential_set",
+    )
+    .bind(name)
+    .bind(token_sha256)
+    .bind(signing_key)
+    .fetch_optional(db)
+    .await
+}
+
+pub async fn rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Error> {
+    sqlx::query_as("SELECT ref, pack, trigger, action_ref, enabled, definition, updated FROM rule ORDER BY ref")
+        .fetch_all(db)
+        .await
+}
+
+/// The enabled rules of `trigger`, in ref order, with their files as loaded.
+pub async fn rules_of(db: impl PgExecutor<'_>, trigger: &str) -> Result<Vec<(String, RuleSpec)>, sqlx::Error> {
+    let rows: Vec<(String, Value)> =
+        sqlx::query_as("SELECT ref, definition FROM rule WHERE trigger = $1 AND enabled ORDER BY ref")
+            .bind(trigger)
+            .fetch_all(db)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(rule_ref, definition)| serde_json::from_value(definition).ok().map(|spec| (rule_ref, spec)))
+        .collect())
+}
+
+/// An event, with what each rule made of it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct ReceivedEvent {
+    pub id: i64,
+    pub trigger: String,
+    pub delivery: Option<String>,
+    #[schema(value_type = Object)]
+    pub payload: Value,
+    pub received: DateTime<Utc>,
+    pub replay_of: Option<i64>,
+    #[sqlx(skip)]
+    pub matches: Vec<Match>,
+}
+
+/// A rule's answer to an event.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Match {
+    pub rule: String,
+    /// Whether its criteria held.
+    pub matched: bool,
+    /// Why it made nothing: the criterion that failed, its cooldown, its rate, an error.
+    pub reason: Option<String>,
+    /// The execution it made.
+    pub execution: Option<i64>,
+}
+
+/// Records an event; `None` when its delivery was recorded already (a redelivery).
+pub async fn insert_event(
+    db: impl PgExecutor<'_>,
+    trigger: &str,
+    delivery: Option<&str>,
+    payload: &Value,
+    replay_of: Option<i64>,
+) -> Result<Option<(i64, DateTime<Utc>)>, sqlx::Error> {
+    sqlx::query_as(
+        "INSERT INTO event (trigger, delivery, payload, replay_of) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (trigger, delivery) WHERE delivery IS NOT NULL DO NOTHING RETURNING id, received",
+    )
+    .bind(trigger)
+    .bind(delivery)
+    .bind(payload)
+    .bind(replay_of)
+    .fetch_optional(db)
+    .await
+}
+
+/// The event of `trigger` recorded for `delivery`.
+pub async fn by_delivery(
+    db: &mut PgConnection,
+    trigger: &str,
+    delivery: &str,
+) -> Result<Option<ReceivedEvent>, sqlx::Error> {
+    let id: Option<i64> = sqlx::query_scalar("SELECT id FROM event WHERE trigger = $1 AND delivery = $2")
+        .bind(trigger)
+        .bind(delivery)
+        .fetch_optional(&mut *db)
+        .await?;
+    match id {
+        Some(id) => get(db, id).await,
+        None => Ok(None),
+    }
+}
+
+pub async fn insert_match(db: impl PgExecutor<'_>, event: i64, rule: &str, answer: &Match) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO event_match (event, rule, matched, reason, execution) VALUES ($1, $2, $3, $4, $5)")
+        .bind(event)
+        .bind(rule)
+        .bind(answer.matched)
+        .bind(&answer.reason)
+        .bind(answer.execution)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Claims rule `rule`'s cooldown of `key` for `secs` from now: `Ok(None)` when claimed,
+/// `Ok(Some(until))` when an earlier event holds it until then. A concurrent claim of the same
+/// key waits for this transaction's end, and then finds it held.
+pub async fn claim_cooldown(
+    db: &mut PgConnection,
+    rule: &str,
+    key: &str,
+    secs: u64,
+    event: i64,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    let claimed: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO rule_cooldown (rule, key, until, event) VALUES ($1, $2, now() + make_interval(secs => $3), $4) \
+         ON CONFLICT (rule, key) DO UPDATE SET until = EXCLUDED.until, event = EXCLUDED.event \
+         WHERE rule_cooldown.until <= now() RETURNING event",
+    )
+    .bind(rule)
+    .bind(key)
+    .bind(secs as f64)
+    .bind(event)
+    .fetch_optional(&mut *db)
+    .await?;
+    if claimed.is_some() {
+        return Ok(None);
+    }
+    sqlx::query_scalar("SELECT until FROM rule_cooldown WHERE rule = $1 AND key = $2")
+        .bind(rule)
+        .bind(key)
+        .fetch_one(&mut *db)
+        .await
+        .map(Some)
+}
+
+/// Whether rule `rule` may make one more execution within its rate (`most` in any `secs`): the
+/// rule's claims take turns (a lock until the transaction ends), each counting those before it.
+pub async fn rate_room(db: &mut PgConnection, rule: &str, most: u32, secs: u64) -> Result<bool, sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(1635022967, hashtext($1))").bind(rule).execute(&mut *db).await?;
+    let made: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM event_match WHERE rule = $1 AND execution IS NOT NULL \
+         AND at > now() - make_interval(secs => $2)",
+    )
+    .bind(rule)
+    .bind(secs as f64)
+    .fetch_one(&mut *db)
+    .await?;
+    Ok(made < i64::from(most))
+}
+
+const EVENT: &str = "SELECT id, trigger, delivery, payload, received, replay_of FROM event";
+
+pub async fn get(db: &mut PgConnection, id: i64) -> Result<Option<ReceivedEvent>, sqlx::Error> {
+    let event: Option<ReceivedEvent> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("{EVENT} WHERE id = $1"))).bind(id).fetch_optional(&mut *db).await?;
+    let Some(mut event) = event else { return Ok(None) };
+    event.matches =
+        sqlx::query_as("SELECT rule, matched, reason, execution FROM event_match WHERE event = $1 ORDER BY rule")
+            .bind(id)
+            .fetch_all(&mut *db)
+            .await?;
+    Ok(Some(event))
+}
+
+/// Events newest first (of `trigger`, before id `before`), at most `limit`, each with its matches.
+pub async fn list(
+    db: &mut PgConnection,
+    trigger: Option<&str>,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<ReceivedEvent>, sqlx::Error> {
+    let mut events: Vec<ReceivedEvent> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{EVENT} WHERE ($1::text IS NULL OR trigger = $1) AND ($2::bigint IS NULL OR id < $2) ORDER BY id DESC LIMIT $3"
+    )))
+    .bind(trigger)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(&mut *db)
+    .await?;
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    #[derive(sqlx::FromRow)]
+    struct Of {
+        event: i64,
+        #[sqlx(flatten)]
+        answer: Match,
+    }
+    let matches: Vec<Of> = sqlx::query_as(
+        "SELECT event, rule, matched, reason, execution FROM event_match WHERE event = ANY($1) ORDER BY event, rule",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *db)
+    .await?;
+    for Of { event, answer } in matches {
+        if let Some(e) = events.iter_mut().find(|e| e.id == event) {
+            e.matches.push(answer);
+        }
+    }
+    Ok(events)
+}

@@ -1,0 +1,206 @@
+//! Events in (issue 49, ADR 0013): a webhook's deliveries become events, and a rule's match an
+//! execution, in the transaction the sender's `2xx` waits for; a redelivery makes nothing more,
+//! a cooldown holds a key's repeats, and every event says what each rule made of it.
+
+use std::time::Duration;
+
+use attune_testkit::{System, TempPack};
+use serde_json::{Value, json};
+
+const NOTE: &str = "name: note\nruntime: shell\nentrypoint: actions/note.sh\nparameters:\n  host:\n    type: string\n    required: true\n    pattern: \"[a-z0-9.-]+\"\n  why:\n    type: string\n";
+const NOTE_SH: &str = "#!/bin/sh\necho \"noted $ATTUNE_PARAM_HOST\"\n";
+const ALERTS: &str = "name: alerts\nauth: token\nmax_bytes: 512\n";
+const SIGNED: &str = "name: signed\nauth: github\n";
+const STRIPE: &str = "name: payments\nauth: stripe\n";
+const ON_ALERT: &str = "name: on_alert\ntrigger: webhook.alerts\ncriteria:\n  - \"{{ payload.severity }} == 'critical'\"\naction: hooks.note\nparameters:\n  host: \"{{ payload.host }}\"\n  why: \"{{ payload.name }} on {{ payload.host }}\"\ncooldown: {key: host, for: 10m}\n";
+const ON_SIGNED: &str =
+    "name: on_signed\ntrigger: webhook.signed\naction: hooks.note\nparameters: {host: \"{{ payload.host }}\"}\n";
+const ON_PAYMENT: &str = "name: on_payment\ntrigger: webhook.payments\naction: hooks.note\nparameters: {host: \"{{ payload.data.host }}\"}\n";
+
+fn hooks_pack() -> TempPack {
+    TempPack::new("hooks", &[("note.yaml", NOTE), ("note.sh", NOTE_SH)])
+        .file("webhooks/alerts.yaml", ALERTS)
+        .file("webhooks/signed.yaml", SIGNED)
+        .file("webhooks/payments.yaml", STRIPE)
+        .file("rules/on_alert.yaml", ON_ALERT)
+        .file("rules/on_signed.yaml", ON_SIGNED)
+        .file("rules/on_payment.yaml", ON_PAYMENT)
+}
+
+/// A delivery to `name` with `headers`; its status and answer.
+async fn deliver(system: &System, name: &str, body: &str, headers: &[(&str, String)]) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{}/api/v1/webhooks/{name}", system.api_url))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (header, value) in headers {
+        request = request.header(*header, value);
+    }
+    let response = request.send().await.expect("delivery");
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn signature(key: &str, signed: &[u8]) -> String {
+    hex(ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key.as_bytes()), signed).as_ref())
+}
+
+async fn rule_executions(system: &System, rule: &str) -> Vec<i64> {
+    sqlx::query_scalar("SELECT execution FROM event_match WHERE rule = $1 AND execution IS NOT NULL ORDER BY execution")
+        .bind(rule)
+        .fetch_all(&system.db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_runs_its_rule_once_however_often_it_is_sent_and_a_cooldown_holds_repeats() {
+    let pack = hooks_pack();
+    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let alert =
+        |severity: &str, host: &str| json!({"severity": severity, "host": host, "name": "disk full"}).to_string();
+
+    // no credential yet: nothing is taken
+    let (status, body) = deliver(&system, "alerts", &alert("critical", "h1"), &[]).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("attune webhook credential alerts"), "{body}");
+    let (status, set) = system
+        .request(reqwest::Method::PUT, "/api/v1/webhooks/alerts/credential", Some(&json!({})), Some(&system.token))
+        .await;
+    assert_eq!(status, 200, "{set}");
+    let token = set["token"].as_str().unwrap().to_string();
+    let (status, listed) = system.get("/api/v1/webhooks").await;
+    assert_eq!(status, 200);
+    assert!(listed.to_string().contains("credential_set") && !listed.to_string().contains(&token), "{listed}");
+
+    // the sender proves itself with the webhook's token, not an API token
+    for headers in [
+        vec![],
+        vec![("x-attune-webhook-token", "wrong".to_string())],
+        vec![("authorization", format!("Bearer {}", system.token))],
+    ] {
+        let (status, body) = deliver(&system, "alerts", &alert("critical", "h1"), &headers).await;
+        assert_eq!(status, 401, "{headers:?}: {body}");
+    }
+    let with =
+        |delivery: &str| vec![("x-attune-webhook-token", token.clone()), ("x-delivery-id", delivery.to_string())];
+    let (status, first) = deliver(&system, "alerts", &alert("critical", "h1"), &with("d-1")).await;
+    assert_eq!(status, 202, "{first}");
+    let made = first["matches"][0]["execution"].as_i64().unwrap_or_else(|| panic!("{first}"));
+    // a redelivery: answered as the first was, nothing more made
+    let (status, again) = deliver(&system, "alerts", &alert("critical", "h1"), &with("d-1")).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(
+        (again["duplicate"].as_bool(), &again["event"], &again["matches"]),
+        (Some(true), &first["event"], &first["matches"])
+    );
+    let ran = system.wait_terminal(made, Duration::from_secs(30)).await;
+    assert_eq!(ran["status"], "completed", "{ran}");
+    assert_eq!(ran["parameters"], json!({"host": "h1", "why": "disk full on h1"}));
+    assert_eq!((ran["config"]["rule"].as_str(), &ran["config"]["event"]), (Some("hooks.on_alert"), &first["event"]));
+
+    // a criterion that does not hold is the event's record of why nothing ran
+    let (status, warning) = deliver(&system, "alerts", &alert("warning", "h1"), &with("d-2")).await;
+    assert_eq!(status, 202, "{warning}");
+    assert_eq!(warning["matches"][0]["matched"], false);
+    assert!(warning["matches"][0]["reason"].as_str().unwrap().starts_with("criteria.0 is false"), "{warning}");
+    // so is a parameter the action refuses
+    let (_, refused) = deliver(&system, "alerts", &alert("critical", "BAD HOST"), &with("d-3")).await;
+    assert!(refused["matches"][0]["reason"].as_str().unwrap().contains("parameter 'host'"), "{refused}");
+
+    // 40 alerts for 2 more hosts at once under a 10-minute cooldown per host: 2 executions
+    let sends = (0..40).map(|n| {
+        let (system, headers) = (&system, with(&format!("burst-{n}")));
+        async move { deliver(system, "alerts", &alert("critical", &format!("h{}", 2 + n % 2)), &headers).await }
+    });
+    let answers = futures_util::future::join_all(sends).await;
+    assert!(answers.iter().all(|(status, _)| *status == 202), "{answers:?}");
+    let held = answers
+        .iter()
+        .filter(|(_, a)| a["matches"][0]["reason"].as_str().is_some_and(|r| r.contains("cooldown of 'h")))
+        .count();
+    assert_eq!(held, 38, "{answers:?}");
+    assert_eq!(rule_executions(&system, "hooks.on_alert").await.len(), 3, "h1, h2 and h3 once each");
+    // h1 too is cooling down
+    let (_, h1) = deliver(&system, "alerts", &alert("critical", "h1"), &with("d-4")).await;
+    assert!(h1["matches"][0]["reason"].as_str().unwrap().contains("cooldown of 'h1'"), "{h1}");
+
+    // what the webhook does not take
+    let (status, body) = deliver(&system, "alerts", &"x".repeat(600), &with("d-5")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (413, Some("body_too_large")), "{body}");
+    let (status, body) = deliver(&system, "alerts", "{not json", &with("d-6")).await;
+    assert_eq!((status, body["error"]["parameter"].as_str()), (400, Some("body")), "{body}");
+    let (status, _) = deliver(&system, "nope", "{}", &with("d-7")).await;
+    assert_eq!(status, 404);
+
+    // the record: events newest first with their matches; a replay is an event of its own
+    let (status, events) = system.get("/api/v1/events?trigger=webhook.alerts&limit=3").await;
+    assert_eq!(status, 200, "{events}");
+    assert_eq!(events.as_array().unwrap().len(), 3);
+    let warning_event = warning["event"].as_i64().unwrap();
+    let (status, shown) = system.get(&format!("/api/v1/events/{warning_event}")).await;
+    assert_eq!((status, &shown["delivery"], &shown["matches"]), (200, &json!("d-2"), &warning["matches"]), "{shown}");
+    let (status, replayed) = system.post(&format!("/api/v1/events/{warning_event}/replay"), &json!({})).await;
+    assert_eq!(status, 202, "{replayed}");
+    let (_, replay) = system.get(&format!("/api/v1/events/{}", replayed["event"])).await;
+    assert_eq!(
+        (replay["replay_of"].as_i64(), &replay["payload"]),
+        (Some(warning_event), &shown["payload"]),
+        "{replay}"
+    );
+    let (status, rules) = system.get("/api/v1/rules").await;
+    assert_eq!((status, rules[0]["ref"].as_str()), (200, Some("hooks.on_alert")), "{rules}");
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_webhook_takes_only_what_its_key_signed() {
+    let pack = hooks_pack();
+    let system = System::builder().pack(pack.path()).secrets_key().worker("w1", &[]).start().await;
+    let key = "a-shared-signing-key-of-github";
+    let put = |name: &str, value: Value| {
+        let system = &system;
+        let path = format!("/api/v1/webhooks/{name}/credential");
+        async move { system.request(reqwest::Method::PUT, &path, Some(&value), Some(&system.token)).await }
+    };
+    let (status, body) = put("signed", json!({})).await;
+    assert_eq!((status, body["error"]["parameter"].as_str()), (422, Some("value")), "a key is needed: {body}");
+    let (status, body) = put("signed", json!({"value": key})).await;
+    assert_eq!((status, &body["token"]), (200, &Value::Null), "{body}");
+
+    let payload = json!({"host": "gh1"}).to_string();
+    let good = format!("sha256={}", signature(key, payload.as_bytes()));
+    let bad = format!("sha256={}", signature("another-key-entirely-here", payload.as_bytes()));
+    let (status, body) = deliver(&system, "signed", &payload, &[("x-hub-signature-256", bad)]).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) =
+        deliver(&system, "signed", &(payload.clone() + " "), &[("x-hub-signature-256", good.clone())]).await;
+    assert_eq!(status, 401, "a body changed in flight: {body}");
+    let headers = [("x-hub-signature-256", good), ("x-github-delivery", "gh-77".to_string())];
+    let (status, body) = deliver(&system, "signed", &payload, &headers).await;
+    assert_eq!(status, 202, "{body}");
+    let (status, again) = deliver(&system, "signed", &payload, &headers).await;
+    assert_eq!((status, again["duplicate"].as_bool()), (200, Some(true)), "GitHub's delivery id: {again}");
+    assert_eq!(rule_executions(&system, "hooks.on_signed").await.len(), 1);
+
+    // Stripe: the time and the body signed together, the event's id its delivery
+    let stripe_key = "whsec_a-stripe-signing-secret";
+    put("payments", json!({"value": stripe_key})).await;
+    let event = json!({"id": "evt_1", "data": {"host": "pay1"}}).to_string();
+    let now = chrono::Utc::now().timestamp();
+    let signed = |at: i64| format!("t={at},v1={}", signature(stripe_key, format!("{at}.{event}").as_bytes()));
+    let (status, body) = deliver(&system, "payments", &event, &[("stripe-signature", signed(now - 3600))]).await;
+    assert_eq!(status, 401, "an old signature: {body}");
+    let (status, body) = deliver(&system, "payments", &event, &[("stripe-signature", signed(now))]).await;
+    assert_eq!(status, 202, "{body}");
+    let (status, again) = deliver(&system, "payments", &event, &[("stripe-signature", signed(now))]).await;
+    assert_eq!((status, again["duplicate"].as_bool()), (200, Some(true)), "{again}");
+    let made = body["matches"][0]["execution"].as_i64().unwrap();
+    assert_eq!(system.wait_terminal(made, Duration::from_secs(30)).await["parameters"]["host"], "pay1");
+    system.stop().await;
+}
