@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::pack::{PackError, parse_yaml};
-use crate::workflow::expr::{Condition, Dialect, Path, paths_in, render_in};
+use crate::workflow::expr::{Condition, Dialect, paths_in, render_in};
 
 /// A rule's roots: the event (`event.trigger`, `event.id`) and what it carried (`payload`).
 pub const RULE: Dialect = Dialect { roots: &["event", "payload"], trusted: None };
@@ -267,12 +267,6 @@ pub fn evaluate(rule: &RuleSpec, scope: &Value) -> Decision {
         },
     };
     Decision::Run { parameters, cooldown, rate }
-}
-
-/// The paths of a rule's templates (for tests and tools).
-pub fn parameter_paths(rule: &RuleSpec) -> Vec<Path> {
-    let template = Value::Object(rule.parameters.clone().into_iter().collect());
-    paths_in(&template, &RULE).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -130,6 +130,18 @@ async fn a_delivery_runs_its_rule_once_however_often_it_is_sent_and_a_cooldown_h
     let (_, h1) = deliver(&system, "alerts", &alert("critical", "h1"), &with("d-4")).await;
     assert!(h1["matches"][0]["reason"].as_str().unwrap().contains("cooldown of 'h1'"), "{h1}");
 
+    // the metrics count the same answers
+    let metrics = reqwest::get(format!("{}/metrics", system.api_url)).await.unwrap().text().await.unwrap();
+    for line in [
+        "attune_events_deduplicated_total 1",
+        "attune_rule_answers_total{outcome=\"matched\"} 3",
+        "attune_rule_answers_total{outcome=\"held\"} 39",
+        "attune_rule_answers_total{outcome=\"not_matched\"} 1",
+        "attune_rule_answers_total{outcome=\"error\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} not in:\n{metrics}");
+    }
+
     // what the webhook does not take
     let (status, body) = deliver(&system, "alerts", &"x".repeat(600), &with("d-5")).await;
     assert_eq!((status, body["error"]["code"].as_str()), (413, Some("body_too_large")), "{body}");

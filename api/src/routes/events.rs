@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use attune_common::db::{self, events::Match, events::ReceivedEvent, events::Rule, events::WebhookInfo};
 use attune_common::metrics::{self, EVENTS_DEDUPLICATED, EVENTS_RECEIVED, RULE_ANSWERS};
+use attune_common::secrets::{from_hex, to_hex};
 use attune_core::rules::{self, Decision, WebhookAuth};
 
 use crate::ApiError;
@@ -68,8 +69,7 @@ pub async fn deliver(
             format!("webhook '{name}' takes at most {} bytes; this body is {}", webhook.max_bytes, body.len()),
         ));
     }
-    let auth: WebhookAuth = serde_json::from_value(json!(webhook.auth))
-        .map_err(|e| ApiError::internal("a webhook's stored kind of proof is unreadable", e))?;
+    let auth = auth_of(&webhook)?;
     prove(&state, &webhook, auth, &headers, &body)?;
     let payload: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(Some("body"), format!("the body is not JSON: {e}")))?;
@@ -79,6 +79,12 @@ pub async fn deliver(
     let recorded = record(&state, &trigger, delivery.as_deref(), &payload, None).await?;
     let status = if recorded.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
     Ok((status, Json(recorded)))
+}
+
+/// The kind of proof webhook `webhook` takes, as stored.
+fn auth_of(webhook: &db::events::Webhook) -> Result<WebhookAuth, ApiError> {
+    serde_json::from_value(json!(webhook.auth))
+        .map_err(|e| ApiError::internal("a webhook's stored kind of proof is unreadable", e))
 }
 
 /// The sender's proof: the webhook's token, or its signature over the body.
@@ -106,7 +112,7 @@ fn prove(
         let given = header("x-attune-webhook-token")
             .or_else(|| header("authorization").and_then(|v| v.strip_prefix("Bearer ")))
             .ok_or_else(|| refused("no token (X-Attune-Webhook-Token, or Authorization: Bearer)"))?;
-        let digest = hex(ring::digest::digest(&ring::digest::SHA256, given.as_bytes()).as_ref());
+        let digest = to_hex(&db::token::hash(given));
         return if same(digest.as_bytes(), stored.as_bytes()) {
             Ok(())
         } else {
@@ -121,8 +127,9 @@ fn prove(
         ApiError::unavailable(format!("webhook '{}': its key does not open with the API's key", webhook.name))
     })?;
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key.as_bytes());
-    let check =
-        |signed: &[u8], hex_tag: &str| unhex(hex_tag).is_some_and(|tag| ring::hmac::verify(&key, signed, &tag).is_ok());
+    let check = |signed: &[u8], hex_tag: &str| {
+        from_hex(hex_tag).is_some_and(|tag| ring::hmac::verify(&key, signed, &tag).is_ok())
+    };
     let proven = match auth {
         WebhookAuth::Github => header("x-hub-signature-256")
             .and_then(|v| v.strip_prefix("sha256="))
@@ -193,13 +200,7 @@ pub(crate) async fn record(
     let scope = rules::scope(event, trigger, payload);
     let mut matches = Vec::new();
     for (rule_ref, spec) in db::events::rules_of(&mut *tx, trigger).await? {
-        let answer = answer(state, &mut tx, event, &rule_ref, &spec, &scope).await?;
-        let outcome = match (&answer.execution, answer.matched, &answer.reason) {
-            (Some(_), _, _) => "matched",
-            (None, false, _) => "not_matched",
-            (None, true, Some(reason)) if reason.starts_with("held") => "held",
-            _ => "error",
-        };
+        let (answer, outcome) = answer(state, &mut tx, event, &rule_ref, &spec, &scope).await?;
         metrics::increment(&RULE_ANSWERS, &[("outcome", outcome)], 1);
         db::events::insert_match(&mut *tx, event, &rule_ref, &answer).await?;
         matches.push(Match { rule: rule_ref, ..answer });
@@ -209,7 +210,8 @@ pub(crate) async fn record(
     Ok(Recorded { event, duplicate: false, matches })
 }
 
-/// What rule `rule_ref` makes of event `event`: nothing (and why), or an execution.
+/// What rule `rule_ref` makes of event `event`: nothing (and why), or an execution; and the
+/// outcome as `attune_rule_answers_total` counts it.
 async fn answer(
     state: &crate::AppState,
     tx: &mut sqlx::PgConnection,
@@ -217,16 +219,13 @@ async fn answer(
     rule_ref: &str,
     spec: &rules::RuleSpec,
     scope: &Value,
-) -> Result<Match, ApiError> {
-    let answered = |matched: bool, reason: String| Match {
-        rule: rule_ref.to_string(),
-        matched,
-        reason: Some(reason),
-        execution: None,
+) -> Result<(Match, &'static str), ApiError> {
+    let answered = |matched: bool, reason: String, outcome: &'static str| {
+        (Match { rule: rule_ref.to_string(), matched, reason: Some(reason), execution: None }, outcome)
     };
     let (parameters, cooldown, rate) = match rules::evaluate(spec, scope) {
-        Decision::NoMatch { reason } => return Ok(answered(false, reason)),
-        Decision::Error { reason } => return Ok(answered(true, reason)),
+        Decision::NoMatch { reason } => return Ok(answered(false, reason, "not_matched")),
+        Decision::Error { reason } => return Ok(answered(true, reason, "error")),
         Decision::Run { parameters, cooldown, rate } => (parameters, cooldown, rate),
     };
     // the checks of a submission, as if an operator had sent it
@@ -237,21 +236,23 @@ async fn answer(
     };
     let new = match crate::routes::executions::plan(state, request).await {
         Ok(new) => new,
-        Err(e) if e.status.is_client_error() => return Ok(answered(true, format!("not run: {}", e.message))),
+        Err(e) if e.status.is_client_error() => return Ok(answered(true, format!("not run: {}", e.message), "error")),
         Err(e) => return Err(e),
     };
     if let Some((most, secs)) = rate
         && !db::events::rate_room(&mut *tx, rule_ref, most, secs).await?
     {
-        return Ok(answered(true, format!("held by its rate: {most} executions in {secs} s made already")));
+        let reason = format!("held by its rate: {most} executions in {secs} s made already");
+        return Ok(answered(true, reason, "held"));
     }
     if let Some((key, secs)) = cooldown
         && let Some(until) = db::events::claim_cooldown(&mut *tx, rule_ref, &key, secs, event).await?
     {
-        return Ok(answered(true, format!("held by its cooldown of '{key}' until {}", until.to_rfc3339())));
+        let reason = format!("held by its cooldown of '{key}' until {}", until.to_rfc3339());
+        return Ok(answered(true, reason, "held"));
     }
     let execution = db::execution::insert_submitted(&mut *tx, &new, None).await?;
-    Ok(Match { rule: rule_ref.to_string(), matched: true, reason: None, execution: Some(execution.id) })
+    Ok((Match { rule: rule_ref.to_string(), matched: true, reason: None, execution: Some(execution.id) }, "matched"))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -289,8 +290,7 @@ pub async fn set_credential(
     let webhook = db::events::webhook(&state.db, &name)
         .await?
         .ok_or_else(|| ApiError::not_found("webhook", format!("no webhook '{name}'")))?;
-    let auth: WebhookAuth = serde_json::from_value(json!(webhook.auth))
-        .map_err(|e| ApiError::internal("a webhook's stored kind of proof is unreadable", e))?;
+    let auth = auth_of(&webhook)?;
     if let Some(value) = &body.value {
         let least = if auth.signs() { 16 } else { 24 };
         if value.chars().count() < least || value.chars().count() > 4096 {
@@ -311,9 +311,9 @@ pub async fn set_credential(
         // (a token the caller chose is not answered back)
         let (token, made) = match body.value {
             Some(given) => (given, false),
-            None => (format!("awh_{}", hex(&random_bytes()?)), true),
+            None => (format!("awh_{}", to_hex(&random_bytes()?)), true),
         };
-        let digest = hex(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
+        let digest = to_hex(&db::token::hash(&token));
         (made.then_some(token), db::events::set_credential(&state.db, &name, Some(&digest), None).await?)
     };
     let webhook = set.ok_or_else(|| ApiError::not_found("webhook", format!("no webhook '{name}'")))?;
@@ -417,15 +417,4 @@ pub async fn replay(
 /// Whether `a` and `b` are equal, in time that does not depend on where they differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |differ, (x, y)| differ | (x ^ y)) == 0
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
