@@ -3,6 +3,7 @@
 //! `history` workload measures with and without days of loaded history (`history`), and
 //! `--soak MINUTES` whether a long run stays flat (`soak`).
 
+mod events;
 mod history;
 mod soak;
 mod workflows;

@@ -26,7 +26,9 @@ pub struct BenchArgs {
     /// rate, `--count`/16 executions), retry, fleet, backlog, load, history (loads
     /// `--history-rows` finished executions into the database and measures before and after: see
     /// `history`), workflow (never in the default set: 40 sequential steps of core.echo and of
-    /// core.python_echo, and the graph of a run of 10,000 steps; the `bench` pack's workflows)
+    /// core.python_echo, and the graph of a run of 10,000 steps; the `bench` pack's workflows),
+    /// events (never in the default set: webhook deliveries at 200/s with 10 % redelivered for
+    /// 5 minutes, at 50/s to running, 1,000 alerts under a cooldown; the `bench` pack's webhook)
     #[arg(long, value_delimiter = ',')]
     pub workload: Vec<String>,
     /// Executions per closed-loop workload
@@ -560,12 +562,15 @@ pub async fn run(api: &str, token: Option<String>, args: BenchArgs) -> anyhow::R
                 points
             }
             "workflow" => crate::workflows::run(&bench, q, 10_000).await?,
+            "events" => crate::events::run(&bench, q).await?,
             "history" => {
                 let (measured, section) = crate::history::run(&bench, &args).await?;
                 history = Some(section);
                 measured
             }
-            other => bail!("unknown workload '{other}' (expected one of: {}, history, workflow)", all.join(", ")),
+            other => {
+                bail!("unknown workload '{other}' (expected one of: {}, history, workflow, events)", all.join(", "))
+            }
         };
         results.extend(measured);
     }

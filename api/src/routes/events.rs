@@ -181,6 +181,13 @@ fn delivery_id(auth: WebhookAuth, headers: &HeaderMap, payload: &Value) -> Resul
 
 /// Records an event of `trigger` and what each enabled rule of it makes of it, in one
 /// transaction; a delivery recorded already is answered as it was.
+///
+/// Everything that reads from the pool (the rules, each matching rule's submission checks, which
+/// read the action and the secrets' users) is done before the transaction opens: a transaction
+/// that waited for a second connection of the pool while holding one starved it under a burst
+/// (50 deliveries at once held 16 connections, each waiting for a 17th, for the pool's 10 s).
+/// What the transaction does is the event's row, the cooldowns and rates, the executions and
+/// the matches, on its own connection.
 pub(crate) async fn record(
     state: &crate::AppState,
     trigger: &str,
@@ -188,40 +195,61 @@ pub(crate) async fn record(
     payload: &Value,
     replay_of: Option<i64>,
 ) -> Result<Recorded, ApiError> {
+    // (a redelivery, most often, is answered without planning anything)
+    if let Some(delivery) = delivery {
+        let mut conn = state.db.acquire().await?;
+        if let Some(first) = db::events::by_delivery(&mut conn, trigger, delivery).await? {
+            metrics::increment(&EVENTS_DEDUPLICATED, &[], 1);
+            return Ok(Recorded { event: first.id, duplicate: true, matches: first.matches });
+        }
+    }
+    let event = db::events::next_id(&state.db).await?;
+    let scope = rules::scope(event, trigger, payload);
+    let mut answers = Vec::new();
+    for (rule_ref, spec) in db::events::rules_of(&state.db, trigger).await? {
+        let answer = plan(state, event, &rule_ref, &spec, &scope).await?;
+        answers.push((rule_ref, answer));
+    }
     let mut tx = state.db.begin().await?;
-    let Some((event, _)) = db::events::insert_event(&mut *tx, trigger, delivery, payload, replay_of).await? else {
+    if !db::events::insert_event(&mut *tx, event, trigger, delivery, payload, replay_of).await? {
+        // a redelivery that raced the first: answered as it was
         let first = db::events::by_delivery(&mut tx, trigger, delivery.unwrap_or_default())
             .await?
             .ok_or_else(|| ApiError::unavailable("a delivery's first event is not visible yet; send it again"))?;
         tx.commit().await?;
         metrics::increment(&EVENTS_DEDUPLICATED, &[], 1);
         return Ok(Recorded { event: first.id, duplicate: true, matches: first.matches });
-    };
-    let scope = rules::scope(event, trigger, payload);
+    }
     let mut matches = Vec::new();
-    for (rule_ref, spec) in db::events::rules_of(&mut *tx, trigger).await? {
-        let (answer, outcome) = answer(state, &mut tx, event, &rule_ref, &spec, &scope).await?;
+    for (rule_ref, answer) in answers {
+        let (answer, outcome) = carry_out(&mut tx, event, &rule_ref, answer).await?;
         metrics::increment(&RULE_ANSWERS, &[("outcome", outcome)], 1);
         db::events::insert_match(&mut *tx, event, &rule_ref, &answer).await?;
-        matches.push(Match { rule: rule_ref, ..answer });
+        matches.push(answer);
     }
     tx.commit().await?;
     metrics::increment(&EVENTS_RECEIVED, &[], 1);
     Ok(Recorded { event, duplicate: false, matches })
 }
 
-/// What rule `rule_ref` makes of event `event`: nothing (and why), or an execution; and the
-/// outcome as `attune_rule_answers_total` counts it.
-async fn answer(
+/// A rule's answer before the event's transaction: made already (no match, an error), or an
+/// execution to make unless its rate or cooldown holds it.
+enum Planned {
+    Answered(Match, &'static str),
+    Run { new: Box<db::execution::NewExecution>, cooldown: Option<(String, u64)>, rate: Option<(u32, u64)> },
+}
+
+/// What rule `rule_ref` makes of event `event`, as far as it can be decided outside the event's
+/// transaction (the outcome as `attune_rule_answers_total` counts it).
+async fn plan(
     state: &crate::AppState,
-    tx: &mut sqlx::PgConnection,
     event: i64,
     rule_ref: &str,
     spec: &rules::RuleSpec,
     scope: &Value,
-) -> Result<(Match, &'static str), ApiError> {
+) -> Result<Planned, ApiError> {
     let answered = |matched: bool, reason: String, outcome: &'static str| {
-        (Match { rule: rule_ref.to_string(), matched, reason: Some(reason), execution: None }, outcome)
+        Planned::Answered(Match { rule: rule_ref.to_string(), matched, reason: Some(reason), execution: None }, outcome)
     };
     let (parameters, cooldown, rate) = match rules::evaluate(spec, scope) {
         Decision::NoMatch { reason } => return Ok(answered(false, reason, "not_matched")),
@@ -234,22 +262,36 @@ async fn answer(
         parameters: Some(parameters),
         config: Some(json!({"rule": rule_ref, "event": event})),
     };
-    let new = match crate::routes::executions::plan(state, request).await {
-        Ok(new) => new,
-        Err(e) if e.status.is_client_error() => return Ok(answered(true, format!("not run: {}", e.message), "error")),
-        Err(e) => return Err(e),
+    match crate::routes::executions::plan(state, request).await {
+        Ok(new) => Ok(Planned::Run { new: Box::new(new), cooldown, rate }),
+        Err(e) if e.status.is_client_error() => Ok(answered(true, format!("not run: {}", e.message), "error")),
+        Err(e) => Err(e),
+    }
+}
+
+/// A planned answer carried out in the event's transaction: the rate, the cooldown, the execution.
+async fn carry_out(
+    tx: &mut sqlx::PgConnection,
+    event: i64,
+    rule_ref: &str,
+    planned: Planned,
+) -> Result<(Match, &'static str), ApiError> {
+    let (new, cooldown, rate) = match planned {
+        Planned::Answered(answer, outcome) => return Ok((answer, outcome)),
+        Planned::Run { new, cooldown, rate } => (new, cooldown, rate),
+    };
+    let held = |reason: String| {
+        (Match { rule: rule_ref.to_string(), matched: true, reason: Some(reason), execution: None }, "held")
     };
     if let Some((most, secs)) = rate
         && !db::events::rate_room(&mut *tx, rule_ref, most, secs).await?
     {
-        let reason = format!("held by its rate: {most} executions in {secs} s made already");
-        return Ok(answered(true, reason, "held"));
+        return Ok(held(format!("held by its rate: {most} executions in {secs} s made already")));
     }
     if let Some((key, secs)) = cooldown
         && let Some(until) = db::events::claim_cooldown(&mut *tx, rule_ref, &key, secs, event).await?
     {
-        let reason = format!("held by its cooldown of '{key}' until {}", until.to_rfc3339());
-        return Ok(answered(true, reason, "held"));
+        return Ok(held(format!("held by its cooldown of '{key}' until {}", until.to_rfc3339())));
     }
     let execution = db::execution::insert_submitted(&mut *tx, &new, None).await?;
     Ok((Match { rule: rule_ref.to_string(), matched: true, reason: None, execution: Some(execution.id) }, "matched"))

@@ -192,24 +192,33 @@ pub struct Match {
     pub execution: Option<i64>,
 }
 
-/// Records an event; `None` when its delivery was recorded already (a redelivery).
+/// An id for an event to record (`insert_event`): drawn before its transaction, so that what is
+/// decided about it outside the transaction can name it.
+pub async fn next_id(db: impl PgExecutor<'_>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT nextval(pg_get_serial_sequence('event', 'id'))").fetch_one(db).await
+}
+
+/// Records event `id`; `false` when its delivery was recorded already (a redelivery).
 pub async fn insert_event(
     db: impl PgExecutor<'_>,
+    id: i64,
     trigger: &str,
     delivery: Option<&str>,
     payload: &Value,
     replay_of: Option<i64>,
-) -> Result<Option<(i64, DateTime<Utc>)>, sqlx::Error> {
-    sqlx::query_as(
-        "INSERT INTO event (trigger, delivery, payload, replay_of) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (trigger, delivery) WHERE delivery IS NOT NULL DO NOTHING RETURNING id, received",
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO event (id, trigger, delivery, payload, replay_of) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (trigger, delivery) WHERE delivery IS NOT NULL DO NOTHING",
     )
+    .bind(id)
     .bind(trigger)
     .bind(delivery)
     .bind(payload)
     .bind(replay_of)
-    .fetch_optional(db)
-    .await
+    .execute(db)
+    .await?;
+    Ok(inserted.rows_affected() == 1)
 }
 
 /// The event of `trigger` recorded for `delivery`.
