@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use attune_common::db;
 use serde_json::{Value, json};
 
 use crate::workloads::{Bench, Measured};
@@ -87,14 +88,7 @@ async fn open_loop(
 
 /// The executions the rule `rule` made for events whose delivery starts with `prefix`.
 async fn made(bench: &Bench, rule: &str, prefix: &str) -> anyhow::Result<Vec<(String, i64)>> {
-    Ok(sqlx::query_as(
-        "SELECT e.delivery, m.execution FROM event e JOIN event_match m ON m.event = e.id \
-         WHERE m.rule = $1 AND m.execution IS NOT NULL AND e.delivery LIKE $2 || '%'",
-    )
-    .bind(rule)
-    .bind(prefix)
-    .fetch_all(&bench.db)
-    .await?)
+    Ok(db::bench::rule_executions(&bench.db, rule, prefix).await?)
 }
 
 async fn redeliveries(bench: &Bench, token: &Arc<str>, run: &str, rate: f64, secs: f64) -> anyhow::Result<Measured> {
@@ -125,16 +119,9 @@ async fn latency(bench: &Bench, token: &Arc<str>, run: &str, rate: f64, secs: f6
     // (every execution running or done: its `started` is set)
     let deadline = Instant::now() + Duration::from_secs(60);
     let latencies: Vec<f64> = loop {
-        let rows: Vec<(Option<f64>,)> = sqlx::query_as(
-            "SELECT extract(epoch FROM x.started - e.received)::float8 * 1000 FROM event e \
-             JOIN event_match m ON m.event = e.id JOIN execution x ON x.id = m.execution \
-             WHERE m.rule = 'bench.on_delivery' AND e.delivery LIKE $1 || '%'",
-        )
-        .bind(&prefix)
-        .fetch_all(&bench.db)
-        .await?;
-        if rows.len() == answered.len() && rows.iter().all(|(ms,)| ms.is_some()) {
-            break rows.into_iter().filter_map(|(ms,)| ms).collect();
+        let rows = db::bench::event_to_start_ms(&bench.db, "bench.on_delivery", &prefix).await?;
+        if rows.len() == answered.len() && rows.iter().all(Option::is_some) {
+            break rows.into_iter().flatten().collect();
         }
         if Instant::now() > deadline {
             bail!(

@@ -417,3 +417,31 @@ mod tests {
         assert!(!statement.contains("100"));
     }
 }
+
+/// For the `events` workload: each (delivery, execution) the rule `rule` made for events whose
+/// delivery id starts with `prefix`.
+pub async fn rule_executions(db: &PgPool, rule: &str, prefix: &str) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT e.delivery, m.execution FROM event e JOIN event_match m ON m.event = e.id \
+         WHERE m.rule = $1 AND m.execution IS NOT NULL AND e.delivery LIKE $2 || '%'",
+    )
+    .bind(rule)
+    .bind(prefix)
+    .fetch_all(db)
+    .await
+}
+
+/// For the `events` workload: for each execution the rule `rule` made for events whose delivery
+/// id starts with `prefix`, the milliseconds from the event's receipt to the execution's start
+/// (`None` while it has not started).
+pub async fn event_to_start_ms(db: &PgPool, rule: &str, prefix: &str) -> Result<Vec<Option<f64>>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT extract(epoch FROM x.started - e.received)::float8 * 1000 FROM event e \
+         JOIN event_match m ON m.event = e.id JOIN execution x ON x.id = m.execution \
+         WHERE m.rule = $1 AND e.delivery LIKE $2 || '%'",
+    )
+    .bind(rule)
+    .bind(prefix)
+    .fetch_all(db)
+    .await
+}
