@@ -9,6 +9,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod error;
 pub mod openapi;
+pub mod raised;
 pub mod roles;
 pub mod routes;
 pub mod server;
@@ -277,9 +278,15 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         stopping.cancelled().await;
         streams_stop.cancel();
     });
+    // attune's own events, answered while the API serves
+    let answering = tokio::spawn(raised::answer(state.clone(), shutdown.clone()));
     let changes = state.changes.clone();
     let app = server::with_limits(router(state), &settings);
-    server::serve(listener, app, &settings, shutdown).await?;
+    let served = server::serve(listener, app, &settings, shutdown.clone()).await;
+    // (it returns at the shutdown; an answer in flight ends first, or rolls back)
+    shutdown.cancel();
+    let _ = answering.await;
+    served?;
     // changes whose clients are gone (or were cut off at the shutdown timeout) end with their
     // audit rows before the process does
     changes.close();

@@ -21,6 +21,24 @@ use crate::workflow::expr::{Condition, Dialect, paths_in, render_in};
 /// A rule's roots: the event (`event.trigger`, `event.id`) and what it carried (`payload`).
 pub const RULE: Dialect = Dialect { roots: &["event", "payload"], trusted: None };
 
+/// attune's own triggers (migration `20261208000000_own_events.sql`): an execution ended; ended
+/// without success; ended without success with no retry to follow; ran out of time; a worker
+/// turned unhealthy; an action's circuit opened. Their payloads are `{"execution": {...}}`,
+/// `{"worker": {...}}` and `{"circuit": {...}}`.
+pub const OWN_TRIGGERS: [&str; 6] = [
+    "attune.execution.finished",
+    "attune.execution.failed",
+    "attune.execution.exhausted",
+    "attune.execution.timed_out",
+    "attune.worker.unhealthy",
+    "attune.circuit.opened",
+];
+
+/// Whether `trigger` is one of attune's own: what its rules make raises no event of its own.
+pub fn is_own(trigger: &str) -> bool {
+    trigger.starts_with("attune.")
+}
+
 /// The most bytes a webhook takes unless its file says otherwise, and the most it may say.
 pub const DEFAULT_MAX_BYTES: u32 = 256 * 1024;
 pub const MAX_MAX_BYTES: u32 = 16 * 1024 * 1024;
@@ -94,7 +112,8 @@ pub struct Rate {
 #[serde(deny_unknown_fields)]
 pub struct RuleSpec {
     pub name: String,
-    /// `webhook.NAME`: the events of a webhook (of any pack's).
+    /// `webhook.NAME`: the events of a webhook (of any pack's); or one of attune's own
+    /// ([`OWN_TRIGGERS`]), `attune.execution.exhausted` say.
     pub trigger: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -153,10 +172,15 @@ pub fn check_rule(spec: &RuleSpec) -> Result<(), (String, String)> {
     }
     match spec.trigger.split_once('.') {
         Some(("webhook", name)) if valid_name(name) => {}
+        _ if OWN_TRIGGERS.contains(&spec.trigger.as_str()) => {}
         _ => {
             return Err((
                 field("trigger"),
-                format!("'{}' is not a trigger (expected webhook.NAME, a webhook of a pack)", spec.trigger),
+                format!(
+                    "'{}' is not a trigger (expected webhook.NAME, a webhook of a pack, or one of attune's own: {})",
+                    spec.trigger,
+                    OWN_TRIGGERS.join(", ")
+                ),
             ));
         }
     }
@@ -325,6 +349,7 @@ mod tests {
     fn a_bad_rule_names_its_field() {
         for (yaml, field) in [
             ("name: r\ntrigger: cron.x\naction: p.a\n", "trigger"),
+            ("name: r\ntrigger: attune.execution.lost\naction: p.a\n", "trigger"),
             ("name: r\ntrigger: webhook.w\naction: nodot\n", "action"),
             ("name: r\ntrigger: webhook.w\naction: p.a\ncriteria: ['{{ input.x }} == 1']\n", "criteria.0"),
             ("name: r\ntrigger: webhook.w\naction: p.a\nparameters: {x: '{{ steps.a }}'}\n", "parameters.x"),
@@ -336,6 +361,16 @@ mod tests {
             assert_eq!(error.field.as_deref(), Some(field), "{yaml}: {error}");
             assert!(error.to_string().starts_with("rules/r.yaml"), "{error}");
         }
+    }
+
+    #[test]
+    fn attune_s_own_triggers_are_triggers() {
+        for trigger in OWN_TRIGGERS {
+            let yaml = format!("name: r\ntrigger: {trigger}\naction: core.notify_webhook\n");
+            assert_eq!(rule(&yaml).unwrap().trigger, trigger);
+            assert!(is_own(trigger));
+        }
+        assert!(!is_own("webhook.alerts"));
     }
 
     #[test]

@@ -154,6 +154,8 @@ pub async fn listen(
                             }
                         }
                         Ok(Announced::Workflow(run)) => workflows.run(run),
+                        // (an executor does not listen for those: the API answers them)
+                        Ok(Announced::Event(_)) => {}
                         Ok(Announced::Some) => waiting.mark_all(),
                         Ok(Announced::Missed) => {
                             waiting.mark_all();

@@ -166,7 +166,9 @@ async fn a_delivery_runs_its_rule_once_however_often_it_is_sent_and_a_cooldown_h
         "{replay}"
     );
     let (status, rules) = system.get("/api/v1/rules").await;
-    assert_eq!((status, rules[0]["ref"].as_str()), (200, Some("hooks.on_alert")), "{rules}");
+    assert_eq!(status, 200, "{rules}");
+    let on_alert = rules.as_array().unwrap().iter().find(|r| r["ref"] == "hooks.on_alert").expect("listed");
+    assert_eq!(on_alert["trigger"], "webhook.alerts", "{on_alert}");
     system.stop().await;
 }
 
@@ -214,5 +216,132 @@ async fn a_signed_webhook_takes_only_what_its_key_signed() {
     assert_eq!((status, again["duplicate"].as_bool()), (200, Some(true)), "{again}");
     let made = body["matches"][0]["execution"].as_i64().unwrap();
     assert_eq!(system.wait_terminal(made, Duration::from_secs(30)).await["parameters"]["host"], "pay1");
+    system.stop().await;
+}
+
+const BOOM: &str = "name: boom\nruntime: shell\nentrypoint: actions/boom.sh\nmax_retries: 1\nretry: {base_delay_secs: 0.2, jitter: 0}\nparameters:\n  code:\n    type: integer\n    default: 75\n";
+const BOOM_SH: &str = "#!/bin/sh\necho \"boom $ATTUNE_PARAM_CODE\" >&2\nexit \"$ATTUNE_PARAM_CODE\"\n";
+const NOTIFY_RULE: &str = "name: NAME\ntrigger: attune.execution.exhausted\ncriteria:\n  - \"{{ payload.execution.action }} == 'alarm.boom'\"\n  - \"{{ payload.execution.failure_kind }} == 'KIND'\"\naction: core.notify_webhook\nparameters:\n  url: \"URL\"\n  signing_key: {$secret: alarm_key}\n  delivery: \"alarm-{{ event.id }}\"\n  body:\n    execution: \"{{ payload.execution.id }}\"\n    status: \"{{ payload.execution.status }}\"\n    attempts: \"{{ payload.execution.retry_count }}\"\n    why: \"{{ payload.execution.decision }}\"\n";
+
+/// The execution rule `rule` made for the event attune raised about `execution`.
+async fn made_for(system: &System, rule: &str, execution: i64) -> Option<i64> {
+    sqlx::query_scalar(
+        "SELECT m.execution FROM event e JOIN event_match m ON m.event = e.id \
+         WHERE m.rule = $1 AND (e.payload->'execution'->>'id')::bigint = $2",
+    )
+    .bind(rule)
+    .bind(execution)
+    .fetch_optional(&system.db.pool)
+    .await
+    .unwrap()
+    .flatten()
+}
+
+fn checks_signature(key: &str, request: &attune_testkit::http_server::Recorded) {
+    let signature = request.header("x-attune-signature").expect("signed");
+    let (at, tag) = signature.strip_prefix("t=").and_then(|s| s.split_once(",v1=")).expect("t=…,v1=…");
+    let signed = [at.as_bytes(), b".", &request.body].concat();
+    assert_eq!(tag, self::signature(key, &signed), "the signature is the HMAC of TIME.BODY");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_that_fails_for_good_is_notified_once_signed_and_retried_past_a_receiver_down() {
+    let receiver = attune_testkit::http_server::HttpServer::start().await;
+    let rule = |name: &str, kind: &str, path: &str| {
+        NOTIFY_RULE.replace("NAME", name).replace("KIND", kind).replace("URL", &receiver.url(path))
+    };
+    let pack = TempPack::new("alarm", &[("boom.yaml", BOOM), ("boom.sh", BOOM_SH)])
+        .file("rules/tell.yaml", &rule("tell", "transient_error", "/hook"))
+        .file("rules/tell_down.yaml", &rule("tell_down", "action_failed", "/down"));
+    let system = System::builder().pack(pack.path()).secrets_key().worker("w1", &[]).start().await;
+    let key = "a-receiver's-signing-key";
+    let (status, body) = system
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/secrets/alarm_key",
+            Some(&json!({"value": key, "users": ["core.notify_webhook"]})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    receiver.script("/hook", [attune_testkit::http_server::Reply::status(204)]);
+
+    // a transient failure is retried once, then the chain is exhausted: one notification, for
+    // the last attempt only
+    let first = system.submit("alarm.boom", json!({})).await["id"].as_i64().unwrap();
+    let chain = system.wait_chain(first, Duration::from_secs(30)).await;
+    assert_eq!(chain.len(), 2, "{chain:?}");
+    let last = &chain[1];
+    assert_eq!(last["status"], "failed", "{last}");
+    let last_id = last["id"].as_i64().unwrap();
+    let notify = attune_testkit::wait_for("the notification's execution", Duration::from_secs(10), || async {
+        made_for(&system, "alarm.tell", last_id).await
+    })
+    .await;
+    let done = system.wait_terminal(notify, Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(made_for(&system, "alarm.tell", first).await, None, "the retried attempt is not exhausted");
+    let got = receiver.requests_to("/hook");
+    assert_eq!(got.len(), 1, "one notification");
+    checks_signature(key, &got[0]);
+    let sent: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(sent["execution"], last_id, "{sent}");
+    assert_eq!((sent["status"].as_str(), sent["attempts"].as_i64()), (Some("failed"), Some(1)), "{sent}");
+    assert!(sent["why"].as_str().unwrap().contains("retries"), "{sent}");
+    // received within a second of the failure: the notification had finished by then
+    let took: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM n.finished - f.finished)::float8 FROM execution n, execution f \
+         WHERE n.id = $1 AND f.id = $2",
+    )
+    .bind(notify)
+    .bind(last_id)
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    eprintln!("the notification finished {took:.3} s after the failure");
+    assert!(took < 1.0, "the notification took {took:.3} s after the failure");
+    // the notification's own execution raised no event: nothing notifies of a notification
+    let about_notify: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM event WHERE (payload->'execution'->>'id')::bigint = $1")
+            .bind(notify)
+            .fetch_one(&system.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(about_notify, 0);
+
+    // the receiver down (503 twice): the notification is retried with the same delivery id,
+    // and other work runs meanwhile
+    receiver.script(
+        "/down",
+        [
+            attune_testkit::http_server::Reply::status(503),
+            attune_testkit::http_server::Reply::status(503),
+            attune_testkit::http_server::Reply::status(200),
+        ],
+    );
+    let failing = system.submit("alarm.boom", json!({"code": 1})).await["id"].as_i64().unwrap();
+    assert_eq!(system.wait_terminal(failing, Duration::from_secs(30)).await["status"], "failed");
+    let notify = attune_testkit::wait_for("the second notification", Duration::from_secs(10), || async {
+        made_for(&system, "alarm.tell_down", failing).await
+    })
+    .await;
+    receiver.wait_requests("/down", 1, Duration::from_secs(10)).await;
+    let echo = system.submit("core.echo", json!({"message": "meanwhile"})).await["id"].as_i64().unwrap();
+    assert_eq!(system.wait_terminal(echo, Duration::from_secs(10)).await["status"], "completed");
+    let tries = system.wait_chain(notify, Duration::from_secs(60)).await;
+    assert_eq!(tries.len(), 3, "{tries:?}");
+    assert_eq!(tries[2]["status"], "completed", "{tries:?}");
+    assert_eq!(tries[0]["failure_kind"], "transient_error", "{tries:?}");
+    let got = receiver.requests_to("/down");
+    assert_eq!(got.len(), 3);
+    let deliveries: std::collections::BTreeSet<_> =
+        got.iter().map(|r| r.header("x-attune-delivery").unwrap()).collect();
+    assert_eq!(deliveries.len(), 1, "every attempt is the same delivery: {deliveries:?}");
+    for request in &got {
+        checks_signature(key, request);
+    }
+    let (status, events) = system.get("/api/v1/events?trigger=attune.execution.exhausted").await;
+    assert_eq!(status, 200);
+    assert_eq!(events.as_array().unwrap().len(), 2, "{events}");
     system.stop().await;
 }

@@ -204,12 +204,7 @@ pub(crate) async fn record(
         }
     }
     let event = db::events::next_id(&state.db).await?;
-    let scope = rules::scope(event, trigger, payload);
-    let mut answers = Vec::new();
-    for (rule_ref, spec) in db::events::rules_of(&state.db, trigger).await? {
-        let answer = plan(state, event, &rule_ref, &spec, &scope).await?;
-        answers.push((rule_ref, answer));
-    }
+    let answers = plan_rules(state, event, trigger, payload).await?;
     let mut tx = state.db.begin().await?;
     if !db::events::insert_event(&mut *tx, event, trigger, delivery, payload, replay_of).await? {
         // a redelivery that raced the first: answered as it was
@@ -220,21 +215,49 @@ pub(crate) async fn record(
         metrics::increment(&EVENTS_DEDUPLICATED, &[], 1);
         return Ok(Recorded { event: first.id, duplicate: true, matches: first.matches });
     }
-    let mut matches = Vec::new();
-    for (rule_ref, answer) in answers {
-        let (answer, outcome) = carry_out(&mut tx, event, &rule_ref, answer).await?;
-        metrics::increment(&RULE_ANSWERS, &[("outcome", outcome)], 1);
-        db::events::insert_match(&mut *tx, event, &rule_ref, &answer).await?;
-        matches.push(answer);
-    }
+    let matches = carry_out_rules(&mut tx, event, answers).await?;
     tx.commit().await?;
     metrics::increment(&EVENTS_RECEIVED, &[], 1);
     Ok(Recorded { event, duplicate: false, matches })
 }
 
+/// What every enabled rule of `trigger` makes of event `event`, as far as it can be decided
+/// before the event's transaction (reading from the pool, for each matching rule, what a
+/// submission reads).
+pub(crate) async fn plan_rules(
+    state: &crate::AppState,
+    event: i64,
+    trigger: &str,
+    payload: &Value,
+) -> Result<Vec<(String, Planned)>, ApiError> {
+    let scope = rules::scope(event, trigger, payload);
+    let mut answers = Vec::new();
+    for (rule_ref, spec) in db::events::rules_of(&state.db, trigger).await? {
+        let answer = plan(state, event, trigger, &rule_ref, &spec, &scope).await?;
+        answers.push((rule_ref, answer));
+    }
+    Ok(answers)
+}
+
+/// The planned answers carried out in the event's transaction, each recorded as its match.
+pub(crate) async fn carry_out_rules(
+    tx: &mut sqlx::PgConnection,
+    event: i64,
+    answers: Vec<(String, Planned)>,
+) -> Result<Vec<Match>, ApiError> {
+    let mut matches = Vec::new();
+    for (rule_ref, answer) in answers {
+        let (answer, outcome) = carry_out(&mut *tx, event, &rule_ref, answer).await?;
+        metrics::increment(&RULE_ANSWERS, &[("outcome", outcome)], 1);
+        db::events::insert_match(&mut *tx, event, &rule_ref, &answer).await?;
+        matches.push(answer);
+    }
+    Ok(matches)
+}
+
 /// A rule's answer before the event's transaction: made already (no match, an error), or an
 /// execution to make unless its rate or cooldown holds it.
-enum Planned {
+pub(crate) enum Planned {
     Answered(Match, &'static str),
     Run { new: Box<db::execution::NewExecution>, cooldown: Option<(String, u64)>, rate: Option<(u32, u64)> },
 }
@@ -244,6 +267,7 @@ enum Planned {
 async fn plan(
     state: &crate::AppState,
     event: i64,
+    trigger: &str,
     rule_ref: &str,
     spec: &rules::RuleSpec,
     scope: &Value,
@@ -260,7 +284,8 @@ async fn plan(
     let request = CreateExecution {
         action_ref: spec.action.clone(),
         parameters: Some(parameters),
-        config: Some(json!({"rule": rule_ref, "event": event})),
+        // (`trigger` marks what answers attune's own events: it raises none itself)
+        config: Some(json!({"rule": rule_ref, "event": event, "trigger": trigger})),
     };
     match crate::routes::executions::plan(state, request).await {
         Ok(new) => Ok(Planned::Run { new: Box::new(new), cooldown, rate }),

@@ -27,6 +27,11 @@ pub const CHANNEL: &str = "attune_requests";
 /// The channel a workflow run's progress is announced on (a step or the run ended; the payload
 /// is the run's id), by `execution_workflow_progress` (migration `20261206000000_workflows.sql`).
 pub const WORKFLOW_CHANNEL: &str = "attune_workflows";
+/// The channel an event attune raised is announced on (the payload is the event's id), by
+/// `raise_event` (migration `20261208000000_own_events.sql`); the API listens to it alone.
+pub const EVENTS_CHANNEL: &str = "attune_events";
+/// What the executors listen to.
+const EXECUTOR_CHANNELS: &[&str] = &[CHANNEL, WORKFLOW_CHANNEL];
 
 /// What one wait on the listener brought.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +45,8 @@ pub enum Announced {
     Missed,
     /// A step of this workflow run ended, or the run did.
     Workflow(i64),
+    /// attune raised this event: it waits for its rules' answers.
+    Event(i64),
 }
 
 /// How long a listener waits in silence before it checks its connection with a round trip. A
@@ -66,10 +73,24 @@ impl Announcements {
         Self::listen_checking(database_url, CHECK_AFTER_SILENCE, PATIENCE).await
     }
 
+    /// `listen` to the events attune raises ([`EVENTS_CHANNEL`]) alone: the API's.
+    pub async fn listen_for_events(database_url: &str) -> Result<Self, sqlx::Error> {
+        Self::listen_to(database_url, &[EVENTS_CHANNEL], CHECK_AFTER_SILENCE, PATIENCE).await
+    }
+
     /// `listen`, checking the connection after `check_after_silence` without a notification and
     /// giving up on a check (or on subscribing) after `patience`.
     pub async fn listen_checking(
         database_url: &str,
+        check_after_silence: Duration,
+        patience: Duration,
+    ) -> Result<Self, sqlx::Error> {
+        Self::listen_to(database_url, EXECUTOR_CHANNELS, check_after_silence, patience).await
+    }
+
+    async fn listen_to(
+        database_url: &str,
+        channels: &'static [&'static str],
         check_after_silence: Duration,
         patience: Duration,
     ) -> Result<Self, sqlx::Error> {
@@ -85,14 +106,18 @@ impl Announcements {
                 hosts.options(index).clone()
             }
         };
-        let subscribing = Self::subscribe(options, target.is_none());
+        let subscribing = Self::subscribe(options, target.is_none(), channels);
         let listener = tokio::time::timeout(patience, subscribing).await.map_err(|_| unanswered("LISTEN"))??;
         Ok(Announcements { listener, check_after_silence, patience, target })
     }
 
     /// Subscribes on a connection to `options`; `reconnect`: the listener opens a lost connection
     /// again by itself, to the same server.
-    async fn subscribe(options: sqlx::postgres::PgConnectOptions, reconnect: bool) -> Result<PgListener, sqlx::Error> {
+    async fn subscribe(
+        options: sqlx::postgres::PgConnectOptions,
+        reconnect: bool,
+        channels: &[&str],
+    ) -> Result<PgListener, sqlx::Error> {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .min_connections(0)
@@ -104,7 +129,7 @@ impl Announcements {
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.ignore_pool_close_event(true);
         listener.eager_reconnect(reconnect);
-        listener.listen_all([CHANNEL, WORKFLOW_CHANNEL]).await?;
+        listener.listen_all(channels.iter().copied()).await?;
         Ok(listener)
     }
 
@@ -119,6 +144,12 @@ impl Announcements {
                         Some(notification) if notification.channel() == WORKFLOW_CHANNEL => {
                             match notification.payload().parse() {
                                 Ok(run) => Ok(Announced::Workflow(run)),
+                                Err(_) => continue,
+                            }
+                        }
+                        Some(notification) if notification.channel() == EVENTS_CHANNEL => {
+                            match notification.payload().parse() {
+                                Ok(event) => Ok(Announced::Event(event)),
                                 Err(_) => continue,
                             }
                         }

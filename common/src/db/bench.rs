@@ -406,18 +406,6 @@ pub async fn worker_health_distribution(db: &PgPool) -> Result<usize, sqlx::Erro
     Ok(sqlx::raw_sql(WORKER_HEALTH_DISTRIBUTION).fetch_all(db).await?.len())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn example_1_binds_the_root_in_place_of_100() {
-        let statement = QUICK_REFERENCE_EXAMPLE_1.replacen("WHERE id = 100", "WHERE id = $1", 1);
-        assert!(statement.contains("WHERE id = $1\n"));
-        assert!(!statement.contains("100"));
-    }
-}
-
 /// For the `events` workload: each (delivery, execution) the rule `rule` made for events whose
 /// delivery id starts with `prefix`.
 pub async fn rule_executions(db: &PgPool, rule: &str, prefix: &str) -> Result<Vec<(String, i64)>, sqlx::Error> {
@@ -444,4 +432,16 @@ pub async fn event_to_start_ms(db: &PgPool, rule: &str, prefix: &str) -> Result<
     .bind(prefix)
     .fetch_all(db)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_1_binds_the_root_in_place_of_100() {
+        let statement = QUICK_REFERENCE_EXAMPLE_1.replacen("WHERE id = 100", "WHERE id = $1", 1);
+        assert!(statement.contains("WHERE id = $1\n"));
+        assert!(!statement.contains("100"));
+    }
 }

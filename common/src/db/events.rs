@@ -346,3 +346,32 @@ pub async fn list(
     }
     Ok(events)
 }
+
+/// An event attune raised itself (`raise_event`, migration `20261208000000_own_events.sql`),
+/// waiting for its rules' answers.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Raised {
+    pub id: i64,
+    pub trigger: String,
+    pub payload: Value,
+}
+
+/// Claims the oldest raised event no other transaction holds, and takes it off the waiting list
+/// (`event_pending`): the claim is the transaction's, so a rollback, or a connection lost, leaves
+/// it waiting for the next look.
+pub async fn claim_raised(tx: &mut PgConnection) -> Result<Option<Raised>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH claimed AS ( \
+             DELETE FROM event_pending WHERE event = \
+                 (SELECT event FROM event_pending ORDER BY event LIMIT 1 FOR UPDATE SKIP LOCKED) \
+             RETURNING event) \
+         SELECT e.id, e.trigger, e.payload FROM event e JOIN claimed c ON c.event = e.id",
+    )
+    .fetch_optional(tx)
+    .await
+}
+
+/// How many raised events wait for an answer (the gauge `attune_events_waiting`).
+pub async fn raised_waiting(db: impl PgExecutor<'_>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM event_pending").fetch_one(db).await
+}
