@@ -17,6 +17,11 @@
 -- own events made raises no event itself: a notification that fails does not notify of its
 -- own failure, round and round.
 
+-- Rules an operator makes through the API (`made_by`: the token's id) live in the pack `local`
+-- and no pack's registration touches them. An operator who enables or disables a pack's rule
+-- (`enabled_by`) is heard over the file's `enabled:` at the pack's next registration.
+ALTER TABLE rule ADD COLUMN made_by BIGINT, ADD COLUMN enabled_by BIGINT, ADD COLUMN enabled_at TIMESTAMPTZ;
+
 CREATE TABLE event_pending (
     event BIGINT PRIMARY KEY REFERENCES event (id) ON DELETE CASCADE
 );

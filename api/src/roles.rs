@@ -6,8 +6,8 @@
 //!
 //! The policy: `read` may call every GET but the token and secret lists and the audit trail; `operator` also
 //! submits, retries, cancels and fails executions, pauses and resumes actions and runtimes, sets
-//! actions' concurrency policies, makes, pauses and deletes schedules, and
-//! lists the secrets' names; `admin` also
+//! actions' concurrency policies, makes, pauses and deletes schedules, makes, enables, disables
+//! and deletes rules, replays events, and lists the secrets' names; `admin` also
 //! registers packs and manages tokens and secrets. A route missing
 //! from the table needs `admin` (and the tests fail on it: every route of the OpenAPI document
 //! must be listed here, so none is added without deciding who may call it). A method the path
@@ -66,6 +66,9 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::GET, "/api/v1/webhooks", Role::Read),
     (Method::PUT, "/api/v1/webhooks/{name}/credential", Role::Admin),
     (Method::GET, "/api/v1/rules", Role::Read),
+    (Method::POST, "/api/v1/rules", Role::Operator),
+    (Method::PUT, "/api/v1/rules/{ref}/enabled", Role::Operator),
+    (Method::DELETE, "/api/v1/rules/{ref}", Role::Operator),
     (Method::GET, "/api/v1/events", Role::Read),
     (Method::GET, "/api/v1/events/{id}", Role::Read),
     (Method::POST, "/api/v1/events/{id}/replay", Role::Operator),
@@ -153,6 +156,7 @@ mod tests {
                 Role::Read
             } else if path.starts_with("/api/v1/executions")
                 || path.starts_with("/api/v1/events")
+                || path.starts_with("/api/v1/rules")
                 || path.starts_with("/api/v1/pauses")
                 || path.starts_with("/api/v1/schedules")
                 || path.ends_with("/concurrency")

@@ -16,6 +16,7 @@ fn concrete(template: &str) -> String {
         .replace("{id}", "999999")
         .replace("{name}", "audited")
         .replace("{action_ref}", "core.echo")
+        .replace("{ref}", "local.audited")
         .replace("{kind}", "runtime")
 }
 
@@ -346,6 +347,15 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
     // (an event and a webhook this test has none of: refused, and audited with the refusal)
     let replayed = change(&api, &admin, (Method::POST, "/api/v1/events/424242/replay", None), "replay", &[]).await;
     expect("replay".into(), replayed, StatusCode::NOT_FOUND, None);
+    let rule = json!({"name": "audited", "trigger": "attune.execution.exhausted", "action": "core.echo",
+        "parameters": {"message": "{{ payload.execution.action }}"}});
+    let made = change(&api, &admin, (Method::POST, "/api/v1/rules", Some(rule)), "rule", &[]).await;
+    expect("rule".into(), made, StatusCode::CREATED, Some("rule:local.audited".into()));
+    let enabled = (Method::PUT, "/api/v1/rules/local.audited/enabled", Some(json!({"enabled": false})));
+    let disabled = change(&api, &admin, enabled, "disable rule", &[]).await;
+    expect("disable rule".into(), disabled, StatusCode::OK, Some("rule:local.audited".into()));
+    let deleted = change(&api, &admin, (Method::DELETE, "/api/v1/rules/local.audited", None), "unrule", &[]).await;
+    expect("unrule".into(), deleted, StatusCode::NO_CONTENT, Some("rule:local.audited".into()));
     let credential = (Method::PUT, "/api/v1/webhooks/nope/credential", Some(json!({})));
     let set_credential = change(&api, &admin, credential, "credential", &[]).await;
     expect("credential".into(), set_credential, StatusCode::NOT_FOUND, None);

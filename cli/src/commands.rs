@@ -248,6 +248,23 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             });
             Ok(0)
         }
+        Command::Rule(RuleCommand::Create { file }) => {
+            let written = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            // (the file's errors name the file and the field before anything is sent)
+            let spec = attune_core::rules::parse_rule(&file, &written)?;
+            let made = client.post("/api/v1/rules", &spec).await?;
+            print(out, &made, |r| {
+                format!("rule {} made: {} -> {}", text(&r["ref"]), text(&r["trigger"]), text(&r["action_ref"]))
+            });
+            Ok(0)
+        }
+        Command::Rule(RuleCommand::Enable { rule }) => set_rule_enabled(&client, out, &rule, true).await,
+        Command::Rule(RuleCommand::Disable { rule }) => set_rule_enabled(&client, out, &rule, false).await,
+        Command::Rule(RuleCommand::Delete { rule }) => {
+            client.delete(&format!("/api/v1/rules/{rule}")).await?;
+            print(out, &json!({"deleted": rule}), |_| format!("rule {rule} deleted"));
+            Ok(0)
+        }
         Command::Event(EventCommand::List { trigger, limit }) => {
             let mut query = vec![("limit", limit.to_string())];
             query.extend(trigger.map(|t| ("trigger", t)));
@@ -823,6 +840,12 @@ fn encode(text: &str) -> String {
 fn users_of(secret: &Value) -> String {
     let users: Vec<String> = secret["users"].as_array().map(|u| u.iter().map(text).collect()).unwrap_or_default();
     users.join(",")
+}
+
+async fn set_rule_enabled(client: &Client, out: Output, rule: &str, enabled: bool) -> anyhow::Result<i32> {
+    let set = client.put(&format!("/api/v1/rules/{rule}/enabled"), &json!({"enabled": enabled})).await?;
+    print(out, &set, |r| format!("rule {}: {}", text(&r["ref"]), if enabled { "enabled" } else { "disabled" }));
+    Ok(0)
 }
 
 #[cfg(test)]

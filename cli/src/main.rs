@@ -356,6 +356,14 @@ pub enum WebhookCommand {
 pub enum RuleCommand {
     /// List rules: trigger, action, enabled
     List,
+    /// Make a rule from a file written as a pack's rules/NAME.yaml; it becomes local.NAME
+    Create { file: std::path::PathBuf },
+    /// Enable a rule (a pack's registration keeps it enabled)
+    Enable { rule: String },
+    /// Disable a rule (a pack's registration keeps it disabled)
+    Disable { rule: String },
+    /// Delete a rule made with `rule create` (a pack's rule is disabled instead)
+    Delete { rule: String },
 }
 
 #[derive(Subcommand)]

@@ -91,24 +91,29 @@ pub struct WebhookSpec {
 /// `cooldown:` of a rule: once it has made an execution for a key, it makes none for that key
 /// for `for` (`90s`, `10m`, `2h`, `1d`, or seconds).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Cooldown {
     /// A payload field (`host`, `labels.instance`) or a template (`{{ payload.host }}`).
     pub key: String,
     #[serde(rename = "for")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub period: Value,
 }
 
 /// `rate:` of a rule: at most `most` executions in any `per` (a duration, as `cooldown.for`).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Rate {
     pub most: u32,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub per: Value,
 }
 
 /// `rules/NAME.yaml`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RuleSpec {
     pub name: String,
@@ -123,6 +128,7 @@ pub struct RuleSpec {
     /// The action (or workflow) to run, `pack.name`.
     pub action: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub parameters: BTreeMap<String, Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cooldown: Option<Cooldown>,

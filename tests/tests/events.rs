@@ -345,3 +345,86 @@ async fn an_execution_that_fails_for_good_is_notified_once_signed_and_retried_pa
     assert_eq!(events.as_array().unwrap().len(), 2, "{events}");
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_make_enable_and_delete_rules_and_a_pack_s_registration_keeps_their_say() {
+    let pack = hooks_pack();
+    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let (_, set) = system
+        .request(reqwest::Method::PUT, "/api/v1/webhooks/alerts/credential", Some(&json!({})), Some(&system.token))
+        .await;
+    let token = set["token"].as_str().unwrap().to_string();
+    let owned = system;
+    let system = &owned;
+    let send = |delivery: &str, host: &str| {
+        let body = json!({"severity": "critical", "host": host, "name": "down"}).to_string();
+        let headers = [("x-attune-webhook-token", token.clone()), ("x-delivery-id", delivery.to_string())];
+        async move { deliver(system, "alerts", &body, &headers).await }
+    };
+
+    // an operator's rule, from a file written as a pack's, by the command line
+    let file = pack.path().join("extra-rule.yaml");
+    std::fs::write(
+        &file,
+        "name: page\ntrigger: webhook.alerts\naction: hooks.note\nparameters: {host: \"{{ payload.host }}\", why: paged}\n",
+    )
+    .unwrap();
+    let made = system.cli_output(&["rule", "create", file.to_str().unwrap()]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    assert!(String::from_utf8_lossy(&made.stdout).contains("rule local.page made"), "{made:?}");
+    let again = system.cli_output(&["rule", "create", file.to_str().unwrap()]);
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("exists"), "{again:?}");
+    // a bad one names the file and the field before anything is sent
+    std::fs::write(&file, "name: page2\ntrigger: webhook.alerts\naction: nodot\n").unwrap();
+    let bad = system.cli_output(&["rule", "create", file.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && said.contains("extra-rule.yaml") && said.contains("action"), "{said}");
+    let (status, refused) = system
+        .post("/api/v1/rules", &json!({"name": "x", "trigger": "webhook.alerts", "action": "hooks.nothing"}))
+        .await;
+    assert_eq!((status, refused["error"]["parameter"].as_str()), (422, Some("action")), "{refused}");
+
+    let (status, answer) = send("o-1", "h1").await;
+    assert_eq!(status, 202, "{answer}");
+    let made: Vec<(&str, bool)> = answer["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["rule"].as_str().unwrap(), m["execution"].is_i64()))
+        .collect();
+    assert_eq!(made, vec![("hooks.on_alert", true), ("local.page", true)], "{answer}");
+
+    // a pack's rule disabled by hand stays disabled when its pack is registered again
+    let disabled = system.cli_output(&["rule", "disable", "hooks.on_alert"]);
+    assert!(disabled.status.success(), "{}", String::from_utf8_lossy(&disabled.stderr));
+    let (status, registered) =
+        system.post("/api/v1/packs", &json!({"path": pack.path().file_name().unwrap().to_str()})).await;
+    assert!(status < 300, "{registered}");
+    let (_, rules) = system.get("/api/v1/rules").await;
+    let on_alert = rules.as_array().unwrap().iter().find(|r| r["ref"] == "hooks.on_alert").unwrap();
+    assert_eq!((&on_alert["enabled"], on_alert["enabled_by"].is_i64()), (&json!(false), true), "{on_alert}");
+    let local = rules.as_array().unwrap().iter().find(|r| r["ref"] == "local.page").expect("still there");
+    assert!(local["made_by"].is_i64(), "{local}");
+    let (_, answer) = send("o-2", "h2").await;
+    let rules_answering: Vec<&str> =
+        answer["matches"].as_array().unwrap().iter().map(|m| m["rule"].as_str().unwrap()).collect();
+    assert_eq!(rules_answering, vec!["local.page"], "a disabled rule answers nothing: {answer}");
+
+    // a pack's rule cannot be deleted, only disabled; an operator's can
+    let (status, refused) =
+        system.request(reqwest::Method::DELETE, "/api/v1/rules/hooks.on_alert", None, Some(&system.token)).await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("enabled"), "{refused}");
+    let deleted = system.cli_output(&["rule", "delete", "local.page"]);
+    assert!(deleted.status.success(), "{}", String::from_utf8_lossy(&deleted.stderr));
+    let enabled = system.cli_output(&["rule", "enable", "hooks.on_alert"]);
+    assert!(enabled.status.success(), "{}", String::from_utf8_lossy(&enabled.stderr));
+    let (_, answer) = send("o-3", "h3").await;
+    let rules_answering: Vec<&str> =
+        answer["matches"].as_array().unwrap().iter().map(|m| m["rule"].as_str().unwrap()).collect();
+    assert_eq!(rules_answering, vec!["hooks.on_alert"], "{answer}");
+    // the first event still names the rule that answered it
+    let (_, first) = system.get("/api/v1/events?trigger=webhook.alerts&limit=500").await;
+    assert!(first.to_string().contains("local.page"), "{first}");
+    owned.stop().await;
+}

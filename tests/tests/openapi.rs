@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 49] = [
+const ROUTES: [(&str, &str); 52] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -51,6 +51,9 @@ const ROUTES: [(&str, &str); 49] = [
     ("post", "/api/v1/webhooks/{name}"),
     ("put", "/api/v1/webhooks/{name}/credential"),
     ("get", "/api/v1/rules"),
+    ("post", "/api/v1/rules"),
+    ("put", "/api/v1/rules/{ref}/enabled"),
+    ("delete", "/api/v1/rules/{ref}"),
     ("get", "/api/v1/events"),
     ("get", "/api/v1/events/{id}"),
     ("post", "/api/v1/events/{id}/replay"),

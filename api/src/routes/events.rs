@@ -6,11 +6,11 @@
 //! was and makes nothing more. Admins set a webhook's credential; anyone with a token reads the
 //! webhooks, the rules and the events, and operators replay an event.
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -20,6 +20,7 @@ use attune_common::secrets::{from_hex, to_hex};
 use attune_core::rules::{self, Decision, WebhookAuth};
 
 use crate::ApiError;
+use crate::audit::Target;
 use crate::routes::executions::CreateExecution;
 
 /// The delivery route, which the API token layer leaves to the webhook's own proof.
@@ -404,6 +405,86 @@ pub async fn list_webhooks(State(state): State<crate::State>) -> Result<Json<Vec
     responses((status = 200, description = "Every rule, with its file as loaded", body = Vec<Rule>)))]
 pub async fn list_rules(State(state): State<crate::State>) -> Result<Json<Vec<Rule>>, ApiError> {
     Ok(Json(db::events::rules(&state.db).await?))
+}
+
+#[utoipa::path(post, path = "/rules", operation_id = "create_rule", tag = "events",
+    request_body(content = rules::RuleSpec, description = "A rule as a pack's `rules/NAME.yaml` writes it, as JSON; it becomes `local.NAME`"),
+    responses(
+        (status = 201, description = "Made: it answers its trigger's events from now on", body = Rule),
+        (status = 409, description = "A rule `local.NAME` exists", body = crate::openapi::ErrorBody),
+        (status = 422, description = "A field is invalid, or its action does not exist; `parameter` names it", body = crate::openapi::ErrorBody),
+    ))]
+pub async fn create_rule(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    crate::error::JsonObject(spec): crate::error::JsonObject<rules::RuleSpec>,
+) -> Result<(StatusCode, Extension<Target>, Json<Rule>), ApiError> {
+    rules::check_rule(&spec).map_err(|(field, reason)| ApiError::invalid(&field, reason))?;
+    let definition = serde_json::to_value(&spec).map_err(|e| ApiError::internal("a rule serializes", e))?;
+    crate::error::storable_json("rule", &definition)?;
+    if db::action::get_by_ref(&state.db, &spec.action).await?.is_none() {
+        return Err(ApiError::invalid("action", format!("no action '{}' is registered", spec.action)));
+    }
+    let rule_ref = format!("{}.{}", db::events::LOCAL_PACK, spec.name);
+    let made = db::events::create_rule(&state.db, &spec, caller.token_id).await?.ok_or_else(|| {
+        ApiError::new(StatusCode::CONFLICT, "rule_exists", format!("rule '{rule_ref}' exists (delete it first)"))
+    })?;
+    Ok((StatusCode::CREATED, Extension(Target::new(format!("rule:{rule_ref}"))), Json(made)))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetEnabled {
+    pub enabled: bool,
+}
+
+#[utoipa::path(put, path = "/rules/{ref}/enabled", operation_id = "set_rule_enabled", tag = "events",
+    params(("ref" = String, Path, description = "The rule's ref, `pack.name`")),
+    request_body = SetEnabled,
+    responses(
+        (status = 200, description = "Enabled or disabled; a pack's registration keeps it so", body = Rule),
+        (status = 404, description = "No such rule", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`enabled` is missing or not a boolean", body = crate::openapi::ErrorBody),
+    ))]
+pub async fn set_rule_enabled(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    rule_ref: Result<Path<String>, PathRejection>,
+    crate::error::JsonObject(body): crate::error::JsonObject<SetEnabled>,
+) -> Result<(Extension<Target>, Json<Rule>), ApiError> {
+    let Path(rule_ref) = rule_ref?;
+    let rule = db::events::set_enabled(&state.db, &rule_ref, body.enabled, caller.token_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("rule", format!("no rule '{rule_ref}'")))?;
+    Ok((Extension(Target::new(format!("rule:{rule_ref}"))), Json(rule)))
+}
+
+#[utoipa::path(delete, path = "/rules/{ref}", operation_id = "delete_rule", tag = "events",
+    params(("ref" = String, Path, description = "The rule's ref, `local.name`")),
+    responses(
+        (status = 204, description = "Deleted: its events keep their answers"),
+        (status = 404, description = "No such rule", body = crate::openapi::ErrorBody),
+        (status = 409, description = "The rule is a pack's file's: disable it, or remove it from its pack", body = crate::openapi::ErrorBody),
+    ))]
+pub async fn delete_rule(
+    State(state): State<crate::State>,
+    rule_ref: Result<Path<String>, PathRejection>,
+) -> Result<(StatusCode, Extension<Target>), ApiError> {
+    let Path(rule_ref) = rule_ref?;
+    if !db::events::delete_made_rule(&state.db, &rule_ref).await? {
+        return Err(match db::events::rule(&state.db, &rule_ref).await? {
+            Some(rule) => ApiError::new(
+                StatusCode::CONFLICT,
+                "rule_of_a_pack",
+                format!(
+                    "rule '{rule_ref}' comes from pack {}'s rules/ (disable it: PUT /api/v1/rules/{rule_ref}/enabled)",
+                    rule.pack
+                ),
+            ),
+            None => ApiError::not_found("rule", format!("no rule '{rule_ref}'")),
+        });
+    }
+    Ok((StatusCode::NO_CONTENT, Extension(Target::new(format!("rule:{rule_ref}")))))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

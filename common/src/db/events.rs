@@ -43,11 +43,22 @@ pub struct Rule {
     pub trigger: String,
     pub action_ref: String,
     pub enabled: bool,
-    /// The file as loaded: criteria, parameters, cooldown, rate.
+    /// The file as loaded (or the definition an operator sent): criteria, parameters, cooldown,
+    /// rate.
     #[schema(value_type = Object)]
     pub definition: Value,
     pub updated: DateTime<Utc>,
+    /// The token that made it through the API (its pack is `local`); null: a pack's file.
+    pub made_by: Option<i64>,
+    /// The token that last enabled or disabled it by hand, which a pack's registration then
+    /// leaves as it is; null: as its file says.
+    pub enabled_by: Option<i64>,
 }
+
+const RULE_COLUMNS: &str = "ref, pack, trigger, action_ref, enabled, definition, updated, made_by, enabled_by";
+
+/// The pack of the rules operators make through the API.
+pub const LOCAL_PACK: &str = "local";
 
 /// The webhooks and rules of pack `pack` become `webhooks` and `rules` (in the pack's
 /// registration transaction): others of the pack go; a webhook kept keeps its credential (while
@@ -91,11 +102,12 @@ pub async fn register(tx: &mut PgConnection, pack: &LoadedPack) -> Result<(), cr
     let mut refs = Vec::new();
     for rule in rules {
         let definition = serde_json::to_value(&rule.spec).unwrap_or(Value::Null);
-        sqlx::query(
+        let taken = sqlx::query(
             "INSERT INTO rule (ref, pack, trigger, action_ref, enabled, definition) VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (ref) DO UPDATE SET pack = EXCLUDED.pack, trigger = EXCLUDED.trigger, \
-                action_ref = EXCLUDED.action_ref, enabled = EXCLUDED.enabled, definition = EXCLUDED.definition, \
-                updated = now()",
+                action_ref = EXCLUDED.action_ref, definition = EXCLUDED.definition, updated = now(), \
+                enabled = CASE WHEN rule.enabled_by IS NULL THEN EXCLUDED.enabled ELSE rule.enabled END \
+             WHERE rule.made_by IS NULL",
         )
         .bind(&rule.rule_ref)
         .bind(pack_ref)
@@ -104,10 +116,17 @@ pub async fn register(tx: &mut PgConnection, pack: &LoadedPack) -> Result<(), cr
         .bind(rule.spec.enabled)
         .bind(&definition)
         .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected()
+            == 0;
+        if taken {
+            let file = pack.path.join("rules").join(format!("{}.yaml", rule.spec.name));
+            let reason = format!("rule '{}' was made through the API: delete it there first", rule.rule_ref);
+            return Err(crate::pack::PackError::new(&file, Some("name"), reason).into());
+        }
         refs.push(rule.rule_ref.clone());
     }
-    sqlx::query("DELETE FROM rule WHERE pack = $1 AND NOT (ref = ANY($2))")
+    sqlx::query("DELETE FROM rule WHERE pack = $1 AND made_by IS NULL AND NOT (ref = ANY($2))")
         .bind(pack_ref)
         .bind(&refs)
         .execute(&mut *tx)
@@ -148,9 +167,59 @@ pub async fn set_credential(
 }
 
 pub async fn rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Error> {
-    sqlx::query_as("SELECT ref, pack, trigger, action_ref, enabled, definition, updated FROM rule ORDER BY ref")
-        .fetch_all(db)
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {RULE_COLUMNS} FROM rule ORDER BY ref"))).fetch_all(db).await
+}
+
+/// Rule `rule_ref`.
+pub async fn rule(db: impl PgExecutor<'_>, rule_ref: &str) -> Result<Option<Rule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {RULE_COLUMNS} FROM rule WHERE ref = $1")))
+        .bind(rule_ref)
+        .fetch_optional(db)
         .await
+}
+
+/// Makes rule `local.NAME` of `spec` for token `made_by`; `None` when that ref is taken.
+pub async fn create_rule(db: impl PgExecutor<'_>, spec: &RuleSpec, made_by: i64) -> Result<Option<Rule>, sqlx::Error> {
+    let definition = serde_json::to_value(spec).unwrap_or(Value::Null);
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO rule (ref, pack, trigger, action_ref, enabled, definition, made_by) \
+         VALUES ($1 || '.' || $2, $1, $3, $4, $5, $6, $7) ON CONFLICT (ref) DO NOTHING RETURNING {RULE_COLUMNS}"
+    )))
+    .bind(LOCAL_PACK)
+    .bind(&spec.name)
+    .bind(&spec.trigger)
+    .bind(&spec.action)
+    .bind(spec.enabled)
+    .bind(&definition)
+    .bind(made_by)
+    .fetch_optional(db)
+    .await
+}
+
+/// Enables or disables rule `rule_ref` by hand (token `by`); `None`: no such rule.
+pub async fn set_enabled(
+    db: impl PgExecutor<'_>,
+    rule_ref: &str,
+    enabled: bool,
+    by: i64,
+) -> Result<Option<Rule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE rule SET enabled = $2, enabled_by = $3, enabled_at = now(), updated = now() WHERE ref = $1 \
+         RETURNING {RULE_COLUMNS}"
+    )))
+    .bind(rule_ref)
+    .bind(enabled)
+    .bind(by)
+    .fetch_optional(db)
+    .await
+}
+
+/// Deletes rule `rule_ref` if it was made through the API; `false` when it was not (or is gone).
+/// Its events' answers stay, naming it.
+pub async fn delete_made_rule(db: impl PgExecutor<'_>, rule_ref: &str) -> Result<bool, sqlx::Error> {
+    let deleted =
+        sqlx::query("DELETE FROM rule WHERE ref = $1 AND made_by IS NOT NULL").bind(rule_ref).execute(db).await?;
+    Ok(deleted.rows_affected() == 1)
 }
 
 /// The enabled rules of `trigger`, in ref order, with their files as loaded.
