@@ -428,3 +428,105 @@ async fn operators_make_enable_and_delete_rules_and_a_pack_s_registration_keeps_
     assert!(first.to_string().contains("local.page"), "{first}");
     owned.stop().await;
 }
+
+/// Sends `count` deliveries `PREFIX-N` to `alerts` from `senders` tasks at once; which were
+/// answered `2xx`.
+async fn stream(system: &System, token: &str, prefix: &str, ids: Vec<usize>, senders: usize) -> Vec<(usize, bool)> {
+    let ids = std::sync::Arc::new(std::sync::Mutex::new(ids.into_iter()));
+    let mut tasks = Vec::new();
+    for _ in 0..senders {
+        let (ids, url, token, prefix) = (ids.clone(), system.api_url.clone(), token.to_string(), prefix.to_string());
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+            let mut answered = Vec::new();
+            loop {
+                let Some(n) = ids.lock().unwrap().next() else { break };
+                let body = json!({"severity": "critical", "host": format!("h{n}"), "name": "down"});
+                let sent = http
+                    .post(format!("{url}/api/v1/webhooks/alerts"))
+                    .header("x-attune-webhook-token", &token)
+                    .header("x-delivery-id", format!("{prefix}-{n}"))
+                    .json(&body)
+                    .send()
+                    .await;
+                answered.push((n, sent.is_ok_and(|r| r.status().is_success())));
+            }
+            answered
+        }));
+    }
+    let mut answered = Vec::new();
+    for task in tasks {
+        answered.extend(task.await.unwrap());
+    }
+    answered
+}
+
+/// Each delivery `PREFIX-N` recorded, with the executions its event's rules made.
+async fn recorded(system: &System, prefix: &str) -> std::collections::BTreeMap<String, Vec<i64>> {
+    let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT e.delivery, m.execution FROM event e LEFT JOIN event_match m ON m.event = e.id \
+         WHERE e.trigger = 'webhook.alerts' AND e.delivery LIKE $1 || '-%'",
+    )
+    .bind(prefix)
+    .fetch_all(&system.db.pool)
+    .await
+    .unwrap();
+    let mut by_delivery = std::collections::BTreeMap::<String, Vec<i64>>::new();
+    for (delivery, execution) in rows {
+        by_delivery.entry(delivery).or_default().extend(execution);
+    }
+    by_delivery
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_2xx_has_its_event_across_an_api_killed_mid_stream() {
+    // (the cooldown of hooks.on_alert is by host: each delivery here is a host of its own)
+    let pack = hooks_pack();
+    let mut system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    let (_, set) = system
+        .request(reqwest::Method::PUT, "/api/v1/webhooks/alerts/credential", Some(&json!({})), Some(&system.token))
+        .await;
+    let token = set["token"].as_str().unwrap().to_string();
+    let total = 600;
+
+    // the stream, and the API killed while it flows
+    let streaming = {
+        let system_ref: &System = &system;
+        let sending = stream(system_ref, &token, "k", (0..total).collect(), 8);
+        let killing = async {
+            attune_testkit::wait_for("a hundred deliveries", Duration::from_secs(30), || async {
+                (recorded(system_ref, "k").await.len() >= 100).then_some(())
+            })
+            .await;
+            let pid = system_ref.pid("api");
+            let killed = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status().unwrap();
+            assert!(killed.success());
+        };
+        let (answered, ()) = tokio::join!(sending, killing);
+        answered
+    };
+    system.restart("api");
+    system.wait_ready().await;
+    let refused: Vec<usize> = streaming.iter().filter(|(_, ok)| !ok).map(|(n, _)| *n).collect();
+    let accepted: Vec<usize> = streaming.iter().filter(|(_, ok)| *ok).map(|(n, _)| *n).collect();
+    eprintln!("{} answered 2xx, {} refused or cut off by the kill", accepted.len(), refused.len());
+    assert!(!refused.is_empty() && accepted.len() >= 100, "the kill fell mid-stream: {} refused", refused.len());
+    let seen = recorded(&system, "k").await;
+    for n in &accepted {
+        let made =
+            seen.get(&format!("k-{n}")).unwrap_or_else(|| panic!("delivery k-{n} was answered 2xx, has no event"));
+        assert_eq!(made.len(), 1, "k-{n}: {made:?}");
+    }
+
+    // the senders send again whatever was not answered 2xx (and some that were): each delivery
+    // ends with one event and one execution
+    let again: Vec<usize> = refused.iter().copied().chain(accepted.iter().copied().take(50)).collect();
+    let resent = stream(&system, &token, "k", again, 4).await;
+    assert!(resent.iter().all(|(_, ok)| *ok), "{resent:?}");
+    let seen = recorded(&system, "k").await;
+    assert_eq!(seen.len(), total, "every delivery has its event");
+    let made: std::collections::BTreeSet<i64> = seen.values().flatten().copied().collect();
+    assert!(seen.values().all(|m| m.len() == 1), "one execution per delivery");
+    assert_eq!(made.len(), total);
+    system.stop().await;
+}
