@@ -166,6 +166,11 @@ pub const RUNTIME_WORKERS: Gauge = Gauge {
     help: "Active workers offering each runtime, for every runtime a worker offers or a registered action needs (0: nobody runs it).",
 };
 
+pub const OLDEST_EVENT_WAITING: Gauge = Gauge {
+    name: "attune_oldest_event_waiting_seconds",
+    help: "Age of the oldest event attune raised (attune.execution.exhausted, ...) that no API has answered yet; absent when none waits.",
+};
+
 pub const ACTION_CIRCUIT_STATE: Gauge = Gauge {
     name: "attune_action_circuit_state",
     help: "Each action's circuit breaker, once evaluated: 0 closed, 1 open, 2 half-open.",

@@ -219,8 +219,9 @@ async fn a_signed_webhook_takes_only_what_its_key_signed() {
     system.stop().await;
 }
 
-const BOOM: &str = "name: boom\nruntime: shell\nentrypoint: actions/boom.sh\nmax_retries: 1\nretry: {base_delay_secs: 0.2, jitter: 0}\nparameters:\n  code:\n    type: integer\n    default: 75\n";
-const BOOM_SH: &str = "#!/bin/sh\necho \"boom $ATTUNE_PARAM_CODE\" >&2\nexit \"$ATTUNE_PARAM_CODE\"\n";
+const BOOM: &str = "name: boom\nruntime: shell\nentrypoint: actions/boom.sh\nmax_retries: 1\nretry: {base_delay_secs: 0.2, jitter: 0}\nparameters:\n  code:\n    type: integer\n    default: 75\n  after:\n    type: integer\n    default: 0\n";
+const BOOM_SH: &str =
+    "#!/bin/sh\nsleep \"$ATTUNE_PARAM_AFTER\"\necho \"boom $ATTUNE_PARAM_CODE\" >&2\nexit \"$ATTUNE_PARAM_CODE\"\n";
 const NOTIFY_RULE: &str = "name: NAME\ntrigger: attune.execution.exhausted\ncriteria:\n  - \"{{ payload.execution.action }} == 'alarm.boom'\"\n  - \"{{ payload.execution.failure_kind }} == 'KIND'\"\naction: core.notify_webhook\nparameters:\n  url: \"URL\"\n  signing_key: {$secret: alarm_key}\n  delivery: \"alarm-{{ event.id }}\"\n  body:\n    execution: \"{{ payload.execution.id }}\"\n    status: \"{{ payload.execution.status }}\"\n    attempts: \"{{ payload.execution.retry_count }}\"\n    why: \"{{ payload.execution.decision }}\"\n";
 
 /// The execution rule `rule` made for the event attune raised about `execution`.
@@ -253,7 +254,7 @@ async fn an_execution_that_fails_for_good_is_notified_once_signed_and_retried_pa
     let pack = TempPack::new("alarm", &[("boom.yaml", BOOM), ("boom.sh", BOOM_SH)])
         .file("rules/tell.yaml", &rule("tell", "transient_error", "/hook"))
         .file("rules/tell_down.yaml", &rule("tell_down", "action_failed", "/down"));
-    let system = System::builder().pack(pack.path()).secrets_key().worker("w1", &[]).start().await;
+    let mut system = System::builder().pack(pack.path()).secrets_key().worker("w1", &[]).start().await;
     let key = "a-receiver's-signing-key";
     let (status, body) = system
         .request(
@@ -343,6 +344,33 @@ async fn an_execution_that_fails_for_good_is_notified_once_signed_and_retried_pa
     let (status, events) = system.get("/api/v1/events?trigger=attune.execution.exhausted").await;
     assert_eq!(status, 200);
     assert_eq!(events.as_array().unwrap().len(), 2, "{events}");
+    let metrics = reqwest::get(format!("{}/metrics", system.api_url)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("# TYPE attune_oldest_event_waiting_seconds gauge"), "declared");
+    assert!(!metrics.contains("\nattune_oldest_event_waiting_seconds "), "nothing waits: no sample");
+
+    // with no API, a failure's event waits, and the API that starts answers it
+    let slow = system.submit("alarm.boom", json!({"code": 1, "after": 1})).await["id"].as_i64().unwrap();
+    system.signal("api", 9);
+    let waiting = attune_testkit::wait_for("the event raised with no API", Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT p.event FROM event_pending p JOIN event e ON e.id = p.event \
+             WHERE (e.payload->'execution'->>'id')::bigint = $1",
+        )
+        .bind(slow)
+        .fetch_optional(&system.db.pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    system.restart("api");
+    system.wait_ready().await;
+    let notify = attune_testkit::wait_for("the waiting event's notification", Duration::from_secs(10), || async {
+        made_for(&system, "alarm.tell_down", slow).await
+    })
+    .await;
+    assert_eq!(system.wait_chain(notify, Duration::from_secs(30)).await.last().unwrap()["status"], "completed");
+    let (_, answered) = system.get(&format!("/api/v1/events/{waiting}")).await;
+    assert_eq!(answered["matches"].as_array().unwrap().len(), 2, "{answered}");
     system.stop().await;
 }
 

@@ -91,6 +91,12 @@ async fn read_gauges(state: &crate::AppState) -> Result<String, ApiError> {
         .map(|(runtime, age)| (vec![("runtime", runtime)], age))
         .collect();
     render_gauge(&mut out, &m::OLDEST_WAITING, &waiting);
+    let events: Vec<_> = attune_common::db::events::oldest_raised_waiting(&state.db)
+        .await?
+        .map(|age| (vec![], age))
+        .into_iter()
+        .collect();
+    render_gauge(&mut out, &m::OLDEST_EVENT_WAITING, &events);
     let circuits: Vec<_> = attune_common::db::circuit::states(&state.db)
         .await?
         .into_iter()

@@ -440,7 +440,12 @@ pub async fn claim_raised(tx: &mut PgConnection) -> Result<Option<Raised>, sqlx:
     .await
 }
 
-/// How many raised events wait for an answer (the gauge `attune_events_waiting`).
-pub async fn raised_waiting(db: impl PgExecutor<'_>) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM event_pending").fetch_one(db).await
+/// The age in seconds of the oldest raised event waiting for an answer, if one waits (the gauge
+/// `attune_oldest_event_waiting_seconds`).
+pub async fn oldest_raised_waiting(db: impl PgExecutor<'_>) -> Result<Option<f64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - min(e.received))::float8 FROM event_pending p JOIN event e ON e.id = p.event",
+    )
+    .fetch_one(db)
+    .await
 }

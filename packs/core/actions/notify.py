@@ -15,13 +15,8 @@ import hashlib
 import hmac
 import json
 import os
-import smtplib
-import ssl
 import sys
 import time
-import urllib.error
-import urllib.request
-from email.message import EmailMessage
 
 TRANSIENT = 75
 
@@ -36,6 +31,10 @@ def delivery_id(params):
 
 
 def post(url, body, headers, timeout):
+    # (imported here: an e-mail needs none of it, and each import is time before the send)
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -77,6 +76,10 @@ def slack(params):
 
 
 def email(params):
+    import smtplib
+    import ssl
+    from email.message import EmailMessage
+
     message = EmailMessage()
     message["From"] = params["sender"]
     recipients = params["to"] if isinstance(params["to"], list) else [params["to"]]
