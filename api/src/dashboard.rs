@@ -15,7 +15,7 @@ use crate::ApiError;
 const SHELL_HTML: &str = include_str!("dashboard/index.html");
 
 /// `/ui/assets/<name>`: the stylesheet and the script modules (`main.js` imports the others).
-const ASSETS: [(&str, &str, &str); 12] = [
+const ASSETS: [(&str, &str, &str); 13] = [
     ("app.css", "text/css; charset=utf-8", include_str!("dashboard/app.css")),
     ("main.js", JAVASCRIPT, include_str!("dashboard/main.js")),
     ("dom.js", JAVASCRIPT, include_str!("dashboard/dom.js")),
@@ -28,6 +28,7 @@ const ASSETS: [(&str, &str, &str); 12] = [
     ("charts.js", JAVASCRIPT, include_str!("dashboard/charts.js")),
     ("audit.js", JAVASCRIPT, include_str!("dashboard/audit.js")),
     ("schedules.js", JAVASCRIPT, include_str!("dashboard/schedules.js")),
+    ("events.js", JAVASCRIPT, include_str!("dashboard/events.js")),
 ];
 const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
@@ -47,6 +48,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/ui/retries", get(shell))
         .route("/ui/audit", get(shell))
         .route("/ui/schedules", get(shell))
+        .route("/ui/events", get(shell))
         .route("/ui/assets/{name}", get(asset_named))
 }
 

@@ -507,6 +507,40 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let (_, schedules) = system.get("/api/v1/schedules").await;
     assert_eq!(schedules, serde_json::json!([]));
 
+    // the Events page: a pack's rule enabled by hand, the event a failure raises with the
+    // rule's answer to it, and a replay
+    browser.goto(&format!("{ui}/events")).await;
+    let rule = "core.notify_on_exhausted";
+    let state = format!(
+        "return document.querySelector('#rule-table [data-rule=\"{rule}\"] [data-field=enabled]')?.textContent"
+    );
+    assert_eq!(browser.wait("the rule listed", &state).await, "disabled");
+    browser.click(&format!("[data-enable-rule=\"{rule}\"]")).await;
+    browser.wait("the rule enabled", &format!("{state} === 'enabled' || null")).await;
+    let (_, rules) = system.get("/api/v1/rules").await;
+    let shown = rules.as_array().unwrap().iter().find(|r| r["ref"] == rule).unwrap();
+    assert_eq!((&shown["enabled"], shown["enabled_by"].is_i64()), (&json!(true), true), "{shown}");
+    let failing = system.submit("core.fail", json!({"exit_code": 2, "message": "for the events page"})).await;
+    assert_eq!(system.wait_terminal(id(&failing), DEADLINE).await["status"], "failed");
+    let answer = format!(
+        "return document.querySelector('#event-table tr[data-rule=\"{rule}\"] [data-field=answer]')?.textContent"
+    );
+    let said = browser.wait("the event and its answer", &answer).await;
+    // (the core pack's rule needs the secrets notify_url and notify_signing_key: none here)
+    assert!(said.as_str().unwrap().contains("which is not stored (an admin sets it"), "{said}");
+    let event: i64 = browser
+        .eval(&format!("return Number(document.querySelector('#event-table tr[data-rule=\"{rule}\"]').dataset.event)"))
+        .await
+        .as_i64()
+        .unwrap();
+    screenshot(&browser, "events").await;
+    browser.click(&format!("[data-replay=\"{event}\"]")).await;
+    browser
+        .wait("the replay listed", &format!("return document.body.textContent.includes('replay of #{event}') || null"))
+        .await;
+    browser.click(&format!("[data-disable-rule=\"{rule}\"]")).await;
+    browser.wait("the rule disabled", &format!("{state} === 'disabled' || null")).await;
+
     // no script error, CSP violation or failed request on any page
     let errors = browser.console_errors().await;
     assert!(errors.is_empty(), "the browser console shows errors: {errors:#?}");

@@ -8,6 +8,7 @@ import { executionPage, executionsPage } from './executions.js';
 import { retriesPage } from './retries.js';
 import { auditPage } from './audit.js';
 import { schedulesPage } from './schedules.js';
+import { eventsPage } from './events.js';
 
 function route() {
   const path = location.pathname.replace(/\/+$/, '');
@@ -43,6 +44,9 @@ function route() {
   } else if (section === 'schedules') {
     document.title = 'attune · schedules';
     schedulesPage();
+  } else if (section === 'events') {
+    document.title = 'attune · events';
+    eventsPage();
   } else if (section === 'audit') {
     document.title = 'attune · audit trail';
     auditPage();

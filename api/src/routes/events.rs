@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use attune_common::db::{self, events::Match, events::ReceivedEvent, events::Rule, events::WebhookInfo};
 use attune_common::metrics::{self, EVENTS_DEDUPLICATED, EVENTS_RECEIVED, RULE_ANSWERS};
 use attune_common::secrets::{from_hex, to_hex};
+use attune_core::params;
 use attune_core::rules::{self, Decision, WebhookAuth};
 
 use crate::ApiError;
@@ -281,6 +282,24 @@ async fn plan(
         Decision::Error { reason } => return Ok(answered(true, reason, "error")),
         Decision::Run { parameters, cooldown, rate } => (parameters, cooldown, rate),
     };
+    // a stored secret the rule names must be there: a rule's answer says so now, where the
+    // execution would only fail when a worker opens it
+    let named: Vec<(String, String)> = parameters
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, value)| params::secret_reference(value).map(|s| (name.clone(), s.to_string())))
+        .collect();
+    let names: Vec<String> = named.iter().map(|(_, secret)| secret.clone()).collect();
+    let missing = db::secret::missing(&state.db, &names).await?;
+    if let Some((parameter, secret)) = named.iter().find(|(_, secret)| missing.contains(secret)) {
+        let reason = format!(
+            "not run: parameter '{parameter}' names the secret '{secret}', which is not stored \
+             (an admin sets it: attune secret set {secret} --users {})",
+            spec.action
+        );
+        return Ok(answered(true, reason, "error"));
+    }
     // the checks of a submission, as if an operator had sent it
     let request = CreateExecution {
         action_ref: spec.action.clone(),

@@ -57,6 +57,19 @@ pub async fn not_for(
         .await
 }
 
+/// Of the secrets `names`, those that are not stored, in order.
+pub async fn missing(db: &PgPool, names: &[String]) -> Result<Vec<String>, sqlx::Error> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_scalar(
+        "SELECT n FROM unnest($1::text[]) AS n WHERE NOT EXISTS (SELECT 1 FROM secret s WHERE s.name = n) ORDER BY n",
+    )
+    .bind(names)
+    .fetch_all(db)
+    .await
+}
+
 /// Every secret, by name.
 pub async fn list(db: &PgPool) -> Result<Vec<SecretInfo>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {INFO} FROM secret ORDER BY name"))).fetch_all(db).await
