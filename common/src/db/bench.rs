@@ -406,6 +406,16 @@ pub async fn worker_health_distribution(db: &PgPool) -> Result<usize, sqlx::Erro
     Ok(sqlx::raw_sql(WORKER_HEALTH_DISTRIBUTION).fetch_all(db).await?.len())
 }
 
+/// How many executions are not finished (waiting, running or delayed).
+pub async fn unfinished(db: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM execution \
+         WHERE status NOT IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned')",
+    )
+    .fetch_one(db)
+    .await
+}
+
 /// For the `events` workload: each (delivery, execution) the rule `rule` made for events whose
 /// delivery id starts with `prefix`.
 pub async fn rule_executions(db: &PgPool, rule: &str, prefix: &str) -> Result<Vec<(String, i64)>, sqlx::Error> {
