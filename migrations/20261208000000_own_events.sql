@@ -5,6 +5,7 @@
 --   (failed, timeout, abandoned) `attune.execution.failed`, and, when no retry follows it (its
 --   retries used up, or its failure not one that is retried), `attune.execution.exhausted`; one
 --   that ran out of time `attune.execution.timed_out`.
+-- * A schedule's occurrence raises `schedule.NAME`.
 -- * A worker that turns unhealthy (by what it reports, or by falling silent until the monitor
 --   marks it inactive) raises `attune.worker.unhealthy`; an action's circuit that opens,
 --   `attune.circuit.opened`.
@@ -143,6 +144,23 @@ CREATE TRIGGER action_circuit_raises_events
     AFTER INSERT OR UPDATE OF state ON action_circuit
     FOR EACH ROW WHEN (NEW.state = 'open')
     EXECUTE FUNCTION circuit_raises_events();
+
+-- A schedule's occurrence is an event of `schedule.NAME` too, with what it ran: a rule can do
+-- more at the same time (a timer, in StackStorm's words).
+CREATE FUNCTION schedule_raises_events() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    PERFORM raise_event('schedule.' || NEW.name, jsonb_build_object('schedule', jsonb_build_object(
+        'name', NEW.name, 'action', NEW.action_ref, 'occurrence', NEW.last_run,
+        'execution', NEW.last_execution, 'next_run', NEW.next_run)));
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER schedule_raises_events
+    AFTER UPDATE OF last_execution ON schedule
+    FOR EACH ROW WHEN (NEW.last_execution IS DISTINCT FROM OLD.last_execution AND NEW.last_execution IS NOT NULL)
+    EXECUTE FUNCTION schedule_raises_events();
 
 -- the API answers what was raised: it locks, reads and deletes the claims (a lock FOR UPDATE
 -- takes the right to update; there is nothing else in the row to change)

@@ -117,8 +117,8 @@ pub struct Rate {
 #[serde(deny_unknown_fields)]
 pub struct RuleSpec {
     pub name: String,
-    /// `webhook.NAME`: the events of a webhook (of any pack's); or one of attune's own
-    /// ([`OWN_TRIGGERS`]), `attune.execution.exhausted` say.
+    /// `webhook.NAME`: the events of a webhook (of any pack's); `schedule.NAME`: a schedule's
+    /// occurrences; or one of attune's own ([`OWN_TRIGGERS`]), `attune.execution.exhausted` say.
     pub trigger: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -178,12 +178,14 @@ pub fn check_rule(spec: &RuleSpec) -> Result<(), (String, String)> {
     }
     match spec.trigger.split_once('.') {
         Some(("webhook", name)) if valid_name(name) => {}
+        Some(("schedule", name)) if (1..=255).contains(&name.chars().count()) && !name.contains('/') => {}
         _ if OWN_TRIGGERS.contains(&spec.trigger.as_str()) => {}
         _ => {
             return Err((
                 field("trigger"),
                 format!(
-                    "'{}' is not a trigger (expected webhook.NAME, a webhook of a pack, or one of attune's own: {})",
+                    "'{}' is not a trigger (expected webhook.NAME, a webhook of a pack; schedule.NAME, a schedule's \
+                     occurrences; or one of attune's own: {})",
                     spec.trigger,
                     OWN_TRIGGERS.join(", ")
                 ),
@@ -377,6 +379,11 @@ mod tests {
             assert!(is_own(trigger));
         }
         assert!(!is_own("webhook.alerts"));
+        assert_eq!(
+            rule("name: r\ntrigger: schedule.nightly report\naction: p.a\n").unwrap().trigger,
+            "schedule.nightly report"
+        );
+        assert!(rule("name: r\ntrigger: schedule.a/b\naction: p.a\n").is_err());
     }
 
     #[test]

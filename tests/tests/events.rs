@@ -451,6 +451,34 @@ async fn operators_make_enable_and_delete_rules_and_a_pack_s_registration_keeps_
     let rules_answering: Vec<&str> =
         answer["matches"].as_array().unwrap().iter().map(|m| m["rule"].as_str().unwrap()).collect();
     assert_eq!(rules_answering, vec!["hooks.on_alert"], "{answer}");
+    // a schedule's occurrence is an event a rule answers
+    let (status, made) = system
+        .post(
+            "/api/v1/rules",
+            &json!({"name": "on_tick", "trigger": "schedule.tick", "action": "hooks.note",
+                "parameters": {"host": "{{ payload.schedule.name }}", "why": "ran {{ payload.schedule.execution }}"}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let at = (chrono::Utc::now() + chrono::Duration::seconds(2)).to_rfc3339();
+    let (status, schedule) = system
+        .post(
+            "/api/v1/schedules",
+            &json!({"name": "tick", "action_ref": "core.echo", "parameters": {"message": "t"}, "at": at}),
+        )
+        .await;
+    assert_eq!(status, 201, "{schedule}");
+    let ticked = attune_testkit::wait_for("the schedule's event answered", Duration::from_secs(30), || async {
+        let (_, events) = system.get("/api/v1/events?trigger=schedule.tick").await;
+        events.as_array().and_then(|e| e.first().cloned()).filter(|e| e["matches"][0]["execution"].is_i64())
+    })
+    .await;
+    let (_, fired) = system.get("/api/v1/schedules/tick").await;
+    assert_eq!(ticked["payload"]["schedule"]["execution"], fired["last_execution"], "{ticked} {fired}");
+    let note = ticked["matches"][0]["execution"].as_i64().unwrap();
+    let done = system.wait_terminal(note, Duration::from_secs(30)).await;
+    assert_eq!(done["parameters"]["why"], format!("ran {}", fired["last_execution"]), "{done}");
+
     // the first event still names the rule that answered it
     let (_, first) = system.get("/api/v1/events?trigger=webhook.alerts&limit=500").await;
     assert!(first.to_string().contains("local.page"), "{first}");
