@@ -69,6 +69,11 @@ pub struct Asking {
 }
 
 impl Asking {
+    /// The reason the request gave (`X-Attune-Reason`), checked.
+    pub fn reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
     /// The audit row of this request answered `status`, having made `target`.
     pub fn event(&self, status: StatusCode, target: &Target) -> NewEvent {
         NewEvent {

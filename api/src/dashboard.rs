@@ -39,6 +39,8 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
 /// The pages (each the same shell; the script renders by path) and their assets.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
+        // (the address alone, as a browser is given it, is the dashboard too)
+        .route("/", get(|| async { Redirect::to("/ui/workers") }))
         .route("/ui", get(|| async { Redirect::to("/ui/workers") }))
         .route("/ui/", get(|| async { Redirect::to("/ui/workers") }))
         .route("/ui/login", get(shell))

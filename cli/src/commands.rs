@@ -16,8 +16,8 @@ use crate::{
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(value).expect("json prints")),
-        Output::Table => println!("{}", human(value)),
+        Output::Json => attune_cli::say!("{}", serde_json::to_string_pretty(value).expect("json prints")),
+        Output::Table => attune_cli::say!("{}", human(value)),
     }
 }
 
@@ -383,7 +383,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 let original = client.get(&format!("/api/v1/executions/{id}"), &[]).await?;
                 let action = client.get(&format!("/api/v1/actions/{}", text(&original["action_ref"])), &[]).await?;
-                json!({"parameters": parse_params(&action["parameters"], &params)?})
+                // (only what changes: the API keeps the rest, sealed secrets as they were)
+                json!({"parameters": parse_params(&action["parameters"], &params)?, "merge": true})
             };
             let retry = client.post(&format!("/api/v1/executions/{id}/retry"), &body).await?;
             finish(&client, out, retry, wait, wait_timeout).await
@@ -482,7 +483,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         vec![
                             text(&e["id"]),
                             text(&e["action_ref"]),
-                            text(&e["status"]),
+                            // a failure retried already is handled: where its chain went on
+                            match e["retried_by"].as_i64() {
+                                Some(retry) => format!("{} → {retry}", text(&e["status"])),
+                                None => text(&e["status"]),
+                            },
                             text(&e["worker"]),
                             text(&e["retry_count"]),
                             text(&e["failure_kind"]),
@@ -711,7 +716,7 @@ async fn watch(client: &Client, out: Output, id: i64, timeout: Duration) -> anyh
                 if let Some(kind) = attempt["failure_kind"].as_str() {
                     line.push_str(&format!(" ({kind})"));
                 }
-                println!("{line}");
+                attune_cli::say!("{line}");
             }
             if !seen.contains(&state) {
                 seen.push(state);
@@ -724,7 +729,7 @@ async fn watch(client: &Client, out: Output, id: i64, timeout: Duration) -> anyh
             if view["retried_by"].is_null() {
                 if out == Output::Json {
                     let chain = whole_chain(client, id, "full").await?;
-                    println!("{}", serde_json::to_string_pretty(&chain)?);
+                    attune_cli::say!("{}", serde_json::to_string_pretty(&chain)?);
                 }
                 return Ok(if status == "completed" { 0 } else { 2 });
             }

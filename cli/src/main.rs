@@ -221,6 +221,7 @@ pub enum ExecutionCommand {
     /// Retry a finished execution by hand (optionally with changed parameters as key=value)
     Retry {
         id: i64,
+        /// Parameters to change, as key=value: every other one keeps the retried execution's value
         params: Vec<String>,
         /// Wait for the retry to finish and exit non-zero unless it completed
         #[arg(long)]

@@ -71,6 +71,27 @@ pub fn execution(e: &Value) -> String {
     lines.join("\n")
 }
 
+/// Writes one line to stdout. A reader that went away (`attune execution list | head`) ends the
+/// command quietly, as other command-line tools do, rather than with a panic; any other failure
+/// to write says so and exits 1.
+pub fn say_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(format_args!("{line}\n")).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("attune: cannot write the output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `println!` for the command line's output: see [`say_line`].
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => { $crate::output::say_line(format_args!($($arg)*)) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

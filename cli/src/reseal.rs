@@ -79,8 +79,8 @@ pub async fn run(out: Output, reason: Option<&str>) -> anyhow::Result<i32> {
     }
     audit(&pool, &done, reason).await?;
     match out {
-        Output::Json => println!("{}", json!(done)),
-        Output::Table => println!(
+        Output::Json => attune_cli::say!("{}", json!(done)),
+        Output::Table => attune_cli::say!(
             "resealed with the key in force: {} secrets, {} sealed parameters of executions and {} of schedules ({} were already); {} open with no key{}",
             done.secrets,
             done.parameters,

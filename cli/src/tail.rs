@@ -124,7 +124,7 @@ pub async fn tail(client: &Client, id: i64, json: bool, raw: bool) -> anyhow::Re
                     from[i] = from[i].max(next);
                 }
                 if json {
-                    println!("{}", serde_json::json!({"event": event.event, "data": data}));
+                    crate::say!("{}", serde_json::json!({"event": event.event, "data": data}));
                 }
                 match event.event.as_str() {
                     "stdout" if !json => {

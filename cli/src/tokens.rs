@@ -32,17 +32,17 @@ pub async fn run(command: TokenCommand, out: Output, reason: Option<&str>) -> an
                 Output::Json => {
                     let mut shown = serde_json::to_value(&info)?;
                     shown["token"] = json!(token);
-                    println!("{shown}");
+                    attune_cli::say!("{shown}");
                 }
                 // the token alone, for `TOKEN=$(attune token create ...)`
-                Output::Table => println!("{token}"),
+                Output::Table => attune_cli::say!("{token}"),
             }
         }
         TokenCommand::List => {
             let tokens = token::list(&pool).await?;
             match out {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&tokens)?),
-                Output::Table => println!("{}", table(&tokens)),
+                Output::Json => attune_cli::say!("{}", serde_json::to_string_pretty(&tokens)?),
+                Output::Table => attune_cli::say!("{}", table(&tokens)),
             }
         }
         TokenCommand::Revoke { token: which } => {
@@ -54,8 +54,8 @@ pub async fn run(command: TokenCommand, out: Output, reason: Option<&str>) -> an
             audit(&mut transaction, "token revoke", revoked.id, reason).await?;
             transaction.commit().await?;
             match out {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&revoked)?),
-                Output::Table => println!(
+                Output::Json => attune_cli::say!("{}", serde_json::to_string_pretty(&revoked)?),
+                Output::Table => attune_cli::say!(
                     "revoked token {} ({}, {}) at {}",
                     revoked.id,
                     revoked.name,

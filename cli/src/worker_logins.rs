@@ -40,11 +40,11 @@ pub async fn run(command: WorkerLoginCommand, out: Output) -> anyhow::Result<i32
             eprintln!("note: {login} is not (yet) a login of the attune_worker group: the grant applies once it is");
         }
         match out {
-            Output::Json => println!(
+            Output::Json => attune_cli::say!(
                 "{}",
                 json!({"login": login, "changed": count, "runtimes": grant.map(|g| g.runtimes.clone()).unwrap_or_default()})
             ),
-            Output::Table => println!(
+            Output::Table => attune_cli::say!(
                 "{login}: {count} {what}; now serves {}",
                 grant.map(|g| g.runtimes.join(", ")).filter(|r| !r.is_empty()).unwrap_or_else(|| "no runtime".into())
             ),
@@ -52,7 +52,7 @@ pub async fn run(command: WorkerLoginCommand, out: Output) -> anyhow::Result<i32
         return Ok(0);
     }
     match out {
-        Output::Json => println!("{}", serde_json::to_value(&grants)?),
+        Output::Json => attune_cli::say!("{}", serde_json::to_value(&grants)?),
         Output::Table => {
             let rows: Vec<Vec<String>> = grants
                 .iter()

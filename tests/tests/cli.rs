@@ -205,3 +205,97 @@ async fn run_sends_again_with_its_own_idempotency_key_when_the_answer_is_lost() 
     assert_eq!(told["status"], "completed", "{told}");
     system.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_goes_away_ends_the_output_quietly() {
+    let system = System::builder().start().await;
+    for n in 0..3 {
+        system.post("/api/v1/executions", &serde_json::json!({"action_ref": "core.noop", "parameters": {}})).await;
+        let _ = n;
+    }
+    // `attune execution list | head -0`: the reader is gone before anything is written
+    let mut child = Command::new(attune_testkit::workspace_binary("attune"))
+        .args(["execution", "list"])
+        .env("ATTUNE_API_URL", &system.api_url)
+        .env("ATTUNE_TOKEN", &system.token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(!said.contains("panicked"), "{said}");
+    system.stop().await;
+}
+
+const GREET: &str = "name: greet\nruntime: shell\nentrypoint: actions/greet.sh\nparameters:\n  host:\n    type: string\n    required: true\n  greeting:\n    type: string\n    default: hello\n  token:\n    type: string\n    secret: true\n";
+const GREET_SH: &str = "#!/bin/sh\n[ \"$ATTUNE_PARAM_HOST\" = bad ] && exit 3\necho \"{\\\"said\\\": \\\"$ATTUNE_PARAM_GREETING $ATTUNE_PARAM_HOST\\\", \\\"token_length\\\": ${#ATTUNE_PARAM_TOKEN}}\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_key_value_changes_only_those_parameters() {
+    let pack = attune_testkit::TempPack::new("cli_retry", &[("greet.yaml", GREET), ("greet.sh", GREET_SH)]);
+    let system = System::builder().pack(pack.path()).secrets_key().worker("w1", &[]).start().await;
+    let made = system
+        .submit("cli_retry.greet", serde_json::json!({"host": "bad", "greeting": "hi", "token": "s3cret-value"}))
+        .await;
+    let failed = system.wait_terminal(made["id"].as_i64().unwrap(), std::time::Duration::from_secs(30)).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let out =
+        attune(&system, &["--output", "json", "execution", "retry", &failed["id"].to_string(), "host=good", "--wait"]);
+    assert!(out.status.success(), "{} {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let retry: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // the greeting stays "hi" (not its default), the sealed token stays sealed and reaches the run
+    assert_eq!(retry["result"], serde_json::json!({"said": "hi good", "token_length": 12}), "{retry}");
+    assert_eq!(retry["parameters"]["token"], "[redacted]", "{retry}");
+    // a failure that was retried is told from an open one in lists
+    let (_, page) = system.get("/api/v1/executions?status=failed").await;
+    let listed = page["items"].as_array().unwrap().iter().find(|e| e["id"] == failed["id"]).cloned().unwrap();
+    assert_eq!(listed["retried_by"], retry["id"], "{listed}");
+    let out = attune(&system, &["execution", "list", "--status", "failed"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains(&format!("failed → {}", retry["id"])), "{table}");
+    system.stop().await;
+}
+
+const TALK: &str = "name: talk\nruntime: shell\nentrypoint: actions/talk.sh\ntimeout_seconds: 120\nparameters:\n  mark:\n    type: string\n    required: true\n";
+const TALK_SH: &str =
+    "#!/bin/sh\necho \"started on $ATTUNE_PARAM_MARK\"\necho 'a warning' >&2\ntouch \"$ATTUNE_PARAM_MARK\"\nsleep 60\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_canceled_or_failed_by_hand_keeps_its_output_and_the_reason() {
+    let pack = attune_testkit::TempPack::new("cli_talk", &[("talk.yaml", TALK), ("talk.sh", TALK_SH)]);
+    let system = System::builder().pack(pack.path()).worker("w1", &[]).start().await;
+    for (verb, reason) in [("cancel", "wrong host"), ("fail", "stuck on a lock")] {
+        let mark = std::env::temp_dir().join(format!("attune-talk-{verb}-{:x}", rand::random::<u64>()));
+        let made = system.submit("cli_talk.talk", serde_json::json!({"mark": mark.to_str().unwrap()})).await;
+        let id = made["id"].as_i64().unwrap().to_string();
+        attune_testkit::wait_for("the run to have printed", std::time::Duration::from_secs(30), || async {
+            mark.exists().then_some(())
+        })
+        .await;
+        let args: Vec<&str> = match verb {
+            "cancel" => vec!["--reason", reason, "execution", "cancel", &id],
+            _ => vec!["execution", "fail", &id, "--reason", reason],
+        };
+        let out = attune(&system, &args);
+        assert!(out.status.success(), "{verb}: {}", String::from_utf8_lossy(&out.stderr));
+        let kept =
+            attune_testkit::wait_for("the stopped run's output kept", std::time::Duration::from_secs(30), || {
+                let id = id.clone();
+                let system = &system;
+                async move {
+                    let (_, execution) = system.get(&format!("/api/v1/executions/{id}")).await;
+                    execution["stdout"].is_string().then_some(execution)
+                }
+            })
+            .await;
+        assert_eq!(kept["stdout"].as_str().unwrap().trim(), format!("started on {}", mark.display()), "{kept}");
+        assert_eq!(kept["stderr"].as_str().unwrap().trim(), "a warning", "{kept}");
+        assert!(kept["error"].as_str().unwrap().contains(reason), "{verb}: {kept}");
+        assert_eq!(kept["status"], if verb == "cancel" { "canceled" } else { "failed" }, "{kept}");
+        let _ = std::fs::remove_file(&mark);
+    }
+    system.stop().await;
+}

@@ -83,6 +83,10 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
     assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
     assert!(!page.text().await.unwrap().contains("worker-a"), "the shell carries no data");
+    // the bare address is the dashboard too
+    let bare = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let root = bare.get(format!("{}/", system.api_url)).send().await.unwrap();
+    assert_eq!((root.status().as_u16(), root.headers()["location"].to_str().unwrap()), (303, "/ui/workers"));
 
     // Real executions: completed ones, a permanent failure, an automatic retry chain.
     let mut completed = Vec::new();

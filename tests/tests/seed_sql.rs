@@ -38,6 +38,20 @@ fn statements(text: &str) -> Vec<String> {
     out
 }
 
+/// `text` with every run of white space made one space.
+fn squeezed(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn the_book_holds_every_seed_query_as_written() {
+    let seed = std::fs::read_to_string(repo_root().join("testkit/fixtures/phase3-quickref.txt")).unwrap();
+    let page = std::fs::read_to_string(repo_root().join("book/src/quick-reference.md")).unwrap();
+    let in_page: Vec<String> = statements(&page).iter().map(|s| squeezed(s)).collect();
+    let missing: Vec<String> = statements(&seed).iter().map(|s| squeezed(s)).filter(|s| !in_page.contains(s)).collect();
+    assert!(missing.is_empty(), "book/src/quick-reference.md lacks: {missing:#?}");
+}
+
 type Rows = Vec<Vec<String>>;
 
 async fn run(system: &System, sql: &str) -> Rows {

@@ -319,6 +319,20 @@ impl Worker {
                 _ => "stopped while running (canceled or failed by hand); process group killed",
             };
             tracing::info!(execution_id, "{stopped}");
+            // what it printed until then stays with the record (bounded: the ack goes anyway)
+            let keep = db::execution::keep_stopped_output(
+                &self.db,
+                execution_id,
+                self.id,
+                Some(run_token.as_str()),
+                &ran.stdout,
+                &ran.stderr,
+            );
+            match tokio::time::timeout(REPORT_WRITE_LIMIT, keep).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(execution_id, error = %e, "the stopped run's output was not kept"),
+                Err(_) => tracing::warn!(execution_id, "keeping the stopped run's output took too long"),
+            }
             return Disposition::Ack;
         }
         let outcome = ran.outcome;

@@ -129,7 +129,10 @@ function executionTable(page, names) {
   const rows = page.items.map((e) => el('tr', { 'data-execution': e.id, 'data-status': e.status },
     el('td', { class: 'num' }, executionLink(e.id)),
     el('td', {}, e.action_ref),
-    el('td', {}, statusBadge(e.status)),
+    // a failure retried already is handled: its retry says where the chain went on
+    el('td', { 'data-field': 'status' }, statusBadge(e.status),
+      e.retried_by === null || e.retried_by === undefined ? ''
+        : el('span', { class: 'muted', 'data-retried-by': e.retried_by }, ' → ', executionLink(e.retried_by))),
     el('td', {}, e.failure_kind || ''),
     el('td', { class: 'num' }, `${e.retry_count} / ${e.max_retries ?? 0}`),
     el('td', {}, e.retry_reason || ''),

@@ -149,7 +149,7 @@ pub(crate) async fn plan(state: &crate::AppState, body: CreateExecution) -> Resu
             .ok_or_else(|| ApiError::invalid("config.retry_of", "'config.retry_of' must be an execution id"))?;
         // without `parameters` the retry keeps the retried execution's own
         let parameters = parameters_given.then_some(given);
-        let request = ManualRetry { parent, action_ref: Some(body.action_ref), parameters, config };
+        let request = ManualRetry { parent, action_ref: Some(body.action_ref), parameters, merge: false, config };
         return plan_manual_retry(state, request).await;
     }
     let action = state
@@ -395,10 +395,14 @@ pub async fn get(
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetryBody {
-    /// Replaces the parameters of the execution being retried.
+    /// Replaces the parameters of the execution being retried (with `merge`, only those it names).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub parameters: Option<Value>,
+    /// `parameters` names only what changes: every other parameter keeps the retried execution's
+    /// value (a sealed secret one as it was sealed).
+    #[serde(default)]
+    pub merge: bool,
 }
 
 #[utoipa::path(post, path = "/executions/{id}/retry", operation_id = "retry_execution", tag = "executions", params(("id" = i64, Path, description = "The finished execution to retry")),
@@ -433,7 +437,7 @@ pub async fn retry(
         None => None,
         some => Some(object("parameters", some)?),
     };
-    let request = ManualRetry { parent, action_ref: None, parameters, config: Map::new() };
+    let request = ManualRetry { parent, action_ref: None, parameters, merge: body.merge, config: Map::new() };
     let mut span = request_span("POST /executions/{id}/retry", &headers);
     let new = traced(plan_manual_retry(&state, request).await?, &mut span);
     let execution = insert_audited(&state, &withdrawal, &asking, &new, caller.token_id).await?;
@@ -443,11 +447,34 @@ pub async fn retry(
     Ok((status, Extension(Target { written: true, ..target }), json))
 }
 
+/// The retried execution's parameters with `changes` over them, and apart, those it keeps sealed
+/// (checked when they were sealed: they stand in the check as a reference does, and are put back
+/// after it).
+fn merged(previous: &Value, changes: Map<String, Value>) -> (Map<String, Value>, Map<String, Value>) {
+    let mut given = Map::new();
+    let mut kept_sealed = Map::new();
+    for (name, value) in previous.as_object().into_iter().flatten() {
+        if changes.contains_key(name) {
+            continue;
+        }
+        if value.as_object().is_some_and(|o| o.contains_key(params::SEALED_KEY)) {
+            kept_sealed.insert(name.clone(), value.clone());
+            given.insert(name.clone(), serde_json::json!({ params::SECRET_KEY: "attune-kept-sealed" }));
+        } else {
+            given.insert(name.clone(), value.clone());
+        }
+    }
+    given.extend(changes);
+    (given, kept_sealed)
+}
+
 struct ManualRetry {
     parent: i64,
     /// When given (Example 4's body), it must be the retried execution's action.
     action_ref: Option<String>,
     parameters: Option<Map<String, Value>>,
+    /// `parameters` are changes to the retried execution's.
+    merge: bool,
     /// Extra config from the client (Example 4's `config`); `max_retries` in it sets the budget.
     config: Map<String, Value>,
 }
@@ -509,11 +536,15 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
             })?;
             let specs: params::ParamSpecs = serde_json::from_value(action.parameters)
                 .map_err(|e| ApiError::internal("stored parameter declarations are unreadable", e))?;
+            let (given, kept_sealed) =
+                if request.merge { merged(&parent.parameters, given) } else { (given, Map::new()) };
             let resolved = params::validate(&specs, &given)
                 .map_err(|e| ApiError::invalid(&format!("parameters.{}", e.parameter), e.to_string()))?;
             within_limits(state, &resolved)?;
             secrets_for(state, &parent.action_ref, &resolved).await?;
-            Some(Value::Object(sealed(state, &parent.action_ref, &specs, resolved)?))
+            let mut resolved = sealed(state, &parent.action_ref, &specs, resolved)?;
+            resolved.extend(kept_sealed);
+            Some(Value::Object(resolved))
         }
         None => None,
     };
@@ -547,11 +578,13 @@ pub async fn cancel(
     let Path(id) = id?;
     let by = caller.token_id;
     let mut transaction = state.db.begin().await?;
+    // (the reason given is the execution's, as an operator's fail records its own)
+    let error = match asking.reason() {
+        Some(reason) => format!("canceled by a client: {reason}"),
+        None => "canceled by a client".to_string(),
+    };
     let (canceled, was) =
-        end_by_hand(&mut transaction, id, by, FailureKind::Canceled, "canceled by a client".into(), "canceled", |_| {
-            Ok(())
-        })
-        .await?;
+        end_by_hand(&mut transaction, id, by, FailureKind::Canceled, error, "canceled", |_| Ok(())).await?;
     let target = asking.commit(transaction, StatusCode::OK, Target::default()).await?;
     stop_if_running(&state, &canceled).await;
     tracing::info!(execution_id = id, %was, token_id = by, "execution canceled");

@@ -438,6 +438,27 @@ pub async fn record_ended_by(db: impl PgExecutor<'_>, id: i64, token: i64) -> Re
     Ok(())
 }
 
+/// Keeps what a run printed before it was stopped by hand (a cancel, an operator's fail) in its
+/// ended row: the worker `worker` that ran it, by the run's token, once
+/// (`execution_stopped_output`). `false` when the row is not such a run.
+pub async fn keep_stopped_output(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    worker: i64,
+    run_token: Option<&str>,
+    stdout: &str,
+    stderr: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT execution_stopped_output($1, $2, $3, $4, $5)")
+        .bind(id)
+        .bind(worker)
+        .bind(run_token)
+        .bind(stdout)
+        .bind(stderr)
+        .fetch_one(db)
+        .await
+}
+
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Execution>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM execution WHERE id = $1")))
         .bind(id)
@@ -542,11 +563,14 @@ pub struct ExecutionSummary {
     pub submitted_by: Option<i64>,
     /// The API token that ended it by hand, if one did.
     pub ended_by: Option<i64>,
+    /// Its retry, once one was made: a failure with one is handled, one without is open.
+    pub retried_by: Option<i64>,
 }
 
 const SUMMARY_COLUMNS: &str = "id, action, action_ref, runtime, status, worker, failure_kind, error, exit_code, \
     retry_count, max_retries, retry_reason, original_execution, not_before, timeout_seconds, started, finished, \
-    created, updated, http_status, idempotency_key, submitted_by, ended_by";
+    created, updated, http_status, idempotency_key, submitted_by, ended_by, \
+    (SELECT r.id FROM execution r WHERE r.original_execution = execution.id) AS retried_by";
 
 /// `list` without the heavy fields: the page (newest first) and the total (see `list`).
 pub async fn list_summaries(db: &PgPool, filter: &ListFilter) -> Result<(Vec<ExecutionSummary>, i64), sqlx::Error> {

@@ -153,7 +153,13 @@ pub async fn bulk(
     let mut plans = std::collections::HashMap::new();
     if body.action == BulkActionName::Retry {
         for &id in &outcome.selected {
-            let request = ManualRetry { parent: id, action_ref: None, parameters: None, config: Default::default() };
+            let request = ManualRetry {
+                parent: id,
+                action_ref: None,
+                parameters: None,
+                merge: false,
+                config: Default::default(),
+            };
             plans.insert(id, plan_manual_retry(&state, request).await);
         }
     }
@@ -203,7 +209,7 @@ pub async fn bulk(
                 id,
                 by,
                 FailureKind::Canceled,
-                "canceled by a client".into(),
+                format!("canceled by a client: {reason}"),
                 "canceled",
                 |_| Ok(()),
             )

@@ -75,6 +75,8 @@ pub struct AttemptSummary {
     pub idempotency_key: String,
     pub submitted_by: Option<i64>,
     pub ended_by: Option<i64>,
+    /// The attempt after this one, if there is one.
+    pub retried_by: Option<i64>,
     /// As in `Attempt`.
     pub backoff_secs: Option<f64>,
     /// As in `Attempt`.
@@ -230,6 +232,7 @@ fn light(row: db::execution::AttemptSummary, ends: &[(i64, Option<DateTime<Utc>>
         idempotency_key,
         submitted_by,
         ended_by,
+        retried_by,
     } = row.summary;
     let (backoff_secs, gap_secs) = timing(ends, original_execution, not_before, started);
     AttemptSummary {
@@ -257,6 +260,7 @@ fn light(row: db::execution::AttemptSummary, ends: &[(i64, Option<DateTime<Utc>>
         idempotency_key,
         submitted_by,
         ended_by,
+        retried_by,
         backoff_secs,
         gap_secs,
     }
