@@ -789,9 +789,19 @@ async fn wait_for(client: &Client, id: i64, timeout: Duration) -> anyhow::Result
     let started = Instant::now();
     let mut frame = 0;
     let mut current = id;
+    let mut told: Option<String> = None;
     loop {
         let execution = client.get(&format!("/api/v1/executions/{current}"), &[]).await?;
         let status = execution["status"].as_str().unwrap_or("unknown");
+        // (a script's log hears once what holds it, each time that changes; the short waits of
+        // a line and a claim are not worth a line)
+        let holding = execution["waiting"]["reason"].as_str().filter(|r| !matches!(*r, "queued" | "scheduling"));
+        if !interactive && holding.map(str::to_string) != told {
+            if let (Some(_), Some(why)) = (holding, output::waiting(&execution)) {
+                eprintln!("execution {current} waits: {why}");
+            }
+            told = holding.map(str::to_string);
+        }
         let terminal = matches!(status, "completed" | "failed" | "timeout" | "canceled" | "abandoned");
         if terminal && let Some(retry) = execution["retried_by"].as_i64() {
             if !interactive {
@@ -810,12 +820,17 @@ async fn wait_for(client: &Client, id: i64, timeout: Duration) -> anyhow::Result
             return Ok(execution);
         }
         if started.elapsed() > timeout {
-            bail!("execution {current} is still {status} after {}s", timeout.as_secs());
+            match output::waiting(&execution) {
+                Some(why) => bail!("execution {current} is still {status} after {}s: {why}", timeout.as_secs()),
+                None => bail!("execution {current} is still {status} after {}s", timeout.as_secs()),
+            }
         }
         if interactive {
             let attempt = execution["retry_count"].as_i64().unwrap_or(0);
-            let detail = match (status, execution["not_before"].as_str()) {
-                ("delayed", Some(at)) => format!("retry {attempt} waits until {at}"),
+            let detail = match (status, execution["not_before"].as_str(), output::waiting(&execution)) {
+                ("delayed", Some(at), _) => format!("retry {attempt} waits until {at}"),
+                (_, _, Some(why)) if attempt > 0 => format!("retry {attempt} {status}: {why}"),
+                (_, _, Some(why)) => format!("{status}: {why}"),
                 _ if attempt > 0 => format!("retry {attempt} {status}"),
                 _ => status.to_string(),
             };

@@ -39,6 +39,9 @@ pub fn execution(e: &Value) -> String {
         text(&e["action_ref"]),
         text(&e["status"]).to_uppercase()
     )];
+    if let Some(why) = waiting(e) {
+        lines.push(format!("  {:<18} {why}", "waiting"));
+    }
     let fields = [
         "worker",
         "exit_code",
@@ -69,6 +72,17 @@ pub fn execution(e: &Value) -> String {
         }
     }
     lines.join("\n")
+}
+
+/// Why the execution `e` (as `GET /executions/{id}` answers) waits, in words, while it does:
+/// its `waiting.message`, and who paused what holds it.
+pub fn waiting(e: &Value) -> Option<String> {
+    let waiting = &e["waiting"];
+    let message = waiting["message"].as_str()?;
+    Some(match waiting["paused_by_name"].as_str() {
+        Some(by) => format!("{message} (paused by {by})"),
+        None => message.to_string(),
+    })
 }
 
 /// Writes one line to stdout. A reader that went away (`attune execution list | head`) ends the

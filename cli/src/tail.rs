@@ -140,6 +140,7 @@ pub async fn tail(client: &Client, id: i64, json: bool, raw: bool) -> anyhow::Re
                     "skipped" if !json => {
                         eprintln!("[attune: {} bytes of {} not shown]", data["bytes"], text(&data["stream"]))
                     }
+                    "waiting" if !json => eprintln!("[attune: waiting: {}]", text(&data["message"])),
                     "capped" if !json => eprintln!(
                         "[attune: no more {} live past {} bytes; the stored tail: attune execution get {id}]",
                         text(&data["stream"]),

@@ -106,6 +106,7 @@ pub struct Cooldown {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Rate {
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub most: u32,
     #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub per: Value,
@@ -116,9 +117,16 @@ pub struct Rate {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RuleSpec {
+    #[cfg_attr(feature = "openapi", schema(pattern = r"^[A-Za-z0-9_-]{1,128}$"))]
     pub name: String,
     /// `webhook.NAME`: the events of a webhook (of any pack's); `schedule.NAME`: a schedule's
     /// occurrences; or one of attune's own ([`OWN_TRIGGERS`]), `attune.execution.exhausted` say.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = r"^(webhook\.[A-Za-z0-9_-]{1,128}|schedule\.[^/]{1,255}|attune\.(execution\.(finished|failed|exhausted|timed_out)|worker\.unhealthy|circuit\.opened))$"
+        )
+    )]
     pub trigger: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -126,6 +134,7 @@ pub struct RuleSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub criteria: Vec<String>,
     /// The action (or workflow) to run, `pack.name`.
+    #[cfg_attr(feature = "openapi", schema(pattern = r"^[A-Za-z0-9_-]{1,128}\.[A-Za-z0-9_-]{1,128}$"))]
     pub action: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]

@@ -224,3 +224,114 @@ async fn two_executors_never_place_more_on_a_worker_than_its_slots() {
     let _ = std::fs::remove_file(&second_log);
     system.stop().await;
 }
+
+/// `GET /executions/{id}`'s `waiting`, once it says `reason`.
+async fn waiting_for(system: &System, id: i64, reason: &str) -> Value {
+    wait_for(&format!("execution {id} to wait for {reason}"), DEADLINE, || async move {
+        let (_, view) = system.get(&format!("/api/v1/executions/{id}")).await;
+        (view["waiting"]["reason"] == reason).then_some(view["waiting"].clone())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_view_says_why_an_execution_waits() {
+    let system = System::builder()
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "30")
+        .worker(
+            "w1",
+            &[("ATTUNE_WORKER_RUNTIMES", "shell"), ("ATTUNE_WORKER_CONCURRENCY", "1"), ("ATTUNE_WORKER_PREFETCH", "0")],
+        )
+        .start()
+        .await;
+    system.wait_consuming("w1").await;
+    let owned = system;
+    let system = &owned;
+    let submit = |action: &'static str, parameters: Value| async move {
+        system.submit(action, parameters).await["id"].as_i64().unwrap()
+    };
+
+    // no worker offers python: said by the API, and by `run --wait` before it gives up
+    let python = submit("core.python_echo", json!({"message": "hi"})).await;
+    let why = waiting_for(system, python, "no_worker").await;
+    assert!(why["message"].as_str().unwrap().contains("no healthy or degraded worker offers python"), "{why}");
+    let out = system.cli_output(&["run", "core.python_echo", "message=again", "--wait", "--wait-timeout", "2"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("waits: no healthy or degraded worker offers python"), "{said}");
+    assert!(said.contains("still requested after 2s: no healthy"), "{said}");
+
+    // a retry waits out its backoff
+    let flaky = submit("core.flaky", json!({"fail_times": 1})).await;
+    let retry = wait_for("the flaky run's retry", DEADLINE, || async move {
+        let (_, view) = system.get(&format!("/api/v1/executions/{flaky}")).await;
+        view["retried_by"].as_i64()
+    })
+    .await;
+    let why = waiting_for(system, retry, "backoff").await;
+    assert!(why["until"].is_string() && why["message"].as_str().unwrap().contains("backoff"), "{why}");
+    system
+        .request(reqwest::Method::POST, &format!("/api/v1/executions/{retry}/cancel"), None, Some(&system.token))
+        .await;
+
+    // one sleep runs; a second is held by the action's concurrency limit, naming the first
+    let (status, set) = system
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/actions/core.sleep/concurrency",
+            Some(&json!({"limit": 1, "reason": "one at a time"})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!(status, 200, "{set}");
+    let first = submit("core.sleep", json!({"seconds": 60})).await;
+    wait_for("the first sleep to run", DEADLINE, || async move {
+        let (_, view) = system.get(&format!("/api/v1/executions/{first}")).await;
+        (view["status"] == "running").then_some(())
+    })
+    .await;
+    let second = submit("core.sleep", json!({"seconds": 1})).await;
+    let why = waiting_for(system, second, "concurrency").await;
+    assert_eq!((why["limit"].as_i64(), &why["held_by"]), (Some(1), &json!([first])), "{why}");
+
+    // the only shell worker's one slot is taken: an echo waits for it, in every view
+    let echo = submit("core.echo", json!({"message": "later"})).await;
+    let why = waiting_for(system, echo, "workers_full").await;
+    assert!(why["message"].as_str().unwrap().contains("every worker offering shell is full"), "{why}");
+    let shown = system.cli_output(&["execution", "get", &echo.to_string()]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("waiting") && shown.contains("every worker offering shell is full"), "{shown}");
+    let mut stream = system
+        .http
+        .get(format!("{}/api/v1/executions/{echo}/output", system.api_url))
+        .bearer_auth(&system.token)
+        .send()
+        .await
+        .unwrap();
+    let first_chunk = tokio::time::timeout(DEADLINE, stream.chunk()).await.unwrap().unwrap().unwrap();
+    let first_chunk = String::from_utf8_lossy(&first_chunk);
+    assert!(first_chunk.contains("event: waiting") && first_chunk.contains("workers_full"), "{first_chunk}");
+    drop(stream);
+
+    // a paused action's run says who paused it and why
+    let (status, paused) = system
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/pauses/action/core.fail",
+            Some(&json!({"reason": "a bad deploy"})),
+            Some(&system.token),
+        )
+        .await;
+    assert_eq!(status, 201, "{paused}");
+    let held = submit("core.fail", json!({})).await;
+    let why = waiting_for(system, held, "paused").await;
+    assert_eq!((why["why"].as_str(), why["kind"].as_str()), (Some("a bad deploy"), Some("action")), "{why}");
+    assert!(why["paused_by_name"].is_string(), "{why}");
+
+    // once it runs, nothing is said
+    system
+        .request(reqwest::Method::POST, &format!("/api/v1/executions/{first}/cancel"), None, Some(&system.token))
+        .await;
+    let done = system.wait_terminal(echo, DEADLINE).await;
+    assert_eq!(done["waiting"], Value::Null, "{done}");
+    owned.stop().await;
+}

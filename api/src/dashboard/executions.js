@@ -279,6 +279,9 @@ function executionView(e, chain, names, actions, action) {
   });
   const facts = el('dl', { class: 'facts' },
     fact('status', statusBadge(e.status)),
+    // what holds it, while it waits
+    e.waiting ? fact('waiting', el('span', { id: 'waiting', 'data-reason': e.waiting.reason },
+      e.waiting.message + (e.waiting.paused_by_name ? ` (paused by ${e.waiting.paused_by_name})` : ''))) : null,
     fact('failure kind', e.failure_kind || '—'),
     fact('error', e.error || '—'),
     fact('exit code', e.exit_code === null ? '—' : String(e.exit_code)),

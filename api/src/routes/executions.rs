@@ -349,6 +349,12 @@ pub struct ExecutionView {
     pub retried_by: Option<i64>,
     /// When the next attempt runs, while a retry is waiting out its backoff.
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Why it waits, while it does (`requested`, `delayed`, `scheduling`): `reason` (`backoff`,
+    /// `scheduling`, `paused`, `concurrency`, `no_worker`, `workers_full`, `queued`), what holds it
+    /// (the pause and who made it, the concurrency key and the executions holding it, the
+    /// runtime), and a `message` in words. Null once it runs.
+    #[schema(value_type = Option<Object>)]
+    pub waiting: Option<Value>,
 }
 
 /// The execution `id`, read on `db` (a change's transaction reads on its own connection: taking
@@ -380,10 +386,20 @@ pub async fn get(
         (Some(retry), _) if retry.status == ExecutionStatus::Delayed => retry.not_before,
         _ => None,
     };
-    let tokens: Vec<i64> = [execution.submitted_by, execution.ended_by].into_iter().flatten().collect();
+    let mut waiting = if execution.status.is_terminal() || execution.status == ExecutionStatus::Running {
+        None
+    } else {
+        db::execution::waiting(&mut *snapshot, id).await?
+    };
+    let paused_by = waiting.as_ref().and_then(|w| w["paused_by"].as_i64());
+    let tokens: Vec<i64> = [execution.submitted_by, execution.ended_by, paused_by].into_iter().flatten().collect();
     let names = if tokens.is_empty() { Vec::new() } else { db::token::names(&mut *snapshot, &tokens).await? };
     let name_of = |token: Option<i64>| names.iter().find(|(id, _)| Some(*id) == token).map(|(_, name)| name.clone());
+    if let (Some(waiting), Some(name)) = (waiting.as_mut(), name_of(paused_by)) {
+        waiting["paused_by_name"] = Value::String(name);
+    }
     Ok(Json(ExecutionView {
+        waiting,
         retried_by: retry.map(|r| r.id),
         next_attempt_at,
         submitted_by_name: name_of(execution.submitted_by),

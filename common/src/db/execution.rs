@@ -438,6 +438,12 @@ pub async fn record_ended_by(db: impl PgExecutor<'_>, id: i64, token: i64) -> Re
     Ok(())
 }
 
+/// Why execution `id` waits, while it does (`execution_waiting`, migration
+/// `20261208000200_execution_waiting.sql`): `{reason, message, ...}`; `None` when it does not.
+pub async fn waiting(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Value>, sqlx::Error> {
+    sqlx::query_scalar("SELECT execution_waiting($1)").bind(id).fetch_one(db).await
+}
+
 /// Keeps what a run printed before it was stopped by hand (a cancel, an operator's fail) in its
 /// ended row: the worker `worker` that ran it, by the run's token, once
 /// (`execution_stopped_output`). `false` when the row is not such a run.

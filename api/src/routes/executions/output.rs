@@ -1,7 +1,9 @@
 //! `GET /executions/{id}/output`: an execution's stdout and stderr as Server-Sent Events, live
 //! while it runs, ending when it ends.
 //!
-//! A finished execution is answered at once with its stored output and `end`. An unfinished one
+//! A finished execution is answered at once with its stored output and `end`. While one waits
+//! to run, a `waiting` event says what holds it (as `GET /executions/{id}`'s `waiting`), again
+//! whenever that changes. An unfinished one
 //! gets an exclusive, auto-deleted queue of its own (`ns.output.<hex>`, bound to `ns.output`
 //! under its name; `Followers`), and, once the execution runs, a follow request on the control
 //! exchange, repeated every `FOLLOW_RENEW` (every second until the worker's first message, for
@@ -74,11 +76,12 @@ const FOLLOWER_QUEUE_LENGTH: i64 = 256;
 /// `data: <data>` lines).
 #[derive(utoipa::ToSchema)]
 pub struct OutputEvent {
-    #[schema(pattern = "^(stdout|stderr|skipped|capped|end|closed)$")]
+    #[schema(pattern = "^(waiting|stdout|stderr|skipped|capped|end|closed)$")]
     pub event: String,
-    /// A JSON object: `{"offset", "text"}` (stdout, stderr), `{"stream", "bytes"}` (skipped),
-    /// `{"stream", "limit_bytes"}` (capped), `{"status", "exit_code", "failure_kind"}` (end),
-    /// `{"reason", "open_again"}` (closed).
+    /// A JSON object: `{"reason", "message", ...}` (waiting: why it has not started, as
+    /// `GET /executions/{id}`'s `waiting`), `{"offset", "text"}` (stdout, stderr),
+    /// `{"stream", "bytes"}` (skipped), `{"stream", "limit_bytes"}` (capped),
+    /// `{"status", "exit_code", "failure_kind"}` (end), `{"reason", "open_again"}` (closed).
     pub data: String,
 }
 
@@ -89,17 +92,17 @@ pub struct OutputEvent {
 pub struct Resume {
     /// Leave out stdout before this byte offset.
     #[param(minimum = 0)]
-    pub stdout_from: Option<u64>,
+    pub stdout_from: Option<i64>,
     /// Leave out stderr before this byte offset.
     #[param(minimum = 0)]
-    pub stderr_from: Option<u64>,
+    pub stderr_from: Option<i64>,
 }
 
 #[utoipa::path(get, path = "/executions/{id}/output", operation_id = "follow_execution_output", tag = "executions",
     params(("id" = i64, Path, description = "Execution id"), Resume),
     responses(
         (status = 200, content_type = "text/event-stream", body = OutputEvent,
-            description = "Server-Sent Events: `stdout` and `stderr` (`{\"offset\", \"next\", \"text\"}`: the bytes from `offset` to `next` of that stream, redacted as the stored output is; `next` is absent from stored output), `skipped` (`{\"stream\", \"bytes\"}` not shown), `capped` (`{\"stream\", \"limit_bytes\"}`: no more of that stream live), then `end` (`{\"status\", \"exit_code\", \"failure_kind\"}`) when the execution has ended, or `closed` (`{\"reason\", \"open_again\"}`) when the stream ends first (`ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` with nothing sent or taken, `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`: `open_again`, with `stdout_from` and `stderr_from` set to the last `next` of each stream; or the API stopping). Only the executing worker's live output is shown. A finished execution: its stored output and `end` at once"),
+            description = "Server-Sent Events: `waiting` (`{\"reason\", \"message\", ...}`: why it has not started, whenever that changes), `stdout` and `stderr` (`{\"offset\", \"next\", \"text\"}`: the bytes from `offset` to `next` of that stream, redacted as the stored output is; `next` is absent from stored output), `skipped` (`{\"stream\", \"bytes\"}` not shown), `capped` (`{\"stream\", \"limit_bytes\"}`: no more of that stream live), then `end` (`{\"status\", \"exit_code\", \"failure_kind\"}`) when the execution has ended, or `closed` (`{\"reason\", \"open_again\"}`) when the stream ends first (`ATTUNE_API_OUTPUT_STREAM_IDLE_SECS` with nothing sent or taken, `ATTUNE_API_OUTPUT_STREAM_MAX_SECS`: `open_again`, with `stdout_from` and `stderr_from` set to the last `next` of each stream; or the API stopping). Only the executing worker's live output is shown. A finished execution: its stored output and `end` at once"),
         (status = 400, description = "The id, `stdout_from` or `stderr_from` is not a non-negative integer; `parameter` names it", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
         (status = 429, description = "`too_many_streams`: the token has `ATTUNE_API_OUTPUT_STREAMS_PER_TOKEN` streams open, or the API `ATTUNE_API_OUTPUT_STREAMS` in all; the message names the limit, `limit` its value", body = crate::openapi::ErrorBody),
@@ -113,6 +116,13 @@ pub async fn output(
 ) -> Result<Response, ApiError> {
     let Path(id) = id?;
     let Query(resume) = resume?;
+    // (read as signed, as the document states them: an offset past the largest is refused, not
+    // taken in an unsigned reading the document does not promise)
+    for (name, from) in [("stdout_from", resume.stdout_from), ("stderr_from", resume.stderr_from)] {
+        if from.is_some_and(|from| from < 0) {
+            return Err(ApiError::bad_request(Some(name), format!("'{name}' must be a non-negative integer")));
+        }
+    }
     let execution = db::execution::get(&state.db, id)
         .await?
         .ok_or_else(|| ApiError::not_found("execution", format!("execution {id} does not exist")))?;
@@ -235,7 +245,7 @@ impl From<&Resume> for Forwarded {
     /// What a client opening the stream again has already: nothing before its offsets, and no
     /// stored output at the end of a stream it had any of.
     fn from(resume: &Resume) -> Forwarded {
-        let next = [resume.stdout_from.unwrap_or(0), resume.stderr_from.unwrap_or(0)];
+        let next = [resume.stdout_from.unwrap_or(0) as u64, resume.stderr_from.unwrap_or(0) as u64];
         Forwarded { next, streamed: next.map(|from| from > 0) }
     }
 }
@@ -357,6 +367,8 @@ async fn follow(
     let mut finished_at: Option<Instant> = None;
     let mut last_follow: Option<Instant> = None;
     let mut first_follow: Option<Instant> = None;
+    // the reason it waits that was told last (a `waiting` event)
+    let mut told_waiting = serde_json::Value::Null;
     let mut poll = tokio::time::interval(POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stop = state.streams_stop.clone();
@@ -471,7 +483,19 @@ async fn follow(
                             }
                         }
                     }
-                    Some(_) => {} // not running yet: wait
+                    Some(_) => {
+                        // not running yet: what holds it is said, each time that changes
+                        match db::execution::waiting(&state.db, id).await {
+                            Ok(Some(why)) if why["reason"] != told_waiting => {
+                                told_waiting = why["reason"].clone();
+                                if !outlet.send(data("waiting", why)).await {
+                                    return;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => tracing::debug!(execution_id = id, error = %e, "could not read why a followed execution waits"),
+                        }
+                    }
                 }
             }
         }
