@@ -586,3 +586,90 @@ async fn every_2xx_has_its_event_across_an_api_killed_mid_stream() {
     assert_eq!(made.len(), total);
     system.stop().await;
 }
+
+/// A mail server of a few lines: it takes one message over plain SMTP and hands it over.
+async fn smtp_receiver() -> (u16, tokio::sync::oneshot::Receiver<(String, Vec<String>, String)>) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sent, received) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let (read, mut write) = stream.into_split();
+        let mut lines = BufReader::new(read).lines();
+        write.write_all(b"220 test ESMTP\r\n").await.unwrap();
+        let (mut from, mut to, mut data, mut in_data) = (String::new(), Vec::new(), String::new(), false);
+        while let Ok(Some(line)) = lines.next_line().await {
+            if in_data {
+                if line == "." {
+                    in_data = false;
+                    write.write_all(b"250 queued\r\n").await.unwrap();
+                } else {
+                    data.push_str(&line);
+                    data.push('\n');
+                }
+                continue;
+            }
+            let upper = line.to_ascii_uppercase();
+            let reply: &[u8] = if upper.starts_with("EHLO") || upper.starts_with("HELO") {
+                b"250 test\r\n"
+            } else if upper.starts_with("MAIL FROM:") {
+                from = line[10..].trim().to_string();
+                b"250 ok\r\n"
+            } else if upper.starts_with("RCPT TO:") {
+                to.push(line[8..].trim().to_string());
+                b"250 ok\r\n"
+            } else if upper == "DATA" {
+                in_data = true;
+                b"354 go on\r\n"
+            } else if upper == "QUIT" {
+                write.write_all(b"221 bye\r\n").await.unwrap();
+                break;
+            } else {
+                b"250 ok\r\n"
+            };
+            write.write_all(reply).await.unwrap();
+        }
+        let _ = sent.send((from, to, data));
+    });
+    (port, received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_notify_actions_post_to_slack_and_send_mail() {
+    let receiver = attune_testkit::http_server::HttpServer::start().await;
+    receiver.script("/services/T/B/x", [attune_testkit::http_server::Reply::status(200).body("ok")]);
+    let system = System::builder().secrets_key().worker("w1", &[]).start().await;
+
+    // Slack's incoming webhook: {"text", "channel"}; its URL a secret parameter (sealed here)
+    let slack = system
+        .submit(
+            "core.notify_slack",
+            json!({"url": receiver.url("/services/T/B/x"), "text": "db7 is down", "channel": "#ops"}),
+        )
+        .await;
+    assert_eq!(slack["parameters"]["url"], "[redacted]", "{slack}");
+    let done = system.wait_terminal(slack["id"].as_i64().unwrap(), Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let got = receiver.requests_to("/services/T/B/x");
+    assert_eq!(got.len(), 1);
+    let posted: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(posted, json!({"text": "db7 is down", "channel": "#ops"}));
+
+    // e-mail over SMTP (no STARTTLS: the test's server speaks plain)
+    let (port, mail) = smtp_receiver().await;
+    let email = system
+        .submit(
+            "core.notify_email",
+            json!({"smtp_host": "127.0.0.1", "smtp_port": port, "starttls": false, "sender": "attune@example.com",
+                "to": ["oncall@example.com"], "subject": "db7 is down", "text": "execution 7 failed for good"}),
+        )
+        .await;
+    let done = system.wait_terminal(email["id"].as_i64().unwrap(), Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["sent_to"], json!(["oncall@example.com"]), "{done}");
+    let (from, to, data) = tokio::time::timeout(Duration::from_secs(5), mail).await.unwrap().unwrap();
+    assert_eq!((from.as_str(), to), ("<attune@example.com>", vec!["<oncall@example.com>".to_string()]));
+    assert!(data.contains("Subject: db7 is down") && data.contains("execution 7 failed for good"), "{data}");
+    system.stop().await;
+}
