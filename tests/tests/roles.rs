@@ -199,6 +199,7 @@ fn concrete(path: &str) -> String {
         .replace("{id}", "987654321")
         .replace("{action_ref}", "core.nope")
         .replace("{name}", "nope")
+        .replace("{ref}", "local.nope")
         .replace("{kind}", "nope");
     assert!(!filled.contains('{'), "{path}: give its path parameter a value in roles.rs `concrete`");
     filled

@@ -408,12 +408,10 @@ pub async fn worker_health_distribution(db: &PgPool) -> Result<usize, sqlx::Erro
 
 /// How many executions are not finished (waiting, running or delayed).
 pub async fn unfinished(db: &PgPool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM execution \
-         WHERE status NOT IN ('completed', 'failed', 'timeout', 'canceled', 'abandoned')",
-    )
-    .fetch_one(db)
-    .await
+    sqlx::query_scalar("SELECT count(*) FROM execution WHERE status <> ALL($1)")
+        .bind(&attune_core::ExecutionStatus::TERMINAL[..])
+        .fetch_one(db)
+        .await
 }
 
 /// For the `events` workload: each (delivery, execution) the rule `rule` made for events whose
