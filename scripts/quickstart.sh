@@ -46,10 +46,16 @@ start() { # name binary service db-password mq-password [VAR=value ...]
     echo $! >".attune/$name.pid"
 }
 log "starting attune: executor, 2 workers, api (logs: .attune/*.log)"
-start executor attune-executor executor "$ATTUNE_DB_EXECUTOR_PASSWORD" "$ATTUNE_MQ_EXECUTOR_PASSWORD"
-for i in 1 2; do
+# every service serves its metrics (ops/prometheus/prometheus.yml scrapes these): the API's on
+# its own address, the executor's and each worker's on ATTUNE_METRICS_ADDR
+METRICS_HOST=${ATTUNE_METRICS_HOST:-127.0.0.1}
+start executor attune-executor executor "$ATTUNE_DB_EXECUTOR_PASSWORD" "$ATTUNE_MQ_EXECUTOR_PASSWORD" \
+    ATTUNE_METRICS_ADDR="$METRICS_HOST:9101"
+for worker in 1:9102 2:9103; do
+    i=${worker%%:*}
     start_as_root "worker-$i" attune-worker DATABASE_URL="$(db_url worker "$ATTUNE_DB_WORKER_PASSWORD")" \
-        AMQP_URL="$(mq_url worker "$ATTUNE_MQ_WORKER_PASSWORD")" ATTUNE_WORKER_NAME="local-$i"
+        AMQP_URL="$(mq_url worker "$ATTUNE_MQ_WORKER_PASSWORD")" ATTUNE_WORKER_NAME="local-$i" \
+        ATTUNE_METRICS_ADDR="$METRICS_HOST:${worker##*:}"
 done
 start api attune-api api "$ATTUNE_DB_API_PASSWORD" "$ATTUNE_MQ_API_PASSWORD"
 for _ in $(seq 1 300); do
@@ -88,5 +94,7 @@ The workers run as root, each action as a user id of its own; packs are in $ATTU
   . .attune/env    # ATTUNE_TOKEN, DATABASE_URL and PG* for the CLI and psql
   target/debug/attune run core.python_echo message=hi --wait
   target/debug/attune worker list
+  metrics: $ATTUNE_API_URL/metrics, the executor's on :9101, the workers' on :9102 and :9103
+  (ops/prometheus/prometheus.yml scrapes them all)
   make down        # stop it
 MSG

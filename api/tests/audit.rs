@@ -362,11 +362,11 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
 
     let pause = "/api/v1/pauses/action/core.echo";
     let paused = change(&api, &admin, (Method::PUT, pause, Some(json!({"reason": "r"}))), "pause", &[]).await;
-    expect("pause".into(), paused, StatusCode::CREATED, None);
+    expect("pause".into(), paused, StatusCode::CREATED, Some("action:core.echo".into()));
     let again = change(&api, &admin, (Method::PUT, pause, Some(json!({"reason": "r2"}))), "pause again", &[]).await;
-    expect("pause again".into(), again, StatusCode::OK, None);
+    expect("pause again".into(), again, StatusCode::OK, Some("action:core.echo".into()));
     let resumed = change(&api, &admin, (Method::DELETE, pause, None), "resume", &[]).await;
-    expect("resume".into(), resumed, StatusCode::OK, None);
+    expect("resume".into(), resumed, StatusCode::OK, Some("action:core.echo".into()));
 
     let schedule =
         json!({"name": "nightly", "action_ref": "core.echo", "parameters": {"message": "hi"}, "cron": "0 0 * * *"});

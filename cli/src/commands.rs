@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 use crate::client::Client;
 use crate::output::{self, text};
 use crate::{
-    AuditCommand, Cli, Command, EventCommand, ExecutionCommand, Output, PackCommand, RuleCommand, ScheduleCommand,
-    SecretCommand, WebhookCommand, WorkerCommand, WorkflowCommand,
+    ActionCommand, AuditCommand, Cli, Command, EventCommand, ExecutionCommand, Output, PackCommand, RuleCommand,
+    ScheduleCommand, SecretCommand, WebhookCommand, WorkerCommand, WorkflowCommand,
 };
 
 fn print(output: Output, value: &Value, human: impl FnOnce(&Value) -> String) {
@@ -183,6 +183,52 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print(out, &json!({"deleted": name}), |_| format!("secret {name} deleted"));
             Ok(0)
         }
+        Command::Pack(PackCommand::List) => {
+            let packs = client.get("/api/v1/packs", &[]).await?;
+            print(out, &packs, |list| {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| vec![text(&p["ref"]), text(&p["version"]), text(&p["action_count"]), text(&p["path"])])
+                    .collect();
+                output::table(&["PACK", "VERSION", "ACTIONS", "PATH"], &rows)
+            });
+            Ok(0)
+        }
+        Command::Action(ActionCommand::List { pack }) => {
+            let actions = client.get("/api/v1/actions", &[]).await?;
+            let listed: Vec<Value> = actions
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|a| pack.as_deref().is_none_or(|pack| a["pack_ref"] == pack))
+                .cloned()
+                .collect();
+            print(out, &Value::Array(listed), |list| {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|a| {
+                        vec![
+                            text(&a["ref"]),
+                            text(&a["runtime"]),
+                            text(&a["timeout_seconds"]),
+                            text(&a["max_retries"]),
+                            text(&a["description"]),
+                        ]
+                    })
+                    .collect();
+                output::table(&["ACTION", "RUNTIME", "TIMEOUT", "RETRIES", "DESCRIPTION"], &rows)
+            });
+            Ok(0)
+        }
+        Command::Action(ActionCommand::Get { action_ref }) => {
+            let action = client.get(&format!("/api/v1/actions/{action_ref}"), &[]).await?;
+            print(out, &action, |a| serde_json::to_string_pretty(a).unwrap_or_default());
+            Ok(0)
+        }
         Command::Pack(PackCommand::Register { path, force }) => {
             let path =
                 std::fs::canonicalize(&path).with_context(|| format!("pack directory {} not found", path.display()))?;
@@ -329,7 +375,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                             text(&w["health"]),
                             text(&w["queue_depth"]),
                             text(&health["consecutive_failures"]),
-                            format!("{}/{}", text(&health["failed_executions"]), text(&health["total_executions"])),
+                            format!("{} of {}", text(&health["failed_executions"]), text(&health["total_executions"])),
                             w["heartbeat_age_secs"].as_f64().map(|a| format!("{a:.1}s")).unwrap_or_else(|| "-".into()),
                             w["runtimes"]
                                 .as_array()
@@ -339,7 +385,17 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     })
                     .collect();
                 output::table(
-                    &["id", "name", "status", "health", "queue", "failures", "failed/total", "heartbeat", "runtimes"],
+                    &[
+                        "id",
+                        "name",
+                        "status",
+                        "health",
+                        "queue",
+                        "failures in a row",
+                        "runs failed",
+                        "heartbeat",
+                        "runtimes",
+                    ],
                     &rows,
                 )
             });
@@ -634,7 +690,16 @@ async fn schedule(
             client.request(reqwest::Method::POST, &path(&name, "/resume"), &[], None::<&()>).await?
         }
         ScheduleCommand::Delete { name } => {
-            client.request(reqwest::Method::DELETE, &path(&name, ""), &[], None::<&()>).await?
+            let deleted = client.request(reqwest::Method::DELETE, &path(&name, ""), &[], None::<&()>).await?;
+            // (what was deleted, said as a deletion: not the line a made schedule gets)
+            print(out, &deleted, |s| {
+                format!(
+                    "schedule {} deleted (it ran {}; its executions keep its id)",
+                    text(&s["name"]),
+                    text(&s["action_ref"])
+                )
+            });
+            return Ok(0);
         }
     };
     print(out, &schedule, |s| {

@@ -118,9 +118,12 @@ pub enum Command {
     Event(EventCommand),
     /// Show the executors' settings in force (retry and health)
     Config,
-    /// Register packs
+    /// List and register packs
     #[command(subcommand)]
     Pack(PackCommand),
+    /// The registered actions
+    #[command(subcommand)]
+    Action(ActionCommand),
     /// Manage the secret store: set (the value read from stdin), list (names only), delete
     #[command(subcommand)]
     Secret(SecretCommand),
@@ -263,7 +266,8 @@ pub enum ExecutionCommand {
     List {
         #[arg(long)]
         status: Option<String>,
-        #[arg(long)]
+        /// Executions of this action, as pack.name
+        #[arg(long, visible_alias = "action-ref")]
         action: Option<String>,
         #[arg(long, default_value_t = 20)]
         limit: i64,
@@ -279,7 +283,7 @@ pub enum ExecutionCommand {
         #[arg(long)]
         status: Option<String>,
         /// The action, as pack.name
-        #[arg(long)]
+        #[arg(long, visible_alias = "action")]
         action_ref: Option<String>,
         #[arg(long)]
         failure_kind: Option<String>,
@@ -413,6 +417,8 @@ pub enum SecretCommand {
 
 #[derive(Subcommand)]
 pub enum PackCommand {
+    /// List the registered packs: version, actions, where each was registered from
+    List,
     /// Register (or update) the pack in PATH (a directory under the API's ATTUNE_PACKS_DIR)
     Register {
         path: std::path::PathBuf,
@@ -420,6 +426,17 @@ pub enum PackCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+#[derive(Subcommand)]
+pub enum ActionCommand {
+    /// List actions: runtime, timeout, retries (of one pack with --pack)
+    List {
+        #[arg(long)]
+        pack: Option<String>,
+    },
+    /// Show an action: its parameters, retry policy, concurrency and circuit
+    Get { action_ref: String },
 }
 
 #[derive(Subcommand)]

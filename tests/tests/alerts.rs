@@ -29,9 +29,10 @@ fn rules() -> PathBuf {
 
 #[test]
 fn the_alert_rules_pass_promtool_checks_and_their_unit_tests() {
-    for args in [vec!["check", "rules"], vec!["test", "rules"]] {
-        let file = match args[0] {
-            "check" => rules(),
+    for args in [vec!["check", "rules"], vec!["test", "rules"], vec!["check", "config"]] {
+        let file = match (args[0], args[1]) {
+            ("check", "rules") => rules(),
+            ("check", _) => repo_root().join("ops/prometheus/prometheus.yml"),
             _ => repo_root().join("ops/prometheus/attune-alerts.test.yml"),
         };
         let out = Command::new(tool("promtool")).args(&args).arg(&file).output().unwrap();
@@ -182,4 +183,25 @@ async fn a_real_prometheus_scrapes_attune_and_evaluates_every_rule() {
     let _ = prometheus.wait();
     system.stop().await;
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The metrics ports in `text`: every `91NN` that stands alone.
+fn metrics_ports(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter(|token| token.len() == 4 && token.starts_with("91"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_quickstart_serves_every_service_s_metrics_and_the_scrape_config_names_them() {
+    let script = std::fs::read_to_string(repo_root().join("scripts/quickstart.sh")).unwrap();
+    let config = std::fs::read_to_string(repo_root().join("ops/prometheus/prometheus.yml")).unwrap();
+    // the executor and both workers get an address of their own
+    let given = metrics_ports(&script);
+    assert_eq!(given, ["9101", "9102", "9103"].map(String::from).into(), "{script}");
+    assert_eq!(script.matches("ATTUNE_METRICS_ADDR=").count(), 2, "the executor's, and the workers' loop");
+    // and Prometheus scrapes exactly those, the API's too, with the alert rules
+    assert_eq!(metrics_ports(&config), given, "{config}");
+    assert!(config.contains("127.0.0.1:8080") && config.contains("attune-alerts.yml"), "{config}");
 }

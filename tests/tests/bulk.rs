@@ -120,6 +120,9 @@ async fn a_bulk_fail_retry_and_cancel_act_on_every_execution_selected_once() {
     assert!(retry_call.is_some_and(|e| e["status"] == 200), "{trail}");
     // (a fail's reason, given in its body, is the audit's reason too)
     assert!(events.iter().any(|e| e["reason"] == "host retired" && e["target"] == "executions:500"), "{trail}");
+    // a dry run's row says it was one: it changed nothing
+    let drill = events.iter().find(|e| e["reason"] == "drill").expect("the dry run's row");
+    assert!(drill["target"].as_str().unwrap().starts_with("dry run: executions:"), "{drill}");
 
     // the CLI's dry run
     let out = std::process::Command::new(attune_testkit::workspace_binary("attune"))

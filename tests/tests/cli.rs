@@ -227,6 +227,18 @@ async fn a_reader_that_goes_away_ends_the_output_quietly() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(!said.contains("panicked"), "{said}");
+
+    // what is registered, listed
+    let packs = attune(&system, &["pack", "list"]);
+    let packs = String::from_utf8_lossy(&packs.stdout);
+    assert!(packs.starts_with("PACK") && packs.lines().any(|l| l.starts_with("core ")), "{packs}");
+    let actions = attune(&system, &["action", "list", "--pack", "core"]);
+    let actions = String::from_utf8_lossy(&actions.stdout);
+    assert!(actions.lines().any(|l| l.starts_with("core.echo ") && l.contains("shell")), "{actions}");
+    assert!(actions.lines().skip(1).all(|l| l.starts_with("core.")), "{actions}");
+    let echo = attune(&system, &["action", "get", "core.echo"]);
+    let echo: Value = serde_json::from_slice(&echo.stdout).unwrap();
+    assert_eq!(echo["ref"], "core.echo", "{echo}");
     system.stop().await;
 }
 

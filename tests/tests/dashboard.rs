@@ -330,6 +330,7 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
         .await;
     // while it runs, the page follows its output (fetch with the token in a header, not a URL)
     browser.wait("the live output section", "return document.querySelector('#live-state') !== null").await;
+    browser.type_into("#action-reason", "started by mistake").await;
     browser.click("#cancel").await;
     assert_eq!(browser.text("#cancel").await, "Confirm cancel");
     browser.click("#cancel").await;
@@ -345,6 +346,17 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
         .await
         .unwrap();
     assert_eq!(status, "canceled");
+    // the reason typed went with the cancel: into the record and the audit trail
+    let (error, audited): (Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT e.error, (SELECT a.reason FROM audit_event a WHERE a.path = '/api/v1/executions/' || e.id || '/cancel' \
+         ORDER BY a.id DESC LIMIT 1) FROM execution e WHERE e.id = $1",
+    )
+    .bind(id(&sleeper))
+    .fetch_one(&system.db.pool)
+    .await
+    .unwrap();
+    assert!(error.as_deref().is_some_and(|e| e.ends_with("started by mistake")), "{error:?}");
+    assert_eq!(audited.as_deref(), Some("started by mistake"));
     assert_eq!(browser.eval("return document.querySelector('#cancel').disabled").await, true);
     browser
         .wait(

@@ -177,6 +177,12 @@ async fn a_missed_window_is_skipped_or_run_once_and_the_routes_name_what_is_wron
             422,
             Some("at"),
         ),
+        // a malformed instant names 'at' (it was "invalid JSON body")
+        (
+            json!({"name": "x", "action_ref": "core.echo", "parameters": {"message": "m"}, "at": "tomorrow"}),
+            422,
+            Some("at"),
+        ),
         (
             json!({"name": "x", "action_ref": "core.echo", "parameters": {}, "cron": "* * * * *"}),
             422,
@@ -220,7 +226,8 @@ async fn a_missed_window_is_skipped_or_run_once_and_the_routes_name_what_is_wron
     assert!(ok && listed.starts_with("NAME") && listed.contains("nightly") && listed.contains("skipping"), "{listed}");
     assert!(attune(&["schedule", "pause", "nightly"]).1.contains("paused"));
     assert!(attune(&["schedule", "resume", "nightly"]).1.contains("next"));
-    assert!(attune(&["schedule", "delete", "nightly"]).0);
+    let (ok, deleted) = attune(&["schedule", "delete", "nightly"]);
+    assert!(ok && deleted.contains("schedule nightly deleted"), "{deleted}");
     let (ok, gone) = attune(&["schedule", "get", "nightly"]);
     assert!(!ok && gone.contains("no schedule named 'nightly'"), "{gone}");
     // each change is in the audit trail; the made one with its reason

@@ -20,8 +20,10 @@ export class ApiError extends Error {
 /** Thrown after a 401 has sent the browser to the login form: nothing more is rendered. */
 export class LeftPage extends Error {}
 
-export async function request(method, path, token, body) {
+export async function request(method, path, token, body, reason) {
   const headers = { Authorization: `Bearer ${token}` };
+  // why, for the audit trail (and a cancel's record)
+  if (reason) headers['X-Attune-Reason'] = reason;
   const init = { method, headers, cache: 'no-store' };
   if (body !== undefined) {
     headers['Content-Type'] = 'application/json';
@@ -48,14 +50,14 @@ export async function request(method, path, token, body) {
   return data;
 }
 
-export async function api(method, path, body) {
+export async function api(method, path, body, reason) {
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (!token) {
     toLogin(null);
     throw new LeftPage();
   }
   try {
-    return await request(method, path, token, body);
+    return await request(method, path, token, body, reason);
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) {
       sessionStorage.removeItem(TOKEN_KEY);

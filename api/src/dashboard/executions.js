@@ -175,7 +175,7 @@ export function executionPage(id) {
   let generation = 0;
   let shown = null;
   // survives re-rendering: a cancel armed by a first click is confirmed by the second
-  const ui = { cancelArmed: false, cancelTimer: null };
+  const ui = { cancelArmed: false, cancelTimer: null, reason: '' };
   const load = async (gen) => {
     const [execution, chain, names, me] = await Promise.all([api('GET', `/api/v1/executions/${id}`),
       api('GET', `/api/v1/executions/${id}/chain?fields=summary`), workerNames(), whoami()]);
@@ -209,7 +209,7 @@ export function executionPage(id) {
   const act = async (what, path) => {
     notice.replaceChildren(el('p', { class: 'muted' }, `${what}…`));
     try {
-      const result = await api('POST', path, {});
+      const result = await api('POST', path, {}, ui.reason.trim());
       notice.replaceChildren(el('div', { class: 'ok', 'data-notice': what },
         what === 'retry' ? ['Retry requested as ', executionLink(result.id, `execution #${result.id}`),
           ` (${result.retry_reason}).`] : `Execution #${result.id} is ${result.status}.`));
@@ -258,6 +258,10 @@ function executionView(e, chain, names, actions, action) {
     actions.retry();
   });
   const ui = actions.ui;
+  // why: sent with a retry or a cancel (the audit trail keeps it; a cancel's record too)
+  const reason = el('input', { id: 'action-reason', placeholder: 'why (kept in the audit trail)', size: 28 });
+  reason.value = ui.reason;
+  reason.addEventListener('input', () => { ui.reason = reason.value; });
   const cancelButton = el('button', { type: 'button', id: 'cancel', class: 'danger', disabled: isTerminal(e.status) },
     ui.cancelArmed ? 'Confirm cancel' : 'Cancel');
   // a cancel kills a running process: it takes a second click (within 5 s) to confirm
@@ -306,7 +310,7 @@ function executionView(e, chain, names, actions, action) {
   return [
     el('div', { class: 'title' },
       el('h1', {}, `Execution #${e.id}`, el('span', { class: 'muted' }, ` ${e.action_ref}`)),
-      statusBadge(e.status), el('span', { class: 'spacer' }), actions.operate ? [retryButton, cancelButton] : null),
+      statusBadge(e.status), el('span', { class: 'spacer' }), actions.operate ? [reason, retryButton, cancelButton] : null),
     el('div', { class: 'columns' },
       el('section', {}, el('h2', {}, 'Details'), facts),
       el('section', {}, el('h2', {}, `Retry chain (${chain.total} attempt${chain.total === 1 ? '' : 's'})`),

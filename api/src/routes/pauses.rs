@@ -81,7 +81,12 @@ pub async fn pause(
     let (pause, new, handed_back) =
         db::pause::pause(&mut *transaction, kind, &name, &body.reason, caller.token_id).await?;
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
-    let target = asking.commit(transaction, status, crate::audit::Target::reason(&body.reason)).await?;
+    // (the row names what was paused, as a schedule's or an action's change names its object)
+    let named = crate::audit::Target {
+        reason: Some(body.reason.clone()),
+        ..crate::audit::Target::new(format!("{}:{name}", kind.as_str()))
+    };
+    let target = asking.commit(transaction, status, named).await?;
     tracing::info!(kind = kind.as_str(), %name, reason = %body.reason, token_id = caller.token_id, handed_back, "paused");
     if handed_back > 0 {
         attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "pause")], handed_back as u64);
@@ -107,7 +112,8 @@ pub async fn resume(
     let pause = db::pause::resume(&mut *transaction, kind, &name)
         .await?
         .ok_or_else(|| ApiError::not_found("pause", format!("{} '{name}' is not paused", kind.as_str())))?;
-    let target = asking.commit(transaction, StatusCode::OK, Default::default()).await?;
+    let named = crate::audit::Target::new(format!("{}:{name}", kind.as_str()));
+    let target = asking.commit(transaction, StatusCode::OK, named).await?;
     tracing::info!(kind = kind.as_str(), %name, token_id = caller.token_id, "resumed");
     Ok((target, Json(pause)))
 }

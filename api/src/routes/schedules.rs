@@ -41,7 +41,8 @@ pub struct CreateSchedule {
     pub timezone: Option<String>,
     /// One instant to run at (RFC 3339), instead of `cron`; at most 60 s past.
     #[serde(default)]
-    pub at: Option<DateTime<Utc>>,
+    #[schema(format = DateTime, value_type = Option<String>)]
+    pub at: Option<String>,
     /// What a look after an outage does with occurrences older than 60 s: `skip` them (the
     /// default) or run `once` for them all.
     #[serde(default)]
@@ -113,7 +114,20 @@ pub async fn create(
     let timezone = body.timezone.clone().unwrap_or_else(|| "UTC".into());
     crate::error::storable("timezone", &timezone)?;
     let now = Utc::now();
-    let next_run = match (&body.cron, body.at) {
+    // (read here, not by the body's parser: a malformed instant is refused naming 'at')
+    let at = body
+        .at
+        .as_deref()
+        .map(|at| {
+            DateTime::parse_from_rfc3339(at).map(|at| at.with_timezone(&Utc)).map_err(|e| {
+                ApiError::invalid(
+                    "at",
+                    format!("'at' ({at}) is not an RFC 3339 instant such as 2026-12-01T03:00:00Z: {e}"),
+                )
+            })
+        })
+        .transpose()?;
+    let next_run = match (&body.cron, at) {
         (Some(cron), None) => {
             crate::error::storable("cron", cron)?;
             let timing = Timing::cron(cron, &timezone).map_err(|(field, reason)| ApiError::invalid(field, reason))?;
@@ -162,7 +176,7 @@ pub async fn create(
         parameters: planned.parameters,
         cron: body.cron.clone(),
         timezone,
-        at: body.at,
+        at,
         catch_up: body.catch_up.unwrap_or(CatchUp::Skip),
         paused: body.paused,
         next_run,

@@ -129,7 +129,12 @@ pub async fn bulk(
     selected.truncate(limit as usize);
     let target = crate::audit::Target {
         reason: Some(reason.clone()),
-        ..crate::audit::Target::new(format!("executions:{}", selected.len()))
+        // a dry run changes nothing, and its row says so
+        ..crate::audit::Target::new(if body.dry_run {
+            format!("dry run: executions:{}", selected.len())
+        } else {
+            format!("executions:{}", selected.len())
+        })
     };
     let mut outcome = BulkOutcome {
         action: body.action,
