@@ -15,7 +15,7 @@ use crate::ApiError;
 const SHELL_HTML: &str = include_str!("dashboard/index.html");
 
 /// `/ui/assets/<name>`: the stylesheet and the script modules (`main.js` imports the others).
-const ASSETS: [(&str, &str, &str); 13] = [
+const ASSETS: [(&str, &str, &str); 14] = [
     ("app.css", "text/css; charset=utf-8", include_str!("dashboard/app.css")),
     ("main.js", JAVASCRIPT, include_str!("dashboard/main.js")),
     ("dom.js", JAVASCRIPT, include_str!("dashboard/dom.js")),
@@ -29,6 +29,7 @@ const ASSETS: [(&str, &str, &str); 13] = [
     ("audit.js", JAVASCRIPT, include_str!("dashboard/audit.js")),
     ("schedules.js", JAVASCRIPT, include_str!("dashboard/schedules.js")),
     ("events.js", JAVASCRIPT, include_str!("dashboard/events.js")),
+    ("actions.js", JAVASCRIPT, include_str!("dashboard/actions.js")),
 ];
 const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
@@ -51,6 +52,8 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/ui/audit", get(shell))
         .route("/ui/schedules", get(shell))
         .route("/ui/events", get(shell))
+        .route("/ui/actions", get(shell))
+        .route("/ui/actions/{ref}", get(shell))
         .route("/ui/assets/{name}", get(asset_named))
 }
 

@@ -523,6 +523,21 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let (_, schedules) = system.get("/api/v1/schedules").await;
     assert_eq!(schedules, serde_json::json!([]));
 
+    // the Actions pages: the packs and their actions, and an action run from its form
+    browser.goto(&format!("{ui}/actions")).await;
+    browser.wait("the actions listed", "return document.querySelector('[data-action=\"core.echo\"] a') !== null || null").await;
+    assert!(browser.text("#pack-table").await.contains("core"), "the packs listed");
+    browser.click("[data-action=\"core.echo\"] a").await;
+    browser.wait("the run form", "return document.querySelector('#param-message') !== null || null").await;
+    assert!(browser.text("#parameters").await.contains("message"), "its parameters listed");
+    browser.type_into("#param-message", "from the form").await;
+    browser.click("#run").await;
+    let made = browser.wait("the execution made", "return document.querySelector('[data-made]')?.dataset.made").await;
+    let made: i64 = made.as_str().unwrap().parse().unwrap();
+    let ran = system.wait_terminal(made, DEADLINE).await;
+    assert_eq!((&ran["status"], &ran["parameters"]["message"]), (&json!("completed"), &json!("from the form")), "{ran}");
+    screenshot(&browser, "action").await;
+
     // the Events page: a pack's rule enabled by hand, the event a failure raises with the
     // rule's answer to it, and a replay
     browser.goto(&format!("{ui}/events")).await;

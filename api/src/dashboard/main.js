@@ -9,6 +9,7 @@ import { retriesPage } from './retries.js';
 import { auditPage } from './audit.js';
 import { schedulesPage } from './schedules.js';
 import { eventsPage } from './events.js';
+import { actionPage, actionsPage } from './actions.js';
 
 function route() {
   const path = location.pathname.replace(/\/+$/, '');
@@ -35,7 +36,15 @@ function route() {
   const section = path.split('/')[2] || 'workers';
   document.querySelector(`[data-nav="${section}"]`)?.classList.add('active');
   const execution = path.match(/^\/ui\/executions\/(\d+)$/);
-  if (execution) {
+  const action = path.match(/^\/ui\/actions\/([^/]+)$/);
+  if (action) {
+    const ref = decodeURIComponent(action[1]);
+    document.title = `attune · ${ref}`;
+    actionPage(ref);
+  } else if (section === 'actions') {
+    document.title = 'attune · actions';
+    actionsPage();
+  } else if (execution) {
     document.title = `attune · execution #${execution[1]}`;
     executionPage(execution[1]);
   } else if (section === 'executions') {
