@@ -61,6 +61,8 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::POST, "/api/v1/schedules", Role::Operator),
     (Method::GET, "/api/v1/schedules/{name}", Role::Read),
     (Method::DELETE, "/api/v1/schedules/{name}", Role::Operator),
+    (Method::PUT, "/api/v1/schedules/{name}", Role::Operator),
+    (Method::POST, "/api/v1/schedules/{name}/run", Role::Operator),
     (Method::POST, "/api/v1/schedules/{name}/pause", Role::Operator),
     (Method::POST, "/api/v1/schedules/{name}/resume", Role::Operator),
     (Method::GET, "/api/v1/webhooks", Role::Read),

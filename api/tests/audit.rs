@@ -208,6 +208,7 @@ async fn a_change_whose_audit_row_cannot_be_written_is_not_made() {
         (Method::DELETE, format!("/api/v1/tokens/{}", victim.id), None),
         (Method::PUT, "/api/v1/pauses/runtime/shell".to_string(), Some(json!({"reason": "maintenance"}))),
         (Method::POST, "/api/v1/schedules/nightly/pause".to_string(), None),
+        (Method::POST, "/api/v1/schedules/nightly/run".to_string(), None),
         (Method::DELETE, "/api/v1/schedules/nightly".to_string(), None),
         (Method::POST, "/api/v1/tokens".to_string(), Some(json!({"name": "new", "role": "read"}))),
         (
@@ -372,6 +373,14 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
         json!({"name": "nightly", "action_ref": "core.echo", "parameters": {"message": "hi"}, "cron": "0 0 * * *"});
     let made = change(&api, &admin, (Method::POST, "/api/v1/schedules", Some(schedule)), "schedule", &[]).await;
     expect("schedule".into(), made, StatusCode::CREATED, Some("schedule:nightly".into()));
+    let changed =
+        json!({"name": "nightly", "action_ref": "core.echo", "parameters": {"message": "ho"}, "cron": "0 1 * * *"});
+    let replaced =
+        change(&api, &admin, (Method::PUT, "/api/v1/schedules/nightly", Some(changed)), "schedule change", &[]).await;
+    expect("schedule change".into(), replaced, StatusCode::OK, Some("schedule:nightly".into()));
+    let ran = change(&api, &admin, (Method::POST, "/api/v1/schedules/nightly/run", None), "schedule run", &[]).await;
+    let target = Some(format!("execution:{}", ran.1["id"]));
+    expect("schedule run".into(), ran, StatusCode::CREATED, target);
     for (what, method, path) in [
         ("schedule pause", Method::POST, "/api/v1/schedules/nightly/pause"),
         ("schedule resume", Method::POST, "/api/v1/schedules/nightly/resume"),

@@ -638,12 +638,18 @@ async fn schedule(
 ) -> anyhow::Result<i32> {
     let path = |name: &str, what: &str| format!("/api/v1/schedules/{}{what}", encode(name));
     let schedule = match command {
-        ScheduleCommand::Create { name, action_ref, params, cron, timezone, at, catch_up, paused } => {
-            let action = client.get(&format!("/api/v1/actions/{}", encode(&action_ref)), &[]).await?;
-            let parameters = parse_params(&action["parameters"], &params)?;
-            let body = json!({"name": name, "action_ref": action_ref, "parameters": parameters, "cron": cron,
-                "timezone": timezone, "at": at, "catch_up": catch_up, "paused": paused, "reason": reason});
+        ScheduleCommand::Create(spec) => {
+            let body = schedule_body(client, spec, reason).await?;
             client.request(reqwest::Method::POST, "/api/v1/schedules", &[], Some(&body)).await?
+        }
+        ScheduleCommand::Edit(spec) => {
+            let name = spec.name.clone();
+            let body = schedule_body(client, spec, reason).await?;
+            client.request(reqwest::Method::PUT, &path(&name, ""), &[], Some(&body)).await?
+        }
+        ScheduleCommand::Run { name, wait, wait_timeout } => {
+            let made = client.request(reqwest::Method::POST, &path(&name, "/run"), &[], None::<&()>).await?;
+            return finish(client, out, made, wait, wait_timeout).await;
         }
         ScheduleCommand::List => {
             // every page: the API answers at most 1,000 a call
@@ -931,6 +937,16 @@ async fn set_rule_enabled(client: &Client, out: Output, rule: &str, enabled: boo
     let set = client.put(&format!("/api/v1/rules/{rule}/enabled"), &json!({"enabled": enabled})).await?;
     print(out, &set, |r| format!("rule {}: {}", text(&r["ref"]), if enabled { "enabled" } else { "disabled" }));
     Ok(0)
+}
+
+/// The body of `POST /schedules` (and `PUT /schedules/{name}`) for `spec`, its parameters typed
+/// by the action's declarations.
+async fn schedule_body(client: &Client, spec: crate::ScheduleSpec, reason: Option<String>) -> anyhow::Result<Value> {
+    let crate::ScheduleSpec { name, action_ref, params, cron, timezone, at, catch_up, paused } = spec;
+    let action = client.get(&format!("/api/v1/actions/{}", encode(&action_ref)), &[]).await?;
+    let parameters = parse_params(&action["parameters"], &params)?;
+    Ok(json!({"name": name, "action_ref": action_ref, "parameters": parameters, "cron": cron,
+        "timezone": timezone, "at": at, "catch_up": catch_up, "paused": paused, "reason": reason}))
 }
 
 #[cfg(test)]

@@ -179,31 +179,46 @@ pub enum Command {
     Audit(AuditCommand),
 }
 
+/// A schedule as `schedule create` and `schedule edit` take it.
+#[derive(clap::Args)]
+pub struct ScheduleSpec {
+    name: String,
+    /// The action, as pack.name
+    action_ref: String,
+    /// Parameters as key=value (typed by the action's declaration)
+    params: Vec<String>,
+    /// A cron expression: 5 fields, or 6 with seconds first
+    #[arg(long, required_unless_present = "at", conflicts_with = "at")]
+    cron: Option<String>,
+    /// The IANA time zone the cron expression is read in (default UTC)
+    #[arg(long, requires = "cron")]
+    timezone: Option<String>,
+    /// One instant to run at (RFC 3339)
+    #[arg(long)]
+    at: Option<String>,
+    /// What a look after an outage does with occurrences older than 60 s: skip or once
+    #[arg(long, value_parser = ["skip", "once"])]
+    catch_up: Option<String>,
+    /// Make it paused
+    #[arg(long)]
+    paused: bool,
+}
+
 #[derive(Subcommand)]
 pub enum ScheduleCommand {
     /// Make a schedule: attune schedule create nightly core.echo message=hi --cron '0 3 * * *'
     /// --timezone Europe/Paris (or --at 2026-12-01T03:00:00Z)
-    Create {
+    Create(ScheduleSpec),
+    /// Change a schedule: the same arguments as create, all of them (what it ran stays its own)
+    Edit(ScheduleSpec),
+    /// Run a schedule's action now, once, outside its timing (its next run stays)
+    Run {
         name: String,
-        /// The action, as pack.name
-        action_ref: String,
-        /// Parameters as key=value (typed by the action's declaration)
-        params: Vec<String>,
-        /// A cron expression: 5 fields, or 6 with seconds first
-        #[arg(long, required_unless_present = "at", conflicts_with = "at")]
-        cron: Option<String>,
-        /// The IANA time zone the cron expression is read in (default UTC)
-        #[arg(long, requires = "cron")]
-        timezone: Option<String>,
-        /// One instant to run at (RFC 3339)
+        /// Wait for the run to finish and exit non-zero unless it completed
         #[arg(long)]
-        at: Option<String>,
-        /// What a look after an outage does with occurrences older than 60 s: skip or once
-        #[arg(long, value_parser = ["skip", "once"])]
-        catch_up: Option<String>,
-        /// Make it paused
-        #[arg(long)]
-        paused: bool,
+        wait: bool,
+        #[arg(long, default_value_t = 600)]
+        wait_timeout: u64,
     },
     /// List the schedules with their next and last runs
     List,

@@ -511,6 +511,17 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
         .await;
     assert_eq!(browser.text("[data-schedule=\"nightly\"] [data-field=timing]").await, "0 3 * * * (Europe/Paris)");
     screenshot(&browser, "schedules").await;
+    browser.click("[data-run-schedule=\"nightly\"]").await;
+    wait_for("the schedule's run now", DEADLINE, || async {
+        let runs: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM execution e JOIN schedule s ON s.id = e.schedule WHERE s.name = 'nightly' AND e.config->>'run_now' = 'true'",
+        )
+        .fetch_one(&system.db.pool)
+        .await
+        .unwrap();
+        (runs == 1).then_some(())
+    })
+    .await;
     browser.click("[data-pause-schedule=\"nightly\"]").await;
     browser
         .wait(
@@ -525,7 +536,9 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
 
     // the Actions pages: the packs and their actions, and an action run from its form
     browser.goto(&format!("{ui}/actions")).await;
-    browser.wait("the actions listed", "return document.querySelector('[data-action=\"core.echo\"] a') !== null || null").await;
+    browser
+        .wait("the actions listed", "return document.querySelector('[data-action=\"core.echo\"] a') !== null || null")
+        .await;
     assert!(browser.text("#pack-table").await.contains("core"), "the packs listed");
     browser.click("[data-action=\"core.echo\"] a").await;
     browser.wait("the run form", "return document.querySelector('#param-message') !== null || null").await;
@@ -535,7 +548,11 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     let made = browser.wait("the execution made", "return document.querySelector('[data-made]')?.dataset.made").await;
     let made: i64 = made.as_str().unwrap().parse().unwrap();
     let ran = system.wait_terminal(made, DEADLINE).await;
-    assert_eq!((&ran["status"], &ran["parameters"]["message"]), (&json!("completed"), &json!("from the form")), "{ran}");
+    assert_eq!(
+        (&ran["status"], &ran["parameters"]["message"]),
+        (&json!("completed"), &json!("from the form")),
+        "{ran}"
+    );
     screenshot(&browser, "action").await;
 
     // the Events page: a pack's rule enabled by hand, the event a failure raises with the

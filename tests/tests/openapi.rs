@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 52] = [
+const ROUTES: [(&str, &str); 54] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -44,6 +44,8 @@ const ROUTES: [(&str, &str); 52] = [
     ("get", "/api/v1/schedules"),
     ("post", "/api/v1/schedules"),
     ("get", "/api/v1/schedules/{name}"),
+    ("put", "/api/v1/schedules/{name}"),
+    ("post", "/api/v1/schedules/{name}/run"),
     ("delete", "/api/v1/schedules/{name}"),
     ("post", "/api/v1/schedules/{name}/pause"),
     ("post", "/api/v1/schedules/{name}/resume"),

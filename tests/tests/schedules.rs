@@ -224,6 +224,35 @@ async fn a_missed_window_is_skipped_or_run_once_and_the_routes_name_what_is_wron
     assert!(ok && shown.contains("schedule nightly runs core.echo '0 3 * * *' (Europe/Paris): next"), "{shown}");
     let (ok, listed) = attune(&["schedule", "list"]);
     assert!(ok && listed.starts_with("NAME") && listed.contains("nightly") && listed.contains("skipping"), "{listed}");
+    // changed, and run now outside its timing
+    let (ok, changed) = attune(&[
+        "schedule",
+        "edit",
+        "nightly",
+        "core.echo",
+        "message=changed",
+        "--cron",
+        "0 4 * * *",
+        "--timezone",
+        "UTC",
+    ]);
+    assert!(ok && changed.contains("schedule nightly runs core.echo '0 4 * * *' (UTC): next"), "{changed}");
+    let (_, shown) = system.get("/api/v1/schedules/nightly").await;
+    assert_eq!((&shown["cron"], &shown["parameters"]["message"]), (&json!("0 4 * * *"), &json!("changed")), "{shown}");
+    let (ok, ran) = attune(&["--output", "json", "schedule", "run", "nightly", "--wait"]);
+    assert!(ok, "{ran}");
+    let ran: Value =
+        serde_json::from_str(ran.lines().take_while(|l| !l.is_empty()).collect::<Vec<_>>().join("\n").as_str())
+            .unwrap_or_else(|e| panic!("{e}: {ran}"));
+    assert_eq!(
+        (&ran["status"], &ran["config"]["schedule"], &ran["parameters"]["message"]),
+        (&json!("completed"), &json!("nightly"), &json!("changed")),
+        "{ran}"
+    );
+    let (_, after) = system.get("/api/v1/schedules/nightly").await;
+    assert_eq!(after["next_run"], shown["next_run"], "a run now leaves the next run as it was");
+    let (status, refused) = post(&system, "/api/v1/schedules/nope/run", None).await;
+    assert_eq!(status, 404, "{refused}");
     assert!(attune(&["schedule", "pause", "nightly"]).1.contains("paused"));
     assert!(attune(&["schedule", "resume", "nightly"]).1.contains("next"));
     let (ok, deleted) = attune(&["schedule", "delete", "nightly"]);
@@ -239,7 +268,7 @@ async fn a_missed_window_is_skipped_or_run_once_and_the_routes_name_what_is_wron
     .await
     .unwrap();
     let methods: Vec<&str> = audited.iter().map(|(m, _, _)| m.as_str()).collect();
-    assert_eq!(methods, ["POST", "POST", "POST", "DELETE"], "{audited:?}");
+    assert_eq!(methods, ["POST", "PUT", "POST", "POST", "POST", "DELETE"], "{audited:?}");
     assert_eq!(audited[0].2.as_deref(), Some("nightly report"));
     system.stop().await;
 }

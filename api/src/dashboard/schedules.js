@@ -49,6 +49,7 @@ function scheduleTable(schedules, operate) {
     const actions = operate ? [
       s.paused ? act('Resume', 'POST', `${path}/resume`, { 'data-resume-schedule': s.name })
         : act('Pause', 'POST', `${path}/pause`, { 'data-pause-schedule': s.name }),
+      act('Run now', 'POST', `${path}/run`, { 'data-run-schedule': s.name }),
       act('Delete', 'DELETE', path, { 'data-delete-schedule': s.name }),
     ] : null;
     return el('tr', { 'data-schedule': s.name },

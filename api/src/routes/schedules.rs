@@ -107,6 +107,31 @@ pub async fn create(
     asking: crate::audit::Asking,
     crate::error::JsonObject(body): crate::error::JsonObject<CreateSchedule>,
 ) -> Result<(StatusCode, Extension<Target>, Json<Schedule>), ApiError> {
+    let new = checked(&state, caller.token_id, &body).await?;
+    let mut transaction = state.db.begin().await?;
+    let made = db::schedule::count_made_by(&mut transaction, caller.token_id).await?;
+    if made >= state.settings.schedules_per_token {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "schedule_limit",
+            format!(
+                "{made} schedules run as this token, the most ATTUNE_SCHEDULES_PER_TOKEN ({}) allows: delete one first",
+                state.settings.schedules_per_token
+            ),
+        ));
+    }
+    let schedule = db::schedule::create(&mut *transaction, &new).await?.ok_or_else(|| {
+        ApiError::new(StatusCode::CONFLICT, "schedule_exists", format!("a schedule named '{}' exists", body.name))
+    })?;
+    let target = Target { what: Some(format!("schedule:{}", schedule.name)), written: false, reason: body.reason };
+    let target = asking.commit(transaction, StatusCode::CREATED, target).await?;
+    tracing::info!(schedule = %schedule.name, action_ref = %schedule.action_ref, next_run = ?schedule.next_run, token_id = caller.token_id, "schedule made");
+    Ok((StatusCode::CREATED, target, Json(schedule)))
+}
+
+/// The schedule `body` describes, every field checked (its parameters as a submission's, sealed),
+/// run as token `by`.
+async fn checked(state: &crate::AppState, by: i64, body: &CreateSchedule) -> Result<NewSchedule, ApiError> {
     check_name(&body.name)?;
     if let Some(reason) = &body.reason {
         crate::audit::body_reason(reason)?;
@@ -162,10 +187,10 @@ pub async fn create(
         _ => return Err(ApiError::invalid("cron", "give either 'cron' (with 'timezone') or 'at', not both")),
     };
     let planned = crate::routes::executions::plan(
-        &state,
+        state,
         crate::routes::executions::CreateExecution {
             action_ref: body.action_ref.clone(),
-            parameters: body.parameters,
+            parameters: body.parameters.clone(),
             config: None,
         },
     )
@@ -181,27 +206,9 @@ pub async fn create(
         paused: body.paused,
         next_run,
         reason: body.reason.clone(),
-        created_by: caller.token_id,
+        created_by: by,
     };
-    let mut transaction = state.db.begin().await?;
-    let made = db::schedule::count_made_by(&mut transaction, caller.token_id).await?;
-    if made >= state.settings.schedules_per_token {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "schedule_limit",
-            format!(
-                "{made} schedules run as this token, the most ATTUNE_SCHEDULES_PER_TOKEN ({}) allows: delete one first",
-                state.settings.schedules_per_token
-            ),
-        ));
-    }
-    let schedule = db::schedule::create(&mut *transaction, &new).await?.ok_or_else(|| {
-        ApiError::new(StatusCode::CONFLICT, "schedule_exists", format!("a schedule named '{}' exists", body.name))
-    })?;
-    let target = Target { what: Some(format!("schedule:{}", schedule.name)), written: false, reason: body.reason };
-    let target = asking.commit(transaction, StatusCode::CREATED, target).await?;
-    tracing::info!(schedule = %schedule.name, action_ref = %schedule.action_ref, next_run = ?schedule.next_run, token_id = caller.token_id, "schedule made");
-    Ok((StatusCode::CREATED, target, Json(schedule)))
+    Ok(new)
 }
 
 fn check_name(name: &str) -> Result<(), ApiError> {
@@ -233,6 +240,70 @@ pub async fn get(
 ) -> Result<Json<Schedule>, ApiError> {
     let name = named(name)?;
     db::schedule::get(&state.db, &name).await?.map(Json).ok_or_else(|| no_such(&name))
+}
+
+#[utoipa::path(put, path = "/schedules/{name}", operation_id = "replace_schedule", tag = "schedules",
+    params(("name" = String, Path, min_length = 1, max_length = 255, pattern = r"^[^\x00/]*$")),
+    request_body = CreateSchedule,
+    responses((status = 200, description = "Changed: its action, parameters, timing, catch-up and reason are the body's; what it ran stays its own, and it runs as the token that changed it", body = Schedule),
+        (status = 404, description = "No such schedule", body = crate::openapi::ErrorBody),
+        (status = 422, description = "A field is invalid, as for a new schedule, or `name` is not the path's; `parameter` names it", body = crate::openapi::ErrorBody),))]
+pub async fn replace(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
+    name: Result<Path<String>, PathRejection>,
+    crate::error::JsonObject(body): crate::error::JsonObject<CreateSchedule>,
+) -> Result<(Extension<Target>, Json<Schedule>), ApiError> {
+    let name = named(name)?;
+    if body.name != name {
+        return Err(ApiError::invalid(
+            "name",
+            format!("the body names '{}', the path '{name}': a schedule keeps its name", body.name),
+        ));
+    }
+    let new = checked(&state, caller.token_id, &body).await?;
+    let mut transaction = state.db.begin().await?;
+    let schedule = db::schedule::replace(&mut *transaction, &new).await?.ok_or_else(|| no_such(&name))?;
+    let target = Target { what: Some(format!("schedule:{name}")), written: false, reason: body.reason };
+    let target = asking.commit(transaction, StatusCode::OK, target).await?;
+    tracing::info!(schedule = %name, next_run = ?schedule.next_run, token_id = caller.token_id, "schedule changed");
+    Ok((target, Json(schedule)))
+}
+
+#[utoipa::path(post, path = "/schedules/{name}/run", operation_id = "run_schedule_now", tag = "schedules",
+    params(("name" = String, Path, min_length = 1, max_length = 255, pattern = r"^[^\x00/]*$")),
+    responses((status = 201, description = "Run now, once, outside its timing (its next run stays): the execution made, the schedule's, submitted by the caller", body = attune_common::db::execution::Execution),
+        (status = 404, description = "No such schedule", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Its action is not registered (any more)", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`name` is invalid", body = crate::openapi::ErrorBody),))]
+pub async fn run_now(
+    State(state): State<crate::State>,
+    Extension(caller): Extension<crate::auth::Caller>,
+    asking: crate::audit::Asking,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<(StatusCode, Extension<Target>, Json<attune_common::db::execution::Execution>), ApiError> {
+    let name = named(name)?;
+    let schedule = db::schedule::get(&state.db, &name).await?.ok_or_else(|| no_such(&name))?;
+    if state.actions.get_by_ref(&state.db, &schedule.action_ref).await?.is_none() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "action_not_found",
+            format!("schedule '{name}' runs {}, which is not registered", schedule.action_ref),
+        ));
+    }
+    let mut transaction = state.db.begin().await?;
+    let default_timeout = state.settings.common.default_timeout_secs;
+    let id = db::schedule::run_now(&mut *transaction, &name, caller.token_id, default_timeout)
+        .await?
+        .ok_or_else(|| no_such(&name))?;
+    let execution = db::execution::get(&mut *transaction, id)
+        .await?
+        .ok_or_else(|| ApiError::internal("a run made now is not there", id))?;
+    let target = Target::new(format!("execution:{id}"));
+    let target = asking.commit(transaction, StatusCode::CREATED, target).await?;
+    tracing::info!(schedule = %name, execution_id = id, token_id = caller.token_id, "schedule run now");
+    Ok((StatusCode::CREATED, target, Json(execution)))
 }
 
 #[utoipa::path(delete, path = "/schedules/{name}", operation_id = "delete_schedule", tag = "schedules",

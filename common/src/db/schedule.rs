@@ -102,6 +102,56 @@ pub async fn create(db: impl sqlx::PgExecutor<'_>, new: &NewSchedule) -> Result<
     .await
 }
 
+/// Replaces the definition of schedule `new.name` (its action, parameters, timing, catch-up,
+/// reason and whether it is paused) with `new`'s; what it ran stays its own. `None`: no such
+/// schedule.
+pub async fn replace(db: impl sqlx::PgExecutor<'_>, new: &NewSchedule) -> Result<Option<Schedule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE schedule SET action_ref = $2, parameters = $3, cron = $4, timezone = $5, at = $6, catch_up = $7, \
+            paused = $8, next_run = $9, reason = $10, created_by = $11, updated = now() \
+         WHERE name = $1 RETURNING {COLUMNS}"
+    )))
+    .bind(&new.name)
+    .bind(&new.action_ref)
+    .bind(&new.parameters)
+    .bind(&new.cron)
+    .bind(&new.timezone)
+    .bind(new.at)
+    .bind(new.catch_up.as_str())
+    .bind(new.paused)
+    .bind(new.next_run)
+    .bind(&new.reason)
+    .bind(new.created_by)
+    .fetch_optional(db)
+    .await
+}
+
+/// Runs schedule `name` now, once, outside its timing (its next run stays): an execution of its
+/// action with its parameters (sealed ones as they are), recorded as the schedule's
+/// (`schedule`, `scheduled_for` now) and submitted by `by`. `None`: no such schedule.
+pub async fn run_now(
+    db: impl sqlx::PgExecutor<'_>,
+    name: &str,
+    by: i64,
+    default_timeout_secs: i32,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO execution (action, action_ref, runtime, parameters, config, status, max_retries, \
+            timeout_seconds, retry_count, idempotency_key, submitted_by, schedule, scheduled_for) \
+         SELECT a.id, s.action_ref, a.runtime, s.parameters, \
+            jsonb_build_object('max_retries', COALESCE(a.max_retries, 0), 'retry_count', 0, \
+                'schedule', s.name, 'scheduled_for', now(), 'run_now', true), \
+            'requested', COALESCE(a.max_retries, 0), COALESCE(a.timeout_seconds, $3), 0, \
+            gen_random_uuid()::text, $2, s.id, now() \
+         FROM schedule s LEFT JOIN action a ON a.ref = s.action_ref WHERE s.name = $1 RETURNING id",
+    )
+    .bind(name)
+    .bind(by)
+    .bind(default_timeout_secs)
+    .fetch_optional(db)
+    .await
+}
+
 pub async fn get(db: &PgPool, name: &str) -> Result<Option<Schedule>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM schedule WHERE name = $1")))
         .bind(name)
