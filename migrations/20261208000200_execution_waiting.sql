@@ -63,13 +63,16 @@ BEGIN
            COALESCE(sum(GREATEST(COALESCE((w.capabilities->>'slots')::BIGINT, (w.capabilities->>'concurrency')::BIGINT, 1) - h.queue_depth, 0)), 0)
       INTO capable, slots, free
     FROM healthy_workers h JOIN worker w ON w.id = h.id
-    WHERE h.runtimes ? e.runtime AND (w.not_receiving_until IS NULL OR w.not_receiving_until <= now());
+    WHERE h.runtimes ? e.runtime AND w.drained_at IS NULL
+      AND (w.not_receiving_until IS NULL OR w.not_receiving_until <= now());
     IF capable = 0 THEN
         SELECT count(*) INTO unfit FROM worker w
         WHERE w.capabilities->'runtimes' ? e.runtime AND w.status = 'active';
         RETURN jsonb_build_object('reason', 'no_worker', 'runtime', e.runtime, 'unhealthy_workers', unfit,
+            'drained_workers', (SELECT count(*) FROM worker w WHERE w.capabilities->'runtimes' ? e.runtime
+                                AND w.status = 'active' AND w.drained_at IS NOT NULL),
             'since', e.created,
-            'message', format('no healthy or degraded worker offers %s (%s active one(s) unhealthy or not receiving); it fails as worker_unavailable, which is retried, once none has for the executors'' ATTUNE_WORKER_WAIT_SECS (30 s by default)',
+            'message', format('no healthy or degraded worker offers %s (%s active one(s) unhealthy, drained or not receiving); it fails as worker_unavailable, which is retried, once none has for the executors'' ATTUNE_WORKER_WAIT_SECS (30 s by default)',
                 e.runtime, unfit));
     END IF;
     IF free = 0 THEN

@@ -214,8 +214,17 @@ pub async fn register_packs(pool: &PgPool, dir: &std::path::Path) -> Result<usiz
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(PackDirError::Read(dir.display().to_string(), e)),
     };
-    let mut dirs: Vec<_> =
-        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("pack.yaml").is_file()).collect();
+    let (mut dirs, others): (Vec<_>, Vec<_>) = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .partition(|p| p.join("pack.yaml").is_file());
+    // a directory that looks like a pack but names itself nowhere is said, not passed over
+    for dir in others.iter().filter(|dir| dir.join("actions").is_dir() || dir.join("workflows").is_dir()) {
+        tracing::warn!(
+            dir = %dir.display(),
+            "not a pack: it has actions but no pack.yaml (write one: ref: NAME, version: 1.0.0)"
+        );
+    }
     dirs.sort();
     let mut first_error = None;
     // a pack whose workflow names another pack's action waits for that pack: packs refused for

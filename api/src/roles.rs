@@ -7,7 +7,7 @@
 //! The policy: `read` may call every GET but the token and secret lists and the audit trail; `operator` also
 //! submits, retries, cancels and fails executions, pauses and resumes actions and runtimes, sets
 //! actions' concurrency policies, makes, pauses and deletes schedules, makes, enables, disables
-//! and deletes rules, replays events, and lists the secrets' names; `admin` also
+//! and deletes rules, drains and undrains workers, replays events, and lists the secrets' names; `admin` also
 //! registers packs and manages tokens and secrets. A route missing
 //! from the table needs `admin` (and the tests fail on it: every route of the OpenAPI document
 //! must be listed here, so none is added without deciding who may call it). A method the path
@@ -42,6 +42,8 @@ pub const REQUIRED: &[(Method, &str, Role)] = &[
     (Method::GET, "/api/v1/packs", Role::Read),
     (Method::POST, "/api/v1/packs", Role::Admin),
     (Method::GET, "/api/v1/workers", Role::Read),
+    (Method::PUT, "/api/v1/workers/{name}/drain", Role::Operator),
+    (Method::DELETE, "/api/v1/workers/{name}/drain", Role::Operator),
     (Method::GET, "/api/v1/config", Role::Read),
     (Method::GET, "/api/v1/stats/retries", Role::Read),
     (Method::GET, "/api/v1/stats/retries/series", Role::Read),
@@ -159,6 +161,7 @@ mod tests {
             } else if path.starts_with("/api/v1/executions")
                 || path.starts_with("/api/v1/events")
                 || path.starts_with("/api/v1/rules")
+                || path.starts_with("/api/v1/workers")
                 || path.starts_with("/api/v1/pauses")
                 || path.starts_with("/api/v1/schedules")
                 || path.ends_with("/concurrency")

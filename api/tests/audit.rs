@@ -357,6 +357,10 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
     expect("disable rule".into(), disabled, StatusCode::OK, Some("rule:local.audited".into()));
     let deleted = change(&api, &admin, (Method::DELETE, "/api/v1/rules/local.audited", None), "unrule", &[]).await;
     expect("unrule".into(), deleted, StatusCode::NO_CONTENT, Some("rule:local.audited".into()));
+    let drained = change(&api, &admin, (Method::PUT, "/api/v1/workers/nope/drain", None), "drain", &[]).await;
+    expect("drain".into(), drained, StatusCode::NOT_FOUND, None);
+    let undrained = change(&api, &admin, (Method::DELETE, "/api/v1/workers/nope/drain", None), "undrain", &[]).await;
+    expect("undrain".into(), undrained, StatusCode::NOT_FOUND, None);
     let credential = (Method::PUT, "/api/v1/webhooks/nope/credential", Some(json!({})));
     let set_credential = change(&api, &admin, credential, "credential", &[]).await;
     expect("credential".into(), set_credential, StatusCode::NOT_FOUND, None);

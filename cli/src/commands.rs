@@ -359,6 +359,18 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print(out, &recorded, |r| format!("event {id} replayed as event {}", text(&r["event"])));
             Ok(0)
         }
+        Command::Worker(WorkerCommand::Drain { name }) => {
+            let worker = client.put(&format!("/api/v1/workers/{}/drain", encode(&name)), &json!({})).await?;
+            print(out, &worker, |w| {
+                format!("worker {} drained: it finishes what it holds and is given nothing new", text(&w["name"]))
+            });
+            Ok(0)
+        }
+        Command::Worker(WorkerCommand::Undrain { name }) => {
+            let worker = client.delete(&format!("/api/v1/workers/{}/drain", encode(&name))).await?;
+            print(out, &worker, |w| format!("worker {} undrained: it is given work again", text(&w["name"])));
+            Ok(0)
+        }
         Command::Worker(WorkerCommand::List) => {
             let workers = client.get("/api/v1/workers", &[]).await?;
             print(out, &workers, |list| {
@@ -371,7 +383,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         vec![
                             text(&w["id"]),
                             text(&w["name"]),
-                            text(&w["status"]),
+                            if w["drained_at"].is_string() {
+                                format!("{} (drained)", text(&w["status"]))
+                            } else {
+                                text(&w["status"])
+                            },
                             text(&w["health"]),
                             text(&w["queue_depth"]),
                             text(&health["consecutive_failures"]),

@@ -406,6 +406,10 @@ pub enum EventCommand {
 pub enum WorkerCommand {
     /// List workers with their health class, queue depth and heartbeat age
     List,
+    /// Drain a worker: it finishes what it runs and holds, and is given nothing new
+    Drain { name: String },
+    /// Undrain a worker: it is given work again
+    Undrain { name: String },
 }
 
 #[derive(Subcommand)]

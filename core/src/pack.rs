@@ -565,10 +565,41 @@ pub fn parse_action(
     text: &str,
     entrypoint_exists: impl Fn(&Path) -> bool,
 ) -> Result<ActionSpec, PackError> {
-    let spec: ActionSpec = parse_yaml(file, text)?;
+    let spec: ActionSpec = parse_yaml(file, text).map_err(|e| flattened_parameters(file, text).unwrap_or(e))?;
     refuse_nul(file, &spec)?;
     validate_action(pack_dir, file, &spec, entrypoint_exists)?;
     Ok(spec)
+}
+
+/// The error for an action file whose `parameters:` lost its indentation (a copy from a page
+/// that flattened it: `parameters:` empty, and a parameter's `type:` and `required:` at the top
+/// level), showing the form it should have; `None` for any other file.
+fn flattened_parameters(file: &Path, text: &str) -> Option<PackError> {
+    let serde_yaml_ng::Value::Mapping(top) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text).ok()? else {
+        return None;
+    };
+    let key = |name: &str| serde_yaml_ng::Value::String(name.to_string());
+    let parameters_empty = top.get(key("parameters")).is_some_and(serde_yaml_ng::Value::is_null);
+    let field_at_top = ["type", "required", "default", "secret"].iter().any(|f| top.contains_key(key(f)));
+    if !parameters_empty || !field_at_top {
+        return None;
+    }
+    // the parameters' names: the empty keys after `parameters:` that no action field has
+    const FIELDS: [&str; 4] = ["type", "required", "default", "secret"];
+    let names: Vec<String> = top
+        .iter()
+        .skip_while(|(k, _)| k.as_str() != Some("parameters"))
+        .skip(1)
+        .filter(|(k, v)| v.is_null() && k.as_str().is_some_and(|k| !FIELDS.contains(&k)))
+        .filter_map(|(k, _)| k.as_str().map(str::to_string))
+        .collect();
+    let example = names.first().map_or("url", String::as_str);
+    let reason = format!(
+        "the parameters are not indented under 'parameters:' (their fields sit at the top level: a copy that lost \
+         its indentation?); write each parameter indented under it, and its fields under the parameter:\n\
+         parameters:\n  {example}:\n    type: string\n    required: true"
+    );
+    Some(PackError::new(file, Some("parameters"), reason))
 }
 
 fn validate_action(
@@ -904,6 +935,18 @@ mod tests {
             let yaml = format!("name: x\nruntime: http\n{params}http:\n  url: \"{url}\"\n");
             assert!(parse(&yaml).is_ok(), "{url}: {:?}", parse(&yaml).err());
         }
+    }
+
+    #[test]
+    fn a_flattened_copy_of_the_quick_start_yaml_is_refused_showing_the_indented_form() {
+        let flat = "name: flaky_api_call\nruntime: python\nentrypoint: actions/flaky_api.py\ntimeout_seconds: 120\nmax_retries: 3\nparameters:\nurl:\ntype: string\nrequired: true\n";
+        let error = parse_action(Path::new("p"), Path::new("actions/flaky-api.yaml"), flat, |_| true).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("parameters"), "{error}");
+        let said = error.to_string();
+        assert!(said.contains("not indented") && said.contains("parameters:\n  url:\n    type: string"), "{said}");
+        // the indented form loads
+        let indented = "name: flaky_api_call\nruntime: python\nentrypoint: actions/flaky_api.py\nparameters:\n  url:\n    type: string\n    required: true\n";
+        assert!(parse_action(Path::new("p"), Path::new("actions/flaky-api.yaml"), indented, |_| true).is_ok());
     }
 
     #[test]

@@ -335,3 +335,35 @@ async fn every_view_says_why_an_execution_waits() {
     assert_eq!(done["waiting"], Value::Null, "{done}");
     owned.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_worker_is_given_nothing_new_until_undrained() {
+    // (the executors read the fleet afresh at every look: a drain is seen by the next)
+    let system = System::builder().env("ATTUNE_WORKER_CACHE_MS", "0").worker("w1", &[]).worker("w2", &[]).start().await;
+    system.wait_consuming("w1").await;
+    system.wait_consuming("w2").await;
+    let w1 = system.worker_id("w1").await;
+    let out = system.cli_output(&["worker", "drain", "w1"]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("worker w1 drained"), "{out:?}");
+    let listed = system.cli_output(&["worker", "list"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).lines().any(|l| l.contains("w1") && l.contains("(drained)")));
+    let mut ran_on = Vec::new();
+    for n in 0..8 {
+        let made = system.submit("core.echo", json!({"message": format!("drained {n}")})).await;
+        let done = system.wait_terminal(made["id"].as_i64().unwrap(), DEADLINE).await;
+        ran_on.push(done["worker"].as_i64().unwrap());
+    }
+    assert!(!ran_on.contains(&w1), "a drained worker was given work: {ran_on:?}");
+    // undrained, it is given work again
+    let out = system.cli_output(&["worker", "undrain", "w1"]);
+    assert!(out.status.success(), "{out:?}");
+    let owned = system;
+    let system = &owned;
+    wait_for("w1 to be given work again", DEADLINE, || async move {
+        let made = system.submit("core.echo", json!({"message": "again"})).await;
+        let done = system.wait_terminal(made["id"].as_i64().unwrap(), DEADLINE).await;
+        (done["worker"].as_i64() == Some(w1)).then_some(())
+    })
+    .await;
+    owned.stop().await;
+}

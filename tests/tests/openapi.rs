@@ -8,7 +8,7 @@ use attune_testkit::system::repo_root;
 use serde_json::Value;
 
 /// Every route of the API, as the book's route table (book/src/using-it.md) and DESIGN.md name them.
-const ROUTES: [(&str, &str); 54] = [
+const ROUTES: [(&str, &str); 56] = [
     ("post", "/api/v1/executions"),
     ("get", "/api/v1/executions"),
     ("get", "/api/v1/executions/{id}"),
@@ -26,6 +26,8 @@ const ROUTES: [(&str, &str); 54] = [
     ("get", "/api/v1/packs"),
     ("post", "/api/v1/packs"),
     ("get", "/api/v1/workers"),
+    ("put", "/api/v1/workers/{name}/drain"),
+    ("delete", "/api/v1/workers/{name}/drain"),
     ("get", "/api/v1/config"),
     ("get", "/api/v1/stats/retries"),
     ("get", "/api/v1/stats/retries/series"),

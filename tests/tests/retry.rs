@@ -164,6 +164,18 @@ async fn a_duplicated_failure_message_creates_no_second_retry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_says_bad_input_or_no_permission_by_its_exit_code() {
+    let system = system().await;
+    for (code, kind) in [(65, "validation_error"), (77, "permission_denied"), (2, "action_failed")] {
+        let failed = system.submit("core.fail", json!({"exit_code": code, "message": "refused"})).await;
+        let chain = system.wait_chain(id(&failed), DEADLINE).await;
+        assert_eq!(chain.len(), 1, "exit {code}: {chain:#?}");
+        assert_eq!((chain[0]["status"].as_str(), chain[0]["failure_kind"].as_str()), (Some("failed"), Some(kind)));
+    }
+    system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_retry_by_hand_through_both_api_forms() {
     let system = system().await;
     let failed = system.submit("core.fail", json!({"exit_code": 2})).await;

@@ -24,7 +24,8 @@
 //! The outcome: 2xx completes with the result `{"status", "headers", "body"}` (header names in
 //! lower case; the body parsed when the response says it is JSON, else its text, cut at the
 //! worker's output limit). 429, 5xx, a connection that fails and a timeout are
-//! `transient_error`; any other status (4xx, a 3xx) is `action_failed`. A response's status is
+//! `transient_error`; 400 and 422 are `validation_error`, 401 and 403 `permission_denied`; any
+//! other status (another 4xx, a 3xx) is `action_failed`. A response's status is
 //! always reported (`http_status`) and its result kept on a failure too; `Retry-After` (seconds
 //! or an HTTP date, at most an hour) tells the retry policy the earliest next attempt.
 //!
@@ -270,6 +271,8 @@ pub fn failure_of_status(status: u16) -> Option<FailureKind> {
     match status {
         200..=299 => None,
         429 | 500..=599 => Some(FailureKind::TransientError),
+        400 | 422 => Some(FailureKind::ValidationError),
+        401 | 403 => Some(FailureKind::PermissionDenied),
         _ => Some(FailureKind::ActionFailed),
     }
 }
@@ -456,14 +459,17 @@ mod tests {
 
     #[test]
     fn statuses_are_classified() {
-        use FailureKind::{ActionFailed, TransientError};
+        use FailureKind::{ActionFailed, PermissionDenied, TransientError, ValidationError};
         let table = [
             (200, None),
             (201, None),
             (204, None),
             (301, Some(ActionFailed)),
-            (400, Some(ActionFailed)),
+            (400, Some(ValidationError)),
+            (401, Some(PermissionDenied)),
+            (403, Some(PermissionDenied)),
             (404, Some(ActionFailed)),
+            (422, Some(ValidationError)),
             (409, Some(ActionFailed)),
             (429, Some(TransientError)),
             (500, Some(TransientError)),

@@ -10,7 +10,8 @@
 //! the same for every attempt of a retry chain (to tell a retry from a new request). If the last non-empty line of
 //! stdout is a JSON object, it is the execution's `result`. Exit code 0 is success; exit code 75
 //! (EX_TEMPFAIL), or a result containing `{"attune": {"transient": true}}`, reports a transient
-//! failure that the retry policy may retry; any other exit code is `action_failed`.
+//! failure that the retry policy may retry; 65 (EX_DATAERR) is `validation_error` and 77
+//! (EX_NOPERM) `permission_denied`, neither retried; any other exit code is `action_failed`.
 //!
 //! With a supervisor (the worker's own binary, `crate::supervise`), the action is started by the
 //! worker's one long-lived supervisor process, which holds its group to its limits and takes it
@@ -37,6 +38,11 @@ use crate::supervise::client::{Ended, SpawnError, SupervisedRun, Supervisor};
 
 /// EX_TEMPFAIL from sysexits.h: "temporary failure, try again later".
 pub const TRANSIENT_EXIT_CODE: i32 = 75;
+/// `sysexits.h`'s EX_DATAERR: the action says its input was bad (`validation_error`, not retried).
+pub const VALIDATION_EXIT_CODE: i32 = 65;
+/// `sysexits.h`'s EX_NOPERM: the action was refused what it needed (`permission_denied`, not
+/// retried).
+pub const PERMISSION_EXIT_CODE: i32 = 77;
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Environment passed through to actions; everything else (DATABASE_URL, tokens) is withheld.
 const INHERITED_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ"];
@@ -211,6 +217,14 @@ pub fn classify(finished: &Finished, transient_exit_codes: &[i32]) -> Outcome {
         (Some(code), _) if code == TRANSIENT_EXIT_CODE || transient_exit_codes.contains(&code) || says_transient => {
             failure(FailureKind::TransientError, format!("the action reported a transient failure (exit code {code})"))
         }
+        (Some(VALIDATION_EXIT_CODE), _) => failure(
+            FailureKind::ValidationError,
+            format!("the action refused its input (exit code {VALIDATION_EXIT_CODE}, EX_DATAERR)"),
+        ),
+        (Some(PERMISSION_EXIT_CODE), _) => failure(
+            FailureKind::PermissionDenied,
+            format!("the action was denied what it needed (exit code {PERMISSION_EXIT_CODE}, EX_NOPERM)"),
+        ),
         (Some(code), _) => failure(FailureKind::ActionFailed, format!("the action exited with code {code}")),
         (None, Some(signal)) => failure(FailureKind::ActionFailed, format!("the action was killed by signal {signal}")),
         (None, None) => failure(FailureKind::ActionFailed, "the action ended without an exit status".into()),
@@ -903,6 +917,8 @@ mod tests {
             (exited(0, "hello\n"), ResultStatus::Completed, None),
             (exited(1, ""), ResultStatus::Failed, Some(FailureKind::ActionFailed)),
             (exited(75, ""), ResultStatus::Failed, Some(FailureKind::TransientError)),
+            (exited(65, ""), ResultStatus::Failed, Some(FailureKind::ValidationError)),
+            (exited(77, ""), ResultStatus::Failed, Some(FailureKind::PermissionDenied)),
             (exited(3, ""), ResultStatus::Failed, Some(FailureKind::TransientError)), // policy code
             (
                 exited(1, "{\"attune\": {\"transient\": true}}\n"),

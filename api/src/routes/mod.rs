@@ -36,6 +36,7 @@ pub fn api_routes() -> OpenApiRouter<State> {
         .routes(routes!(catalog::set_concurrency, catalog::clear_concurrency))
         .routes(routes!(catalog::list_packs, catalog::register_pack))
         .routes(routes!(workers::list))
+        .routes(routes!(workers::drain, workers::undrain))
         .routes(routes!(workers::config))
         .routes(routes!(stats::retries))
         .routes(routes!(stats::retry_series))

@@ -1,6 +1,6 @@
 //! The quick reference's key metrics as numbers, with its alert thresholds reported as flags:
 //! retry rate > 20 %, retry success rate < 70 %, more than half the workers unhealthy, average
-//! queue depth > 20. `/stats/retries/series` gives the retry numbers per time bucket, for charts.
+//! queue depth of 20 or more. `/stats/retries/series` gives the retry numbers per time bucket, for charts.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +18,12 @@ pub const ALERT_RETRY_RATE_PERCENT: f64 = 20.0;
 pub const ALERT_RETRY_SUCCESS_PERCENT: f64 = 70.0;
 pub const ALERT_UNHEALTHY_SHARE_PERCENT: f64 = 50.0;
 pub const ALERT_AVERAGE_QUEUE_DEPTH: f64 = 20.0;
+
+/// The quick reference's "Average should stay < 20": an average of 20 or more is the alert's,
+/// as `AttuneQueueDepthHigh` (`>= 20`) has it.
+fn queue_depth_high(average: Option<f64>) -> bool {
+    average.is_some_and(|depth| depth >= ALERT_AVERAGE_QUEUE_DEPTH)
+}
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -251,7 +257,20 @@ pub async fn workers(State(state): State<crate::State>) -> Result<Json<WorkerSta
         alerts: WorkerAlerts {
             unhealthy_over_half: !active.is_empty()
                 && 100.0 * unhealthy as f64 / active.len() as f64 > ALERT_UNHEALTHY_SHARE_PERCENT,
-            high_average_queue_depth: average_queue_depth.is_some_and(|d| d > ALERT_AVERAGE_QUEUE_DEPTH),
+            high_average_queue_depth: queue_depth_high(average_queue_depth),
         },
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::queue_depth_high;
+
+    #[test]
+    fn an_average_queue_depth_of_20_is_high_as_the_alert_says() {
+        assert!(!queue_depth_high(None));
+        assert!(!queue_depth_high(Some(19.9)));
+        assert!(queue_depth_high(Some(20.0)));
+        assert!(queue_depth_high(Some(35.0)));
+    }
 }

@@ -268,12 +268,15 @@ struct WorkerRow {
     inflight: i64,
     /// Until when a dispatch lost on its way to this worker has it passed over, when it does now.
     not_receiving_until: Option<DateTime<Utc>>,
+    /// When an operator drained it (it is dispatched nothing new), if one did.
+    drained_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 }
 
 const WORKER_ROWS: &str = "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, \
         COALESCE(q.inflight, 0) AS inflight, \
-        CASE WHEN w.not_receiving_until > now() THEN w.not_receiving_until END AS not_receiving_until, now() AS now \
+        CASE WHEN w.not_receiving_until > now() THEN w.not_receiving_until END AS not_receiving_until, \
+        w.drained_at, now() AS now \
     FROM worker w \
     LEFT JOIN worker_inflight_counts() q ON q.worker = w.id";
 
@@ -362,8 +365,8 @@ pub async fn candidates(db: &PgPool) -> Result<(Vec<Candidate>, DateTime<Utc>), 
 pub async fn fleet(db: &PgPool) -> Result<Vec<Candidate>, sqlx::Error> {
     let rows: Vec<WorkerRow> = sqlx::query_as(
         "SELECT w.id, w.name, w.status, w.capabilities, w.last_heartbeat, 0::bigint AS inflight, \
-            NULL::timestamptz AS not_receiving_until, now() AS now \
-         FROM worker w WHERE w.status = 'active'",
+            NULL::timestamptz AS not_receiving_until, NULL::timestamptz AS drained_at, now() AS now \
+         FROM worker w WHERE w.status = 'active' AND w.drained_at IS NULL",
     )
     .fetch_all(db)
     .await?;
@@ -448,6 +451,8 @@ pub struct WorkerView {
     /// send it nothing unless no other worker of its runtimes could take work (it may be cut
     /// off from the broker alone): until when.
     pub not_receiving_until: Option<DateTime<Utc>>,
+    /// When an operator drained it: it is dispatched nothing new until undrained.
+    pub drained_at: Option<DateTime<Utc>>,
 }
 
 pub async fn list(db: &PgPool, config: &HealthThresholds) -> Result<Vec<WorkerView>, sqlx::Error> {
@@ -468,9 +473,32 @@ pub async fn list(db: &PgPool, config: &HealthThresholds) -> Result<Vec<WorkerVi
                 last_heartbeat: row.last_heartbeat,
                 capabilities: row.capabilities,
                 not_receiving_until: row.not_receiving_until,
+                drained_at: row.drained_at,
             }
         })
         .collect())
+}
+
+/// Drains (`by`: the token) or undrains (`None`) the worker named `name`; its row as the API
+/// shows it, `None` when there is no such worker.
+pub async fn set_drained(
+    db: &PgPool,
+    config: &HealthThresholds,
+    name: &str,
+    by: Option<i64>,
+) -> Result<Option<WorkerView>, sqlx::Error> {
+    let updated = sqlx::query(
+        "UPDATE worker SET drained_at = CASE WHEN $2::bigint IS NULL THEN NULL ELSE COALESCE(drained_at, now()) END, \
+            drained_by = $2 WHERE name = $1",
+    )
+    .bind(name)
+    .bind(by)
+    .execute(db)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(None);
+    }
+    Ok(list(db, config).await?.into_iter().find(|w| w.name == name))
 }
 
 /// Writes the thresholds the executor runs with, so the SQL view classifies as it does.
