@@ -53,12 +53,15 @@ async fn packs_outside_the_packs_dir_through_links_or_taking_over_a_ref_are_refu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_with_actions_and_no_pack_yaml_is_said_not_passed_over() {
-    let pack = attune_testkit::TempPack::new("nameless", &[("echo.sh", "#!/bin/sh\necho hi\n")]);
-    std::fs::remove_file(pack.path().join("pack.yaml")).unwrap();
-    let system = System::builder().pack(pack.path()).start().await;
+    let mut system = System::builder().start().await;
+    // a pack directory without its pack.yaml, seen by the API when it registers the packs dir
+    let nameless = system.packs_dir().join("nameless");
+    std::fs::create_dir_all(nameless.join("actions")).unwrap();
+    std::fs::write(nameless.join("actions/echo.sh"), "#!/bin/sh\necho hi\n").unwrap();
+    system.restart("api");
+    system.wait_ready().await;
     system.wait_log("api", "not a pack: it has actions but no pack.yaml").await;
     let shown = system.log("api");
-    let dir_name = pack.path().file_name().unwrap().to_string_lossy().into_owned();
-    assert!(shown.lines().any(|l| l.contains("no pack.yaml") && l.contains(&dir_name)), "{shown}");
+    assert!(shown.lines().any(|l| l.contains("no pack.yaml") && l.contains("nameless")), "{shown}");
     system.stop().await;
 }
