@@ -72,14 +72,8 @@ async fn open_loop(
         let payload = json!({"kind": "delivery", "n": id});
         let (http, api, token) = (bench_http.0.clone(), bench_http.1.clone(), token.clone());
         sent.spawn(async move {
-            let response = http
-                .post(format!("{api}/api/v1/webhooks/bench_hook"))
-                .header("x-attune-webhook-token", &*token)
-                .header("x-delivery-id", &delivery)
-                .json(&payload)
-                .send()
-                .await;
-            (delivery, response.map(|r| r.status().as_u16()).unwrap_or(0))
+            let status = deliver(&http, &api, &token, &delivery, &payload).await;
+            (delivery, status)
         });
     }
     let (mut answered, mut failed) = (BTreeSet::new(), 0);
@@ -107,6 +101,18 @@ async fn drain(bench: &Bench, deadline: Duration) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// One delivery to `bench_hook`: the status it was answered with (0: no answer).
+async fn deliver(http: &reqwest::Client, api: &str, token: &str, delivery: &str, payload: &Value) -> u16 {
+    let response = http
+        .post(format!("{api}/api/v1/webhooks/bench_hook"))
+        .header("x-attune-webhook-token", token)
+        .header("x-delivery-id", delivery)
+        .json(payload)
+        .send()
+        .await;
+    response.map(|r| r.status().as_u16()).unwrap_or(0)
 }
 
 /// The executions the rule `rule` made for events whose delivery starts with `prefix`.
@@ -170,14 +176,7 @@ async fn cooldown(bench: &Bench, token: &Arc<str>, run: &str, alerts: usize, hos
         let (http, api, token) = (bench.http.clone(), bench.api.clone(), token.clone());
         sent.spawn(async move {
             let _permit = permit;
-            let response = http
-                .post(format!("{api}/api/v1/webhooks/bench_hook"))
-                .header("x-attune-webhook-token", &*token)
-                .header("x-delivery-id", &delivery)
-                .json(&payload)
-                .send()
-                .await;
-            response.map(|r| r.status().as_u16()).unwrap_or(0)
+            deliver(&http, &api, &token, &delivery, &payload).await
         });
     }
     let mut refused = 0;
