@@ -168,12 +168,12 @@ pub const RUNTIME_WORKERS: Gauge = Gauge {
 
 pub const OLDEST_EVENT_WAITING: Gauge = Gauge {
     name: "attune_oldest_event_waiting_seconds",
-    help: "Age of the oldest event attune raised (attune.execution.exhausted, ...) that no API has answered yet; absent when none waits.",
+    help: "Age of the oldest event attune raised (attune.execution.exhausted, ...) that no API has answered yet; 0 when none waits.",
 };
 
 pub const ACTION_CIRCUIT_STATE: Gauge = Gauge {
     name: "attune_action_circuit_state",
-    help: "Each action's circuit breaker, once evaluated: 0 closed, 1 open, 2 half-open.",
+    help: "Each action's circuit breaker (every one its pack declares, and every one evaluated): 0 closed, 1 open, 2 half-open.",
 };
 
 /// Renders one gauge with its samples.

@@ -205,3 +205,103 @@ fn the_quickstart_serves_every_service_s_metrics_and_the_scrape_config_names_the
     assert_eq!(metrics_ports(&config), given, "{config}");
     assert!(config.contains("127.0.0.1:8080") && config.contains("attune-alerts.yml"), "{config}");
 }
+
+/// The services `ops/prometheus/prometheus.yml` scrapes, as (job, target) pairs.
+fn scraped_targets() -> Vec<(String, String)> {
+    let config: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(repo_root().join("ops/prometheus/prometheus.yml")).unwrap())
+            .unwrap();
+    let mut targets = Vec::new();
+    for job in config["scrape_configs"].as_sequence().unwrap() {
+        for static_config in job["static_configs"].as_sequence().unwrap() {
+            for target in static_config["targets"].as_sequence().unwrap() {
+                targets.push((job["job_name"].as_str().unwrap().into(), target.as_str().unwrap().into()));
+            }
+        }
+    }
+    targets
+}
+
+/// The metric names that have at least one sample in a Prometheus text page (histogram series as
+/// their histogram).
+fn sampled_names(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .flat_map(|line| metric_names(line.split(['{', ' ']).next().unwrap_or("")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_an_alert_or_a_panel_reads_has_samples_from_what_the_quickstart_scrapes() {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (executor, first, second) = (free(), free(), free());
+    let metrics_addr = |port: u16| format!("127.0.0.1:{port}");
+    // the quickstart's layout: the executor and each of two workers with an ATTUNE_METRICS_ADDR;
+    // these offer no python, so python work waits (the waiting gauges have something to say)
+    let runtimes = ("ATTUNE_WORKER_RUNTIMES", "shell,builtin");
+    let system = System::builder()
+        .env("ATTUNE_METRICS_ADDR", &metrics_addr(executor))
+        .env("ATTUNE_RETRY_BASE_BACKOFF_SECS", "0.2")
+        .worker("local-1", &[("ATTUNE_METRICS_ADDR", &metrics_addr(first)), runtimes])
+        .worker("local-2", &[("ATTUNE_METRICS_ADDR", &metrics_addr(second)), runtimes])
+        .pack(repo_root().join("testkit/packs/e2e"))
+        // (the quickstart registers every pack of packs/: examples declares a circuit breaker)
+        .pack(repo_root().join("packs/examples"))
+        .start()
+        .await;
+    // prometheus.yml's targets, each mapped to the service of this system the quickstart puts there
+    let api = system.api_url.trim_start_matches("http://").to_string();
+    let ours: std::collections::BTreeMap<&str, String> = [
+        ("127.0.0.1:8080", api),
+        ("127.0.0.1:9101", metrics_addr(executor)),
+        ("127.0.0.1:9102", metrics_addr(first)),
+        ("127.0.0.1:9103", metrics_addr(second)),
+    ]
+    .into();
+    let targets = scraped_targets();
+    assert_eq!(targets.len(), ours.len(), "{targets:?}");
+
+    // what every rule and panel counts, made to happen once: a failure retried to success (the
+    // failure, retry and finished counters, both histograms), a dead letter parked,
+    // a schedule's missed occurrences, python work nobody offers to run
+    let flaky = system.submit("e2e.flaky", json!({"fail_times": 1})).await;
+    assert_eq!(system.wait_chain(flaky["id"].as_i64().unwrap(), Duration::from_secs(60)).await.len(), 2);
+    system.publish_raw("execution.request", b"garbage").await;
+    let far = (chrono::Utc::now().format("%H").to_string().parse::<u32>().unwrap() + 12) % 24;
+    let body = json!({"name": "missed", "action_ref": "core.echo", "parameters": {"message": "m"},
+        "cron": format!("0 {far} * * *"), "timezone": "UTC", "catch_up": "skip", "paused": true});
+    let (status, made) = system.post("/api/v1/schedules", &body).await;
+    assert_eq!(status, 201, "{made}");
+    sqlx::query("UPDATE schedule SET paused = false, next_run = next_run - interval '2 days' WHERE name = 'missed'")
+        .execute(&system.db.pool)
+        .await
+        .unwrap();
+    system.submit("core.python_echo", json!({"message": "waits"})).await;
+
+    let wanted: BTreeSet<(String, String)> = expressions()
+        .into_iter()
+        .flat_map(|(what, expr)| metric_names(&expr).into_iter().map(move |n| (n, what.clone())))
+        .collect();
+    let http = reqwest::Client::new();
+    let started = std::time::Instant::now();
+    loop {
+        let mut served = BTreeSet::new();
+        for (job, target) in &targets {
+            let address =
+                ours.get(target.as_str()).unwrap_or_else(|| panic!("{job} scrapes {target}, not the quickstart's"));
+            if let Ok(page) = http.get(format!("http://{address}/metrics")).send().await {
+                served.extend(sampled_names(&page.text().await.unwrap_or_default()));
+            }
+        }
+        let missing: Vec<_> = wanted.iter().filter(|(name, _)| !served.contains(name)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "read by a rule or panel, with no sample from any service prometheus.yml scrapes: {missing:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    system.stop().await;
+}

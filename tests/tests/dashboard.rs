@@ -167,6 +167,20 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     browser.wait("worker-b to turn healthy on the open page", &format!("{} === 'healthy'", health("worker-b"))).await;
     assert_eq!(browser.wait("the healthy count", &count("healthy")).await, "2");
     assert_eq!(browser.eval("return document.body.dataset.marker").await, "not reloaded");
+    // an operator drains worker-a and undrains it: the API's record, and the page, say so
+    browser.click("[data-drain=\"worker-a\"]").await;
+    let drained = browser.wait("the drained status", "return document.querySelector('[data-worker=\"worker-a\"] [data-field=status]')?.textContent.includes('drained since') || null").await;
+    assert_eq!(drained, json!(true));
+    let worker_a = || async {
+        let (_, workers) = system.get("/api/v1/workers").await;
+        workers.as_array().unwrap().iter().find(|w| w["name"] == "worker-a").unwrap().clone()
+    };
+    let worker = worker_a().await;
+    assert!(worker["drained_at"].is_string(), "{worker}");
+    browser.click("[data-undrain=\"worker-a\"]").await;
+    browser.wait("the undrained status", "return document.querySelector('[data-worker=\"worker-a\"] [data-field=status]')?.textContent === 'active' || null").await;
+    let worker = worker_a().await;
+    assert_eq!(worker["drained_at"], Value::Null, "{worker}");
 
     // Executions: every execution, newest first; the status filter shows only failed ones.
     browser.goto(&format!("{ui}/executions")).await;
@@ -511,6 +525,30 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
         .await;
     assert_eq!(browser.text("[data-schedule=\"nightly\"] [data-field=timing]").await, "0 3 * * * (Europe/Paris)");
     screenshot(&browser, "schedules").await;
+    // ... changed in place: Edit loads it into the form, Save replaces its definition
+    browser.click("[data-edit-schedule=\"nightly\"]").await;
+    assert_eq!(browser.eval("return document.querySelector('#schedule-cron').value").await, "0 3 * * *");
+    assert_eq!(browser.eval("return document.querySelector('#schedule-name').readOnly").await, true);
+    browser.type_into("#schedule-cron", "30 4 * * *").await;
+    browser.type_into("#schedule-parameters", "{\"message\": \"changed\"}").await;
+    browser.click("#schedule-apply").await;
+    browser
+        .wait("the change saved", "return document.querySelector('[data-changed=\"nightly\"]') !== null || null")
+        .await;
+    browser
+        .wait(
+            "the changed timing listed",
+            "return document.querySelector('[data-schedule=\"nightly\"] [data-field=timing]')?.textContent === '30 4 * * * (Europe/Paris)' || null",
+        )
+        .await;
+    let (_, nightly) = system.get("/api/v1/schedules/nightly").await;
+    assert_eq!(
+        (&nightly["cron"], &nightly["parameters"]["message"]),
+        (&json!("30 4 * * *"), &json!("changed")),
+        "{nightly}"
+    );
+    browser.click("#schedule-cancel-edit").await;
+    assert_eq!(browser.text("#schedule-apply").await, "Make");
     browser.click("[data-run-schedule=\"nightly\"]").await;
     wait_for("the schedule's run now", DEADLINE, || async {
         let runs: i64 = sqlx::query_scalar(

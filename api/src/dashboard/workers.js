@@ -1,6 +1,7 @@
 // attune dashboard: the workers page. Every worker with its health class (colour and text),
 // queue depth, failure rate, consecutive failures, heartbeat age and runtimes, and the counts by
-// class with the quick reference's alerts; polled every few seconds.
+// class with the quick reference's alerts; operators drain and undrain workers; polled every few
+// seconds.
 
 import { card, el, fill, formatClock, formatPercent, formatSeconds, formatTime, healthBadge, render } from './dom.js';
 import { api, errorBox, mayOperate, poll, whoami } from './api.js';
@@ -29,7 +30,7 @@ export function workersPage() {
     const [workers, stats, pauses, actions] = await Promise.all([api('GET', '/api/v1/workers'),
       api('GET', '/api/v1/stats/workers'), api('GET', '/api/v1/pauses'), api('GET', '/api/v1/actions')]);
     fill(summary, workerSummary(stats));
-    fill(table, workerTable(workers));
+    fill(table, workerTable(workers, operate));
     fill(paused, pauseTable(pauses, operate));
     fill(limited, concurrencyTable(actions, operate));
     updated.textContent = `updated ${formatClock(new Date())} · refreshes every ${WORKERS_POLL_MS / 1000} s`;
@@ -60,7 +61,29 @@ function workerSummary(stats) {
   ];
 }
 
-function workerTable(workers) {
+// Drain (it finishes what it runs and holds, and is dispatched nothing new) or undrain a worker.
+function drainButton(worker) {
+  const drained = worker.drained_at !== null && worker.drained_at !== undefined;
+  const button = el('button', { type: 'button', class: 'secondary',
+    [drained ? 'data-undrain' : 'data-drain']: worker.name }, drained ? 'Undrain' : 'Drain');
+  button.addEventListener('click', async () => {
+    button.disabled = true;
+    try {
+      const w = await api(drained ? 'DELETE' : 'PUT', `/api/v1/workers/${encodeURIComponent(worker.name)}/drain`);
+      button.closest('tr').querySelector('[data-field=status]').textContent = workerStatus(w);
+      button.replaceWith(drainButton(w));
+    } catch (error) {
+      button.replaceWith(errorBox(error));
+    }
+  });
+  return button;
+}
+
+function workerStatus(worker) {
+  return worker.drained_at ? `${worker.status} (drained since ${formatTime(worker.drained_at)})` : worker.status;
+}
+
+function workerTable(workers, operate) {
   if (workers.length === 0) return el('p', { class: 'empty' }, 'No worker has registered yet.');
   const rows = workers.map((worker) => {
     const health = (worker.capabilities && worker.capabilities.health) || {};
@@ -69,17 +92,18 @@ function workerTable(workers) {
     const failureRate = total > 0 ? `${((100 * failed) / total).toFixed(1)} % (${failed}/${total})` : `— (0 runs)`;
     return el('tr', { 'data-worker': worker.name },
       el('td', { class: 'name' }, worker.name, el('span', { class: 'muted' }, ` #${worker.id}`)),
-      el('td', {}, worker.status),
+      el('td', { 'data-field': 'status' }, workerStatus(worker)),
       el('td', {}, healthBadge(worker.health)),
       el('td', { class: 'num', 'data-field': 'queue_depth' }, String(worker.queue_depth)),
       el('td', { class: 'num', 'data-field': 'failure_rate' }, failureRate),
       el('td', { class: 'num', 'data-field': 'consecutive_failures' }, String(health.consecutive_failures ?? 0)),
       el('td', { class: 'num', 'data-field': 'heartbeat_age' }, formatSeconds(worker.heartbeat_age_secs)),
-      el('td', { 'data-field': 'runtimes' }, (worker.runtimes || []).join(', ')));
+      el('td', { 'data-field': 'runtimes' }, (worker.runtimes || []).join(', ')),
+      el('td', {}, operate && worker.status === 'active' ? drainButton(worker) : null));
   });
   return el('table', { class: 'grid' },
     el('thead', {}, el('tr', {}, ['worker', 'status', 'health', 'queue depth', 'failure rate',
-      'consecutive failures', 'heartbeat age', 'runtimes'].map((h) => el('th', {}, h)))),
+      'consecutive failures', 'heartbeat age', 'runtimes', ''].map((h) => el('th', {}, h)))),
     el('tbody', {}, rows));
 }
 

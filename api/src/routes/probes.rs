@@ -91,12 +91,9 @@ async fn read_gauges(state: &crate::AppState) -> Result<String, ApiError> {
         .map(|(runtime, age)| (vec![("runtime", runtime)], age))
         .collect();
     render_gauge(&mut out, &m::OLDEST_WAITING, &waiting);
-    let events: Vec<_> = attune_common::db::events::oldest_raised_waiting(&state.db)
-        .await?
-        .map(|age| (vec![], age))
-        .into_iter()
-        .collect();
-    render_gauge(&mut out, &m::OLDEST_EVENT_WAITING, &events);
+    // 0 when nothing waits: the series is there to alert on from the first scrape
+    let event_age = attune_common::db::events::oldest_raised_waiting(&state.db).await?.unwrap_or(0.0);
+    render_gauge(&mut out, &m::OLDEST_EVENT_WAITING, &[(vec![], event_age)]);
     let circuits: Vec<_> = attune_common::db::circuit::states(&state.db)
         .await?
         .into_iter()

@@ -164,12 +164,15 @@ pub async fn advance(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
     Ok(runtimes.into_iter().flatten().collect())
 }
 
-/// Every circuit by action ref, for the `attune_action_circuit_state` gauge.
+/// Every circuit by action ref, for the `attune_action_circuit_state` gauge: each one evaluated,
+/// and each action whose pack gives it a circuit breaker (closed until its first evaluation).
 pub async fn states(db: &PgPool) -> Result<Vec<(String, CircuitState)>, sqlx::Error> {
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT a.ref, c.state FROM action_circuit c JOIN action a ON a.id = c.action ORDER BY a.ref")
-            .fetch_all(db)
-            .await?;
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT a.ref, COALESCE(c.state, 'closed') FROM action a LEFT JOIN action_circuit c ON c.action = a.id \
+         WHERE c.action IS NOT NULL OR a.retry_policy ? 'circuit' ORDER BY a.ref",
+    )
+    .fetch_all(db)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|(action, state)| (action, CircuitState::parse(&state).unwrap_or(CircuitState::Closed)))
