@@ -137,6 +137,15 @@ impl ActionUser {
     }
 }
 
+impl ActionUser {
+    /// Whether nothing of the id runs any more (`no_process_is_really`), remembered as a sweep:
+    /// the usual end of a run, answered by one system call without leaving the caller's thread.
+    pub fn nothing_left(&mut self) -> bool {
+        self.swept = self.swept || no_process_is_really(self.uid);
+        self.swept
+    }
+}
+
 impl Drop for ActionUser {
     fn drop(&mut self) {
         if !self.swept {

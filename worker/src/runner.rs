@@ -814,6 +814,9 @@ async fn run_supervised(
 /// runtime's threads): what it left behind lets go of the output pipes at once, and is gone
 /// before the run's result is reported.
 async fn sweep_user(user: &mut Option<ActionUser>) {
+    if user.as_mut().is_some_and(ActionUser::nothing_left) {
+        return;
+    }
     if let Some(mut taken) = user.take() {
         *user = tokio::task::spawn_blocking(move || {
             taken.sweep();
