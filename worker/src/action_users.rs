@@ -276,8 +276,7 @@ fn no_process_is_really(uid: u32) -> bool {
     }
     // SAFETY: getpriority has no memory effects; the raw call returns 20 - nice (1 to 40) for a
     // user with a process, so -1 is only ever its failure
-    let answer =
-        unsafe { libc::syscall(libc::SYS_getpriority, libc::PRIO_USER as libc::c_long, uid as libc::c_long) };
+    let answer = unsafe { libc::syscall(libc::SYS_getpriority, libc::PRIO_USER as libc::c_long, uid as libc::c_long) };
     answer == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
