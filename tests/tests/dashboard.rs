@@ -2,7 +2,8 @@
 //! executions and retries: the login form and a refused token, the workers page with health
 //! classes and live refresh, the executions list and its status filter, an automatic retry chain
 //! with its reasons and backoff gaps, a delayed retry's "next attempt at", Retry and Cancel
-//! clicked on the page, and the retry charts with their alert thresholds.
+//! clicked on the page, and the retry charts with their alert thresholds; a workflow run as its
+//! graph of steps.
 //!
 //! With `ATTUNE_SCREENSHOTS_DIR` set, it writes a PNG of each page there (the book's pictures
 //! come from `ATTUNE_SCREENSHOTS_DIR=book/src/screenshots`).
@@ -632,5 +633,74 @@ async fn the_dashboard_shows_workers_executions_retry_chains_and_charts_and_acts
     assert!(errors.is_empty(), "the browser console shows errors: {errors:#?}");
 
     drop(browser);
+    system.stop().await;
+}
+
+/// Issue 48: a workflow run's page shows the run as its graph (each step with its state, what it
+/// needs, its items, and links to the executions it made), and a step's page links back to its
+/// run; the book's worked example, run as the book does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_runs_page_shows_each_step_with_its_state_items_and_executions() {
+    let system = System::builder().pack(repo_root().join("packs/examples")).worker("w1", &[]).start().await;
+    let hosts = json!(["web-1", "web-2", "web-3"]);
+    let run = id(&system.submit("examples.remediate", json!({"hosts": hosts, "unhealthy": ["web-2"]})).await);
+    assert_eq!(system.wait_terminal(run, DEADLINE).await["status"], "completed");
+    let (_, graph) = system.get(&format!("/api/v1/workflows/{run}")).await;
+    let restarted = graph["steps"][1]["executions"][0]["id"].as_i64().unwrap();
+
+    let browser = Browser::start().await;
+    let ui = format!("{}/ui", system.api_url);
+    browser.goto(&format!("{ui}/login")).await;
+    browser.type_into("#token", &system.token).await;
+    browser.click("#login-submit").await;
+    browser.wait("the workers page", "return location.pathname === '/ui/workers'").await;
+    browser.goto(&format!("{ui}/executions/{run}")).await;
+    let rows = browser
+        .wait(
+            "the run's steps",
+            "const rows = [...document.querySelectorAll('#workflow tbody tr')]; \
+             return rows.length === 5 ? rows.map((r) => [r.dataset.step, r.dataset.state, \
+               [...r.cells].map((c) => c.textContent.trim())]) : null",
+        )
+        .await;
+    let shown: Vec<(String, String)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| (row[0].as_str().unwrap().to_string(), row[1].as_str().unwrap().to_string()))
+        .collect();
+    let expected = [
+        ("check", "succeeded"),
+        ("restart", "succeeded"),
+        ("verify", "succeeded"),
+        ("notify", "succeeded"),
+        ("page", "not_run"),
+    ];
+    assert_eq!(shown, expected.map(|(s, t)| (s.to_string(), t.to_string())), "{rows:#}");
+    let cells = |step: usize| -> Vec<String> {
+        rows[step][2].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect()
+    };
+    let restart = cells(1);
+    assert_eq!(restart[1], "examples.restart_service", "{restart:?}");
+    assert_eq!(restart[2], "succeeded", "the state shown as its badge: {restart:?}");
+    assert_eq!(restart[3], "check", "what it starts after: {restart:?}");
+    assert_eq!(restart[4], "1/1 (0 running, 0 failed)", "its items: {restart:?}");
+    assert!(restart[6].contains(&format!("#{restarted}")), "a link to the item's execution: {restart:?}");
+    assert!(cells(4)[0].contains("(on-failure)"), "{:?}", cells(4));
+    screenshot(&browser, "workflow-run").await;
+
+    // the step's own page says whose step it is, and links back
+    browser.click(&format!("#workflow a[href='/ui/executions/{restarted}']")).await;
+    let fact = browser
+        .wait(
+            "the step's page",
+            "return document.querySelector('[data-fact=\"workflow\"]')?.textContent?.trim() || null",
+        )
+        .await;
+    assert_eq!(fact, format!("step restart of run #{run}"));
+    browser.click(&format!("[data-fact='workflow'] a[href='/ui/executions/{run}']")).await;
+    browser.wait("the run's page again", &format!("return location.pathname === '/ui/executions/{run}'")).await;
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "{errors:#?}");
     system.stop().await;
 }
