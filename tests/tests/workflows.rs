@@ -194,8 +194,9 @@ async fn a_workflow_runs_its_steps_in_order_fans_out_within_its_cap_and_joins() 
 }
 
 /// A step that fails runs the on-failure path, and the run fails naming the step. Retried by
-/// hand, the run starts again from the failed step: what completed is not run again. A step is
-/// not retried alone (409, naming its run).
+/// hand (the run, or its failed step), the run starts again from the failed step: what completed
+/// is not run again. A step is never retried alone: the Example 4 form naming its action, and a
+/// step of a run that completed, are refused (409).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_step_runs_the_on_failure_path_and_a_retry_of_the_run_starts_from_it() {
     let pack = ops_pack();
@@ -230,16 +231,27 @@ async fn a_failed_step_runs_the_on_failure_path_and_a_retry_of_the_run_starts_fr
     assert_eq!((failed[0].0.as_str(), failed[0].1, failed[0].2), ("ship", 0, ship_execution));
     assert!(failed[0].3.contains("exit"), "{failed:?}");
 
-    let (status, refused) = system.post(&format!("/api/v1/executions/{ship_execution}/retry"), &json!({})).await;
+    // the Example 4 form names the step's action: a step is not retried alone
+    let (status, refused) = system
+        .post("/api/v1/executions", &json!({"action_ref": "ops.flaky", "config": {"retry_of": ship_execution}}))
+        .await;
     assert_eq!(status, 409, "{refused}");
     assert_eq!(refused["error"]["code"], "workflow_step");
     assert!(refused["error"]["message"].as_str().unwrap().contains(&format!("/executions/{first}/retry")), "{refused}");
 
-    // retried while the marker is still missing: it fails again, and pages again (a retry
-    // takes over what its parent's main steps completed, never its on-failure steps)
-    let (status, retry) = system.post(&format!("/api/v1/executions/{first}/retry"), &json!({})).await;
+    // retried from the failed step while the marker is still missing: the retry is the run's, it
+    // fails again, and pages again (a retry takes over what its parent's main steps completed,
+    // never its on-failure steps)
+    let (status, retry) = system.post(&format!("/api/v1/executions/{ship_execution}/retry"), &json!({})).await;
     assert_eq!(status, 201, "{retry}");
+    assert_eq!(
+        (retry["action_ref"].as_str(), retry["original_execution"].as_i64()),
+        (Some("ops.deliver"), Some(first))
+    );
     let again = id(&retry);
+    // ... once: the run is retried already
+    let (status, refused) = system.post(&format!("/api/v1/executions/{first}/retry"), &json!({})).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("already_retried")), "{refused}");
     assert_eq!(system.wait_terminal(again, Duration::from_secs(30)).await["status"], "failed");
     let graph_again = graph_of(&system, again).await;
     assert_eq!(step(&graph_again, "page")["attempts"], 1, "the second failure pages too: {graph_again}");
@@ -262,6 +274,11 @@ async fn a_failed_step_runs_the_on_failure_path_and_a_retry_of_the_run_starts_fr
     assert_eq!(prepare["attempts"], 0, "prepare completed in the first run and is not run again: {graph2}");
     assert_eq!(step(&graph2, "ship")["attempts"], 1);
     assert_eq!(step(&graph2, "page")["state"], "not_run");
+    // a step of a run that completed is not retried
+    let shipped = step(&graph2, "ship")["executions"][0]["id"].as_i64().unwrap();
+    let (status, refused) = system.post(&format!("/api/v1/executions/{shipped}/retry"), &json!({})).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("workflow_step")), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("the run completed"), "{refused}");
     system.stop().await;
 }
 

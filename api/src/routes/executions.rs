@@ -425,7 +425,7 @@ pub struct RetryBody {
     request_body(content = Option<RetryBody>, description = "Optional replacement parameters (no body, or `null`, keeps the retried execution's)"),
     responses((status = 201, description = "The retry", body = Execution),
         (status = 404, description = "No such execution", body = crate::openapi::ErrorBody),
-        (status = 409, description = "Already retried (`retry_execution` names the retry), or not finished; or (`workflow_step`) a step of a workflow run, which is retried with its run", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Already retried (`retry_execution` names the retry), or not finished; or (`workflow_step`) a step of a workflow run that completed or still runs (a step of a run that ended without success is retried as its run, from the steps that did not complete)", body = crate::openapi::ErrorBody),
         (status = 413, description = "The replacement parameters are too large; `parameter` names the one", body = crate::openapi::ErrorBody),
         (status = 422, description = "A parameter is invalid", body = crate::openapi::ErrorBody),))]
 pub async fn retry(
@@ -499,23 +499,47 @@ struct ManualRetry {
 /// its failure kind or retry count; recorded as `manual_retry` and requested at once. Returns the
 /// retry to insert.
 async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Result<NewExecution, ApiError> {
-    let parent = db::execution::get(&state.db, request.parent).await?.ok_or_else(|| {
+    let mut parent = db::execution::get(&state.db, request.parent).await?.ok_or_else(|| {
         let mut error = ApiError::not_found("execution", format!("execution {} does not exist", request.parent));
         error.parameter = Some(if request.action_ref.is_some() { "config.retry_of" } else { "id" }.to_string());
         error
     })?;
-    if let (Some(run), Some(step)) = (parent.workflow_run, &parent.workflow_step) {
-        // its run decides what it runs next; a retry of the run starts again from the steps
-        // that did not complete
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "workflow_step",
-            format!(
-                "execution {} is step '{step}' of workflow run {run}: retry the run (POST /api/v1/executions/{run}/retry), \
-                 which runs again only the steps that did not complete",
-                parent.id
-            ),
-        ));
+    if let (Some(run_id), Some(step)) = (parent.workflow_run, parent.workflow_step.clone()) {
+        // Retry from the failed step: its run decides what runs next, so a step of a run that
+        // ended without success is retried as its run, which runs again only the steps that did
+        // not complete (this one among them). A run that completed, or still runs, is left to
+        // itself.
+        let run = db::execution::get(&state.db, run_id).await?;
+        let refusal = match &run {
+            _ if request.action_ref.is_some() => Some(format!(
+                "retry the run (POST /api/v1/executions/{run_id}/retry), which runs again only the steps that did not \
+                 complete"
+            )),
+            Some(run) if run.status == ExecutionStatus::Completed => {
+                Some("the run completed: submit a new run to run its steps again".to_string())
+            }
+            Some(run) if !run.status.is_terminal() => Some(format!(
+                "the run is {}: its step's own retries and its on-failure path decide what runs next; retry it \
+                 from here once the run has ended",
+                run.status
+            )),
+            Some(_) => None,
+            None => Some("the run no longer exists".to_string()),
+        };
+        match (refusal, run) {
+            (None, Some(run)) => parent = run,
+            (refusal, _) => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "workflow_step",
+                    format!(
+                        "execution {} is step '{step}' of workflow run {run_id}: {}",
+                        parent.id,
+                        refusal.unwrap_or_default()
+                    ),
+                ));
+            }
+        }
     }
     if parent.runtime.as_deref() == Some(attune_core::workflow::RUNTIME) && request.parameters.is_some() {
         // its completed steps stand in the retry: they ran with its input
