@@ -86,7 +86,7 @@ pub struct ManualRetryRequest<'a> {
     pub parent_action_ref: &'a str,
     /// The execution that already retries the parent, if any.
     pub existing_retry: Option<i64>,
-    /// The action the client named (the seed's Example 4 names it), if any.
+    /// The action the client named (a retry submitted as a new execution names it), if any.
     pub action_ref: Option<&'a str>,
 }
 

@@ -195,8 +195,8 @@ async fn a_workflow_runs_its_steps_in_order_fans_out_within_its_cap_and_joins() 
 
 /// A step that fails runs the on-failure path, and the run fails naming the step. Retried by
 /// hand (the run, or its failed step), the run starts again from the failed step: what completed
-/// is not run again. A step is never retried alone: the Example 4 form naming its action, and a
-/// step of a run that completed, are refused (409).
+/// is not run again. A step is never retried alone: a retry submitted as a new execution naming
+/// its action, and a step of a run that completed, are refused (409).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_step_runs_the_on_failure_path_and_a_retry_of_the_run_starts_from_it() {
     let pack = ops_pack();
@@ -231,7 +231,7 @@ async fn a_failed_step_runs_the_on_failure_path_and_a_retry_of_the_run_starts_fr
     assert_eq!((failed[0].0.as_str(), failed[0].1, failed[0].2), ("ship", 0, ship_execution));
     assert!(failed[0].3.contains("exit"), "{failed:?}");
 
-    // the Example 4 form names the step's action: a step is not retried alone
+    // a retry submitted as a new execution names the step's action: a step is not retried alone
     let (status, refused) = system
         .post("/api/v1/executions", &json!({"action_ref": "ops.flaky", "config": {"retry_of": ship_execution}}))
         .await;

@@ -143,7 +143,7 @@ pub(crate) async fn plan(state: &crate::AppState, body: CreateExecution) -> Resu
     let given = object("parameters", body.parameters)?;
     let config = object("config", body.config)?;
     if let Some(retry_of) = config.get("retry_of") {
-        // The seed's Example 4: a manual retry expressed as a new submission.
+        // A retry submitted as a new execution (`config.retry_of`; the specification's Example 4).
         let parent = retry_of
             .as_i64()
             .ok_or_else(|| ApiError::invalid("config.retry_of", "'config.retry_of' must be an execution id"))?;
@@ -486,12 +486,14 @@ fn merged(previous: &Value, changes: Map<String, Value>) -> (Map<String, Value>,
 
 struct ManualRetry {
     parent: i64,
-    /// When given (Example 4's body), it must be the retried execution's action.
+    /// When given (a retry submitted as a new execution names it), it must be the retried
+    /// execution's action.
     action_ref: Option<String>,
     parameters: Option<Map<String, Value>>,
     /// `parameters` are changes to the retried execution's.
     merge: bool,
-    /// Extra config from the client (Example 4's `config`); `max_retries` in it sets the budget.
+    /// Extra config from the client (a retry submitted as a new execution carries it); `max_retries`
+    /// in it sets the budget.
     config: Map<String, Value>,
 }
 

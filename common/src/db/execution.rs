@@ -154,7 +154,7 @@ impl NewExecution {
     /// The `config` stored with the execution: the client's, with the retry fields the seed's
     /// queries read from it set to what is in force (`SELECT config FROM execution WHERE id = 123`
     /// shows the budget): `max_retries` and `retry_count` always, and for a retry `retry_of`,
-    /// `original_execution` and `retry_reason` (Example 4's fields).
+    /// `original_execution` and `retry_reason` (what a retry submitted as a new execution gives).
     pub fn recorded_config(&self) -> Value {
         let mut config = if self.config.is_object() { self.config.clone() } else { Value::Object(Default::default()) };
         config["max_retries"] = self.max_retries.into();
