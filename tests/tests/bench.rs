@@ -62,14 +62,22 @@ async fn the_quick_benchmark_runs_every_workload() {
 }
 
 /// The `workflow` workload (issue 48) on the `bench` pack: 40 sequential steps of echo and of
-/// python, and the graph of a fanned-out run, each reported with its numbers.
+/// python (each python run against the spawn floor measured right before it, where the floor is
+/// built), and the graph of a fanned-out run, each reported with its numbers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quick_workflow_benchmark_reports_per_step_and_graph_times() {
     let bench_pack = attune_testkit::system::repo_root().join("packs/bench");
     let system = System::builder().pack(&bench_pack).worker("w1", &[]).start().await;
     let json = std::env::temp_dir().join(format!("attune-bench-workflow-{}.json", std::process::id()));
+    // (the python runs are paired with the spawn floor's where it is built, as `make bench` does)
+    let root = attune_testkit::system::repo_root();
+    let floor = root.join("../shared/floorbench");
+    let floor_built = floor.join("target/release/floorbench").is_file();
     let out = Command::new(attune_testkit::workspace_binary("attune-bench"))
         .args(["--quick", "--workload", "workflow", "--json", json.to_str().unwrap()])
+        .current_dir(&root)
+        .env("ATTUNE_FLOORBENCH_DIR", &floor)
+        .env_remove("ATTUNE_BENCH_NO_FLOOR")
         .env("ATTUNE_API_URL", &system.api_url)
         .env("ATTUNE_TOKEN", &system.token)
         .env("DATABASE_URL", &system.db.url)
@@ -83,6 +91,12 @@ async fn the_quick_workflow_benchmark_reports_per_step_and_graph_times() {
     for result in &results[..2] {
         assert_eq!(result["not_completed"], 0, "{result}");
         assert!(result["extra"]["per_step_ms"].as_f64().unwrap() > 0.0, "{result}");
+    }
+    if floor_built {
+        let ratio = results[1]["extra"]["ratio_to_spawn_floor"].as_f64();
+        assert!(ratio.is_some_and(|ratio| ratio > 0.0), "python paired with the spawn floor: {report:#}");
+        assert_eq!(results[1]["extra"]["ratios_to_spawn_floor"].as_array().map(Vec::len), Some(2), "{report:#}");
+        assert!(results[0]["extra"].get("ratio_to_spawn_floor").is_none(), "{report:#}");
     }
     assert_eq!(results[2]["extra"]["status"], "completed", "{report:#}");
     assert!(results[2]["latency_ms"]["p99"].as_f64().unwrap() > 0.0, "{report:#}");
