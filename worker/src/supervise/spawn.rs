@@ -3,7 +3,7 @@
 //! std's `Command` makes whenever code must run in the child (rlimits, the parent-death signal). A
 //! fork copies the supervisor's page tables and the exec then tears the copy down: at `core.echo`'s
 //! maximum rate that was about a tenth of the machine, more than the supervisor's every other cost
-//! (docs/benchmarks.md).
+//! (docs/bench/log/2026-11-26-5-real-actions-a-start-without-a-fork.md).
 //!
 //! The child runs on a stack of its own while the thread that made it (one of the supervisor's
 //! `starters`, off its loop) is suspended, and makes only system calls, on values prepared before
