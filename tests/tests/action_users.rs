@@ -32,8 +32,8 @@ const SNOOP_SH: &str = r#"#!/bin/sh
 can() { if "$@" >/dev/null 2>&1; then echo true; else echo false; fi; }
 worker=$(awk '{print $4}' /proc/$PPID/stat)
 their_uid=$(awk '/^Uid:/ {print $2}' /proc/$ATTUNE_PARAM_PID/status)
-printf '{"uid": %s, "their_uid": %s, "read_sibling_environ": %s, "read_worker_environ": %s, "signal_worker": %s, "signal_supervisor": %s, "signal_sibling": %s}\n' \
-  "$(id -u)" "$their_uid" \
+printf '{"uid": %s, "their_uid": %s, "no_new_privs": %s, "read_sibling_environ": %s, "read_worker_environ": %s, "signal_worker": %s, "signal_supervisor": %s, "signal_sibling": %s}\n' \
+  "$(id -u)" "$their_uid" "$(awk '/^NoNewPrivs:/ {print $2}' /proc/self/status)" \
   "$(can grep -q ATTUNE_PARAM_TOKEN /proc/$ATTUNE_PARAM_PID/environ)" \
   "$(can cat /proc/$worker/environ)" \
   "$(can kill -0 $worker)" "$(can kill -0 $PPID)" "$(can kill -0 $ATTUNE_PARAM_PID)"
@@ -76,6 +76,9 @@ async fn each_action_runs_as_a_user_of_its_own_and_cannot_read_or_signal_the_oth
     let range = 1_900_000_000u32..=1_900_065_535;
     assert!(range.contains(&(uid as u32)) && range.contains(&(their_uid as u32)), "{seen}");
     assert_ne!(uid, their_uid, "two running actions share a user id");
+    // no set-user-id file or file capability it runs changes its ids (its end's quick sweep asks
+    // the kernel about its real user alone)
+    assert_eq!(seen["no_new_privs"], 1, "{seen}");
     for (what, expected) in [
         ("read_sibling_environ", false),
         ("read_worker_environ", false),

@@ -261,13 +261,15 @@ pub fn sweep(uid: u32) -> Result<(), Vec<i32>> {
     if held.is_empty() { Ok(()) } else { Err(held) }
 }
 
-/// Whether no process (nor thread, nor zombie) has `uid` as its real user id, which every
-/// process an action starts keeps, whatever it execs, unless it becomes root: `getpriority(2)`
-/// of `PRIO_USER`, which the kernel answers by looking at every thread and fails with `ESRCH`
-/// when none is the user's. One system call, where a look through `/proc` reads every process's
-/// `status` (1.5 to 1.8 ms with about 100 processes). A process whose real id is another's and
-/// only its effective, saved or file system id is `uid` (another user's process that ran a
-/// set-user-id file of `uid`'s) is not seen by it; such a process can appear after any look.
+/// Whether no process (nor thread, nor zombie) has `uid` as its real user id: `getpriority(2)` of
+/// `PRIO_USER`, which the kernel answers by looking at every thread and fails with `ESRCH` when
+/// none is the user's. One system call, where a look through `/proc` reads every process's
+/// `status` (1.5 to 1.8 ms with about 100 processes). Every process of a run keeps the run's
+/// user as its real, effective and saved one: its start sets `PR_SET_NO_NEW_PRIVS`
+/// (`supervise::spawn`), so no set-user-id file nor file capability it execs changes its ids, and
+/// a process may only move among the ids it has. What it does not see is another user's process
+/// that took `uid` as its effective id alone by running a set-user-id file of `uid`'s left
+/// outside the run's temp directory; such a process could appear after any look.
 #[allow(unsafe_code)]
 fn no_process_is_really(uid: u32) -> bool {
     // (0 would ask of the caller's own user)

@@ -598,12 +598,16 @@ async fn run_process(
                 command.uid(user.uid).gid(user.uid);
                 let (processes, file_size) = (user.limits.processes, user.limits.file_size_bytes);
                 // SAFETY: the closure runs in the forked child before exec and makes only
-                // async-signal-safe system calls (umask, setrlimit) on values copied before the
-                // fork; it allocates nothing.
+                // async-signal-safe system calls (umask, prctl, setrlimit) on values copied before
+                // the fork; it allocates nothing.
                 #[allow(unsafe_code)]
                 unsafe {
                     command.pre_exec(move || {
                         libc::umask(0o077);
+                        // (no exec gains a user or a capability: `supervise::spawn`)
+                        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
                         for (resource, limit) in [(libc::RLIMIT_NPROC, processes), (libc::RLIMIT_FSIZE, file_size)] {
                             let limit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
                             if libc::setrlimit(resource, &limit) != 0 {

@@ -340,13 +340,17 @@ fn supervise(args: &[OsString]) -> i32 {
         // before the limits below and the exec
         command.uid(uid).gid(uid);
     }
-    // SAFETY: the closure runs in the forked child before exec and calls only umask and
+    // SAFETY: the closure runs in the forked child before exec and calls only umask, prctl and
     // setrlimit, which are async-signal-safe, on values computed before the fork; it allocates
     // nothing.
     unsafe {
         command.pre_exec(move || {
             if own_user {
                 libc::umask(0o077);
+                // (as the long-lived supervisor's start does: no exec gains a user or a capability)
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             for (resource, limit) in &rlimits {
                 if libc::setrlimit(*resource, limit) != 0 {

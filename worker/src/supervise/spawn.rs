@@ -262,6 +262,12 @@ unsafe fn steps(spawn: &Spawn) -> libc::c_int {
             if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
                 return errno();
             }
+            // no exec gains a user, a group or a capability from here on (set-user-id files, file
+            // capabilities): every process of the run keeps the run's user as its real one, the
+            // id its end's sweep asks the kernel about (`action_users::no_process_is_really`)
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return errno();
+            }
             // (what it makes in its private temp directory, or anywhere, is its own alone; the
             // umask is this child's, which shares the supervisor's memory, not its file system
             // state)
