@@ -281,6 +281,18 @@ pub const SETTINGS: &[Setting] = &[
         doc: "their API token (or `--token`; the CLI also reads its config file's `token`)",
     },
     Setting {
+        name: "ATTUNE_FLOORBENCH_DIR",
+        default: Value("../shared/floorbench"),
+        read_by: &[Bench],
+        doc: "where the floor's benchmark (`floorbench`) is; the `workflow` workload pairs each run of its python steps with `floorbench spawn` of the same script from there, when it is built",
+    },
+    Setting {
+        name: "ATTUNE_BENCH_NO_FLOOR",
+        default: Described("unset"),
+        read_by: &[Bench],
+        doc: "set: no floor is measured (`scripts/bench.sh` runs none, the `workflow` workload pairs no run with one)",
+    },
+    Setting {
         name: "ATTUNE_CONFIG",
         default: Described("`$XDG_CONFIG_HOME/attune/config.json`, else `~/.config/attune/config.json`"),
         read_by: &[Cli],

@@ -123,12 +123,14 @@ pub async fn advance(
     id: i64,
 ) -> Result<(), crate::Error> {
     let mut tx = db::workflow::begin_advance(&context.db).await?;
-    let Some(locked) = db::workflow::lock(&mut *tx, id).await? else {
+    let Some((run, paused)) = db::workflow::lock(&mut *tx, id).await? else {
         drop(tx);
         return without_definition(context, id).await;
     };
-    let (run, paused) = (&locked.run, locked.paused);
-    match locked.status {
+    let Some(execution) = db::execution::get(&mut *tx, id).await? else {
+        return Ok(());
+    };
+    match execution.status {
         status if status.is_terminal() => {
             drop(tx);
             return stop_steps(context, id, status).await;
@@ -146,7 +148,7 @@ pub async fn advance(
             {
                 return Ok(());
             }
-            tracing::info!(workflow_run = id, workflow = %locked.action_ref, "workflow run started");
+            tracing::info!(workflow_run = id, workflow = %execution.action_ref, "workflow run started");
         }
         ExecutionStatus::Running => {}
         // a retry waiting out its backoff: the retry timer makes it a request when it is due
@@ -172,7 +174,7 @@ pub async fn advance(
         None => Vec::new(),
     };
     let attempts = db::workflow::attempts(&mut tx, id, &resumed, &spec.main_steps()).await?;
-    let plan = workflow::plan(&spec, &locked.parameters, &attempts);
+    let plan = workflow::plan(&spec, &execution.parameters, &attempts);
     let mut again = false;
     if !plan.start.is_empty() && !paused {
         let default_timeout = context.settings.common.default_timeout_secs;
@@ -197,10 +199,7 @@ pub async fn advance(
     }
     tx.commit().await?;
     if let Some(finish) = plan.finish {
-        // (read once a run, at its end: the failure's record wants the whole execution)
-        if let Some(execution) = db::execution::get(&context.db, id).await? {
-            finish_run(context, &execution, finish).await?;
-        }
+        finish_run(context, &execution, finish).await?;
     }
     if again {
         context.workflows.run(id);

@@ -239,6 +239,18 @@ async fn a_failed_step_runs_the_on_failure_path_and_a_retry_of_the_run_starts_fr
     assert_eq!(refused["error"]["code"], "workflow_step");
     assert!(refused["error"]["message"].as_str().unwrap().contains(&format!("/executions/{first}/retry")), "{refused}");
 
+    // a bulk retry that selects the step skips it, naming its run (a run selected is retried whole)
+    let (status, bulk) = system
+        .post(
+            "/api/v1/executions/bulk",
+            &json!({"action": "retry", "filter": {"action_ref": "ops.flaky", "status": "failed"}, "reason": "retry"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{bulk}");
+    assert_eq!(bulk["done"].as_array().map(Vec::len), Some(0), "{bulk}");
+    assert_eq!(bulk["skipped"][0]["id"].as_i64(), Some(ship_execution), "{bulk}");
+    assert_eq!(bulk["skipped"][0]["code"], "workflow_step", "{bulk}");
+
     // retried from the failed step while the marker is still missing: the retry is the run's, it
     // fails again, and pages again (a retry takes over what its parent's main steps completed,
     // never its on-failure steps)

@@ -149,7 +149,14 @@ pub(crate) async fn plan(state: &crate::AppState, body: CreateExecution) -> Resu
             .ok_or_else(|| ApiError::invalid("config.retry_of", "'config.retry_of' must be an execution id"))?;
         // without `parameters` the retry keeps the retried execution's own
         let parameters = parameters_given.then_some(given);
-        let request = ManualRetry { parent, action_ref: Some(body.action_ref), parameters, merge: false, config };
+        let request = ManualRetry {
+            parent,
+            action_ref: Some(body.action_ref),
+            parameters,
+            merge: false,
+            config,
+            step_as_run: false,
+        };
         return plan_manual_retry(state, request).await;
     }
     let action = state
@@ -453,7 +460,8 @@ pub async fn retry(
         None => None,
         some => Some(object("parameters", some)?),
     };
-    let request = ManualRetry { parent, action_ref: None, parameters, merge: body.merge, config: Map::new() };
+    let request =
+        ManualRetry { parent, action_ref: None, parameters, merge: body.merge, config: Map::new(), step_as_run: true };
     let mut span = request_span("POST /executions/{id}/retry", &headers);
     let new = traced(plan_manual_retry(&state, request).await?, &mut span);
     let execution = insert_audited(&state, &withdrawal, &asking, &new, caller.token_id).await?;
@@ -495,6 +503,10 @@ struct ManualRetry {
     /// Extra config from the client (a retry submitted as a new execution carries it); `max_retries`
     /// in it sets the budget.
     config: Map<String, Value>,
+    /// A step of a workflow run that ended without success is retried as its run (the retry
+    /// route's "retry from the failed step"); elsewhere (a bulk retry, a retry submitted as a new
+    /// execution) a step is refused, naming its run.
+    step_as_run: bool,
 }
 
 /// An operator's retry: allowed on any terminal execution that has not been retried yet, whatever
@@ -509,11 +521,10 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
     if let (Some(run_id), Some(step)) = (parent.workflow_run, parent.workflow_step.clone()) {
         // Retry from the failed step: its run decides what runs next, so a step of a run that
         // ended without success is retried as its run, which runs again only the steps that did
-        // not complete (this one among them). A run that completed, or still runs, is left to
-        // itself.
+        // not complete. A run that completed, or still runs, is left to itself.
         let run = db::execution::get(&state.db, run_id).await?;
         let refusal = match &run {
-            _ if request.action_ref.is_some() => Some(format!(
+            _ if !request.step_as_run => Some(format!(
                 "retry the run (POST /api/v1/executions/{run_id}/retry), which runs again only the steps that did not \
                  complete"
             )),

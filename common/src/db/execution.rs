@@ -1273,17 +1273,12 @@ pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<V
     Transition::to(ExecutionStatus::Scheduled).from(&[ExecutionStatus::Requested]).check();
     // (`execution_claim`, migration `claim_within_room`: the claims for one worker take turns,
     // and each takes no more than the room the worker has when it runs)
-    // Its commit does not wait for the WAL to reach the disk (`synchronous_commit` off for this
-    // statement's transaction, set once it has claimed a row): nothing acts on a claim but the
-    // worker it names, whose own claim of the execution (`claim_runs`, scheduled → running) waits
-    // for its commit and so flushes this one first. A claim lost with PostgreSQL before its WAL
-    // was written leaves the execution `requested`: the worker's claim finds it not scheduled
-    // there and drops the dispatch as stale, and the next look claims it again. The wait it
-    // saves is on the path of every execution (issue 48: 0.15 ms of a commit here).
+    // (its commit waits for the WAL flush: a dispatch is published only for a claim, and for an
+    // execution, that a crash cannot take back, which a workflow step made by an advance
+    // committed without waiting, `db::workflow::begin_advance`, relies on)
     sqlx::query_as(
         "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
-            idempotency_key, trace_parent FROM execution_claim($1, $2) \
-         WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL",
+            idempotency_key, trace_parent FROM execution_claim($1, $2)",
     )
     .bind(runtime)
     .bind(plan)

@@ -21,41 +21,38 @@ pub struct Run {
 
 /// An advance's transaction. Its commit does not wait for the WAL to reach the disk
 /// (`synchronous_commit = off`): what it makes is acted on only through a later commit that does
-/// wait and that flushes the WAL up to itself, so this one's too. A step it starts runs only
-/// after the scheduler's claim of it has committed; the run it starts is seen by its steps'
-/// claims. An advance lost with a crash of PostgreSQL before its WAL was written is made again
-/// from the record by the next (the workflow engine's sweep), as one cut off before its commit.
-/// The wait it saves is one of the four flushes on a step's critical path.
+/// wait and that flushes the WAL up to itself, so this one's too. A step it starts is dispatched
+/// only once the scheduler's claim of it has committed, synchronously (`execution::claim_waiting`):
+/// no dispatch names a step, nor an id, that a crash could take back. The run it starts is seen
+/// by its steps' claims; it raises no event (nothing in it ends). An advance lost with a crash of
+/// PostgreSQL before its WAL was written is made again from the record by the next (the workflow
+/// engine's sweep), as one cut off before its commit. The wait it saves is one of the four
+/// flushes on a step's critical path.
 pub async fn begin_advance(db: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
     db.begin_with("BEGIN; SET LOCAL synchronous_commit = off").await
 }
 
-/// What an advance reads of a run under its lock.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Locked {
-    #[sqlx(flatten)]
-    pub run: Run,
-    /// Whether the run starts no new step: it, its workflow or the `workflow` runtime is paused.
-    pub paused: bool,
-    /// The run's execution: its state, its workflow and its input.
-    pub status: ExecutionStatus,
-    pub action_ref: String,
-    pub parameters: Value,
-}
-
 /// Run `id`'s row, locked until the transaction ends: one advance of a run at a time, whatever
-/// the executors. With it, in the same statement (a round trip fewer on every advance), what
-/// the advance reads of the run's execution and whether it is paused.
-pub async fn lock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Locked>, sqlx::Error> {
-    sqlx::query_as(
+/// the executors. With it, whether the run starts no new step (`paused`, read in the same
+/// statement: one round trip fewer on every advance). The run's execution is read after it (a
+/// statement of its own sees what committed while the lock was waited for: a cancel).
+pub async fn lock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<(Run, bool)>, sqlx::Error> {
+    #[derive(sqlx::FromRow)]
+    struct Locked {
+        #[sqlx(flatten)]
+        run: Run,
+        paused: bool,
+    }
+    let locked: Option<Locked> = sqlx::query_as(
         "UPDATE workflow_run r SET advanced = now() FROM execution e WHERE r.execution = $1 AND e.id = r.execution \
-         RETURNING r.execution, r.definition, r.resumes, r.advanced, e.status, e.action_ref, e.parameters, \
+         RETURNING r.execution, r.definition, r.resumes, r.advanced, \
             EXISTS (SELECT 1 FROM pause p WHERE (p.kind = 'runtime' AND p.name = 'workflow') \
                     OR (p.kind = 'action' AND p.name = e.action_ref) OR (p.kind = 'run' AND p.name = $1::text)) AS paused",
     )
     .bind(id)
     .fetch_optional(db)
-    .await
+    .await?;
+    Ok(locked.map(|locked| (locked.run, locked.paused)))
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Run>, sqlx::Error> {

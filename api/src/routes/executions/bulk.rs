@@ -164,6 +164,8 @@ pub async fn bulk(
                 parameters: None,
                 merge: false,
                 config: Default::default(),
+                // (a step selected is skipped, naming its run: a run selected is retried as one)
+                step_as_run: false,
             };
             plans.insert(id, plan_manual_retry(&state, request).await);
         }
