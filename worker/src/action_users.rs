@@ -135,9 +135,7 @@ impl ActionUser {
                 "processes of this action user id outlived every SIGKILL at the end of its run"),
         }
     }
-}
 
-impl ActionUser {
     /// Whether nothing of the id runs any more (`no_process_is_really`), remembered as a sweep:
     /// the usual end of a run, answered by one system call without leaving the caller's thread.
     pub fn nothing_left(&mut self) -> bool {

@@ -522,37 +522,34 @@ async fn plan_manual_retry(state: &crate::AppState, request: ManualRetry) -> Res
         // Retry from the failed step: its run decides what runs next, so a step of a run that
         // ended without success is retried as its run, which runs again only the steps that did
         // not complete. A run that completed, or still runs, is left to itself.
-        let run = db::execution::get(&state.db, run_id).await?;
-        let refusal = match &run {
-            _ if !request.step_as_run => Some(format!(
+        let step_id = parent.id;
+        let refused = |why: String| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "workflow_step",
+                format!("execution {step_id} is step '{step}' of workflow run {run_id}: {why}"),
+            )
+        };
+        if !request.step_as_run {
+            return Err(refused(format!(
                 "retry the run (POST /api/v1/executions/{run_id}/retry), which runs again only the steps that did not \
                  complete"
-            )),
-            Some(run) if run.status == ExecutionStatus::Completed => {
-                Some("the run completed: submit a new run to run its steps again".to_string())
-            }
-            Some(run) if !run.status.is_terminal() => Some(format!(
-                "the run is {}: its step's own retries and its on-failure path decide what runs next; retry it \
-                 from here once the run has ended",
-                run.status
-            )),
-            Some(_) => None,
-            None => Some("the run no longer exists".to_string()),
-        };
-        match (refusal, run) {
-            (None, Some(run)) => parent = run,
-            (refusal, _) => {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "workflow_step",
-                    format!(
-                        "execution {} is step '{step}' of workflow run {run_id}: {}",
-                        parent.id,
-                        refusal.unwrap_or_default()
-                    ),
-                ));
-            }
+            )));
         }
+        parent = match db::execution::get(&state.db, run_id).await? {
+            None => return Err(refused("the run no longer exists".to_string())),
+            Some(run) if run.status == ExecutionStatus::Completed => {
+                return Err(refused("the run completed: submit a new run to run its steps again".to_string()));
+            }
+            Some(run) if !run.status.is_terminal() => {
+                return Err(refused(format!(
+                    "the run is {}: its step's own retries and its on-failure path decide what runs next; retry \
+                     it from here once the run has ended",
+                    run.status
+                )));
+            }
+            Some(run) => run,
+        };
     }
     if parent.runtime.as_deref() == Some(attune_core::workflow::RUNTIME) && request.parameters.is_some() {
         // its completed steps stand in the retry: they ran with its input
