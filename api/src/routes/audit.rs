@@ -43,7 +43,7 @@ pub struct AuditQuery {
     pub limit: Option<i64>,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditPage {
     /// Newest first.
     pub events: Vec<Event>,

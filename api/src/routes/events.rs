@@ -30,7 +30,7 @@ pub const DELIVERY_PATH: &str = "/api/v1/webhooks/{name}";
 const STRIPE_TOLERANCE_SECS: i64 = 300;
 
 /// What a delivery (or a replay) came to.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Recorded {
     /// The event's id (the first delivery's, for a redelivery).
     pub event: i64,
@@ -351,7 +351,7 @@ pub struct SetCredential {
     pub value: Option<String>,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CredentialSet {
     pub webhook: WebhookInfo,
     /// The token made (shown once: only its hash is kept); null when one was given.

@@ -344,7 +344,7 @@ fn json_bytes(value: &Value) -> usize {
 
 /// An execution with where its retry chain goes next, and the names of the tokens that submitted
 /// and ended it.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecutionView {
     #[serde(flatten)]
     pub execution: Execution,
@@ -819,7 +819,7 @@ pub enum ListedExecution {
     Full(Execution),
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Page<T> {
     pub items: Vec<T>,
     /// The executions matching the filter, counted up to 10000: with `total_exact` false there

@@ -52,7 +52,7 @@ async fn set_drained(
 
 /// The executors' settings in force: the global retry settings (`retry_config`) and the health
 /// thresholds (`health_probe_config`), as the last executor to start wrote them.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct EffectiveConfig {
     pub retry: db::worker::StoredRetryConfig,
     #[schema(value_type = Object)]

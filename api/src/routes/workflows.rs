@@ -41,7 +41,7 @@ pub struct GraphQuery {
 }
 
 /// A workflow run and its steps.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WorkflowRun {
     /// The run's own execution (its status is the run's; its `result` the workflow's result).
     pub run: Execution,
@@ -55,7 +55,7 @@ pub struct WorkflowRun {
     pub steps: Vec<Step>,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Step {
     pub name: String,
     pub action: String,

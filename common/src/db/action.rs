@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Action {
     pub id: i64,
     #[serde(rename = "ref")]

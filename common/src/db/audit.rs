@@ -32,7 +32,7 @@ pub struct Asked {
 }
 
 /// An event as read, with the name of the token that asked.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Event {
     pub id: i64,
     pub at: DateTime<Utc>,

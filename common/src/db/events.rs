@@ -21,7 +21,7 @@ pub struct Webhook {
 }
 
 /// A webhook as listed: whether its credential is set, never the credential.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct WebhookInfo {
     pub name: String,
     pub pack: String,
@@ -34,7 +34,7 @@ pub struct WebhookInfo {
 }
 
 /// A rule as listed.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Rule {
     #[sqlx(rename = "ref")]
     #[serde(rename = "ref")]
@@ -236,7 +236,7 @@ pub async fn rules_of(db: impl PgExecutor<'_>, trigger: &str) -> Result<Vec<(Str
 }
 
 /// An event, with what each rule made of it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ReceivedEvent {
     pub id: i64,
     pub trigger: String,
@@ -250,7 +250,7 @@ pub struct ReceivedEvent {
 }
 
 /// A rule's answer to an event.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Match {
     pub rule: String,
     /// Whether its criteria held.

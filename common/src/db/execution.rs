@@ -12,7 +12,7 @@ use crate::db::Lent;
 use attune_core::failure::FailureKind;
 use attune_core::status::ExecutionStatus;
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Execution {
     pub id: i64,
     pub action: Option<i64>,
@@ -536,7 +536,7 @@ async fn list_total(db: &PgPool, filter: &ListFilter) -> Result<i64, sqlx::Error
 
 /// An execution without its heavy fields (`parameters`, `config`, `result`, `stdout`, `stderr`,
 /// `retry_decision`): a row of a light list page, a few hundred bytes whatever the action did.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 // (serialized only: this documents `additionalProperties: false`, which tells a summary row
 // from a whole `Execution` in a page's schema)
 #[serde(deny_unknown_fields)]

@@ -6,7 +6,7 @@ use sqlx::{Acquire, PgPool, Postgres};
 
 use crate::pack::LoadedPack;
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Pack {
     pub id: i64,
     #[serde(rename = "ref")]
@@ -21,7 +21,7 @@ pub struct Pack {
     /// What the loader allowed but most likely is not meant (`retry.max_attempts: 0`, …), each
     /// naming its file and field; only in the answer to a registration.
     #[sqlx(skip)]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
 

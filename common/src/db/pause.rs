@@ -35,7 +35,7 @@ impl PauseKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Pause {
     /// `action`, `runtime` or `run`.
     pub kind: String,

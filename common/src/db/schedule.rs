@@ -12,7 +12,7 @@ use sqlx::PgPool;
 
 use crate::schedule::{CatchUp, Timing};
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Schedule {
     pub id: i64,
     pub name: String,

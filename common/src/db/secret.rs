@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 /// A secret as it is listed: never its value.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct SecretInfo {
     pub name: String,
     pub created: DateTime<Utc>,

@@ -524,7 +524,7 @@ pub async fn store_health_config(db: &PgPool, c: &HealthThresholds) -> Result<()
 }
 
 /// The executors' global retry settings, as the last executor to start wrote them.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct StoredRetryConfig {
     pub enabled: bool,
     pub base_backoff_secs: f64,

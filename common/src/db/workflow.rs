@@ -230,7 +230,7 @@ pub async fn unfinished_steps(db: impl PgExecutor<'_>, id: i64) -> Result<Vec<(i
 }
 
 /// One execution of a run's step, as the run's graph shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct StepExecution {
     pub id: i64,
     pub step: String,

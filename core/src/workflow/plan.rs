@@ -12,7 +12,7 @@ use super::expr::{Condition, render};
 use super::{MOST_ITEMS, StepSpec, WorkflowSpec};
 use crate::ExecutionStatus;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
     Main,
@@ -32,7 +32,7 @@ pub struct Attempt {
 }
 
 /// Where a step is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepState {
     /// Waits for the steps it needs.
@@ -64,7 +64,7 @@ impl StepState {
 }
 
 /// How many of a step's items are where.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ItemState {
     pub total: usize,
     pub not_started: usize,

@@ -71,7 +71,7 @@ pub struct BulkRequest {
     pub reason: String,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BulkDone {
     /// The execution acted on.
     pub id: i64,
@@ -79,7 +79,7 @@ pub struct BulkDone {
     pub execution_id: i64,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BulkSkipped {
     pub id: i64,
     /// Why (the error code a call on it alone would have answered): `already_retried`,
@@ -88,7 +88,7 @@ pub struct BulkSkipped {
     pub message: String,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BulkOutcome {
     pub action: BulkActionName,
     pub dry_run: bool,

@@ -32,7 +32,7 @@ pub struct ChainQuery {
 }
 
 /// One attempt of a retry chain, whole, with the timing between it and the attempt it retries.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Attempt {
     #[serde(flatten)]
     pub execution: Execution,
@@ -46,7 +46,7 @@ pub struct Attempt {
 /// `ExecutionSummary`, with the RetryManager's decision and the timing of an `Attempt`. (Its
 /// fields are written out rather than flattened: that documents `additionalProperties: false`,
 /// which tells it from a whole `Attempt` in the answer's schema.)
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AttemptSummary {
     pub id: i64,
@@ -93,7 +93,7 @@ pub enum ChainAttempt {
     Full(Attempt),
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Chain<T> {
     /// The execution asked about.
     pub execution_id: i64,
