@@ -1,7 +1,14 @@
 //! Cancel notices, the check that stops runs the database no longer has here, and follow
 //! requests (`live`).
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use attune_common::db;
+use attune_common::mq::{Disposition, Incoming};
+use tokio_util::sync::CancellationToken;
+
+use crate::Worker;
 
 impl Worker {
     /// Every `ATTUNE_WORKER_CANCEL_CHECK_SECS`, while something runs here: stops each running

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use attune_common::fence::{FenceNotice, margin};
 
-use super::*;
+use crate::heartbeat::Lease;
+use crate::{Worker, supervise};
 
 struct Heard {
     seq: u64,

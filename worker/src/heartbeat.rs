@@ -1,7 +1,14 @@
 //! Heartbeats (capabilities, health, slots, what it holds), the lease on runs they renew (ADR
 //! 0008), and the look-ahead they report.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use attune_common::db;
+use tokio_util::sync::CancellationToken;
+
+use crate::lifecycle::capabilities;
+use crate::{LEASE_CHECK, LOOKAHEAD_CHECK, Worker, supervise};
 
 /// The worker's lease on its runs (ADR 0008), on the boot clock (`supervise::boot_clock_ns`: it
 /// counts while the machine sleeps, as the database's clock does). It runs `length` from the
@@ -83,6 +90,12 @@ impl Lease {
 
     pub(crate) fn lapses(&self) -> u64 {
         self.lapses.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether it has held without a break since `lapses` was read (`lapses()`): not run out
+    /// now, and no look found it run out meanwhile.
+    pub(crate) fn held_since(&self, lapses: u64) -> bool {
+        self.lapses() == lapses && !self.expired()
     }
 
     /// Tells the supervisors the deadline, if it moved since they were last told: the

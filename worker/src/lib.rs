@@ -27,7 +27,7 @@
 //! (up to `ATTUNE_WORKER_DRAIN_SECS`), then deletes its queue and marks itself inactive.
 //!
 //! The rooms: `settings`, `lifecycle` (start, drain, stop), `heartbeat` (and the lease),
-//! `slots` (what runs and what is held), `dispatch` (a dispatch's claim and run), `record` (its
+//! `slots` (what runs and what is held), `run` (a dispatch from delivery to its outcome, stage by stage), `record` (its
 //! outcome), `control` (cancels and follow requests), `live` (live output to followers); `runner`, `supervise` and `http` run actions, `action_users`
 //! gives each its own user id (and kills what it leaves behind), `destination` bounds where HTTP
 //! actions go.
@@ -35,7 +35,6 @@
 mod action_users;
 mod control;
 pub mod destination;
-mod dispatch;
 mod fence;
 pub mod health;
 mod heartbeat;
@@ -43,40 +42,30 @@ pub mod http;
 mod lifecycle;
 pub mod live;
 mod record;
+mod run;
 pub mod runner;
 mod settings;
 mod slots;
 pub mod supervise;
 mod writes;
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read, read_optional};
-use attune_common::db;
-use attune_common::mq::{
-    ConsumerSpec, Dispatch, Disposition, ExecutionResult, Incoming, Publisher, RESULT_KEY, ResultStatus, Topology,
-    run_consumer,
-};
-use attune_core::health::{HealthClass, HealthThresholds};
-use attune_core::{FailureKind, selection};
-use serde_json::json;
+use attune_common::mq::Publisher;
+use attune_core::health::HealthClass;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::destination::{ALLOW_SETTING, AllowList};
 use crate::health::HealthState;
-use crate::runner::{ActionRun, Ran, Runtimes};
+use crate::runner::Runtimes;
 
 pub use attune_common::ServiceError as Error;
 
 use heartbeat::Lease;
-use lifecycle::capabilities;
 pub use lifecycle::run;
-use record::{failure_result, new_run_token, transient_exit_codes};
 pub use settings::{DEFAULT_ACTION_UIDS, Settings};
-use slots::{Busy, Held, Running};
+use slots::Running;
 
 /// Deliveries the worker accepts beyond its slots (see `run`).
 const PREFETCH_MARGIN: u16 = 2;

@@ -1,7 +1,23 @@
 //! The worker's life: claiming its name, starting its loops and consumers (`run`), recovering what
 //! an earlier run of it left, draining on SIGTERM and leaving.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use attune_common::config::ConfigError;
+use attune_common::db;
+use attune_common::mq::{ConsumerSpec, Publisher, RESULT_KEY, Topology, run_consumer};
+use attune_core::FailureKind;
+use attune_core::health::HealthClass;
+use serde_json::json;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::health::HealthState;
+use crate::heartbeat::Lease;
+use crate::record::failure_result;
+use crate::runner::{self, Runtimes};
+use crate::{Error, PREFETCH_MARGIN, Settings, Worker, fence, supervise, writes};
 
 /// Makes this process non-dumpable, so an action running as the same (non-root) user cannot read
 /// the worker's environment (`DATABASE_URL`, `AMQP_URL`) through `/proc/<pid>/environ` or attach a
@@ -352,7 +368,7 @@ impl Worker {
         self.hand_back_unstarted().await;
         // what an earlier process of this worker ran is gone with its supervisor: the slots of
         // the runs ended by hand are free
-        dispatch::release(&self.db, None, self.id).await;
+        crate::run::release(&self.db, None, self.id).await;
         // (each result carries the token the earlier process drew: the executor records only that)
         let orphans = db::execution::runs_on(&self.db, self.id).await?;
         for (execution_id, run_token) in orphans {

@@ -1,7 +1,13 @@
 //! Recording a run's outcome: a success written by the worker (in batches), a failure reported to
 //! the executors through the broker, and the report kept in the row meanwhile.
 
-use super::*;
+use std::time::Duration;
+
+use attune_common::db;
+use attune_common::mq::{ExecutionResult, RESULT_KEY, ResultStatus};
+use attune_core::FailureKind;
+
+use crate::{REPORT_WRITE_LIMIT, Worker};
 
 pub(crate) fn failure_result(
     execution_id: i64,
@@ -103,6 +109,20 @@ impl Worker {
         }
     }
 
+    /// Reports run `execution_id` (claimed with `run_token`) failed as `kind`, nothing run or
+    /// kept of it, under `trace` (its span's context, when traces are on).
+    pub(crate) async fn report_failure(
+        &self,
+        execution_id: i64,
+        run_token: String,
+        trace: Option<String>,
+        kind: FailureKind,
+        error: String,
+    ) {
+        let result = ExecutionResult { trace, ..failure_result(execution_id, self.id, Some(run_token), kind, error) };
+        self.report(&result).await;
+    }
+
     /// Publishes a result, retrying until the broker confirms it: the execution is `running` in
     /// the database and only this message can finish it.
     pub(crate) async fn report(&self, result: &ExecutionResult) {
@@ -117,5 +137,26 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn run_tokens_are_128_random_bits_in_hex() {
+        let (a, b) = (new_run_token(), new_run_token());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{a}");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn transient_exit_codes_come_from_the_stored_retry_block() {
+        assert_eq!(transient_exit_codes(Some(&json!({"exit_codes": [3, 4]}))), [3, 4]);
+        assert!(transient_exit_codes(Some(&json!({"max_attempts": 2}))).is_empty());
+        assert!(transient_exit_codes(None).is_empty());
     }
 }

@@ -1,7 +1,14 @@
 //! The worker's settings (`Settings`, read from the environment) and what follows from them: its
 //! lease, its slots and look-ahead, and the user ids its actions run as.
 
-use super::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use attune_common::config::{CommonSettings, ConfigError, FromEnv, Source, read, read_optional};
+use attune_core::health::HealthThresholds;
+use attune_core::selection;
+
+use crate::destination::{ALLOW_SETTING, AllowList};
 
 #[derive(Debug, Clone)]
 pub struct Settings {

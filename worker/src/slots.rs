@@ -1,7 +1,13 @@
 //! Run slots and what is held: the executions running, the dispatches taken ahead and not started,
 //! and how long one may wait here before it is handed back.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use attune_common::db;
+use attune_common::mq::Disposition;
+use tokio_util::sync::CancellationToken;
+
+use crate::{HOLD_FLOOR, STALE_CHECK_AFTER, Worker};
 
 /// A dispatch in the held set (marked with each heartbeat) until dropped.
 pub(crate) struct Held<'a>(&'a std::sync::Mutex<std::collections::HashSet<i64>>, i64);
@@ -32,6 +38,50 @@ impl<'a> Busy<'a> {
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// An execution reserved here for the claim of one delivery (`Running::reserve`): given up when
+/// dropped, unless it started (`Reserved::start`).
+pub(crate) struct Reserved<'a> {
+    running: &'a std::sync::Mutex<Running>,
+    execution_id: i64,
+    started: bool,
+}
+
+impl<'a> Reserved<'a> {
+    /// `None` if the execution is being claimed or runs here already (a duplicate delivery).
+    pub(crate) fn new(running: &'a std::sync::Mutex<Running>, execution_id: i64) -> Option<Self> {
+        let reserved = running.lock().expect("running map poisoned").reserve(execution_id);
+        reserved.then_some(Reserved { running, execution_id, started: false })
+    }
+
+    /// The execution starts: `token` stops it (at once, if a cancel notice came already) and
+    /// `kill` kills its process group, until the run ends (the `Started` dropped).
+    pub(crate) fn start(mut self, token: &CancellationToken, kill: &CancellationToken) -> Started<'a> {
+        self.started = true;
+        self.running.lock().expect("running map poisoned").start(self.execution_id, token, kill);
+        Started { running: self.running, execution_id: self.execution_id }
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if !self.started {
+            self.running.lock().expect("running map poisoned").release(self.execution_id);
+        }
+    }
+}
+
+/// An execution running here, until dropped.
+pub(crate) struct Started<'a> {
+    running: &'a std::sync::Mutex<Running>,
+    execution_id: i64,
+}
+
+impl Drop for Started<'_> {
+    fn drop(&mut self) {
+        self.running.lock().expect("running map poisoned").end(self.execution_id);
     }
 }
 
@@ -245,17 +295,19 @@ mod running_tests {
     }
 
     #[test]
-    fn run_tokens_are_128_random_bits_in_hex() {
-        let (a, b) = (new_run_token(), new_run_token());
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{a}");
-        assert_ne!(a, b);
-    }
-
-    #[test]
-    fn transient_exit_codes_come_from_the_stored_retry_block() {
-        assert_eq!(transient_exit_codes(Some(&json!({"exit_codes": [3, 4]}))), [3, 4]);
-        assert!(transient_exit_codes(Some(&json!({"max_attempts": 2}))).is_empty());
-        assert!(transient_exit_codes(None).is_empty());
+    fn a_reservation_is_given_up_when_dropped_unstarted_and_a_run_ends_when_its_guard_drops() {
+        let running = std::sync::Mutex::new(Running::default());
+        let here = |id| running.lock().unwrap().is_here(id);
+        let reserved = Reserved::new(&running, 1).expect("the first delivery reserves");
+        assert!(Reserved::new(&running, 1).is_none(), "a second delivery while the first claims");
+        drop(reserved);
+        assert!(!here(1), "a claim that did not happen frees the execution");
+        let token = CancellationToken::new();
+        let started = Reserved::new(&running, 1).unwrap().start(&token, &CancellationToken::new());
+        assert!(here(1), "running");
+        assert!(Reserved::new(&running, 1).is_none(), "a second delivery while it runs");
+        assert!(running.lock().unwrap().cancel(1) && token.is_cancelled());
+        drop(started);
+        assert!(!here(1), "its run ended");
     }
 }
