@@ -7,8 +7,9 @@ use std::time::Duration;
 use attune_common::db;
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::capabilities;
-use crate::{LEASE_CHECK, LOOKAHEAD_CHECK, Worker, supervise};
+use crate::health::HealthState;
+use crate::runner::Runtimes;
+use crate::{LEASE_CHECK, LOOKAHEAD_CHECK, Settings, Worker, supervise};
 
 /// The worker's lease on its runs (ADR 0008), on the boot clock (`supervise::boot_clock_ns`: it
 /// counts while the machine sleeps, as the database's clock does). It runs `length` from the
@@ -136,6 +137,51 @@ impl Lease {
         }
         change
     }
+}
+
+/// This process as the holder of its worker name.
+pub(crate) fn this_instance() -> db::worker::Instance {
+    static INSTANCE: std::sync::OnceLock<db::worker::Instance> = std::sync::OnceLock::new();
+    INSTANCE
+        .get_or_init(|| {
+            let read = |path: &str| std::fs::read_to_string(path).map(|t| t.trim().to_string()).unwrap_or_default();
+            db::worker::Instance {
+                host: read("/etc/hostname"),
+                pid: std::process::id(),
+                boot: read("/proc/sys/kernel/random/boot_id"),
+                pid_ns: std::fs::read_link("/proc/self/ns/pid").map(|l| l.display().to_string()).unwrap_or_default(),
+            }
+        })
+        .clone()
+}
+
+/// What a heartbeat reports: what executors schedule by (runtimes, slots, health, whether it
+/// consumes and opens secrets) and who holds the name.
+pub(crate) fn capabilities(
+    settings: &Settings,
+    queue: &str,
+    runtimes: &Runtimes,
+    health: &HealthState,
+    lookahead: u16,
+    consuming: bool,
+    draining: bool,
+) -> serde_json::Value {
+    serde_json::json!({
+        "instance": this_instance(),
+        "draining": draining,
+        "runtimes": runtimes.offered(),
+        "concurrency": settings.concurrency,
+        "prefetch": lookahead,
+        "slots": settings.concurrency.saturating_add(lookahead),
+        // how soon its runs free room: the scheduler looks again about then (not sooner) while
+        // its slots are full
+        "recent_execution_time_ms": health.recent_duration_ms(),
+        "consuming": consuming,
+        "queue": queue,
+        "health": health.report(),
+        // without the key, it is given only runs whose parameters need none
+        "opens_secrets": settings.sealer.is_some(),
+    })
 }
 
 impl Worker {

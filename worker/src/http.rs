@@ -45,8 +45,8 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::action::{ActionRun, Outcome, Ran};
 use crate::destination::{self, AllowList};
-use crate::runner::{ActionRun, Outcome, Ran};
 
 /// The longest wait a `Retry-After` header may ask for; a longer one is cut to this.
 pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);

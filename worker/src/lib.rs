@@ -32,6 +32,7 @@
 //! gives each its own user id (and kills what it leaves behind), `destination` bounds where HTTP
 //! actions go.
 
+mod action;
 mod action_users;
 mod control;
 pub mod destination;

@@ -9,12 +9,12 @@ use attune_common::db;
 use attune_common::mq::{ConsumerSpec, Publisher, RESULT_KEY, Topology, run_consumer};
 use attune_core::FailureKind;
 use attune_core::health::HealthClass;
-use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::HealthState;
 use crate::heartbeat::Lease;
+use crate::heartbeat::{capabilities, this_instance};
 use crate::record::failure_result;
 use crate::runner::{self, Runtimes};
 use crate::{Error, PREFETCH_MARGIN, Settings, Worker, fence, supervise, writes};
@@ -30,22 +30,6 @@ pub(crate) fn protect_process() {
     if result != 0 {
         tracing::warn!("could not make the worker process non-dumpable");
     }
-}
-
-/// This process as the holder of its worker name.
-pub(crate) fn this_instance() -> db::worker::Instance {
-    static INSTANCE: std::sync::OnceLock<db::worker::Instance> = std::sync::OnceLock::new();
-    INSTANCE
-        .get_or_init(|| {
-            let read = |path: &str| std::fs::read_to_string(path).map(|t| t.trim().to_string()).unwrap_or_default();
-            db::worker::Instance {
-                host: read("/etc/hostname"),
-                pid: std::process::id(),
-                boot: read("/proc/sys/kernel/random/boot_id"),
-                pid_ns: std::fs::read_link("/proc/self/ns/pid").map(|l| l.display().to_string()).unwrap_or_default(),
-            }
-        })
-        .clone()
 }
 
 /// Whether a process of this host is alive (signal 0 probes without signalling).
@@ -314,33 +298,6 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     }
     tracing::info!(worker_id, "worker stopped");
     Ok(())
-}
-
-pub(crate) fn capabilities(
-    settings: &Settings,
-    queue: &str,
-    runtimes: &Runtimes,
-    health: &HealthState,
-    lookahead: u16,
-    consuming: bool,
-    draining: bool,
-) -> serde_json::Value {
-    json!({
-        "instance": this_instance(),
-        "draining": draining,
-        "runtimes": runtimes.offered(),
-        "concurrency": settings.concurrency,
-        "prefetch": lookahead,
-        "slots": settings.concurrency.saturating_add(lookahead),
-        // how soon its runs free room: the scheduler looks again about then (not sooner) while
-        // its slots are full
-        "recent_execution_time_ms": health.recent_duration_ms(),
-        "consuming": consuming,
-        "queue": queue,
-        "health": health.report(),
-        // without the key, it is given only runs whose parameters need none
-        "opens_secrets": settings.sealer.is_some(),
-    })
 }
 
 impl Worker {
