@@ -1,7 +1,7 @@
 //! Submissions share their commit. `POST /executions` hands its new execution to one writer:
 //! alone, it is inserted at once; under load, every submission that arrived while the previous
 //! insert was in flight goes into the next one, a multi-row INSERT in one transaction
-//! (`db::execution::insert_many_submitted_surely`, over `attune_common::batch::Batcher`). A
+//! (`db::execution::api::insert_many_submitted_surely`, over `attune_common::batch::Batcher`). A
 //! submission is answered once its row is committed. The executors learn of it from PostgreSQL
 //! itself, which announces the runtimes of new requests at that commit (`db::announcements`): the
 //! API publishes nothing to the broker for a submission.
@@ -85,9 +85,9 @@ async fn write(db: &PgPool, batch: Vec<Submission>) -> Vec<Option<Written>> {
 /// submission on its own (`together_or_alone`). Both wait out a lost connection and never write
 /// a row twice (`insert_many_submitted_surely`).
 async fn insert(db: &PgPool, news: &[(&NewExecution, &Submitter)]) -> Vec<Written> {
-    let together = db::execution::insert_many_submitted_surely(db, news);
+    let together = db::execution::api::insert_many_submitted_surely(db, news);
     together_or_alone("submissions", news, together, |one| async move {
-        let mut written = db::execution::insert_many_submitted_surely(db, std::slice::from_ref(one)).await?;
+        let mut written = db::execution::api::insert_many_submitted_surely(db, std::slice::from_ref(one)).await?;
         written.pop().ok_or_else(|| sqlx::Error::Protocol("an insert of one submission returned no row".into()))
     })
     .await

@@ -381,7 +381,7 @@ pub struct ExecutionRequest {
 /// Executor → worker: claim and run these executions. It names only the executions and the
 /// worker: the worker reads what to run (the action's runtime, entrypoint, pack directory, `http`
 /// block and retry policy, the execution's parameters, timeout, retry count and idempotency key)
-/// from PostgreSQL in its claim (`db::execution::claim`), so whoever can publish to the broker
+/// from PostgreSQL in its claim (`db::execution::worker::claim`), so whoever can publish to the broker
 /// cannot choose what runs. The fields an earlier version also sent (`action_ref`, `runtime`,
 /// `entrypoint`, `pack_path`, `parameters`, ...) are ignored when a message still in a queue
 /// carries them.

@@ -74,7 +74,7 @@ async fn a_schedulers_claim_whose_answer_was_lost_is_read_back_and_dispatched() 
     let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&test.pool).await.unwrap();
     let (cut, pool) = proxied(&test).await;
     cut.arm("FROM execution_claim(");
-    let claimed = db::execution::claim_waiting_surely(&pool, "shell", &[worker], since).await.unwrap();
+    let claimed = db::execution::scheduler::claim_waiting_surely(&pool, "shell", &[worker], since).await.unwrap();
     assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
     assert_eq!(claimed.iter().map(|c| (c.id, c.worker)).collect::<Vec<_>>(), [(id, worker)]);
     pool.close().await;

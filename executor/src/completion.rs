@@ -93,7 +93,8 @@ pub async fn record(context: &Context, result: &ExecutionResult) -> Result<(), c
             } else {
                 tracing::debug!(execution_id = result.execution_id, "result is stale or a duplicate");
                 // a run ended by hand has ended on its worker too: its concurrency slot is free
-                db::execution::release_stale(&context.db, result.execution_id, result.worker_id, run_token).await?;
+                db::execution::monitor::release_stale(&context.db, result.execution_id, result.worker_id, run_token)
+                    .await?;
             }
         }
     }

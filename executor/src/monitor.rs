@@ -38,7 +38,7 @@ use crate::Context;
 const MONITOR_LOCK: i64 = 0x6174_7475_6e65_0001;
 const BATCH: i64 = 500;
 /// How long after it was scheduled a dispatch must have reached its worker, by the worker's
-/// heartbeats (`db::execution::lost_dispatches`).
+/// heartbeats (`db::execution::monitor::lost_dispatches`).
 /// (the scheduler tries a publish for up to 5 s before it hands the execution back itself)
 const LOST_DISPATCH_SLACK: std::time::Duration = std::time::Duration::from_secs(6);
 /// How long the monitor's lock outlives a stalled holder (`db::leader`).
@@ -128,7 +128,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
     }
     for status in recovery::STUCK_STATUSES {
         let Some((after, recovery)) = limits.stuck(status) else { continue };
-        for id in db::execution::unchanged_for(&context.db, status, after, BATCH).await? {
+        for id in db::execution::monitor::unchanged_for(&context.db, status, after, BATCH).await? {
             next_row(recover(context, id, status, recovery).await, id)?;
         }
     }
@@ -137,7 +137,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
     // worker does not receive: cut off from the broker alone, its heartbeats go on): found by
     // the heartbeats of their workers, in seconds. The worker is passed over for a heartbeat
     // limit, or the scheduler would send the execution straight back to it.
-    let lost = db::execution::lost_dispatches(&context.db, LOST_DISPATCH_SLACK, BATCH).await?;
+    let lost = db::execution::monitor::lost_dispatches(&context.db, LOST_DISPATCH_SLACK, BATCH).await?;
     let mut doubted = std::collections::BTreeSet::new();
     for &(id, worker_id) in &lost {
         if doubted.insert(worker_id) {
@@ -157,7 +157,7 @@ async fn sweep(context: &Context, judge_heartbeats: bool) -> Result<(), crate::E
     }
 
     let default_timeout = context.settings.common.default_timeout_secs;
-    for id in db::execution::overdue(&context.db, default_timeout, limits.grace, BATCH).await? {
+    for id in db::execution::monitor::overdue(&context.db, default_timeout, limits.grace, BATCH).await? {
         next_row(recover(context, id, ExecutionStatus::Running, recovery::OVERDUE).await, id)?;
     }
     Ok(())
@@ -173,12 +173,12 @@ async fn dead_workers(context: &Context) -> Result<(), crate::Error> {
     }
     // runs ended by hand on a worker taken for dead (its lease stopped them) or stopped: their
     // concurrency slots are free
-    let released = db::execution::release_of_inactive(&context.db).await?;
+    let released = db::execution::monitor::release_of_inactive(&context.db).await?;
     if released > 0 {
         tracing::warn!(released, "concurrency slots of runs ended by hand on inactive workers freed");
     }
     let orphaned =
-        db::execution::held_by_silent_workers(&context.db, &recovery::HELD_BY_WORKER, max_age, BATCH).await?;
+        db::execution::monitor::held_by_silent_workers(&context.db, &recovery::HELD_BY_WORKER, max_age, BATCH).await?;
     for (id, status) in orphaned {
         if let Some(recovery) = recovery::orphaned(status) {
             next_row(recover(context, id, status, recovery).await, id)?;

@@ -38,7 +38,7 @@ pub async fn tick(context: &Context) -> Result<usize, crate::Error> {
     for runtime in db::circuit::advance(&context.db).await? {
         context.waiting.mark(&runtime);
     }
-    let due = db::execution::promote_due_retries(&context.db, BATCH).await?;
+    let due = db::execution::monitor::promote_due_retries(&context.db, BATCH).await?;
     for (execution_id, runtime) in &due {
         tracing::debug!(execution_id, "retry due, requesting it");
         match runtime {

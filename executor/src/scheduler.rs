@@ -9,7 +9,7 @@
 //! for each, it plans as many placements as the workers offering it have free slots
 //! (`selection::plan`: healthy by queue depth, then degraded, never unhealthy; a worker that holds
 //! work ahead is topped up once half its look-ahead is free, docs/adr/0010) and claims that
-//! many of the oldest waiting rows in one statement (`db::execution::claim_waiting`). Then it
+//! many of the oldest waiting rows in one statement (`db::execution::scheduler::claim_waiting`). Then it
 //! publishes their dispatches. A runtime with no room costs nothing per waiting request: a new
 //! request for it brings no room and is no reason to look; the loop looks again when the workers'
 //! recent execution times say room may have come free (at least `ATTUNE_INFLIGHT_CACHE_MS` later,
@@ -27,7 +27,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use attune_common::db::{self, execution::Claimed, execution::Execution, execution::Outcome};
+use attune_common::db::{self, execution::Execution, execution::Outcome, execution::scheduler::Claimed};
 use attune_common::metrics;
 use attune_common::mq::{
     DELIVERY_LIMIT, Dispatch, Disposition, ExecutionRequest, Incoming, MOST_PER_DISPATCH, MqError, Topology,
@@ -265,8 +265,8 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
     }
     if marked.all || state.last_sweep.is_none_or(|at| now.duration_since(at) >= SWEEP) {
         state.last_sweep = Some(now);
-        runtimes.extend(db::execution::waiting_runtimes(&context.db).await?);
-        for execution in db::execution::waiting_without_runtime(&context.db, BATCH as i64).await? {
+        runtimes.extend(db::execution::scheduler::waiting_runtimes(&context.db).await?);
+        for execution in db::execution::scheduler::waiting_without_runtime(&context.db, BATCH as i64).await? {
             let reason = format!("action '{}' did not exist when it was submitted", execution.action_ref);
             fail(context, &execution, FailureKind::ActionNotFound, reason).await?;
         }
@@ -347,16 +347,18 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             }
             continue;
         }
-        let claimed = match db::execution::claim_waiting_surely(&context.db, runtime, &plan, picture.db_read_at()).await
-        {
-            Ok(claimed) => claimed,
-            Err(e) if db::is_transient(&e) => return Err(e.into()),
-            // the database refused the batch: claim one by one, to find the row it refuses
-            Err(e) => {
-                tracing::warn!(runtime = %runtime, error = %e, "batch claim refused; claiming one at a time");
-                claim_one_by_one(context, state, runtime, &plan).await?
-            }
-        };
+        let claimed =
+            match db::execution::scheduler::claim_waiting_surely(&context.db, runtime, &plan, picture.db_read_at())
+                .await
+            {
+                Ok(claimed) => claimed,
+                Err(e) if db::is_transient(&e) => return Err(e.into()),
+                // the database refused the batch: claim one by one, to find the row it refuses
+                Err(e) => {
+                    tracing::warn!(runtime = %runtime, error = %e, "batch claim refused; claiming one at a time");
+                    claim_one_by_one(context, state, runtime, &plan).await?
+                }
+            };
         for execution in &claimed {
             picture.add(execution.worker, 1);
         }
@@ -420,7 +422,7 @@ async fn claim_one_by_one(
     plan: &[i64],
 ) -> Result<Vec<Claimed>, crate::Error> {
     use attune_common::db::execution::Transition;
-    let waiting = db::execution::waiting_unlimited(&context.db, runtime, plan.len() as i64).await?;
+    let waiting = db::execution::scheduler::waiting_unlimited(&context.db, runtime, plan.len() as i64).await?;
     let mut claimed = Vec::new();
     // a worker without the secrets key takes only a run whose parameters need none, as in the claim
     let keyless = db::worker::keyless_among(&context.db, plan).await?;
@@ -470,7 +472,8 @@ async fn claim_one_by_one(
 /// `worker_unavailable` (retriable). Returns how many.
 async fn fail_unplaceable(context: &Context, runtime: &str) -> Result<usize, crate::Error> {
     let wait = context.settings.worker_wait;
-    let stranded = db::execution::waiting_longer_than(&context.db, runtime, wait.as_secs_f64(), BATCH as i64).await?;
+    let stranded =
+        db::execution::scheduler::waiting_longer_than(&context.db, runtime, wait.as_secs_f64(), BATCH as i64).await?;
     for execution in &stranded {
         metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", runtime)], 1);
         let reason = format!("no healthy or degraded active worker offered runtime '{runtime}' for {wait:?}");
@@ -485,9 +488,14 @@ async fn fail_unplaceable(context: &Context, runtime: &str) -> Result<usize, cra
 async fn fail_without_key(context: &Context, runtime: &str) -> Result<usize, crate::Error> {
     let wait = context.settings.worker_wait;
     let max_age = context.settings.health.heartbeat_max_age_secs.max(0) as f64;
-    let stranded =
-        db::execution::waiting_for_key_longer_than(&context.db, runtime, wait.as_secs_f64(), max_age, BATCH as i64)
-            .await?;
+    let stranded = db::execution::scheduler::waiting_for_key_longer_than(
+        &context.db,
+        runtime,
+        wait.as_secs_f64(),
+        max_age,
+        BATCH as i64,
+    )
+    .await?;
     for execution in &stranded {
         metrics::increment(&metrics::WORKER_UNAVAILABLE, &[("runtime", runtime)], 1);
         let reason = format!(

@@ -69,7 +69,12 @@ async fn circuit(pool: &PgPool, action: i64) -> Circuit {
 
 /// Claims what the scheduler would for one free slot on `worker`.
 async fn claim(pool: &PgPool, worker: i64) -> Vec<i64> {
-    db::execution::claim_waiting(pool, "shell", &[worker, worker, worker]).await.unwrap().iter().map(|c| c.id).collect()
+    db::execution::scheduler::claim_waiting(pool, "shell", &[worker, worker, worker])
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.id)
+        .collect()
 }
 
 /// Runs `id` on `worker` and fails it as the action's own transient failure; returns its retry.

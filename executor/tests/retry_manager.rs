@@ -318,7 +318,10 @@ async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_h
     let retry =
         db::execution::insert(&pool, &NewExecution { not_before: Some(early), ..new(shell, 1, 3) }).await.unwrap();
     assert_eq!(retry.runtime.as_deref(), Some("shell"), "the runtime is copied from the action on insert");
-    assert_eq!(db::execution::waiting_runtimes(&pool).await.unwrap(), vec!["python".to_string(), "shell".to_string()]);
+    assert_eq!(
+        db::execution::scheduler::waiting_runtimes(&pool).await.unwrap(),
+        vec!["python".to_string(), "shell".to_string()]
+    );
 
     // another executor holds the oldest plain request: it is skipped, not waited for
     let mut other = pool.begin().await.unwrap();
@@ -327,7 +330,7 @@ async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_h
         .execute(&mut *other)
         .await
         .unwrap();
-    let claimed = db::execution::claim_waiting(&pool, "shell", &[a, b, a]).await.unwrap();
+    let claimed = db::execution::scheduler::claim_waiting(&pool, "shell", &[a, b, a]).await.unwrap();
     other.rollback().await.unwrap();
     let mut got: Vec<(i64, i64)> = claimed.iter().map(|c| (c.id, c.worker)).collect();
     got.sort();
@@ -339,7 +342,7 @@ async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_h
     assert!(status.iter().all(|s| *s == ExecutionStatus::Requested), "another runtime's requests are untouched");
 
     // fewer waiting than the plan: what is there, no more
-    let rest = db::execution::claim_waiting(&pool, "shell", &[a, b, a, b, a]).await.unwrap();
+    let rest = db::execution::scheduler::claim_waiting(&pool, "shell", &[a, b, a, b, a]).await.unwrap();
     assert_eq!(rest.len(), 3);
 
     // the hand-back is fenced by the worker and clears the assignment
@@ -348,6 +351,6 @@ async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_h
     assert!(db::execution::hand_back(&pool, on_b, b).await.unwrap().is_some());
     let back = db::execution::get(&pool, on_b).await.unwrap().unwrap();
     assert_eq!((back.status, back.worker, back.retry_count), (ExecutionStatus::Requested, None, 0));
-    assert_eq!(db::execution::claim_waiting(&pool, "shell", &[b]).await.unwrap()[0].id, on_b);
+    assert_eq!(db::execution::scheduler::claim_waiting(&pool, "shell", &[b]).await.unwrap()[0].id, on_b);
     test.drop_database().await;
 }

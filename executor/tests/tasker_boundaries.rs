@@ -70,7 +70,7 @@ impl Case {
     /// Whether the attempt runs: the scheduler's claim takes it for a worker.
     async fn runs(&self, execution: i64) -> bool {
         let worker = db::worker::register(&self.test.pool, &format!("w{execution}"), &json!({})).await.unwrap();
-        let claimed = db::execution::claim_waiting(&self.test.pool, "shell", &[worker]).await.unwrap();
+        let claimed = db::execution::scheduler::claim_waiting(&self.test.pool, "shell", &[worker]).await.unwrap();
         claimed.iter().any(|c| c.id == execution)
     }
 

@@ -27,7 +27,7 @@ impl Worker {
             if running.is_empty() {
                 continue;
             }
-            match db::execution::no_longer_running_on(&self.db, self.id, &running).await {
+            match db::execution::worker::no_longer_running_on(&self.db, self.id, &running).await {
                 Ok(ended) => {
                     for execution_id in ended {
                         if self.running.lock().expect("running map poisoned").cancel(execution_id) {
@@ -72,7 +72,7 @@ impl Worker {
         // fence notices behind this one, which the worker reads as they come)
         let worker = self.clone();
         tokio::spawn(async move {
-            match db::execution::still_on(&worker.db, execution_id, worker.id).await {
+            match db::execution::worker::still_on(&worker.db, execution_id, worker.id).await {
                 Ok(true) => tracing::warn!(
                     execution_id,
                     worker_id = worker.id,

@@ -244,7 +244,7 @@ impl Worker {
             let capabilities =
                 capabilities(&self.settings, &self.queue, &self.runtimes, &self.health, lookahead, up, draining);
             // What it holds is marked with the heartbeat: executors take a dispatch its heartbeat
-            // did not mark for lost (`db::execution::lost_dispatches`). A heartbeat that hangs
+            // did not mark for lost (`db::execution::monitor::lost_dispatches`). A heartbeat that hangs
             // (the database unreachable without a reset) is given up in time for the next.
             let held: Vec<i64> = self.held.lock().expect("held set poisoned").iter().copied().collect();
             let budget = self.settings.lease() / 2;
@@ -253,7 +253,7 @@ impl Worker {
                 if held.is_empty() {
                     return Ok(());
                 }
-                tokio::time::timeout(budget, db::execution::keep_held(&self.db, self.id, &held))
+                tokio::time::timeout(budget, db::execution::worker::keep_held(&self.db, self.id, &held))
                     .await
                     .unwrap_or(Err(sqlx::Error::PoolTimedOut))
             };

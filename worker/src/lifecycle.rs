@@ -304,7 +304,7 @@ impl Worker {
     /// Hands back every execution dispatched to this worker that has not started.
     pub(crate) async fn hand_back_unstarted(&self) {
         match db::retry_while_unavailable("reading unstarted dispatches", || {
-            db::execution::scheduled_on(&self.db, self.id)
+            db::execution::worker::scheduled_on(&self.db, self.id)
         })
         .await
         {
@@ -327,7 +327,7 @@ impl Worker {
         // the runs ended by hand are free
         crate::run::release(&self.db, None, self.id).await;
         // (each result carries the token the earlier process drew: the executor records only that)
-        let orphans = db::execution::runs_on(&self.db, self.id).await?;
+        let orphans = db::execution::worker::runs_on(&self.db, self.id).await?;
         for (execution_id, run_token) in orphans {
             tracing::warn!(execution_id, "execution was running when this worker last stopped");
             let result = failure_result(

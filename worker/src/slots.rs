@@ -203,7 +203,7 @@ impl Worker {
             permit = self.run_slots.acquire() => return permit.ok(),
             _ = tokio::time::sleep(STALE_CHECK_AFTER) => {}
         }
-        match db::execution::still_dispatched(&self.db, execution_id, self.id).await {
+        match db::execution::worker::still_dispatched(&self.db, execution_id, self.id).await {
             Ok(false) => {
                 tracing::debug!(execution_id, "dispatch is stale or a duplicate");
                 return None;
@@ -219,7 +219,7 @@ impl Worker {
     /// A dispatch this worker will not start goes back to waiting (scheduled → requested, fenced
     /// by this worker): no retry is spent. The executors are told at once.
     pub(crate) async fn hand_back(&self, execution_id: i64) -> Disposition {
-        let handed_back = db::execution::hand_back_own_surely(&self.db, execution_id, self.id).await;
+        let handed_back = db::execution::worker::hand_back_own_surely(&self.db, execution_id, self.id).await;
         match handed_back {
             Ok(Some(_)) => {
                 tracing::info!(execution_id, "stopping: dispatch handed back");
@@ -242,7 +242,7 @@ impl Worker {
     /// requested, fenced by this worker: no retry spent), with one try: if the database cannot be
     /// reached, the message's redelivery or the monitor hands it back.
     pub(crate) async fn give_back_held(&self, execution_id: i64, why: &str) {
-        match db::execution::hand_back_own(&self.db, execution_id, self.id).await {
+        match db::execution::worker::hand_back_own(&self.db, execution_id, self.id).await {
             Ok(Some(_)) => {
                 tracing::info!(execution_id, why, "dispatch held here and not started handed back");
                 attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "worker")], 1);

@@ -1,7 +1,7 @@
 //! Executions: submit (with an optional `Idempotency-Key`, see `idempotency`), read, list, retry,
 //! cancel, fail; a retry chain in `chain`; live output in `output`.
 
-use attune_common::db::{self, execution::Execution, execution::ListFilter, execution::NewExecution};
+use attune_common::db::{self, execution::Execution, execution::NewExecution, execution::api::ListFilter};
 use attune_core::{ExecutionStatus, FailureKind, params, recovery};
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -396,7 +396,7 @@ pub async fn get(
     let mut waiting = if execution.status.is_terminal() || execution.status == ExecutionStatus::Running {
         None
     } else {
-        db::execution::waiting(&mut *snapshot, id).await?
+        db::execution::api::waiting(&mut *snapshot, id).await?
     };
     let paused_by = waiting.as_ref().and_then(|w| w["paused_by"].as_i64());
     let tokens: Vec<i64> = [execution.submitted_by, execution.ended_by, paused_by].into_iter().flatten().collect();
@@ -675,7 +675,7 @@ async fn end_by_hand(
             format!("execution {id} finished ({}) before it could be {done}", now.status),
         ));
     };
-    db::execution::record_ended_by(&mut *transaction, id, by).await?;
+    db::execution::api::record_ended_by(&mut *transaction, id, by).await?;
     ended.ended_by = Some(by);
     Ok((ended, current.status))
 }
@@ -815,7 +815,7 @@ pub enum ListFields {
 // (a page's rows live only until they are serialized: boxing the larger one would buy nothing)
 #[allow(clippy::large_enum_variant)]
 pub enum ListedExecution {
-    Summary(db::execution::ExecutionSummary),
+    Summary(db::execution::api::ExecutionSummary),
     Full(Execution),
 }
 
@@ -926,17 +926,18 @@ pub async fn list(
     // first, so that no more of them are read than the budget may take
     let (available, more, rows, total) = match query.fields.unwrap_or_default() {
         ListFields::Summary => {
-            let (mut rows, total) = db::execution::list_summaries(&state.db, &filter).await?;
+            let (mut rows, total) = db::execution::api::list_summaries(&state.db, &filter).await?;
             let more = rows.len() as i64 > limit;
             rows.truncate(limit as usize);
             (rows.len(), more, rows.into_iter().map(ListedExecution::Summary).collect::<Vec<_>>(), total)
         }
         ListFields::Full => {
-            let mut sizes = db::execution::list_sizes(&state.db, &filter).await?;
+            let mut sizes = db::execution::api::list_sizes(&state.db, &filter).await?;
             let more = sizes.len() as i64 > limit;
             sizes.truncate(limit as usize);
             let fit = within_budget(sizes.iter().map(|s| *s as usize + ROW_OVERHEAD_BYTES), budget);
-            let (rows, total) = db::execution::list(&state.db, &ListFilter { limit: fit as i64, ..filter }).await?;
+            let (rows, total) =
+                db::execution::api::list(&state.db, &ListFilter { limit: fit as i64, ..filter }).await?;
             (sizes.len(), more, rows.into_iter().map(ListedExecution::Full).collect(), total)
         }
     };
@@ -953,8 +954,8 @@ pub async fn list(
     let follows = truncated || more;
     let next_offset = (follows && before_id.is_none()).then_some(offset + returned);
     let next_cursor = follows.then(|| ids.get(items.len().saturating_sub(1)).map(i64::to_string)).flatten();
-    let total_exact = total <= db::execution::LIST_TOTAL_CAP;
-    let total = total.min(db::execution::LIST_TOTAL_CAP);
+    let total_exact = total <= db::execution::api::LIST_TOTAL_CAP;
+    let total = total.min(db::execution::api::LIST_TOTAL_CAP);
     Ok(Json(Page { items, total, total_exact, limit, offset, next_offset, next_cursor, truncated }))
 }
 

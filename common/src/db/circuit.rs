@@ -4,7 +4,7 @@
 //! transaction, with the row locked (`lock`, `window`, `store`). The retry timer moves open
 //! circuits whose period is over to half-open and picks their trial, and closes a circuit whose
 //! trial completed (`advance`). The scheduler's claim skips every waiting execution of an action
-//! whose circuit is not closed, except its trial (`db::execution::claim_waiting`).
+//! whose circuit is not closed, except its trial (`db::execution::scheduler::claim_waiting`).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

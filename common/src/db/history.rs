@@ -86,7 +86,7 @@ pub async fn prune_batch(
                   RETURNING *){archive_step} \
          SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM candidate), (SELECT max(id) FROM candidate)"
     );
-    // (planned for the status given, as `db::execution::unchanged_for` says why)
+    // (planned for the status given, as `db::execution::monitor::unchanged_for` says why)
     let (removed, examined, last): (i64, i64, Option<i64>) = sqlx::query_as(sqlx::AssertSqlSafe(statement))
         .persistent(false)
         .bind(&statuses)

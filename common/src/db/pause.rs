@@ -1,6 +1,6 @@
 //! Pauses (`pause`): an action or a whole runtime an operator has paused. Its requests wait,
 //! `requested`: the claim (`execution_claim`) skips them, and the wait for a worker does not fail
-//! them (`execution::waiting_longer_than`).
+//! them (`execution::scheduler::waiting_longer_than`).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -22,7 +22,7 @@ pub struct Run {
 /// An advance's transaction. Its commit does not wait for the WAL to reach the disk
 /// (`synchronous_commit = off`): what it makes is acted on only through a later commit that does
 /// wait and that flushes the WAL up to itself, so this one's too. A step it starts is dispatched
-/// only once the scheduler's claim of it has committed, synchronously (`execution::claim_waiting`):
+/// only once the scheduler's claim of it has committed, synchronously (`execution::scheduler::claim_waiting`):
 /// no dispatch names a step, nor an id, that a crash could take back. The run it starts is seen
 /// by its steps' claims; it raises no event (nothing in it ends). An advance lost with a crash of
 /// PostgreSQL before its WAL was written is made again from the record by the next (the workflow

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use attune_common::db::execution::ClaimedRun;
+use attune_common::db::execution::worker::ClaimedRun;
 use attune_common::mq::ResultStatus;
 use attune_common::secrets::{Opened, Unopened};
 use attune_common::trace::{self, Span};

@@ -36,7 +36,7 @@ pub(super) fn settlement(lease_lost: bool, canceled: bool, aborted: bool, status
     }
 }
 
-/// Frees the concurrency slot of a run ended by hand (`db::execution::release`) when dropped, in
+/// Frees the concurrency slot of a run ended by hand (`db::execution::worker::release`) when dropped, in
 /// a task of its own (waiting out a database outage).
 struct ReleaseOnDrop {
     db: PgPool,
@@ -55,7 +55,7 @@ impl Drop for ReleaseOnDrop {
 /// freeing its concurrency slot; waits out a database outage.
 pub(crate) async fn release(db: &PgPool, execution_id: Option<i64>, worker_id: i64) {
     let released = db::retry_while_unavailable("releasing a concurrency slot", || {
-        db::execution::release(db, execution_id, worker_id)
+        db::execution::worker::release(db, execution_id, worker_id)
     })
     .await;
     match released {
@@ -103,7 +103,7 @@ impl Worker {
                 };
                 tracing::info!(execution_id, "{stopped}");
                 // what it printed until then stays with the record (bounded: the ack goes anyway)
-                let keep = db::execution::keep_stopped_output(
+                let keep = db::execution::worker::keep_stopped_output(
                     &self.db,
                     execution_id,
                     self.id,

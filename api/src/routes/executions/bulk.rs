@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
-use attune_common::db::{self, execution::BulkAction, execution::BulkFilter};
+use attune_common::db::{self, execution::api::BulkAction, execution::api::BulkFilter};
 use attune_core::{ExecutionStatus, FailureKind};
 
 use super::{ManualRetry, end_by_hand, insert, plan_manual_retry, stop_if_running, timestamp};
@@ -124,7 +124,7 @@ pub async fn bulk(
         BulkActionName::Cancel => BulkAction::Cancel,
         BulkActionName::Fail => BulkAction::Fail,
     };
-    let mut selected = db::execution::select_for_bulk(&state.db, action, &filter, limit + 1).await?;
+    let mut selected = db::execution::api::select_for_bulk(&state.db, action, &filter, limit + 1).await?;
     let more = selected.len() as i64 > limit;
     selected.truncate(limit as usize);
     let target = crate::audit::Target {
@@ -177,7 +177,7 @@ pub async fn bulk(
     let busy: std::collections::HashSet<i64> = if body.action == BulkActionName::Retry {
         Default::default()
     } else {
-        let held = db::execution::lock_free(&mut *transaction, &outcome.selected).await?;
+        let held = db::execution::api::lock_free(&mut *transaction, &outcome.selected).await?;
         let held: std::collections::HashSet<i64> = held.into_iter().collect();
         outcome.selected.iter().copied().filter(|id| !held.contains(id)).collect()
     };

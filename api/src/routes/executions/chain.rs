@@ -4,7 +4,7 @@
 //! whole, once per request: an answer holds the attempts that fit, says it was `truncated`, and
 //! where the rest start (`next_offset`). `fields=summary` leaves out the heavy fields.
 
-use attune_common::db::{self, execution::ChainLink, execution::Execution};
+use attune_common::db::{self, execution::Execution, execution::api::ChainLink};
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -131,7 +131,7 @@ pub async fn chain(
     // transaction) are both in it or neither
     let mut snapshot = db::snapshot(&state.db).await?;
     // the chain's attempts weighed first, so that no more of them are read than the budget takes
-    let links = db::execution::chain_links(&mut *snapshot, id).await?;
+    let links = db::execution::api::chain_links(&mut *snapshot, id).await?;
     if links.is_empty() {
         return Err(ApiError::not_found("execution", format!("execution {id} does not exist")));
     }
@@ -146,7 +146,7 @@ pub async fn chain(
     let ids: Vec<i64> = rest[..fit].iter().map(|link| link.id).collect();
     let attempts = match fields {
         ListFields::Full => {
-            let rows = db::execution::attempts(&mut *snapshot, &ids).await?;
+            let rows = db::execution::api::attempts(&mut *snapshot, &ids).await?;
             let ends = parent_ends(&mut snapshot, rows.iter().map(|row| row.original_execution)).await?;
             rows.into_iter()
                 .map(|execution| {
@@ -157,7 +157,7 @@ pub async fn chain(
                 .collect::<Vec<_>>()
         }
         ListFields::Summary => {
-            let rows = db::execution::attempt_summaries(&mut *snapshot, &ids).await?;
+            let rows = db::execution::api::attempt_summaries(&mut *snapshot, &ids).await?;
             let ends = parent_ends(&mut snapshot, rows.iter().map(|row| row.summary.original_execution)).await?;
             rows.into_iter().map(|row| ChainAttempt::Summary(light(row, &ends))).collect()
         }
@@ -187,7 +187,7 @@ async fn parent_ends(
     if parents.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(db::execution::finished_times(snapshot, &parents).await?)
+    Ok(db::execution::api::finished_times(snapshot, &parents).await?)
 }
 
 /// An attempt's `backoff_secs` and `gap_secs`: from its parent's end to its `not_before`, and to
@@ -206,9 +206,9 @@ fn timing(
     (seconds(not_before), seconds(started))
 }
 
-fn light(row: db::execution::AttemptSummary, ends: &[(i64, Option<DateTime<Utc>>)]) -> AttemptSummary {
+fn light(row: db::execution::api::AttemptSummary, ends: &[(i64, Option<DateTime<Utc>>)]) -> AttemptSummary {
     // every field named, so that a field added to the summary is not left out here unnoticed
-    let db::execution::ExecutionSummary {
+    let db::execution::api::ExecutionSummary {
         id,
         action,
         action_ref,

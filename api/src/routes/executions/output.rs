@@ -437,7 +437,7 @@ async fn follow(
             },
             _ = poll.tick() => {
                 let status: Option<ExecutionStatus> =
-                    match db::execution::status_of(&state.db, id).await {
+                    match db::execution::api::status_of(&state.db, id).await {
                         Ok(status) => status,
                         Err(e) => {
                             tracing::debug!(execution_id = id, error = %e, "could not read a followed execution");
@@ -485,7 +485,7 @@ async fn follow(
                     }
                     Some(_) => {
                         // not running yet: what holds it is said, each time that changes
-                        match db::execution::waiting(&state.db, id).await {
+                        match db::execution::api::waiting(&state.db, id).await {
                             Ok(Some(why)) if why["reason"] != told_waiting => {
                                 told_waiting = why["reason"].clone();
                                 if !outlet.send(data("waiting", why)).await {
