@@ -4,7 +4,8 @@
 use anyhow::{Context, anyhow};
 use attune_common::settings::{Environment, Source};
 use reqwest::{Method, StatusCode};
-use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub struct Client {
@@ -28,25 +29,27 @@ impl Client {
         Client { reason, ..self }
     }
 
-    pub async fn request(
+    /// The answer to `method path`, read as `T`: the API's own type of it (an `Answer` of it to
+    /// keep the JSON as sent), `Value` for the JSON alone, `IgnoredAny` when nothing of it counts.
+    pub async fn request<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         query: &[(&str, String)],
         body: Option<&impl Serialize>,
-    ) -> anyhow::Result<Value> {
+    ) -> anyhow::Result<T> {
         self.request_with_headers(method, path, query, &[], body).await
     }
 
     /// `request` with extra headers (an `Idempotency-Key`).
-    pub async fn request_with_headers(
+    pub async fn request_with_headers<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         query: &[(&str, String)],
         headers: &[(&str, String)],
         body: Option<&impl Serialize>,
-    ) -> anyhow::Result<Value> {
+    ) -> anyhow::Result<T> {
         let url = format!("{}{path}", self.base);
         let http = self.http.as_ref().map_err(|e| anyhow!("{e}"))?;
         let mut request = http.request(method.clone(), &url).query(query);
@@ -69,7 +72,7 @@ impl Client {
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         if status.is_success() {
-            return Ok(body);
+            return T::deserialize(body).with_context(|| format!("reading the API's answer to {method} {path}"));
         }
         let message = body["error"]["message"].as_str().unwrap_or("no error message");
         let hint = if status == StatusCode::UNAUTHORIZED {
@@ -99,20 +102,64 @@ impl Client {
         Err(anyhow!("{} {}: {message}", status.as_u16(), status.canonical_reason().unwrap_or("")))
     }
 
-    pub async fn get(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
+    pub async fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
         self.request(Method::GET, path, query, None::<&()>).await
     }
 
-    pub async fn post(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Value> {
+    pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> anyhow::Result<T> {
         self.request(Method::POST, path, &[], Some(body)).await
     }
 
-    pub async fn put(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Value> {
+    pub async fn put<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> anyhow::Result<T> {
         self.request(Method::PUT, path, &[], Some(body)).await
     }
 
-    pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.request(Method::DELETE, path, &[], None::<&()>).await
+    }
+}
+
+/// An answer of the API read as the API's own type `T`, kept with the JSON it came as: what
+/// `--output json` prints is that JSON as the API sent it, never `T` written out again (which
+/// could drop what `T` does not hold). It derefs to `T`.
+#[derive(Debug)]
+pub struct Answer<T> {
+    json: Value,
+    read: T,
+}
+
+impl<T: DeserializeOwned> Answer<T> {
+    /// `json` read as `T`.
+    pub fn read(json: Value) -> Result<Self, serde_json::Error> {
+        let read = T::deserialize(&json)?;
+        Ok(Answer { json, read })
+    }
+}
+
+impl<T> Answer<T> {
+    /// The JSON as the API sent it.
+    pub fn json(&self) -> &Value {
+        &self.json
+    }
+}
+
+impl<T> std::ops::Deref for Answer<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.read
+    }
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Answer<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Answer::read(Value::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl<T> Serialize for Answer<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.json.serialize(serializer)
     }
 }
 

@@ -1,5 +1,6 @@
 //! `attune`: the command line for API clients and operators.
 
+mod cmd;
 mod commands;
 mod reseal;
 mod tokens;
@@ -291,32 +292,36 @@ pub enum ExecutionCommand {
     },
     /// Retry, cancel or fail every execution a filter selects (at most --limit, oldest first),
     /// each by its own rules; --dry-run shows which, changing nothing. Needs --reason.
-    Bulk {
-        /// retry, cancel or fail
-        #[arg(value_parser = ["retry", "cancel", "fail"])]
-        action: String,
-        #[arg(long)]
-        status: Option<String>,
-        /// The action, as pack.name
-        #[arg(long, visible_alias = "action")]
-        action_ref: Option<String>,
-        #[arg(long)]
-        failure_kind: Option<String>,
-        /// RFC 3339 time
-        #[arg(long)]
-        created_after: Option<String>,
-        /// RFC 3339 time
-        #[arg(long)]
-        created_before: Option<String>,
-        /// The attempts of this execution's retry chain (its first attempt's id)
-        #[arg(long)]
-        chain_root: Option<i64>,
-        #[arg(long, default_value_t = 100)]
-        limit: i64,
-        /// Show which executions it would act on; change nothing
-        #[arg(long)]
-        dry_run: bool,
-    },
+    Bulk(BulkArgs),
+}
+
+/// What `attune execution bulk` does, and to which executions.
+#[derive(clap::Args)]
+pub struct BulkArgs {
+    /// retry, cancel or fail
+    #[arg(value_parser = ["retry", "cancel", "fail"])]
+    action: String,
+    #[arg(long)]
+    status: Option<String>,
+    /// The action, as pack.name
+    #[arg(long, visible_alias = "action")]
+    action_ref: Option<String>,
+    #[arg(long)]
+    failure_kind: Option<String>,
+    /// RFC 3339 time
+    #[arg(long)]
+    created_after: Option<String>,
+    /// RFC 3339 time
+    #[arg(long)]
+    created_before: Option<String>,
+    /// The attempts of this execution's retry chain (its first attempt's id)
+    #[arg(long)]
+    chain_root: Option<i64>,
+    #[arg(long, default_value_t = 100)]
+    limit: i64,
+    /// Show which executions it would act on; change nothing
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Subcommand)]

@@ -1,5 +1,7 @@
-//! Human output: tables and key-value blocks. `--output json` bypasses all of this.
+//! Human output: tables, the text a field of an answer is shown as, and why an execution was or
+//! was not retried. `--output json` bypasses all of this.
 
+use serde::Serialize;
 use serde_json::Value;
 
 pub fn text(value: &Value) -> String {
@@ -8,6 +10,18 @@ pub fn text(value: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
+}
+
+/// A field of an answer as a table shows it: the `text` of its JSON (`-` when null; a time as
+/// the API writes it).
+pub fn shown(value: &impl Serialize) -> String {
+    text(&serde_json::to_value(value).unwrap_or_default())
+}
+
+/// `shown`, or `None` when the field is null.
+pub fn present(value: &impl Serialize) -> Option<String> {
+    let value = serde_json::to_value(value).unwrap_or_default();
+    (!value.is_null()).then(|| text(&value))
 }
 
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -30,59 +44,6 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut out = vec![line(headers.iter().map(|h| h.to_uppercase()).collect())];
     out.extend(rows.iter().map(|r| line(r.clone())));
     out.join("\n")
-}
-
-pub fn execution(e: &Value) -> String {
-    let mut lines = vec![format!(
-        "execution {}  {}  {}",
-        text(&e["id"]),
-        text(&e["action_ref"]),
-        text(&e["status"]).to_uppercase()
-    )];
-    if let Some(why) = waiting(e) {
-        lines.push(format!("  {:<18} {why}", "waiting"));
-    }
-    let fields = [
-        "worker",
-        "exit_code",
-        "failure_kind",
-        "error",
-        "retry_count",
-        "max_retries",
-        "retry_reason",
-        "original_execution",
-        "retried_by",
-        "next_attempt_at",
-        "created",
-        "updated",
-    ];
-    for field in fields {
-        if !e[field].is_null() {
-            lines.push(format!("  {field:<18} {}", text(&e[field])));
-        }
-    }
-    lines.push(format!("  {:<18} {}", "parameters", e["parameters"]));
-    if !e["result"].is_null() {
-        lines.push(format!("  {:<18} {}", "result", e["result"]));
-    }
-    for stream in ["stdout", "stderr"] {
-        if let Some(s) = e[stream].as_str().filter(|s| !s.is_empty()) {
-            lines.push(format!("  {stream}:"));
-            lines.extend(s.lines().map(|l| format!("    {l}")));
-        }
-    }
-    lines.join("\n")
-}
-
-/// Why the execution `e` (as `GET /executions/{id}` answers) waits, in words, while it does:
-/// its `waiting.message`, and who paused what holds it.
-pub fn waiting(e: &Value) -> Option<String> {
-    let waiting = &e["waiting"];
-    let message = waiting["message"].as_str()?;
-    Some(match waiting["paused_by_name"].as_str() {
-        Some(by) => format!("{message} (paused by {by})"),
-        None => message.to_string(),
-    })
 }
 
 /// Writes one line to stdout. A reader that went away (`attune execution list | head`) ends the
@@ -262,104 +223,4 @@ mod explain_tests {
             "{told}"
         );
     }
-}
-
-/// Seconds between two RFC 3339 times, as `1.234s`; `-` when one is missing.
-fn between(from: &Value, to: &Value) -> String {
-    let at = |v: &Value| v.as_str().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok());
-    match (at(from), at(to)) {
-        (Some(from), Some(to)) => format!("{:.3}s", (to - from).num_milliseconds() as f64 / 1000.0),
-        _ => "-".into(),
-    }
-}
-
-/// A step's items as `done/total` (with what is in flight and failed), or `-`.
-fn items(step: &Value) -> String {
-    let items = &step["items"];
-    if items.is_null() {
-        return "-".into();
-    }
-    format!(
-        "{}/{} ({} running, {} failed)",
-        text(&items["succeeded"]),
-        text(&items["total"]),
-        text(&items["in_flight"]),
-        text(&items["failed"])
-    )
-}
-
-/// `attune workflow get`: the run, then one row per step.
-pub fn workflow_steps(run: &Value) -> String {
-    let head = &run["run"];
-    let mut out = format!(
-        "workflow run {}  {}  {}  (definition {})\n",
-        text(&head["id"]),
-        text(&head["action_ref"]),
-        text(&head["status"]).to_uppercase(),
-        text(&run["definition"]).chars().take(12).collect::<String>()
-    );
-    if let Some(error) = head["error"].as_str() {
-        out.push_str(&format!("error: {}\n", crate::tail::escaped(error)));
-    }
-    let rows: Vec<Vec<String>> = run["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|step| {
-            vec![
-                text(&step["name"]),
-                text(&step["phase"]),
-                text(&step["action"]),
-                text(&step["state"]),
-                text(&step["attempts"]),
-                items(step),
-                between(&step["started"], &step["finished"]),
-                step["reason"].as_str().map(|r| crate::tail::escaped(r).into_owned()).unwrap_or_default(),
-            ]
-        })
-        .collect();
-    out.push_str(&table(&["step", "phase", "action", "state", "executions", "items", "took", "reason"], &rows));
-    out
-}
-
-/// `attune workflow tree`: each step, and under it each execution it made.
-pub fn workflow_tree(run: &Value) -> String {
-    let head = &run["run"];
-    let mut lines = vec![format!("{} {} [{}]", text(&head["action_ref"]), text(&head["id"]), text(&head["status"]))];
-    let steps: Vec<&Value> = run["steps"].as_array().into_iter().flatten().collect();
-    for (n, step) in steps.iter().enumerate() {
-        let last = n + 1 == steps.len();
-        let (branch, indent) = if last { ("└─", "   ") } else { ("├─", "│  ") };
-        let on_failure = if step["phase"] == "on-failure" { " (on-failure)" } else { "" };
-        lines.push(format!(
-            "{branch} {}{on_failure}: {} [{}]{}",
-            text(&step["name"]),
-            text(&step["action"]),
-            text(&step["state"]),
-            step["reason"].as_str().map(|r| format!(" {}", crate::tail::escaped(r))).unwrap_or_default()
-        ));
-        let executions: Vec<&Value> = step["executions"].as_array().into_iter().flatten().collect();
-        let hidden = step["attempts"].as_u64().unwrap_or(0).saturating_sub(executions.len() as u64);
-        for (m, execution) in executions.iter().enumerate() {
-            let twig = if m + 1 == executions.len() && hidden == 0 { "└─" } else { "├─" };
-            let item =
-                if step["items"].is_null() { String::new() } else { format!("item {} ", text(&execution["item"])) };
-            let attempt = match execution["retry_count"].as_i64() {
-                Some(0) | None => String::new(),
-                Some(n) => format!(" retry {n}"),
-            };
-            let error =
-                execution["error"].as_str().map(|e| format!(": {}", crate::tail::escaped(e))).unwrap_or_default();
-            lines.push(format!(
-                "{indent}{twig} {item}execution {} [{}]{attempt} {}{error}",
-                text(&execution["id"]),
-                text(&execution["status"]),
-                between(&execution["started"], &execution["finished"])
-            ));
-        }
-        if hidden > 0 {
-            lines.push(format!("{indent}└─ … and {hidden} more executions (--all shows them)"));
-        }
-    }
-    lines.join("\n")
 }
