@@ -384,6 +384,17 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
     expect("schedule change".into(), replaced, StatusCode::OK, Some("schedule:nightly".into()));
     let ran = change(&api, &admin, (Method::POST, "/api/v1/schedules/nightly/run", None), "schedule run", &[]).await;
     let target = Some(format!("execution:{}", ran.1["id"]));
+    // a first attempt of the schedule's action with its parameters, recorded as the schedule's
+    let execution = &ran.1;
+    assert_eq!(
+        (execution["action_ref"].as_str(), &execution["parameters"]),
+        (Some("core.echo"), &json!({"message": "ho"}))
+    );
+    assert_eq!((execution["status"].as_str(), execution["retry_count"].as_i64()), (Some("requested"), Some(0)));
+    assert!(execution["schedule"].is_i64() && execution["scheduled_for"].is_string(), "{execution}");
+    assert_eq!(execution["config"]["schedule"], "nightly");
+    assert_eq!(execution["config"]["run_now"], true);
+    assert_eq!(execution["config"]["scheduled_for"].is_string(), true);
     expect("schedule run".into(), ran, StatusCode::CREATED, target);
     for (what, method, path) in [
         ("schedule pause", Method::POST, "/api/v1/schedules/nightly/pause"),

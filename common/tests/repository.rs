@@ -344,3 +344,64 @@ async fn batched_claims_and_successes_keep_each_rows_guard_fence_and_token() {
     );
     test.drop_database().await;
 }
+
+/// A schedule's occurrence is made by `schedule_fire`, a function of the database that the
+/// executors' login may call but whose row it may not write; it restates in SQL the one
+/// constructor of a first attempt (`NewExecution::first_attempt`, which the API's submissions
+/// and a schedule's run now use). The two make the same row: a change of one that the other
+/// does not follow fails here.
+#[tokio::test]
+async fn a_schedules_occurrence_is_the_first_attempt_the_api_makes() {
+    use attune_common::db::schedule::NewSchedule;
+    let test = TestDb::new().await;
+    let pool = &test.pool;
+    let action = core_pack(pool).await;
+    let (token, _) = db::token::create_with(pool, "owner", db::token::Role::Operator, None).await.unwrap();
+    // (every second, the last one due: whole seconds, as a cron occurrence is)
+    let due = chrono::DurationRound::duration_trunc(chrono::Utc::now(), chrono::Duration::seconds(1)).unwrap()
+        - chrono::Duration::seconds(1);
+    let new_schedule = NewSchedule {
+        name: "often".into(),
+        action_ref: action.action_ref.clone(),
+        parameters: json!({"message": "on time"}),
+        cron: Some("* * * * * *".into()),
+        timezone: "UTC".into(),
+        at: None,
+        catch_up: attune_common::schedule::CatchUp::Skip,
+        paused: false,
+        next_run: Some(due),
+        reason: None,
+        created_by: token.id,
+    };
+    let schedule = db::schedule::create(pool, &new_schedule).await.unwrap().unwrap();
+    let default_timeout = 123;
+    let look = db::schedule::run_due(pool, 10, default_timeout).await.unwrap();
+    let fired = look.ran.first().unwrap_or_else(|| panic!("an occurrence is due: {look:?}"));
+    let made = db::execution::get(pool, fired.execution).await.unwrap().unwrap();
+
+    let expected = NewExecution::first_attempt(&action, schedule.parameters.clone(), json!({}), default_timeout)
+        .of_schedule(schedule.id, &schedule.name, fired.scheduled_for);
+    assert_eq!(made.action, expected.action);
+    assert_eq!(made.action_ref, expected.action_ref);
+    assert_eq!(made.runtime, expected.runtime);
+    assert_eq!(made.parameters, expected.parameters);
+    assert_eq!(made.status, expected.status);
+    assert_eq!(made.max_retries, Some(expected.max_retries));
+    assert_eq!(made.timeout_seconds, Some(expected.timeout_seconds));
+    assert_eq!(made.retry_count, expected.retry_count);
+    assert_eq!(made.retry_reason, expected.retry_reason);
+    assert_eq!(made.original_execution, expected.original_execution);
+    assert_eq!((made.schedule, made.scheduled_for), (Some(schedule.id), Some(fired.scheduled_for)));
+    assert_eq!(made.submitted_by, Some(token.id), "submitted by the schedule's owner");
+    // the config as the insert records it, the time read as a time (PostgreSQL and chrono may
+    // write the same instant with other digits)
+    let at = |config: &serde_json::Value| {
+        let mut config = config.clone();
+        let text = config["scheduled_for"].take();
+        let time = text.as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).map(|t| t.to_utc());
+        (config, time)
+    };
+    assert_eq!(at(&made.config), at(&expected.recorded_config()));
+    assert_eq!(at(&made.config).1, Some(fired.scheduled_for));
+    test.drop_database().await;
+}

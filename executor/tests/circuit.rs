@@ -48,6 +48,7 @@ fn request(action: i64) -> NewExecution {
         not_before: None,
         idempotency_key: None,
         trace_parent: None,
+        occurrence: None,
     }
 }
 

@@ -48,6 +48,7 @@ fn new(action: i64, retry_count: i32, max_retries: i32) -> NewExecution {
         not_before: None,
         idempotency_key: None,
         trace_parent: None,
+        occurrence: None,
     }
 }
 

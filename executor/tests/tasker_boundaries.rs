@@ -63,6 +63,7 @@ impl Case {
             not_before: None,
             idempotency_key: None,
             trace_parent: None,
+            occurrence: None,
         };
         db::execution::insert(&self.test.pool, &new).await.unwrap().id
     }

@@ -326,6 +326,7 @@ pub fn echo_execution(action: &attune_common::db::action::Action) -> attune_comm
         not_before: None,
         idempotency_key: None,
         trace_parent: None,
+        occurrence: None,
     }
 }
 

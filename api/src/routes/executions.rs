@@ -171,22 +171,8 @@ pub(crate) async fn plan(state: &crate::AppState, body: CreateExecution) -> Resu
     within_limits(state, &resolved)?;
     secrets_for(state, &action.action_ref, &resolved).await?;
     let resolved = sealed(state, &action.action_ref, &specs, resolved)?;
-    Ok(NewExecution {
-        action: Some(action.id),
-        action_ref: action.action_ref.clone(),
-        runtime: Some(action.runtime.clone()),
-        parameters: Value::Object(resolved),
-        config: Value::Object(config),
-        status: ExecutionStatus::Requested,
-        max_retries: action.max_retries.unwrap_or(0),
-        timeout_seconds: action.timeout_seconds.unwrap_or(state.settings.common.default_timeout_secs),
-        retry_count: 0,
-        retry_reason: None,
-        original_execution: None,
-        not_before: None,
-        idempotency_key: None,
-        trace_parent: None,
-    })
+    let default_timeout = state.settings.common.default_timeout_secs;
+    Ok(NewExecution::first_attempt(&action, Value::Object(resolved), Value::Object(config), default_timeout))
 }
 
 /// Inserts a planned execution, submitted by the token `submitted_by`. A manual retry that another

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::Value;
 
-use attune_common::db::{self, schedule::NewSchedule, schedule::Schedule};
+use attune_common::db::{self, execution::NewExecution, schedule::NewSchedule, schedule::Schedule};
 use attune_common::schedule::{CatchUp, GRACE, Timing};
 
 use crate::ApiError;
@@ -285,21 +285,25 @@ pub async fn run_now(
 ) -> Result<(StatusCode, Extension<Target>, Json<attune_common::db::execution::Execution>), ApiError> {
     let name = named(name)?;
     let schedule = db::schedule::get(&state.db, &name).await?.ok_or_else(|| no_such(&name))?;
-    if state.actions.get_by_ref(&state.db, &schedule.action_ref).await?.is_none() {
+    let Some(action) = state.actions.get_by_ref(&state.db, &schedule.action_ref).await? else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "action_not_found",
             format!("schedule '{name}' runs {}, which is not registered", schedule.action_ref),
         ));
-    }
-    let mut transaction = state.db.begin().await?;
+    };
+    // (its parameters as stored, sealed ones as they are: they were checked when it was made)
     let default_timeout = state.settings.common.default_timeout_secs;
-    let id = db::schedule::run_now(&mut *transaction, &name, caller.token_id, default_timeout)
-        .await?
-        .ok_or_else(|| no_such(&name))?;
-    let execution = db::execution::get(&mut *transaction, id)
-        .await?
-        .ok_or_else(|| ApiError::internal("a run made now is not there", id))?;
+    let new = NewExecution::first_attempt(
+        &action,
+        schedule.parameters,
+        serde_json::json!({"run_now": true}),
+        default_timeout,
+    )
+    .of_schedule(schedule.id, &schedule.name, Utc::now());
+    let mut transaction = state.db.begin().await?;
+    let execution = db::execution::insert_submitted(&mut *transaction, &new, Some(caller.token_id)).await?;
+    let id = execution.id;
     let target = Target::new(format!("execution:{id}"));
     let target = asking.commit(transaction, StatusCode::CREATED, target).await?;
     tracing::info!(schedule = %name, execution_id = id, token_id = caller.token_id, "schedule run now");

@@ -126,32 +126,6 @@ pub async fn replace(db: impl sqlx::PgExecutor<'_>, new: &NewSchedule) -> Result
     .await
 }
 
-/// Runs schedule `name` now, once, outside its timing (its next run stays): an execution of its
-/// action with its parameters (sealed ones as they are), recorded as the schedule's
-/// (`schedule`, `scheduled_for` now) and submitted by `by`. `None`: no such schedule.
-pub async fn run_now(
-    db: impl sqlx::PgExecutor<'_>,
-    name: &str,
-    by: i64,
-    default_timeout_secs: i32,
-) -> Result<Option<i64>, sqlx::Error> {
-    sqlx::query_scalar(
-        "INSERT INTO execution (action, action_ref, runtime, parameters, config, status, max_retries, \
-            timeout_seconds, retry_count, idempotency_key, submitted_by, schedule, scheduled_for) \
-         SELECT a.id, s.action_ref, a.runtime, s.parameters, \
-            jsonb_build_object('max_retries', COALESCE(a.max_retries, 0), 'retry_count', 0, \
-                'schedule', s.name, 'scheduled_for', now(), 'run_now', true), \
-            'requested', COALESCE(a.max_retries, 0), COALESCE(a.timeout_seconds, $3), 0, \
-            gen_random_uuid()::text, $2, s.id, now() \
-         FROM schedule s LEFT JOIN action a ON a.ref = s.action_ref WHERE s.name = $1 RETURNING id",
-    )
-    .bind(name)
-    .bind(by)
-    .bind(default_timeout_secs)
-    .fetch_optional(db)
-    .await
-}
-
 pub async fn get(db: &PgPool, name: &str) -> Result<Option<Schedule>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM schedule WHERE name = $1")))
         .bind(name)

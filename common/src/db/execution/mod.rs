@@ -115,6 +115,58 @@ pub struct NewExecution {
     pub idempotency_key: Option<String>,
     /// See `Execution::trace_parent` (a retry keeps its parent's).
     pub trace_parent: Option<String>,
+    /// The schedule (`schedule.id`) whose run this first attempt is, and the occurrence
+    /// (`of_schedule`); a retry keeps its parent's.
+    pub occurrence: Option<(i64, DateTime<Utc>)>,
+}
+
+impl NewExecution {
+    /// The first attempt of `action`, with `parameters` as the caller checked and resolved them
+    /// against its declarations and the submitter's `config` (the retry fields the record keeps
+    /// in it are set at the insert, `recorded_config`): the one way a first attempt is made, by
+    /// the API's submissions, a rule's event and a schedule's run now. A schedule's occurrence is
+    /// made by a function of the database that the executors' login may call but whose row it
+    /// may not write (`schedule_fire`): it restates this in SQL, held to it by
+    /// `common/tests/repository.rs` (`a_schedules_occurrence_is_the_first_attempt_the_api_makes`).
+    /// (A workflow's step is no plain first attempt: `workflow_step_start` gives it the step's own
+    /// retry budget and its place in the run.)
+    pub fn first_attempt(
+        action: &crate::db::action::Action,
+        parameters: Value,
+        config: Value,
+        default_timeout_secs: i32,
+    ) -> NewExecution {
+        NewExecution {
+            action: Some(action.id),
+            action_ref: action.action_ref.clone(),
+            runtime: Some(action.runtime.clone()),
+            parameters,
+            config,
+            status: ExecutionStatus::Requested,
+            max_retries: action.max_retries.unwrap_or(0),
+            timeout_seconds: action.timeout_seconds.unwrap_or(default_timeout_secs),
+            retry_count: 0,
+            retry_reason: None,
+            original_execution: None,
+            not_before: None,
+            idempotency_key: None,
+            trace_parent: None,
+            occurrence: None,
+        }
+    }
+
+    /// This first attempt is occurrence `at` of schedule `schedule` (named `name`): recorded as
+    /// the schedule's, in its columns and in `config` (`schedule`, `scheduled_for`, written as
+    /// PostgreSQL writes a time into JSON).
+    pub fn of_schedule(mut self, schedule: i64, name: &str, at: DateTime<Utc>) -> NewExecution {
+        if !self.config.is_object() {
+            self.config = Value::Object(Default::default());
+        }
+        self.config["schedule"] = name.into();
+        self.config["scheduled_for"] = at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false).into();
+        self.occurrence = Some((schedule, at));
+        self
+    }
 }
 
 /// How many retries of an execution's chain so far were paid by the platform's budget
@@ -162,6 +214,7 @@ impl NewExecution {
             not_before,
             idempotency_key: Some(parent.idempotency_key.clone()),
             trace_parent: parent.trace_parent.clone(),
+            occurrence: None,
         }
     }
 }
@@ -212,7 +265,7 @@ pub async fn insert_submitted(
          timeout_seconds, retry_count, retry_reason, original_execution, not_before, runtime, idempotency_key, \
          submitted_by, trace_parent, schedule, scheduled_for, workflow_run, workflow_step, workflow_item) \
          SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13, gen_random_uuid()::text), \
-         COALESCE($14, parent.submitted_by), $15, parent.schedule, parent.scheduled_for, \
+         COALESCE($14, parent.submitted_by), $15, COALESCE($16, parent.schedule), COALESCE($17, parent.scheduled_for), \
          parent.workflow_run, parent.workflow_step, parent.workflow_item \
          FROM (SELECT) AS one LEFT JOIN execution parent ON parent.id = $10 \
          RETURNING {COLUMNS}"
@@ -233,6 +286,8 @@ pub async fn insert_submitted(
         .bind(&new.idempotency_key)
         .bind(submitted_by)
         .bind(&new.trace_parent)
+        .bind(new.occurrence.map(|(schedule, _)| schedule))
+        .bind(new.occurrence.map(|(_, at)| at))
         .fetch_one(db)
         .await
 }
