@@ -394,7 +394,7 @@ async fn each_change_a_route_makes_writes_exactly_one_audit_row_with_its_answer(
     assert!(execution["schedule"].is_i64() && execution["scheduled_for"].is_string(), "{execution}");
     assert_eq!(execution["config"]["schedule"], "nightly");
     assert_eq!(execution["config"]["run_now"], true);
-    assert_eq!(execution["config"]["scheduled_for"].is_string(), true);
+    assert!(execution["config"]["scheduled_for"].is_string(), "{execution}");
     expect("schedule run".into(), ran, StatusCode::CREATED, target);
     for (what, method, path) in [
         ("schedule pause", Method::POST, "/api/v1/schedules/nightly/pause"),
