@@ -12,7 +12,7 @@ test-fast: ## everything but the system tests: unit, repository, broker-adapter,
 
 test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, database and broker loss)
 	cargo build --workspace --bins
-	cargo test -p attune-system-tests --test defense
+	cargo test -p attune-system-tests --test faults defense::
 	cargo test -p attune-system-tests --test chaos_broker -- --ignored --test-threads=1
 
 test-cluster: ## attune across hosts (root): a three-node RabbitMQ cluster of this machine (scripts/test-cluster.sh) with nodes stopped under a stream of executions; workers in network namespaces cut off and healed; a PostgreSQL primary and its synchronous standby (scripts/test-pg-standby.sh) switched over under streams of executions

@@ -1,6 +1,6 @@
 //! Roles, in process: the router served on port 0 against a database and a broker namespace of
 //! the test's own (no executor or worker), called with a token of each role (every route × every
-//! role runs against the real binary: tests/tests/roles.rs): expired and revoked tokens are
+//! role runs against the real binary: tests/tests/security/roles.rs): expired and revoked tokens are
 //! refused; executions record who submitted, retried, canceled
 //! and failed them; the admin token routes.
 

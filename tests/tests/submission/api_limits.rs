@@ -118,7 +118,7 @@ async fn a_request_that_takes_longer_than_the_request_timeout_is_answered_503_in
 async fn connections_beyond_the_limit_wait_until_one_closes() {
     let api = Api::start(&[("ATTUNE_API_MAX_CONNECTIONS", "2")], None).await;
     let request = b"GET /healthz HTTP/1.1\r\nHost: attune\r\n\r\n";
-    // connections that carried a token (one without makes room: tests/tests/slow_clients.rs)
+    // connections that carried a token (one without makes room: tests/tests/submission/slow_clients.rs)
     let authenticated = format!(
         "GET /api/v1/executions?limit=1 HTTP/1.1\r\nHost: attune\r\nAuthorization: Bearer {}\r\n\r\n",
         api.token

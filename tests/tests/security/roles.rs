@@ -226,7 +226,7 @@ async fn every_route_of_the_document_answers_every_role_as_the_roles_table_says(
         }
         for (method, operation) in item.as_object().unwrap() {
             let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            // a webhook's delivery takes no API token (its own proof: tests/tests/events.rs)
+            // a webhook's delivery takes no API token (its own proof: tests/tests/submission/events.rs)
             if method == Method::POST && path == attune_api::routes::events::DELIVERY_PATH {
                 assert!(operation["responses"]["403"].is_null(), "a delivery has no role to refuse: {operation}");
                 continue;

@@ -141,6 +141,7 @@ fn noop(request: i64) -> NewExecution {
         not_before: None,
         idempotency_key: None,
         trace_parent: None,
+        occurrence: None,
     }
 }
 
