@@ -1,5 +1,5 @@
 # attune: the two commands that matter are `make quickstart` and `make test`.
-.PHONY: quickstart test test-fast test-chaos test-cluster bench down build fmt lint settings-doc docs
+.PHONY: quickstart test test-fast test-chaos test-cluster bench down build fmt lint tidy settings-doc docs
 
 quickstart: ## set everything up, start attune, run an action through the API
 	scripts/quickstart.sh
@@ -7,8 +7,9 @@ quickstart: ## set everything up, start attune, run an action through the API
 test: ## the whole test suite (what CI runs)
 	scripts/test.sh
 
-test-fast: ## everything but the system tests: unit, repository, broker-adapter, in-process API and executor step tests (PostgreSQL and RabbitMQ must run)
+test-fast: ## everything but the system tests: unit, repository, broker-adapter, in-process API and executor step tests, and the tidy rules (PostgreSQL and RabbitMQ must run)
 	cargo test --workspace --exclude attune-system-tests
+	cargo test -p attune-system-tests --test tidy
 
 test-chaos: ## only the defense-in-depth tests (dead workers, DLQ, poison, database and broker loss)
 	cargo build --workspace --bins
@@ -29,11 +30,14 @@ bench: ## the full benchmark on a fresh database (a few minutes); writes docs/be
 down: ## stop the attune started by quickstart
 	@bash -c '. scripts/lib.sh && { stop_started || echo "attune is not running"; }'
 
+tidy: ## the rules that hold the documents and the configuration to the code (tests/tests/tidy; no service started)
+	cargo test -p attune-system-tests --test tidy
+
 settings-doc: ## rewrite the book's settings table (book/src/settings.md) from common/src/settings.rs
-	ATTUNE_BLESS=1 cargo test -p attune-common --test settings_doc
+	ATTUNE_BLESS=1 cargo test -p attune-system-tests --test tidy settings_doc::
 
 docs: ## build the book (book/src) into target/book, with its link check; mdBook is built into target/mdbook once
-	bash -c '. scripts/lib.sh; ensure_mdbook && "$$MDBOOK" build book && cargo test -q -p attune-common --test book'
+	bash -c '. scripts/lib.sh; ensure_mdbook && "$$MDBOOK" build book && cargo test -q -p attune-system-tests --test tidy book::'
 
 build:
 	cargo build --workspace --bins

@@ -18,7 +18,7 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-log "the book (mdbook build book; its links are checked by common/tests/book.rs)"
+log "the book (mdbook build book; its links are checked by tests/tests/tidy/book.rs)"
 "$MDBOOK" build book 2>&1 | grep -v INFO || true
 test -f target/book/index.html || die "mdbook did not build the book"
 log "building the binaries the end-to-end tests start"

@@ -2,7 +2,7 @@
 //! the processes that read it and what it does. The services read their settings through
 //! [`get`] (so the default here is the default in force), each binary's `--help` lists its own
 //! ([`help`]), and the book's table (`book/src/settings.md`) is generated from this one ([`markdown_table`];
-//! `make settings-doc` rewrites it, and `common/tests/settings_doc.rs` fails when it is stale).
+//! `make settings-doc` rewrites it, and `tests/tests/tidy/settings_doc.rs` fails when it is stale).
 
 use std::str::FromStr;
 

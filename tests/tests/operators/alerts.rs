@@ -2,7 +2,8 @@
 //! promtool's own checks and unit tests (`ops/prometheus/attune-alerts.test.yml`: series that
 //! cross each threshold and series that stay at it), and a real Prometheus server scraping a
 //! running attune and evaluating every rule, one of which goes pending because its condition is
-//! true. Every metric the rules and the dashboard name is one attune's `/metrics` declares.
+//! true. Every metric the rules and the dashboard name is one attune's `/metrics` declares. (Each
+//! alert's summary and runbook section, and the scrape targets, are read by tidy's `alert_rules`.)
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -39,25 +40,6 @@ fn the_alert_rules_pass_promtool_checks_and_their_unit_tests() {
         let told = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "promtool {args:?} {}:\n{told}", file.display());
     }
-}
-
-#[test]
-fn every_alert_has_a_summary_and_a_runbook_section() {
-    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(rules()).unwrap()).unwrap();
-    let runbook = std::fs::read_to_string(repo_root().join("docs/alerts.md")).unwrap();
-    let mut alerts = 0;
-    for rule in rules["groups"][0]["rules"].as_sequence().unwrap() {
-        let name = rule["alert"].as_str().unwrap();
-        alerts += 1;
-        assert!(rule["annotations"]["summary"].as_str().is_some_and(|s| !s.is_empty()), "{name} has no summary");
-        let url = rule["annotations"]["runbook_url"].as_str().unwrap();
-        assert_eq!(url, format!("docs/alerts.md#{}", name.to_lowercase()), "{name}");
-        assert!(runbook.contains(&format!("\n## {name}\n")), "docs/alerts.md has no section {name}");
-        assert!(["warning", "critical"].contains(&rule["labels"]["severity"].as_str().unwrap()), "{name}");
-    }
-    // the quick reference's four, the on-call person's five, missed schedules (issue 46), and
-    // raised events nobody answers (issue 49)
-    assert_eq!(alerts, 11);
 }
 
 /// The metric names `text` refers to (`attune_...`), histogram series as their histogram.
@@ -183,27 +165,6 @@ async fn a_real_prometheus_scrapes_attune_and_evaluates_every_rule() {
     let _ = prometheus.wait();
     system.stop().await;
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// The metrics ports in `text`: every `91NN` that stands alone.
-fn metrics_ports(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| !c.is_ascii_digit())
-        .filter(|token| token.len() == 4 && token.starts_with("91"))
-        .map(str::to_string)
-        .collect()
-}
-
-#[test]
-fn the_quickstart_serves_every_service_s_metrics_and_the_scrape_config_names_them() {
-    let script = std::fs::read_to_string(repo_root().join("scripts/quickstart.sh")).unwrap();
-    let config = std::fs::read_to_string(repo_root().join("ops/prometheus/prometheus.yml")).unwrap();
-    // the executor and both workers get an address of their own
-    let given = metrics_ports(&script);
-    assert_eq!(given, ["9101", "9102", "9103"].map(String::from).into(), "{script}");
-    assert_eq!(script.matches("ATTUNE_METRICS_ADDR=").count(), 2, "the executor's, and the workers' loop");
-    // and Prometheus scrapes exactly those, the API's too, with the alert rules
-    assert_eq!(metrics_ports(&config), given, "{config}");
-    assert!(config.contains("127.0.0.1:8080") && config.contains("attune-alerts.yml"), "{config}");
 }
 
 /// The services `ops/prometheus/prometheus.yml` scrapes, as (job, target) pairs.

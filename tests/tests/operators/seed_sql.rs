@@ -4,53 +4,13 @@
 
 use std::time::Duration;
 
+use attune_system_tests::seed::statements;
 use attune_testkit::System;
 use attune_testkit::system::repo_root;
 use serde_json::json;
 use sqlx::Row;
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// The SQL statements of the text: from a line starting with SELECT or WITH (or a `psql -c "`
-/// line followed by one) to the first `;`.
-fn statements(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current: Option<String> = None;
-    for line in text.lines() {
-        let trimmed = line.trim();
-        let line = trimmed.strip_prefix("psql -c \"").unwrap_or(trimmed);
-        if current.is_none() {
-            if !(line.starts_with("SELECT") || line.starts_with("WITH")) {
-                continue;
-            }
-            current = Some(String::new());
-        }
-        let statement = current.as_mut().unwrap();
-        if let Some(end) = line.find(';') {
-            statement.push_str(&line[..=end]);
-            out.push(std::mem::take(statement));
-            current = None;
-        } else {
-            statement.push_str(line);
-            statement.push('\n');
-        }
-    }
-    out
-}
-
-/// `text` with every run of white space made one space.
-fn squeezed(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-#[test]
-fn the_book_holds_every_seed_query_as_written() {
-    let seed = std::fs::read_to_string(repo_root().join("testkit/fixtures/phase3-quickref.txt")).unwrap();
-    let page = std::fs::read_to_string(repo_root().join("book/src/quick-reference.md")).unwrap();
-    let in_page: Vec<String> = statements(&page).iter().map(|s| squeezed(s)).collect();
-    let missing: Vec<String> = statements(&seed).iter().map(|s| squeezed(s)).filter(|s| !in_page.contains(s)).collect();
-    assert!(missing.is_empty(), "book/src/quick-reference.md lacks: {missing:#?}");
-}
 
 type Rows = Vec<Vec<String>>;
 

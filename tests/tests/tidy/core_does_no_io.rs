@@ -32,7 +32,7 @@ const ALLOWED_DEPENDENCIES: [&str; 7] =
 const OPTIONAL_ONLY: [&str; 2] = ["sqlx", "utoipa"];
 
 fn crate_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../core")
 }
 
 fn sources(dir: &Path, found: &mut Vec<PathBuf>) {

@@ -91,9 +91,17 @@ async fn the_schema_lists_the_states_the_code_does() {
 
 #[test]
 fn the_repositories_bind_state_lists() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/db");
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let file = entry.unwrap().path();
+    // (every file under db/, a repository split into a directory of its callers' files too)
+    let mut files = Vec::new();
+    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("../common/src/db")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() { dirs.push(path) } else { files.push(path) }
+        }
+    }
+    assert!(files.len() > 10, "the search found only {files:?}");
+    for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
         for (n, line) in text.lines().enumerate() {
             // a list of two or more states written out, e.g. `status IN ('scheduled', 'running')`
