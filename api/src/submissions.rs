@@ -1,7 +1,7 @@
 //! Submissions share their commit. `POST /executions` hands its new execution to one writer:
 //! alone, it is inserted at once; under load, every submission that arrived while the previous
 //! insert was in flight goes into the next one, a multi-row INSERT in one transaction
-//! (`db::execution::api::insert_many_submitted_surely`, over `attune_common::batch::Batcher`). A
+//! (`db::execution::api::insert_many_submitted`, over `attune_common::batch::Batcher`). A
 //! submission is answered once its row is committed. The executors learn of it from PostgreSQL
 //! itself, which announces the runtimes of new requests at that commit (`db::announcements`): the
 //! API publishes nothing to the broker for a submission.
@@ -11,13 +11,15 @@
 //! the 503 the client gets is true. Once the writer has taken it into a batch, it is answered
 //! with the batch's outcome however long that takes: its row, or the database's refusal. A batch
 //! whose acknowledgement is lost with its connection is read back, not written again (see
-//! `insert_many_submitted_surely`).
+//! `insert_many_submitted`).
 //!
 //! Manual retries and submissions with an `Idempotency-Key` are inserted on their own, in their
 //! own transactions (and announced the same way).
 
 use attune_common::batch::{Batcher, together_or_alone};
-use attune_common::db::{self, execution::Execution, execution::NewExecution, execution::Submitter};
+use attune_common::db::{
+    self, execution::Execution, execution::NewExecution, execution::Patience, execution::Submitter,
+};
 use sqlx::PgPool;
 
 use crate::server::Withdrawal;
@@ -83,11 +85,12 @@ async fn write(db: &PgPool, batch: Vec<Submission>) -> Vec<Option<Written>> {
 
 /// The batch in one statement (one transaction: all or nothing); if the database refuses it, each
 /// submission on its own (`together_or_alone`). Both wait out a lost connection and never write
-/// a row twice (`insert_many_submitted_surely`).
+/// a row twice (`insert_many_submitted` with `Patience::Surely`).
 async fn insert(db: &PgPool, news: &[(&NewExecution, &Submitter)]) -> Vec<Written> {
-    let together = db::execution::api::insert_many_submitted_surely(db, news);
+    let together = db::execution::api::insert_many_submitted(db, news, Patience::Surely);
     together_or_alone("submissions", news, together, |one| async move {
-        let mut written = db::execution::api::insert_many_submitted_surely(db, std::slice::from_ref(one)).await?;
+        let mut written =
+            db::execution::api::insert_many_submitted(db, std::slice::from_ref(one), Patience::Surely).await?;
         written.pop().ok_or_else(|| sqlx::Error::Protocol("an insert of one submission returned no row".into()))
     })
     .await

@@ -62,7 +62,10 @@ async fn each_insert_of_requests_is_announced_once_with_its_runtimes_at_its_comm
     let token = db::token::create_with(pool, "submitter", db::token::Role::Operator, None).await.unwrap().0.id;
     let by = db::execution::Submitter::token(token);
     let batch = [(&shell, &by), (&python, &by), (&shell, &by)];
-    assert_eq!(db::execution::api::insert_many_submitted(pool, &batch).await.unwrap().len(), 3);
+    assert_eq!(
+        db::execution::api::insert_many_submitted(pool, &batch, db::execution::Patience::Once).await.unwrap().len(),
+        3
+    );
     assert_eq!(next(&mut announcements).await, runtimes(&["python", "shell"]));
 
     // nothing until the commit, nothing at all for a rollback

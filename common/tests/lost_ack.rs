@@ -40,7 +40,7 @@ async fn a_workers_claim_whose_answer_was_lost_is_still_its_claim() {
     let (cut, pool) = proxied(&test).await;
     cut.arm("UPDATE execution SET status");
     let claim = Transition::claim(worker);
-    let claimed = db::execution::transition_surely(&pool, "claiming", id, &claim).await;
+    let claimed = db::execution::transition_with(&pool, "claiming", id, &claim, db::execution::Patience::Surely).await;
     assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
     let status: ExecutionStatus =
         sqlx::query_scalar("SELECT status FROM execution WHERE id = $1").bind(id).fetch_one(&test.pool).await.unwrap();
@@ -60,7 +60,9 @@ async fn a_claim_that_finds_nothing_without_an_error_is_stale_as_before() {
     let other = db::worker::register(&test.pool, "other", &json!({"runtimes": ["shell"]})).await.unwrap();
     let id = execution_in(&test.pool, Running, other).await;
     let claim = Transition::claim(worker);
-    let claimed = db::execution::transition_surely(&test.pool, "claiming", id, &claim).await.unwrap();
+    let claimed = db::execution::transition_with(&test.pool, "claiming", id, &claim, db::execution::Patience::Surely)
+        .await
+        .unwrap();
     assert_eq!(claimed, None, "running on another worker: not this worker's claim");
     test.drop_database().await;
 }
@@ -74,7 +76,10 @@ async fn a_schedulers_claim_whose_answer_was_lost_is_read_back_and_dispatched() 
     let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&test.pool).await.unwrap();
     let (cut, pool) = proxied(&test).await;
     cut.arm("FROM execution_claim(");
-    let claimed = db::execution::scheduler::claim_waiting_surely(&pool, "shell", &[worker], since).await.unwrap();
+    let claimed =
+        db::execution::scheduler::claim_waiting(&pool, "shell", &[worker], since, db::execution::Patience::Surely)
+            .await
+            .unwrap();
     assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
     assert_eq!(claimed.iter().map(|c| (c.id, c.worker)).collect::<Vec<_>>(), [(id, worker)]);
     pool.close().await;

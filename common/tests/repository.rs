@@ -1,6 +1,8 @@
 //! Repository tests on the real PostgreSQL, a fresh database per test.
 
-use attune_common::db::{self, execution::NewExecution, execution::Outcome, execution::Transition};
+use attune_common::db::{
+    self, execution::NewExecution, execution::Outcome, execution::Patience, execution::Transition,
+};
 use attune_common::pack::load_pack;
 use attune_core::ExecutionStatus::{self, *};
 use attune_testkit::TestDb;
@@ -251,7 +253,7 @@ async fn a_batch_of_submissions_is_one_insert_in_order_with_each_token() {
         .collect();
     let by = db::execution::Submitter::token(token);
     let batch: Vec<(&NewExecution, &db::execution::Submitter)> = news.iter().map(|new| (new, &by)).collect();
-    let rows = db::execution::api::insert_many_submitted(pool, &batch).await.unwrap();
+    let rows = db::execution::api::insert_many_submitted(pool, &batch, Patience::Once).await.unwrap();
     let messages: Vec<&str> = rows.iter().map(|row| row.parameters["message"].as_str().unwrap()).collect();
     assert_eq!(messages, ["m0", "m1", "m2", "m3", "m4"], "rows come back in the order given");
     assert!(rows.windows(2).all(|pair| pair[0].id < pair[1].id), "ids in submission order");
@@ -283,7 +285,7 @@ async fn batched_claims_and_successes_keep_each_rows_guard_fence_and_token() {
     force_status(pool, ids[2], Scheduled, Some(other)).await;
     force_status(pool, ids[3], Canceled, Some(mine)).await;
     let claims: Vec<(i64, &str)> = vec![(ids[0], "t0"), (ids[1], "t1"), (ids[2], "t2"), (ids[3], "t3")];
-    let mut runs = db::execution::worker::claim_many_surely(pool, mine, &claims).await.unwrap();
+    let mut runs = db::execution::worker::claim(pool, mine, &claims, Patience::Surely).await.unwrap();
     runs.sort_by_key(|run| run.id);
     let claimed: Vec<(i64, Option<&str>, Option<&str>)> =
         runs.iter().map(|run| (run.id, run.run_token.as_deref(), run.runtime.as_deref())).collect();
@@ -291,21 +293,21 @@ async fn batched_claims_and_successes_keep_each_rows_guard_fence_and_token() {
     assert_eq!(runs[0].parameters, json!({"message": "hi"}), "what to run, read in the claim");
     assert_eq!(db::execution::get(pool, ids[2]).await.unwrap().unwrap().status, Scheduled, "another's");
     assert!(
-        db::execution::worker::claim_many_surely(pool, mine, &claims).await.unwrap().is_empty(),
+        db::execution::worker::claim(pool, mine, &claims, Patience::Surely).await.unwrap().is_empty(),
         "a second delivery of the same dispatches claims nothing"
     );
 
     let ok = Outcome { result: Some(json!({"ok": true})), exit_code: Some(0), ..Default::default() };
     // ids[1] with another run's token: an older run's late result must not complete this one
     let done = [(ids[0], &ok, Some("t0")), (ids[1], &ok, Some("not-t1")), (ids[2], &ok, Some("t2"))];
-    let recorded = db::execution::worker::complete_many_surely(pool, mine, &done).await.unwrap();
+    let recorded = db::execution::worker::complete(pool, mine, &done, Patience::Surely).await.unwrap();
     assert_eq!(recorded.iter().map(|row| row.id).collect::<Vec<_>>(), [ids[0]]);
     let first = db::execution::get(pool, ids[0]).await.unwrap().unwrap();
     assert_eq!((first.status, first.result, first.exit_code), (Completed, Some(json!({"ok": true})), Some(0)));
     assert!(first.finished.is_some());
     assert_eq!(db::execution::get(pool, ids[1]).await.unwrap().unwrap().status, Running);
     assert!(
-        db::execution::worker::complete_many_surely(pool, mine, &done[..1]).await.unwrap().is_empty(),
+        db::execution::worker::complete(pool, mine, &done[..1], Patience::Surely).await.unwrap().is_empty(),
         "a duplicate success changes nothing"
     );
 

@@ -46,7 +46,11 @@ async fn a_claim_reads_the_run_from_the_database_and_stores_its_token() {
     let test = TestDb::new().await;
     let w = worker(&test.pool, "w").await;
     let id = execution_in(&test.pool, Scheduled, Some(w), "from the record").await;
-    let run = db::execution::worker::claim(&test.pool, id, w, TOKEN).await.unwrap().expect("claimed");
+    let run = db::execution::worker::claim(&test.pool, w, &[(id, TOKEN)], db::execution::Patience::Once)
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
     assert_eq!((run.id, run.status, run.worker), (id, Running, Some(w)));
     assert_eq!(run.run_token.as_deref(), Some(TOKEN));
     let action = db::action::get_by_ref(&test.pool, "core.echo").await.unwrap().unwrap();
@@ -64,14 +68,24 @@ async fn a_claim_reads_the_run_from_the_database_and_stores_its_token() {
         .execute(&test.pool)
         .await
         .unwrap();
-    let run = db::execution::worker::claim(&test.pool, limited, w, TOKEN).await.unwrap().expect("claimed");
+    let run = db::execution::worker::claim(&test.pool, w, &[(limited, TOKEN)], db::execution::Patience::Once)
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
     assert_eq!(run.limits, Some(json!({"memory_mb": 64})), "the action's limits come with the claim");
     let stored = row(&test.pool, id).await;
     assert_eq!((stored.0, stored.2.as_deref()), (Running, Some(TOKEN)));
     assert!(stored.3.is_some(), "started is set");
 
     // a second claim of it (a duplicate dispatch) misses and writes nothing
-    assert_eq!(db::execution::worker::claim(&test.pool, id, w, &"f".repeat(32)).await.unwrap(), None);
+    assert_eq!(
+        db::execution::worker::claim(&test.pool, w, &[(id, "f".repeat(32).as_str())], db::execution::Patience::Once)
+            .await
+            .unwrap()
+            .pop(),
+        None
+    );
     assert_eq!(row(&test.pool, id).await, stored);
     test.drop_database().await;
 }
@@ -84,10 +98,24 @@ async fn a_claim_of_an_execution_not_scheduled_on_the_worker_writes_nothing() {
     for (status, on) in [(Requested, None), (Scheduled, Some(other)), (Running, Some(w)), (Canceled, Some(w))] {
         let id = execution_in(&test.pool, status, on, "x").await;
         let before = row(&test.pool, id).await;
-        assert_eq!(db::execution::worker::claim(&test.pool, id, w, TOKEN).await.unwrap(), None, "{status} on {on:?}");
+        assert_eq!(
+            db::execution::worker::claim(&test.pool, w, &[(id, TOKEN)], db::execution::Patience::Once)
+                .await
+                .unwrap()
+                .pop(),
+            None,
+            "{status} on {on:?}"
+        );
         assert_eq!(row(&test.pool, id).await, before, "{status} on {on:?}: untouched");
     }
-    assert_eq!(db::execution::worker::claim(&test.pool, i64::MAX, w, TOKEN).await.unwrap(), None, "no such execution");
+    assert_eq!(
+        db::execution::worker::claim(&test.pool, w, &[(i64::MAX, TOKEN)], db::execution::Patience::Once)
+            .await
+            .unwrap()
+            .pop(),
+        None,
+        "no such execution"
+    );
     test.drop_database().await;
 }
 
@@ -97,7 +125,11 @@ async fn a_claim_of_an_execution_whose_action_is_gone_names_no_action() {
     let w = worker(&test.pool, "w").await;
     let id = execution_in(&test.pool, Scheduled, Some(w), "x").await;
     sqlx::query("UPDATE execution SET action = NULL WHERE id = $1").bind(id).execute(&test.pool).await.unwrap();
-    let run = db::execution::worker::claim(&test.pool, id, w, TOKEN).await.unwrap().expect("claimed");
+    let run = db::execution::worker::claim(&test.pool, w, &[(id, TOKEN)], db::execution::Patience::Once)
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
     assert_eq!((run.runtime, run.entrypoint, run.pack_path), (None, None, None));
     test.drop_database().await;
 }
@@ -110,7 +142,8 @@ async fn a_claim_whose_answer_was_lost_is_read_back_by_its_token() {
     let cut = PgCut::start("127.0.0.1:5432").await;
     let pool = db::connect(&cut.url(&test.url), 2, std::time::Duration::from_secs(10)).await.unwrap();
     cut.arm("FROM claim_runs(");
-    let run = db::execution::worker::claim_surely(&pool, id, w, TOKEN).await.unwrap();
+    let run =
+        db::execution::worker::claim(&pool, w, &[(id, TOKEN)], db::execution::Patience::Surely).await.unwrap().pop();
     assert_eq!(cut.sprung(), 1, "the answer to the claim was lost");
     let run = run.expect("the worker knows its claim landed");
     assert_eq!(
@@ -120,11 +153,15 @@ async fn a_claim_whose_answer_was_lost_is_read_back_by_its_token() {
 
     // without an error first, a claim that finds nothing is stale, as before (no read-back)
     let taken = execution_in(&test.pool, Scheduled, Some(w), "taken").await;
-    db::execution::worker::claim(&test.pool, taken, w, &"a".repeat(32))
+    db::execution::worker::claim(&test.pool, w, &[(taken, "a".repeat(32).as_str())], db::execution::Patience::Once)
         .await
         .unwrap()
+        .pop()
         .expect("claimed by another process");
-    assert_eq!(db::execution::worker::claim_surely(&pool, taken, w, TOKEN).await.unwrap(), None);
+    assert_eq!(
+        db::execution::worker::claim(&pool, w, &[(taken, TOKEN)], db::execution::Patience::Surely).await.unwrap().pop(),
+        None
+    );
     pool.close().await;
     test.drop_database().await;
 }
@@ -138,7 +175,11 @@ async fn a_result_is_recorded_only_with_the_run_token_of_its_claim() {
     let test = TestDb::new().await;
     let w = worker(&test.pool, "w").await;
     let id = execution_in(&test.pool, Scheduled, Some(w), "x").await;
-    db::execution::worker::claim(&test.pool, id, w, TOKEN).await.unwrap().expect("claimed");
+    db::execution::worker::claim(&test.pool, w, &[(id, TOKEN)], db::execution::Patience::Once)
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
     let before = row(&test.pool, id).await;
     let outcome = failure();
     let failed = |token: Option<&'static str>| {
@@ -170,7 +211,11 @@ async fn a_run_claimed_without_a_token_takes_only_a_result_without_one() {
     assert_eq!(recorded.map(|r| r.status), Some(Failed));
     // transitions without the guard (the monitor's, the dead-letter handler's) ignore the token
     let other = execution_in(&test.pool, Scheduled, Some(w), "y").await;
-    db::execution::worker::claim(&test.pool, other, w, TOKEN).await.unwrap().expect("claimed");
+    db::execution::worker::claim(&test.pool, w, &[(other, TOKEN)], db::execution::Patience::Once)
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
     let stale = Transition::to(Failed).from(&[Running]).outcome(&outcome);
     assert!(db::execution::transition_brief(&test.pool, other, &stale).await.unwrap().is_some());
     test.drop_database().await;
@@ -201,7 +246,11 @@ async fn a_report_is_kept_only_for_its_run_and_goes_when_the_execution_leaves_ru
     let test = TestDb::new().await;
     let w = worker(&test.pool, "w").await;
     let id = execution_in(&test.pool, Scheduled, Some(w), "reported").await;
-    db::execution::worker::claim(&test.pool, id, w, TOKEN).await.unwrap().expect("claimed");
+    db::execution::worker::claim(&test.pool, w, &[(id, TOKEN)], db::execution::Patience::Once)
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
     let report = json!({"execution_id": id, "status": "failed"});
     // another run's token, another worker: stale
     assert!(!db::report::keep(&test.pool, id, w, Some("ffffffffffffffffffffffffffffffff"), &report).await.unwrap());
@@ -330,14 +379,19 @@ async fn claims_and_successes_written_together_each_keep_their_guard_and_fence()
     );
     // running here: one with this run's token, one since claimed again under another
     for (id, token) in [(to_record, TOKEN), (taken_over, OTHER_TOKEN)] {
-        db::execution::worker::claim(&test.pool, id, w, token).await.unwrap().expect("claimed");
+        db::execution::worker::claim(&test.pool, w, &[(id, token)], db::execution::Patience::Once)
+            .await
+            .unwrap()
+            .pop()
+            .expect("claimed");
     }
     let outcome = Outcome { exit_code: Some(0), stdout: Some("done\n".into()), ..Default::default() };
-    let (claimed, completed) = db::execution::worker::claim_and_complete_surely(
+    let (claimed, completed) = db::execution::worker::claim_and_complete(
         &test.pool,
         w,
         &[(to_claim, TOKEN), (elsewhere, TOKEN)],
         &[(to_record, &outcome, Some(TOKEN)), (taken_over, &outcome, Some(TOKEN))],
+        db::execution::Patience::Surely,
     )
     .await
     .unwrap();

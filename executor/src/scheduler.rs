@@ -27,7 +27,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use attune_common::db::{self, execution::Execution, execution::Outcome, execution::scheduler::Claimed};
+use attune_common::db::{
+    self, execution::Execution, execution::Outcome, execution::Patience, execution::scheduler::Claimed,
+};
 use attune_common::metrics;
 use attune_common::mq::{
     DELIVERY_LIMIT, Dispatch, Disposition, ExecutionRequest, Incoming, MOST_PER_DISPATCH, MqError, Topology,
@@ -347,10 +349,9 @@ async fn look(context: &Arc<Context>, state: &mut Loop) -> Result<(), crate::Err
             }
             continue;
         }
+        let since = picture.db_read_at();
         let claimed =
-            match db::execution::scheduler::claim_waiting_surely(&context.db, runtime, &plan, picture.db_read_at())
-                .await
-            {
+            match db::execution::scheduler::claim_waiting(&context.db, runtime, &plan, since, Patience::Surely).await {
                 Ok(claimed) => claimed,
                 Err(e) if db::is_transient(&e) => return Err(e.into()),
                 // the database refused the batch: claim one by one, to find the row it refuses

@@ -3,6 +3,7 @@
 //! leaves the action's waiting executions alone, the period's end lets exactly one trial
 //! through, the trial's failure opens it again and its success closes it.
 
+use attune_common::db::execution::Patience;
 use attune_common::db::{self, execution::NewExecution, execution::Outcome};
 use attune_core::retry::RetrySettings;
 use attune_core::{ExecutionStatus, FailureKind};
@@ -70,12 +71,18 @@ async fn circuit(pool: &PgPool, action: i64) -> Circuit {
 
 /// Claims what the scheduler would for one free slot on `worker`.
 async fn claim(pool: &PgPool, worker: i64) -> Vec<i64> {
-    db::execution::scheduler::claim_waiting(pool, "shell", &[worker, worker, worker])
-        .await
-        .unwrap()
-        .iter()
-        .map(|c| c.id)
-        .collect()
+    db::execution::scheduler::claim_waiting(
+        pool,
+        "shell",
+        &[worker, worker, worker],
+        chrono::Utc::now(),
+        Patience::Once,
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|c| c.id)
+    .collect()
 }
 
 /// Runs `id` on `worker` and fails it as the action's own transient failure; returns its retry.

@@ -1,6 +1,7 @@
 //! The RetryManager on the real PostgreSQL: one retry per failure under concurrency, and
 //! `is_execution_retriable` (SQL) agreeing with `retry::decide` (Rust) on random executions.
 
+use attune_common::db::execution::Patience;
 use attune_common::db::{self, execution::NewExecution, execution::Outcome};
 use attune_common::pack::{ResultMatch, RetryPolicy, RetryRule, RuleDo, RuleThen, RuleWhen};
 use attune_core::retry::{EffectivePolicy, FailedAttempt, RetryDecision, RetrySettings, decide};
@@ -331,7 +332,10 @@ async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_h
         .execute(&mut *other)
         .await
         .unwrap();
-    let claimed = db::execution::scheduler::claim_waiting(&pool, "shell", &[a, b, a]).await.unwrap();
+    let claimed =
+        db::execution::scheduler::claim_waiting(&pool, "shell", &[a, b, a], chrono::Utc::now(), Patience::Once)
+            .await
+            .unwrap();
     other.rollback().await.unwrap();
     let mut got: Vec<(i64, i64)> = claimed.iter().map(|c| (c.id, c.worker)).collect();
     got.sort();
@@ -343,7 +347,10 @@ async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_h
     assert!(status.iter().all(|s| *s == ExecutionStatus::Requested), "another runtime's requests are untouched");
 
     // fewer waiting than the plan: what is there, no more
-    let rest = db::execution::scheduler::claim_waiting(&pool, "shell", &[a, b, a, b, a]).await.unwrap();
+    let rest =
+        db::execution::scheduler::claim_waiting(&pool, "shell", &[a, b, a, b, a], chrono::Utc::now(), Patience::Once)
+            .await
+            .unwrap();
     assert_eq!(rest.len(), 3);
 
     // the hand-back is fenced by the worker and clears the assignment
@@ -352,6 +359,12 @@ async fn waiting_requests_are_claimed_oldest_first_per_runtime_by_the_plan_and_h
     assert!(db::execution::hand_back(&pool, on_b, b).await.unwrap().is_some());
     let back = db::execution::get(&pool, on_b).await.unwrap().unwrap();
     assert_eq!((back.status, back.worker, back.retry_count), (ExecutionStatus::Requested, None, 0));
-    assert_eq!(db::execution::scheduler::claim_waiting(&pool, "shell", &[b]).await.unwrap()[0].id, on_b);
+    assert_eq!(
+        db::execution::scheduler::claim_waiting(&pool, "shell", &[b], chrono::Utc::now(), Patience::Once)
+            .await
+            .unwrap()[0]
+            .id,
+        on_b
+    );
     test.drop_database().await;
 }

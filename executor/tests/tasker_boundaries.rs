@@ -4,6 +4,7 @@
 //! author writes it, and checks the three places that must agree: the scheduler's claim (does an
 //! attempt run), `retry::decide` (Rust) and `is_execution_retriable` (SQL).
 
+use attune_common::db::execution::Patience;
 use attune_common::db::{self, action::Action, execution::NewExecution};
 use attune_common::pack::load_pack;
 use attune_core::retry::{EffectivePolicy, FailedAttempt, RetryDecision, RetrySettings, decide};
@@ -71,7 +72,15 @@ impl Case {
     /// Whether the attempt runs: the scheduler's claim takes it for a worker.
     async fn runs(&self, execution: i64) -> bool {
         let worker = db::worker::register(&self.test.pool, &format!("w{execution}"), &json!({})).await.unwrap();
-        let claimed = db::execution::scheduler::claim_waiting(&self.test.pool, "shell", &[worker]).await.unwrap();
+        let claimed = db::execution::scheduler::claim_waiting(
+            &self.test.pool,
+            "shell",
+            &[worker],
+            chrono::Utc::now(),
+            Patience::Once,
+        )
+        .await
+        .unwrap();
         claimed.iter().any(|c| c.id == execution)
     }
 

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use attune_common::db;
+use attune_common::db::execution::Patience;
 use attune_common::mq::Disposition;
 use tokio_util::sync::CancellationToken;
 
@@ -219,7 +220,7 @@ impl Worker {
     /// A dispatch this worker will not start goes back to waiting (scheduled → requested, fenced
     /// by this worker): no retry is spent. The executors are told at once.
     pub(crate) async fn hand_back(&self, execution_id: i64) -> Disposition {
-        let handed_back = db::execution::worker::hand_back_own_surely(&self.db, execution_id, self.id).await;
+        let handed_back = db::execution::worker::hand_back_own(&self.db, execution_id, self.id, Patience::Surely).await;
         match handed_back {
             Ok(Some(_)) => {
                 tracing::info!(execution_id, "stopping: dispatch handed back");
@@ -242,7 +243,7 @@ impl Worker {
     /// requested, fenced by this worker: no retry spent), with one try: if the database cannot be
     /// reached, the message's redelivery or the monitor hands it back.
     pub(crate) async fn give_back_held(&self, execution_id: i64, why: &str) {
-        match db::execution::worker::hand_back_own(&self.db, execution_id, self.id).await {
+        match db::execution::worker::hand_back_own(&self.db, execution_id, self.id, Patience::Once).await {
             Ok(Some(_)) => {
                 tracing::info!(execution_id, why, "dispatch held here and not started handed back");
                 attune_common::metrics::increment(&attune_common::metrics::HANDED_BACK, &[("by", "worker")], 1);

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 
 use attune_common::batch::{Batcher, together_or_alone};
-use attune_common::db::{self, execution::Outcome, execution::worker::ClaimedRun};
+use attune_common::db::{self, execution::Outcome, execution::Patience, execution::worker::ClaimedRun};
 use sqlx::PgPool;
 
 /// The most executions one statement writes.
@@ -43,8 +43,8 @@ impl Writes {
         Writes { writer }
     }
 
-    /// Claims `execution_id` with `run_token` (see `db::execution::worker::claim_surely`): `None` if it is
-    /// not dispatched here (stale, duplicate or forged).
+    /// Claims `execution_id` with `run_token` (see `db::execution::worker::claim`, waiting out an
+    /// outage): `None` if it is not dispatched here (stale, duplicate or forged).
     pub(crate) async fn claim(&self, execution_id: i64, run_token: &str) -> Result<Option<ClaimedRun>, sqlx::Error> {
         match self.writer.submit(Write::Claim(execution_id, run_token.to_string())).await {
             Some(Written::Claim(claimed)) => claimed,
@@ -85,7 +85,7 @@ async fn write(db: &PgPool, worker_id: i64, items: Vec<Write>) -> Vec<Written> {
         let pairs: Vec<(i64, &str)> = claims.iter().map(|(id, token)| (*id, token.as_str())).collect();
         let done: Vec<(i64, &Outcome, Option<&str>)> =
             successes.iter().map(|(id, outcome, token)| (*id, outcome, token.as_deref())).collect();
-        match db::execution::worker::claim_and_complete_surely(db, worker_id, &pairs, &done).await {
+        match db::execution::worker::claim_and_complete(db, worker_id, &pairs, &done, Patience::Surely).await {
             Ok((runs, changed)) => {
                 let mut runs: HashMap<i64, ClaimedRun> = runs.into_iter().map(|run| (run.id, run)).collect();
                 let changed: HashSet<i64> = changed.iter().map(|row| row.id).collect();
@@ -116,15 +116,15 @@ async fn claim(db: &PgPool, worker_id: i64, items: &[(i64, String)]) -> Vec<Resu
     }
     let claims: Vec<(i64, &str)> = items.iter().map(|(id, token)| (*id, token.as_str())).collect();
     let together = async {
-        let mut runs: HashMap<i64, ClaimedRun> = db::execution::worker::claim_many_surely(db, worker_id, &claims)
+        let mut runs: HashMap<i64, ClaimedRun> = db::execution::worker::claim(db, worker_id, &claims, Patience::Surely)
             .await?
             .into_iter()
             .map(|run| (run.id, run))
             .collect();
         Ok(items.iter().map(|(id, _)| runs.remove(id)).collect())
     };
-    together_or_alone("claims", &claims, together, |(id, token)| {
-        db::execution::worker::claim_surely(db, *id, worker_id, token)
+    together_or_alone("claims", &claims, together, |one| async move {
+        Ok(db::execution::worker::claim(db, worker_id, std::slice::from_ref(one), Patience::Surely).await?.pop())
     })
     .await
 }
@@ -140,12 +140,13 @@ async fn record(
     let done: Vec<(i64, &Outcome, Option<&str>)> =
         items.iter().map(|(id, outcome, token)| (*id, outcome, token.as_deref())).collect();
     let together = async {
-        let changed = db::execution::worker::complete_many_surely(db, worker_id, &done).await?;
+        let changed = db::execution::worker::complete(db, worker_id, &done, Patience::Surely).await?;
         let recorded: HashSet<i64> = changed.iter().map(|row| row.id).collect();
         Ok(items.iter().map(|(id, _, _)| recorded.contains(id)).collect())
     };
     together_or_alone("successes", &done, together, |one| async move {
-        let changed = db::execution::worker::complete_many_surely(db, worker_id, std::slice::from_ref(one)).await?;
+        let changed =
+            db::execution::worker::complete(db, worker_id, std::slice::from_ref(one), Patience::Surely).await?;
         Ok(!changed.is_empty())
     })
     .await

@@ -1,5 +1,5 @@
 //! The claim: scheduled → running, fenced by this worker and a run token it draws, reading what
-//! to run from the record in the same statement (`db::execution::worker::claim_surely`, through the
+//! to run from the record in the same statement (`db::execution::worker::claim`, waiting out an outage, through the
 //! worker's batched writes). Nothing of the message but the ids is believed: a forged dispatch
 //! for an execution not scheduled here claims nothing.
 

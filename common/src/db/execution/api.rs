@@ -10,7 +10,7 @@ use sqlx::{PgExecutor, PgPool};
 use attune_core::failure::FailureKind;
 use attune_core::status::ExecutionStatus;
 
-use super::{COLUMNS, Execution, NewExecution, Submitter, chain_walk};
+use super::{COLUMNS, Execution, NewExecution, Patience, Submitter, chain_walk, patiently};
 
 /// The status of execution `id`; `None` when there is no such execution.
 pub async fn status_of(db: impl PgExecutor<'_>, id: i64) -> Result<Option<ExecutionStatus>, sqlx::Error> {
@@ -18,51 +18,41 @@ pub async fn status_of(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Execut
 }
 
 /// A new chain key for each of `news`, which must all be first submissions (`requested`, no
-/// parent, no chain key of their own).
+/// parent, no chain key of their own, no schedule's occurrence: the batch insert writes none).
 fn first_submission_keys(news: &[(&NewExecution, &Submitter)]) -> Vec<String> {
     debug_assert!(news.iter().all(|(new, _)| new.status == ExecutionStatus::Requested
         && new.original_execution.is_none()
-        && new.idempotency_key.is_none()));
+        && new.idempotency_key.is_none()
+        && new.occurrence.is_none()));
     news.iter().map(|_| draw_chain_key()).collect()
 }
 
 /// Inserts many first submissions in one statement (one commit for them all), each with the token
 /// that submitted it; the rows come back in the order given. Each must be a first attempt
-/// (`requested`, no parent, no chain key of its own): retries and keyed submissions are inserted
-/// one at a time. (The API writes through `insert_many_submitted_surely`.)
-pub async fn insert_many_submitted(
-    db: impl PgExecutor<'_>,
-    news: &[(&NewExecution, &Submitter)],
-) -> Result<Vec<Execution>, sqlx::Error> {
-    let keys = first_submission_keys(news);
-    insert_many_keyed(db, news, &keys).await
-}
-
-/// `insert_many_submitted` as the API makes it: how it writes the submissions that arrived while
-/// its previous write was in flight.
+/// (`requested`, no parent, no chain key of its own, no schedule's occurrence): retries, keyed
+/// submissions and a schedule's runs are inserted one at a time.
 ///
-/// Sure of its answer, as the API must be (a submission answered as failed must not have been
-/// written): each row's chain key is drawn here, before the insert. An error that may have come
-/// after the commit (the connection lost: `db::is_transient`) is waited out (100 ms doubling to
-/// 5 s), then the rows are read back by their keys, once no batch insert that started before the
-/// read-back still runs on the server (the lost one may: cut off while it waited for a lock), and
-/// only those absent are inserted. A row is never written twice; any other error is a refusal of
-/// the one statement, which wrote nothing.
-pub async fn insert_many_submitted_surely(
+/// Each row's chain key is drawn here, before the insert, so that with `Patience::Surely` (as the
+/// API writes: a submission answered as failed must not have been written) an attempt in doubt
+/// reads the rows back by their keys, once no batch insert that started before the read-back
+/// still runs on the server (the lost one may: cut off while it waited for a lock), and inserts
+/// only those absent. A row is never written twice; any other error is a refusal of the one
+/// statement, which wrote nothing.
+pub async fn insert_many_submitted(
     db: &PgPool,
     news: &[(&NewExecution, &Submitter)],
+    patience: Patience,
 ) -> Result<Vec<Execution>, sqlx::Error> {
     let keys = first_submission_keys(news);
     let started = std::time::Instant::now();
-    let tried = std::sync::atomic::AtomicBool::new(false);
-    crate::db::retry_while_unavailable("inserting submissions", || {
-        let uncertain = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+    patiently(db, "inserting submissions", 0, patience, |mut connection, doubt| {
         let keys = &keys;
         async move {
-            match uncertain {
-                true => landed_or_insert(db, news, keys, started.elapsed()).await,
-                false => insert_many_keyed(db, news, keys).await,
-            }
+            let answer = match doubt {
+                true => landed_or_insert(&mut connection, news, keys, started.elapsed()).await,
+                false => insert_many_keyed(&mut *connection, news, keys).await,
+            };
+            (connection, answer)
         }
     })
     .await
@@ -139,12 +129,12 @@ async fn insert_many_keyed(
 /// look. The look is bounded to rows created since the first attempt (with a minute's slack), so
 /// that it reads the recent end of `created`'s index, not the whole table.
 async fn landed_or_insert(
-    db: &PgPool,
+    db: &mut sqlx::PgConnection,
     news: &[(&NewExecution, &Submitter)],
     keys: &[String],
     since_first_attempt: std::time::Duration,
 ) -> Result<Vec<Execution>, sqlx::Error> {
-    let looked_at: DateTime<Utc> = crate::db::now(db).await?;
+    let looked_at: DateTime<Utc> = crate::db::now(&mut *db).await?;
     let mut delay = std::time::Duration::from_millis(10);
     loop {
         let running: i64 = sqlx::query_scalar(
@@ -153,7 +143,7 @@ async fn landed_or_insert(
         )
         .bind(looked_at)
         .bind(SUBMISSIONS_MARK)
-        .fetch_one(db)
+        .fetch_one(&mut *db)
         .await?;
         if running == 0 {
             break;
@@ -167,7 +157,7 @@ async fn landed_or_insert(
     )))
     .bind(since_first_attempt.as_secs_f64() + 60.0)
     .bind(keys)
-    .fetch_all(db)
+    .fetch_all(&mut *db)
     .await?;
     let (absent, absent_keys): (Vec<_>, Vec<_>) = news
         .iter()

@@ -611,19 +611,33 @@ fn count_finished(row: &impl TransitionRow) {
     }
 }
 
-/// `transition_brief` as the workers make it: waiting out a database outage, and sure of its
-/// answer. An error may come after the server committed (the acknowledgement lost with the
-/// connection): so when a later attempt finds nothing to change, the row is read, and if it is
-/// already where this transition takes it (its target state, on the worker it fences by or
-/// assigns), the earlier attempt landed and its row is the answer, not a stale message.
-pub async fn transition_surely(
+/// How a write of executions meets a database outage: the repository's one policy for writes
+/// that must be neither lost nor made twice (`patiently` runs each attempt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// One attempt, whose error is the answer: the caller has another way on (a redelivery, the
+    /// monitor's next look, one try by design).
+    Once,
+    /// Attempts until one answers other than with a passing outage, backing off from 100 ms to
+    /// 5 s. An attempt after one that failed is told that it is in doubt (that one may have
+    /// landed, its acknowledgement lost with the connection), and reads back what landed rather
+    /// than writing it again.
+    Surely,
+}
+
+/// `transition_brief` on a connection of `db`, meeting an outage as `patience` says. In doubt,
+/// when it finds nothing to change the row is read, and if it is already where this transition
+/// takes it (its target state, on the worker it fences by or assigns), the earlier attempt
+/// landed and its row is the answer, not a stale message.
+pub async fn transition_with(
     db: &PgPool,
     what: &str,
     execution_id: i64,
     transition: &Transition<'_>,
+    patience: Patience,
 ) -> Result<Option<Changed>, sqlx::Error> {
-    surely(db, what, execution_id, |mut connection, uncertain| async move {
-        let answer = match uncertain {
+    patiently(db, what, execution_id, patience, |mut connection, doubt| async move {
+        let answer = match doubt {
             true => transition_or_landed(&mut connection, execution_id, transition).await,
             false => transition_brief(&mut *connection, execution_id, transition).await,
         };
@@ -632,29 +646,30 @@ pub async fn transition_surely(
     .await
 }
 
-/// Runs `attempt` on a connection of `db` until it answers other than with a passing outage,
-/// backing off from 100 ms to 5 s; `attempt(connection, true)` once an earlier attempt failed,
-/// and so may have landed unacknowledged. An attempt whose connection does not answer within
-/// `db::answer_deadline` (half-open: the statement timeout plus 5 s) abandons that connection
-/// (`db::answered_within`) and counts as a lost one: the next attempt goes out on another.
-async fn surely<T, Fut>(
+/// Runs `attempt` on a connection of `db` lent to it for at most `db::answer_deadline` (half-open:
+/// the statement timeout plus 5 s; an attempt not answered by then abandons its connection,
+/// `db::answered_within`, and counts as lost). With `Patience::Surely` it runs again, on another
+/// connection, while the answer is a passing outage, as `attempt(connection, true)`: in doubt.
+/// `key` names what is written in the log (an execution's id).
+async fn patiently<T, Fut>(
     db: &PgPool,
     what: &str,
-    execution_id: i64,
+    key: i64,
+    patience: Patience,
     mut attempt: impl FnMut(Lent, bool) -> Fut,
-) -> Result<Option<T>, sqlx::Error>
+) -> Result<T, sqlx::Error>
 where
-    Fut: std::future::Future<Output = (Lent, Result<Option<T>, sqlx::Error>)>,
+    Fut: std::future::Future<Output = (Lent, Result<T, sqlx::Error>)>,
 {
     let deadline = crate::db::answer_deadline(db);
-    let mut uncertain = false;
+    let mut doubt = false;
     let mut delay = std::time::Duration::from_millis(100);
     loop {
-        let answer = crate::db::answered_within(db, deadline, |connection| attempt(connection, uncertain)).await;
+        let answer = crate::db::answered_within(db, deadline, |connection| attempt(connection, doubt)).await;
         match answer {
-            Err(e) if crate::db::is_transient(&e) => {
-                uncertain = true;
-                tracing::warn!(execution_id, error = %e, retry_in_ms = delay.as_millis() as u64, "{what}: dependency unavailable, waiting");
+            Err(e) if patience == Patience::Surely && crate::db::is_transient(&e) => {
+                doubt = true;
+                tracing::warn!(execution_id = key, error = %e, retry_in_ms = delay.as_millis() as u64, "{what}: dependency unavailable, waiting");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(std::time::Duration::from_secs(5));
             }

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use attune_core::status::ExecutionStatus;
 
-use super::{COLUMNS, Execution, Transition};
+use super::{COLUMNS, Execution, Patience, Transition, patiently};
 
 /// A waiting request claimed for a worker: what its dispatch carries.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -34,7 +34,20 @@ pub struct Claimed {
 /// worker take turns, and each places on a worker no more than the room it has when the claim
 /// runs (its reported slots less what is in flight on it): fewer rows than the plan means fewer
 /// were waiting, or another executor filled the room first.
-pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<Vec<Claimed>, sqlx::Error> {
+///
+/// With `Patience::Surely`, a claim in doubt (an attempt cut off by an outage, perhaps after the
+/// server committed it) is not made again: the executions of `runtime` claimed for the plan's
+/// workers since `since` (the database's clock before the claim) are read back once the database
+/// answers, and dispatched, so that a claim that landed is not left `scheduled` with no dispatch.
+/// A row another executor claimed for the same worker at the same moment may be among them; its
+/// second dispatch is a duplicate, which the worker drops.
+pub async fn claim_waiting(
+    db: &PgPool,
+    runtime: &str,
+    plan: &[i64],
+    since: DateTime<Utc>,
+    patience: Patience,
+) -> Result<Vec<Claimed>, sqlx::Error> {
     // the states stay literals: a bound one would keep a generic plan off the partial index
     // `execution_waiting_idx` (WHERE status = 'requested'). The rows picked are updated by the
     // tuple ids read under their row locks (which no other statement can move before this one
@@ -46,40 +59,29 @@ pub async fn claim_waiting(db: &PgPool, runtime: &str, plan: &[i64]) -> Result<V
     // (its commit waits for the WAL flush: a dispatch is published only for a claim, and for an
     // execution, that a crash cannot take back, which a workflow step made by an advance
     // committed without waiting, `db::workflow::begin_advance`, relies on)
-    sqlx::query_as(
-        "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
-            idempotency_key, trace_parent FROM execution_claim($1, $2)",
-    )
-    .bind(runtime)
-    .bind(plan)
-    .fetch_all(db)
+    let first = plan.first().copied().unwrap_or_default();
+    patiently(db, "claiming waiting executions", first, patience, |mut connection, doubt| async move {
+        let answer = match doubt {
+            true => {
+                tracing::warn!(runtime, "a claim's answer was lost; reading back what it claimed");
+                claimed_since(&mut connection, runtime, plan, since).await
+            }
+            false => sqlx::query_as(
+                "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
+                    idempotency_key, trace_parent FROM execution_claim($1, $2)",
+            )
+            .bind(runtime)
+            .bind(plan)
+            .fetch_all(&mut *connection)
+            .await,
+        };
+        (connection, answer)
+    })
     .await
 }
 
-/// `claim_waiting`, sure of its answer: if the claim fails on a lost connection (perhaps after
-/// the server committed it, its acknowledgement lost), the executions of `runtime` claimed for the
-/// plan's workers since `since` (the database's clock before the claim) are read back once the
-/// database answers, and dispatched: a claim that landed is not left `scheduled` with no
-/// dispatch. A row another executor claimed for the same worker at the same moment may be among
-/// them; its second dispatch is a duplicate, which the worker drops.
-pub async fn claim_waiting_surely(
-    db: &PgPool,
-    runtime: &str,
-    plan: &[i64],
-    since: DateTime<Utc>,
-) -> Result<Vec<Claimed>, sqlx::Error> {
-    match claim_waiting(db, runtime, plan).await {
-        // (a lock timeout, say, committed nothing: nothing to read back)
-        Err(e) if crate::db::is_connection_lost(&e) => {
-            tracing::warn!(runtime, error = %e, "a claim's answer was lost; reading back what it claimed");
-            crate::db::retry_while_unavailable("reading back a claim", || claimed_since(db, runtime, plan, since)).await
-        }
-        other => other,
-    }
-}
-
 async fn claimed_since(
-    db: &PgPool,
+    db: &mut sqlx::PgConnection,
     runtime: &str,
     plan: &[i64],
     since: DateTime<Utc>,

@@ -7,7 +7,7 @@ use sqlx::{PgExecutor, PgPool};
 
 use attune_core::status::ExecutionStatus;
 
-use super::{Changed, Outcome, Transition, TransitionRow, count_finished, surely, transition_brief};
+use super::{Changed, Outcome, Patience, Transition, TransitionRow, count_finished, patiently};
 
 /// Keeps what a run printed before it was stopped by hand (a cancel, an operator's fail) in its
 /// ended row: the worker `worker` that ran it, by the run's token, once
@@ -67,54 +67,30 @@ const RUN_COLUMNS: &str = "c.id, c.status, c.action_ref, c.worker, c.parameters,
     c.idempotency_key, c.run_token, c.trace_parent, a.runtime, a.entrypoint, p.path AS pack_path, a.http, a.retry_policy, \
     a.limits, c.concurrency_limited FROM c LEFT JOIN action a ON a.id = c.action LEFT JOIN pack p ON p.id = a.pack";
 
-/// scheduled → running for the worker the execution was dispatched to (`Transition::claim`),
-/// storing `run_token` (drawn by that worker, see `ExecutionResult::run_token`), and what to run,
-/// read from the execution, its action and the action's pack: one statement, one round trip.
-/// `None`: the execution is not scheduled on this worker (a stale, duplicate or forged dispatch),
-/// and nothing was written. The one-execution form of `claim_many_surely`, without its waiting.
-pub async fn claim(
-    db: impl PgExecutor<'_>,
-    execution_id: i64,
-    worker_id: i64,
-    run_token: &str,
-) -> Result<Option<ClaimedRun>, sqlx::Error> {
-    Ok(claim_runs(db, &[execution_id], &[run_token], worker_id, false).await?.pop())
-}
-
-/// `claim` as `transition_surely` makes a transition: waiting out a database outage, and, when a
-/// later attempt finds nothing to claim after an error, reading back the run an earlier attempt
-/// claimed with this very token (its acknowledgement lost).
-pub async fn claim_surely(
-    db: &PgPool,
-    execution_id: i64,
-    worker_id: i64,
-    run_token: &str,
-) -> Result<Option<ClaimedRun>, sqlx::Error> {
-    Ok(claim_many_surely(db, worker_id, &[(execution_id, run_token)]).await?.pop())
-}
-
-/// The batch form of `claim_surely`: scheduled → running on `worker_id` for each `(execution,
-/// run token)` still dispatched there, in one statement, with what to run. Returns the runs it
-/// claimed (the others were stale: canceled, handed back or taken elsewhere), in no set order.
-/// Waits out a database outage; after one, a run an earlier attempt claimed with its very token is
+/// scheduled → running on `worker_id` for each `(execution, run token)` still dispatched there
+/// (`Transition::claim`; the token drawn by the worker, see `ExecutionResult::run_token`), in one
+/// statement, with what to run, read from each execution, its action and the action's pack.
+/// Returns the runs it claimed (the others were stale, duplicate or forged: canceled, handed back,
+/// taken elsewhere, never scheduled here), in no set order; nothing else is written. With
+/// `Patience::Surely`, a run that an attempt cut off by an outage claimed with its very token is
 /// read back as claimed (its acknowledgement was lost).
-pub async fn claim_many_surely(
+pub async fn claim(
     db: &PgPool,
     worker_id: i64,
     claims: &[(i64, &str)],
+    patience: Patience,
 ) -> Result<Vec<ClaimedRun>, sqlx::Error> {
     let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
     let tokens: Vec<&str> = claims.iter().map(|(_, token)| *token).collect();
     let first = ids.first().copied().unwrap_or_default();
-    let claimed = surely(db, "claiming executions", first, |mut connection, uncertain| {
+    patiently(db, "claiming executions", first, patience, |mut connection, doubt| {
         let (ids, tokens) = (&ids, &tokens);
         async move {
-            let answer = claim_runs(&mut *connection, ids, tokens, worker_id, uncertain).await.map(Some);
+            let answer = claim_runs(&mut *connection, ids, tokens, worker_id, doubt).await;
             (connection, answer)
         }
     })
-    .await?;
-    Ok(claimed.unwrap_or_default())
+    .await
 }
 
 /// Every worker claim: the SQL function `claim_runs` (one guarded primary-key UPDATE per
@@ -193,22 +169,23 @@ impl<'a> SuccessColumns<'a> {
     }
 }
 
-/// The batch form of recording successes (`Transition::completion` fenced by each run's token):
+/// A worker's record of its successes (`Transition::completion` fenced by each run's token):
 /// running → completed on `worker_id` for each `(execution, outcome, run token)`, in one
 /// statement. Returns the rows it changed (the others no longer ran here: canceled or taken
-/// over). Waits out a database outage; after one, a row already completed by this worker with
-/// that token counts as recorded.
-pub async fn complete_many_surely(
+/// over). With `Patience::Surely`, a row that an attempt cut off by an outage completed here
+/// with that token counts as recorded.
+pub async fn complete(
     db: &PgPool,
     worker_id: i64,
     done: &[(i64, &Outcome, Option<&str>)],
+    patience: Patience,
 ) -> Result<Vec<Changed>, sqlx::Error> {
     // (what `complete_runs` does, checked against the state machine)
     Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).check();
     let outcomes = without_nuls(done);
     let columns = SuccessColumns::of(done, &outcomes);
     let first = columns.ids.first().copied().unwrap_or_default();
-    let changed = surely(db, "recording successes", first, |mut connection, uncertain| {
+    let changed = patiently(db, "recording successes", first, patience, |mut connection, doubt| {
         let columns = &columns;
         async move {
             // (after an outage, a success that landed is read back: completed here with its token)
@@ -218,27 +195,27 @@ pub async fn complete_many_surely(
                      FROM complete_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 ))
                 .bind(worker_id)
-                .bind(uncertain)
+                .bind(doubt)
                 .fetch_all(&mut *connection)
                 .await;
-            (connection, rows.map(Some))
+            (connection, rows)
         }
     })
     .await?;
-    let changed = changed.unwrap_or_default();
     changed.iter().for_each(count_finished);
     Ok(changed)
 }
 
-/// A worker's claims and successes in one statement (`claim_many_surely` and
-/// `complete_many_surely` together, each row with its own guard and fence): one round trip and one
-/// commit where there would be two. Returns the runs it claimed and the rows it completed, as those
-/// two do; waits out a database outage the same way.
-pub async fn claim_and_complete_surely(
+/// A worker's claims and successes in one statement (`claim` and `complete` together, each row
+/// with its own guard and fence): one round trip and one commit where there would be two.
+/// Returns the runs it claimed and the rows it completed, as those two do, and meets an outage as
+/// `patience` says, the same way.
+pub async fn claim_and_complete(
     db: &PgPool,
     worker_id: i64,
     claims: &[(i64, &str)],
     done: &[(i64, &Outcome, Option<&str>)],
+    patience: Patience,
 ) -> Result<(Vec<ClaimedRun>, Vec<Changed>), sqlx::Error> {
     Transition::claim(worker_id).check();
     Transition::to(ExecutionStatus::Completed).from(&[ExecutionStatus::Running]).owned_by(worker_id).check();
@@ -247,7 +224,7 @@ pub async fn claim_and_complete_surely(
     let outcomes = without_nuls(done);
     let columns = SuccessColumns::of(done, &outcomes);
     let first = claim_ids.first().or(columns.ids.first()).copied().unwrap_or_default();
-    let rows = surely(db, "claiming and recording runs", first, |mut connection, uncertain| {
+    let rows = patiently(db, "claiming and recording runs", first, patience, |mut connection, doubt| {
         let (claim_ids, claim_tokens, columns) = (&claim_ids, &claim_tokens, &columns);
         async move {
             // (both functions run, each once: the claims first; a claimed row is `running`, a
@@ -262,16 +239,15 @@ pub async fn claim_and_complete_surely(
             let rows: Result<Vec<ClaimedRun>, _> = columns
                 .bind(query)
                 .bind(worker_id)
-                .bind(uncertain)
+                .bind(doubt)
                 .bind(claim_ids)
                 .bind(claim_tokens)
                 .fetch_all(&mut *connection)
                 .await;
-            (connection, rows.map(Some))
+            (connection, rows)
         }
     })
-    .await?
-    .unwrap_or_default();
+    .await?;
     // (a claim leaves its row running, a success completed)
     let (completed, claimed): (Vec<ClaimedRun>, Vec<ClaimedRun>) =
         rows.into_iter().partition(|row| row.status == ExecutionStatus::Completed);
@@ -289,17 +265,6 @@ pub async fn claim_and_complete_surely(
     Ok((claimed, completed))
 }
 
-/// running → completed for the worker that ran it, with its outcome: how a success is recorded,
-/// by that worker itself (or by an executor, for a result a worker could not record).
-pub async fn complete(
-    db: impl PgExecutor<'_>,
-    execution_id: i64,
-    worker_id: i64,
-    outcome: &Outcome,
-) -> Result<Option<Changed>, sqlx::Error> {
-    transition_brief(db, execution_id, &Transition::completion(worker_id, outcome)).await
-}
-
 /// The worker `worker_id` says the processes of the run `execution_id` (`None`: of all its runs)
 /// are gone: a run ended by hand (`lingering`) frees its concurrency slot. How many did.
 pub async fn release(db: &PgPool, execution_id: Option<i64>, worker_id: i64) -> Result<i64, sqlx::Error> {
@@ -308,32 +273,25 @@ pub async fn release(db: &PgPool, execution_id: Option<i64>, worker_id: i64) -> 
 
 /// `hand_back` as a worker makes it, through `execution_hand_back` (which runs as the schema's
 /// owner and checks that the worker is one the caller's login registered: under row-level
-/// security a worker's login may not write the handed-back row, on no worker, itself).
+/// security a worker's login may not write the handed-back row, on no worker, itself). With
+/// `Patience::Surely`, finding nothing to hand back after an attempt that may have landed
+/// unacknowledged is the answer (`None`): the row is either handed back already or has moved
+/// on, and either way is no longer this worker's.
 pub async fn hand_back_own(
-    db: impl PgExecutor<'_>,
-    execution_id: i64,
-    worker_id: i64,
-) -> Result<Option<Changed>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {} FROM execution_hand_back($1, $2)",
-        <Changed as TransitionRow>::COLUMNS
-    )))
-    .bind(execution_id)
-    .bind(worker_id)
-    .fetch_optional(db)
-    .await
-}
-
-/// `hand_back_own`, waiting out a database outage. After an attempt that may have landed
-/// unacknowledged, finding nothing to hand back is the answer (`None`): the row is either
-/// handed back already or has moved on, and either way is no longer this worker's.
-pub async fn hand_back_own_surely(
     db: &PgPool,
     execution_id: i64,
     worker_id: i64,
+    patience: Patience,
 ) -> Result<Option<Changed>, sqlx::Error> {
-    surely(db, "handing back a dispatch", execution_id, |mut connection, _| async move {
-        let answer = hand_back_own(&mut *connection, execution_id, worker_id).await;
+    patiently(db, "handing back a dispatch", execution_id, patience, |mut connection, _| async move {
+        let answer = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {} FROM execution_hand_back($1, $2)",
+            <Changed as TransitionRow>::COLUMNS
+        )))
+        .bind(execution_id)
+        .bind(worker_id)
+        .fetch_optional(&mut *connection)
+        .await;
         (connection, answer)
     })
     .await
