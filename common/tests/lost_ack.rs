@@ -85,3 +85,43 @@ async fn a_schedulers_claim_whose_answer_was_lost_is_read_back_and_dispatched() 
     pool.close().await;
     test.drop_database().await;
 }
+
+/// An outage that wrote nothing (here a lock timeout: another executor's claim holds the
+/// worker's turn) leaves nothing to read back: the claim is made again once the turn is free,
+/// and what another executor claimed for the same worker meanwhile is not taken for this one's
+/// (it would be dispatched twice, and handed back by this executor if its dispatch failed).
+#[tokio::test]
+async fn a_schedulers_claim_refused_by_a_lock_timeout_is_made_again_not_read_back() {
+    let test = TestDb::new().await;
+    let worker = db::worker::register(&test.pool, "w", &json!({"runtimes": ["shell"]})).await.unwrap();
+    let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&test.pool).await.unwrap();
+    // another executor's claim for the worker, just made
+    let theirs = execution_in(&test.pool, Scheduled, worker).await;
+    let mine = execution_in(&test.pool, Requested, worker).await;
+    sqlx::query("UPDATE execution SET worker = NULL WHERE id = $1").bind(mine).execute(&test.pool).await.unwrap();
+    // the worker's turn (`execution_claim`'s first lock) held by another session for a while
+    let mut holder = test.pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1635022965, $1::int)")
+        .bind(i32::try_from(worker).unwrap())
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let options: sqlx::postgres::PgConnectOptions = test.url.parse().unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.options([("lock_timeout", "100")]))
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        holder.commit().await.unwrap();
+    });
+    let claimed =
+        db::execution::scheduler::claim_waiting(&pool, "shell", &[worker], since, db::execution::Patience::Surely)
+            .await
+            .unwrap();
+    release.await.unwrap();
+    assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), [mine], "not {theirs}, another's claim");
+    pool.close().await;
+    test.drop_database().await;
+}

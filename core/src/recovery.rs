@@ -74,7 +74,7 @@ pub fn not_receiving_for(heartbeat_max_age_secs: i64) -> Duration {
 pub const HELD_BY_WORKER: [ExecutionStatus; 2] = ExecutionStatus::IN_FLIGHT;
 
 /// A `running` execution well past its deadline: started longer ago than its own timeout (or the
-/// default) plus the grace (`db::execution::overdue` finds them).
+/// default) plus the grace (`db::execution::monitor::overdue` finds them).
 pub const OVERDUE: Recovery =
     Recovery::Fail { kind: FailureKind::Timeout, reason: "still running well past its timeout" };
 

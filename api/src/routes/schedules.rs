@@ -284,15 +284,20 @@ pub async fn run_now(
     name: Result<Path<String>, PathRejection>,
 ) -> Result<(StatusCode, Extension<Target>, Json<attune_common::db::execution::Execution>), ApiError> {
     let name = named(name)?;
-    let schedule = db::schedule::get(&state.db, &name).await?.ok_or_else(|| no_such(&name))?;
-    let Some(action) = state.actions.get_by_ref(&state.db, &schedule.action_ref).await? else {
+    // (the schedule and its action read in the run's transaction: a schedule deleted meanwhile
+    // makes no run, and the action is the one registered now)
+    let mut transaction = state.db.begin().await?;
+    let schedule = db::schedule::get_to_run(&mut *transaction, &name).await?.ok_or_else(|| no_such(&name))?;
+    let Some(action) = db::action::get_by_ref(&mut *transaction, &schedule.action_ref).await? else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "action_not_found",
             format!("schedule '{name}' runs {}, which is not registered", schedule.action_ref),
         ));
     };
-    // (its parameters as stored, sealed ones as they are: they were checked when it was made)
+    // (its parameters as stored, sealed ones as they are: they were checked when it was made;
+    // its time the database's, as an occurrence's is)
+    let now = db::now(&mut *transaction).await?;
     let default_timeout = state.settings.common.default_timeout_secs;
     let new = NewExecution::first_attempt(
         &action,
@@ -300,8 +305,7 @@ pub async fn run_now(
         serde_json::json!({"run_now": true}),
         default_timeout,
     )
-    .of_schedule(schedule.id, &schedule.name, Utc::now());
-    let mut transaction = state.db.begin().await?;
+    .of_schedule(schedule.id, &schedule.name, now);
     let execution = db::execution::insert_submitted(&mut *transaction, &new, Some(caller.token_id)).await?;
     let id = execution.id;
     let target = Target::new(format!("execution:{id}"));

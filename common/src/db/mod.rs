@@ -51,7 +51,7 @@ pub enum Check {
     /// A round trip only after `CHECK_IF_IDLE_FOR` idle. A connection in steady use that the
     /// server closed fails its next statement with an I/O error, which the caller must wait out
     /// and whose write it must be able to read back (the workers' and executors' writes go
-    /// through `retry_while_unavailable` and the `surely` forms). Under load this halves the
+    /// through `retry_while_unavailable` and `db::execution::Patience::Surely`). Under load this halves the
     /// round trips of every statement.
     AfterIdle,
 }
@@ -254,7 +254,7 @@ pub const ANSWER_MARGIN: Duration = Duration::from_secs(5);
 /// its default.
 const UNLIMITED_STATEMENT_BOUND: Duration = Duration::from_secs(60);
 
-/// How long one attempt of a write that is safe to send again (`db::execution`'s `surely` forms)
+/// How long one attempt of a write that is safe to send again (`db::execution::Patience::Surely`)
 /// may go unanswered on its connection: the statement timeout its pool's sessions start with
 /// (`ATTUNE_DB_STATEMENT_TIMEOUT_SECS`, after which the server itself answers, with an error), or
 /// 60 s when they have none, plus [`ANSWER_MARGIN`]: 65 s by default. A connection silent for

@@ -126,6 +126,15 @@ pub async fn replace(db: impl sqlx::PgExecutor<'_>, new: &NewSchedule) -> Result
     .await
 }
 
+/// Schedule `name`, kept from being deleted until the transaction ends: what a run made now of
+/// it reads.
+pub async fn get_to_run(db: impl sqlx::PgExecutor<'_>, name: &str) -> Result<Option<Schedule>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM schedule WHERE name = $1 FOR KEY SHARE")))
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
 pub async fn get(db: &PgPool, name: &str) -> Result<Option<Schedule>, sqlx::Error> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM schedule WHERE name = $1")))
         .bind(name)

@@ -111,15 +111,22 @@ impl Worker {
             lease_expired: self.lease.expired(),
             unfit: self.health.unfit(),
         };
-        match (admission(waited, now), permit) {
-            (Admission::Run, Some(permit)) => Ok(permit),
-            (Admission::Run, None) | (Admission::Drop, _) => Err(Disposition::Ack),
-            (Admission::GiveBack(why, answer), _) => {
+        let decided = admission(waited, now);
+        if decided == Admission::Run {
+            return Ok(permit.expect("admitted only with a run slot"));
+        }
+        // (a stopping worker's hand-back may wait out an outage: not holding a slot meanwhile)
+        if decided == Admission::HandBack {
+            drop(permit);
+        }
+        match decided {
+            Admission::Run | Admission::Drop => Err(Disposition::Ack),
+            Admission::GiveBack(why, answer) => {
                 self.give_back_held(execution_id, why).await;
                 Err(answer)
             }
-            (Admission::Requeue, _) => Err(Disposition::Retry),
-            (Admission::HandBack, _) => Err(self.hand_back(execution_id).await),
+            Admission::Requeue => Err(Disposition::Retry),
+            Admission::HandBack => Err(self.hand_back(execution_id).await),
         }
     }
 }

@@ -25,9 +25,18 @@ pub(super) fn redacted(mut ran: Ran, redactor: &Redactor) -> Ran {
 
 impl Worker {
     pub(super) async fn execute(&self, prepared: &Prepared<'_>) -> Ran {
-        if let Some(outcome) = &prepared.not_run {
-            return Ran::of(outcome.clone());
+        let ran = match &prepared.not_run {
+            Some(outcome) => Ran::of(outcome.clone()),
+            None => self.run_action(prepared).await,
+        };
+        match &prepared.opened {
+            Some(opened) => redacted(ran, &opened.redactor),
+            None => ran,
         }
+    }
+
+    /// The action run by its runtime.
+    async fn run_action(&self, prepared: &Prepared<'_>) -> Ran {
         let claimed = &prepared.run;
         let run = ActionRun {
             execution_id: claimed.id,
@@ -47,11 +56,7 @@ impl Worker {
             traceparent: prepared.traceparent.as_deref(),
             capture: prepared.live.as_ref().map(|live| &live.capture),
         };
-        let ran = self.runtimes.execute(&run, &prepared.cancel).await;
-        match &prepared.opened {
-            Some(opened) => redacted(ran, &opened.redactor),
-            None => ran,
-        }
+        self.runtimes.execute(&run, &prepared.cancel).await
     }
 }
 

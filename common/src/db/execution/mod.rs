@@ -1,6 +1,6 @@
 //! The execution table, by caller. This file holds what every caller shares: the row
 //! (`Execution`), the new row (`NewExecution`), the one insert and read of a row, and the guarded
-//! writes of `status` (`Transition`, `transition`), with `surely`, the one policy by which a
+//! writes of `status` (`Transition`, `transition`), with `Patience`, the one policy by which a
 //! write waits out a database outage and answers after a doubt (an acknowledgement lost with the
 //! connection). What only one caller does is in that caller's file:
 //!
@@ -156,14 +156,15 @@ impl NewExecution {
     }
 
     /// This first attempt is occurrence `at` of schedule `schedule` (named `name`): recorded as
-    /// the schedule's, in its columns and in `config` (`schedule`, `scheduled_for`, written as
-    /// PostgreSQL writes a time into JSON).
+    /// the schedule's, in its columns and in `config` (`schedule`, `scheduled_for`: the same
+    /// instant as RFC 3339, to the microsecond the column keeps).
     pub fn of_schedule(mut self, schedule: i64, name: &str, at: DateTime<Utc>) -> NewExecution {
         if !self.config.is_object() {
             self.config = Value::Object(Default::default());
         }
+        let at = chrono::SubsecRound::trunc_subsecs(at, 6);
         self.config["schedule"] = name.into();
-        self.config["scheduled_for"] = at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false).into();
+        self.config["scheduled_for"] = at.to_rfc3339_opts(chrono::SecondsFormat::Micros, false).into();
         self.occurrence = Some((schedule, at));
         self
     }
@@ -619,9 +620,10 @@ pub enum Patience {
     /// monitor's next look, one try by design).
     Once,
     /// Attempts until one answers other than with a passing outage, backing off from 100 ms to
-    /// 5 s. An attempt after one that failed is told that it is in doubt (that one may have
-    /// landed, its acknowledgement lost with the connection), and reads back what landed rather
-    /// than writing it again.
+    /// 5 s. An attempt after one whose connection was lost (or went unanswered) is told that it
+    /// is in doubt (that one may have landed, its acknowledgement lost), and reads back what
+    /// landed rather than writing it again; after an outage that wrote nothing (a pool timeout, a
+    /// lock timeout, too many connections) it is made again as it is.
     Surely,
 }
 
@@ -649,8 +651,9 @@ pub async fn transition_with(
 /// Runs `attempt` on a connection of `db` lent to it for at most `db::answer_deadline` (half-open:
 /// the statement timeout plus 5 s; an attempt not answered by then abandons its connection,
 /// `db::answered_within`, and counts as lost). With `Patience::Surely` it runs again, on another
-/// connection, while the answer is a passing outage, as `attempt(connection, true)`: in doubt.
-/// `key` names what is written in the log (an execution's id).
+/// connection, while the answer is a passing outage; as `attempt(connection, true)`, in doubt,
+/// once an attempt's connection was lost (`db::is_connection_lost`: the write may have landed).
+/// `key` names what is written in the log (an execution's or a worker's id).
 async fn patiently<T, Fut>(
     db: &PgPool,
     what: &str,
@@ -668,8 +671,10 @@ where
         let answer = crate::db::answered_within(db, deadline, |connection| attempt(connection, doubt)).await;
         match answer {
             Err(e) if patience == Patience::Surely && crate::db::is_transient(&e) => {
-                doubt = true;
-                tracing::warn!(execution_id = key, error = %e, retry_in_ms = delay.as_millis() as u64, "{what}: dependency unavailable, waiting");
+                // (an outage that wrote nothing leaves nothing to read back: another
+                // executor's claims would be read as this one's)
+                doubt = doubt || crate::db::is_connection_lost(&e);
+                tracing::warn!(key, error = %e, retry_in_ms = delay.as_millis() as u64, "{what}: dependency unavailable, waiting");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(std::time::Duration::from_secs(5));
             }
