@@ -257,8 +257,8 @@ async fn list_total(db: &PgPool, filter: &ListFilter) -> Result<i64, sqlx::Error
 /// An execution without its heavy fields (`parameters`, `config`, `result`, `stdout`, `stderr`,
 /// `retry_decision`): a row of a light list page, a few hundred bytes whatever the action did.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
-// (serialized only: this documents `additionalProperties: false`, which tells a summary row
-// from a whole `Execution` in a page's schema)
+// (this documents `additionalProperties: false`, which tells a summary row from a whole
+// `Execution` in a page's schema; read by the CLI, it also refuses a field a newer server adds)
 #[serde(deny_unknown_fields)]
 pub struct ExecutionSummary {
     pub id: i64,
