@@ -111,22 +111,19 @@ impl Worker {
             lease_expired: self.lease.expired(),
             unfit: self.health.unfit(),
         };
-        let decided = admission(waited, now);
-        if decided == Admission::Run {
-            return Ok(permit.expect("admitted only with a run slot"));
-        }
-        // (a stopping worker's hand-back may wait out an outage: not holding a slot meanwhile)
-        if decided == Admission::HandBack {
-            drop(permit);
-        }
-        match decided {
-            Admission::Run | Admission::Drop => Err(Disposition::Ack),
+        match admission(waited, now) {
+            Admission::Run => Ok(permit.expect("admitted only with a run slot")),
+            Admission::Drop => Err(Disposition::Ack),
             Admission::GiveBack(why, answer) => {
                 self.give_back_held(execution_id, why).await;
                 Err(answer)
             }
             Admission::Requeue => Err(Disposition::Retry),
-            Admission::HandBack => Err(self.hand_back(execution_id).await),
+            // (a stopping worker's hand-back may wait out an outage: not holding a slot meanwhile)
+            Admission::HandBack => {
+                drop(permit);
+                Err(self.hand_back(execution_id).await)
+            }
         }
     }
 }

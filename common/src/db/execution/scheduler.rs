@@ -27,6 +27,15 @@ pub struct Claimed {
     pub trace_parent: Option<String>,
 }
 
+/// What a claim returns of each row (`Claimed`), the claim's own and its read-back's alike: a
+/// literal, so that both statements stay static text.
+macro_rules! claimed_columns {
+    () => {
+        "id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
+         idempotency_key, trace_parent"
+    };
+}
+
 /// The batch form of `transition` for the scheduler: requested → scheduled for the oldest
 /// waiting executions of `runtime` (a retry by its `not_before`), the first to `plan[0]`, the
 /// next to `plan[1]`, and so on: one statement for as many executions as the plan has slots.
@@ -66,14 +75,13 @@ pub async fn claim_waiting(
                 tracing::warn!(runtime, "a claim's answer was lost; reading back what it claimed");
                 claimed_since(&mut connection, runtime, plan, since).await
             }
-            false => sqlx::query_as(
-                "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
-                    idempotency_key, trace_parent FROM execution_claim($1, $2)",
-            )
-            .bind(runtime)
-            .bind(plan)
-            .fetch_all(&mut *connection)
-            .await,
+            false => {
+                sqlx::query_as(concat!("SELECT ", claimed_columns!(), " FROM execution_claim($1, $2)"))
+                    .bind(runtime)
+                    .bind(plan)
+                    .fetch_all(&mut *connection)
+                    .await
+            }
         };
         (connection, answer)
     })
@@ -86,12 +94,12 @@ async fn claimed_since(
     plan: &[i64],
     since: DateTime<Utc>,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, worker, action, action_ref, parameters, timeout_seconds, retry_count, not_before, created, \
-            idempotency_key, trace_parent \
-         FROM execution WHERE status = 'scheduled' AND runtime = $1 AND worker = ANY($2) AND updated >= $3 \
-         ORDER BY id",
-    )
+    sqlx::query_as(concat!(
+        "SELECT ",
+        claimed_columns!(),
+        " FROM execution WHERE status = 'scheduled' AND runtime = $1 AND worker = ANY($2) AND updated >= $3 \
+         ORDER BY id"
+    ))
     .bind(runtime)
     .bind(plan)
     .bind(since)
